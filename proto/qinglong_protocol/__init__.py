@@ -1,0 +1,1 @@
+"""Hand-written helpers shared by every service over the generated contracts."""

@@ -1,0 +1,1 @@
+"""qinglong_control."""

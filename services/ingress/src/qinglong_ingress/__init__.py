@@ -1,0 +1,1 @@
+"""qinglong_ingress."""
