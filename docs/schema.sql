@@ -1,0 +1,611 @@
+CREATE SCHEMA qinglong;
+
+CREATE DOMAIN qinglong.epoch_ms AS bigint
+	CONSTRAINT epoch_ms_check CHECK ((VALUE >= 0));
+
+CREATE DOMAIN qinglong.sha256_hex AS text
+	CONSTRAINT sha256_hex_check CHECK ((VALUE ~ '^[0-9a-f]{64}$'::text));
+
+CREATE DOMAIN qinglong.slug AS text
+	CONSTRAINT slug_check CHECK ((VALUE ~ '^[a-z0-9][a-z0-9-]{0,62}$'::text));
+
+CREATE FUNCTION qinglong.db_now_ms() RETURNS bigint
+    LANGUAGE sql PARALLEL SAFE
+    AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+CREATE FUNCTION qinglong.enforce_attempt_transition() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.state IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost') THEN
+        RAISE EXCEPTION 'attempt % is terminal (%)', OLD.attempt_id, OLD.state
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'attempts_terminal_immutable';
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state AND NOT (
+           (OLD.state = 'claimed' AND NEW.state IN ('starting', 'cancelled', 'timed_out', 'lost'))
+        OR (OLD.state = 'starting' AND NEW.state IN ('running', 'failed', 'cancelled', 'timed_out', 'lost'))
+        OR (OLD.state = 'running' AND NEW.state IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost'))
+    ) THEN
+        RAISE EXCEPTION 'illegal attempt transition % -> %', OLD.state, NEW.state
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'attempts_legal_transition';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION qinglong.enforce_event_sequence() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    current_sequence bigint;
+    last_sequence bigint;
+BEGIN
+    SELECT event_sequence INTO current_sequence FROM qinglong.runs WHERE run_id = NEW.run_id;
+    SELECT max(sequence) INTO last_sequence FROM qinglong.run_events WHERE run_id = NEW.run_id;
+    IF NEW.sequence <> coalesce(last_sequence, 0) + 1 OR NEW.sequence > current_sequence THEN
+        RAISE EXCEPTION 'event sequence % of run % is not the next one', NEW.sequence, NEW.run_id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'run_events_gapless';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION qinglong.enforce_lease_progress() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.status <> 'leased' THEN
+        RAISE EXCEPTION 'lease of attempt % is final (%)', OLD.attempt_id, OLD.status
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'run_leases_final';
+    END IF;
+    IF NEW.version < OLD.version
+       OR (NEW.attempt_id, NEW.run_id, NEW.worker_id, NEW.session_id, NEW.worker_generation,
+           NEW.offer_id, NEW.lease_generation, NEW.token_digest, NEW.acquired_at_ms)
+          IS DISTINCT FROM
+          (OLD.attempt_id, OLD.run_id, OLD.worker_id, OLD.session_id, OLD.worker_generation,
+           OLD.offer_id, OLD.lease_generation, OLD.token_digest, OLD.acquired_at_ms) THEN
+        RAISE EXCEPTION 'lease of attempt % may only advance', OLD.attempt_id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'run_leases_forward_only';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION qinglong.enforce_run_transition() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.state IN ('succeeded', 'failed', 'cancelled', 'timed_out') THEN
+        RAISE EXCEPTION 'run % is terminal (%)', OLD.run_id, OLD.state
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'runs_terminal_immutable';
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state AND NOT (
+           (OLD.state = 'created' AND NEW.state IN ('queued', 'cancelled', 'timed_out'))
+        OR (OLD.state = 'queued' AND NEW.state IN ('dispatching', 'cancelled', 'timed_out'))
+        OR (OLD.state = 'waiting_approval' AND NEW.state IN ('queued', 'cancelled', 'timed_out'))
+        OR (OLD.state = 'dispatching' AND NEW.state IN ('running', 'failed', 'cancelled', 'timed_out', 'lost'))
+        OR (OLD.state = 'running' AND NEW.state IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost'))
+        OR (OLD.state = 'retry_wait' AND NEW.state IN ('queued', 'cancelled', 'timed_out'))
+        OR (OLD.state = 'lost' AND NEW.state IN ('retry_wait', 'queued', 'cancelled', 'timed_out'))
+    ) THEN
+        RAISE EXCEPTION 'illegal run transition % -> %', OLD.state, NEW.state
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'runs_legal_transition';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TABLE public.qinglong_schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at_ms bigint NOT NULL,
+    CONSTRAINT qinglong_schema_migrations_checksum_check CHECK ((checksum ~ '^[0-9a-f]{64}$'::text))
+);
+
+CREATE TABLE qinglong.attempts (
+    attempt_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    attempt_number integer NOT NULL,
+    state text NOT NULL,
+    executor_type text NOT NULL,
+    worker_id qinglong.slug NOT NULL,
+    session_id uuid NOT NULL,
+    worker_generation bigint NOT NULL,
+    offer_id uuid NOT NULL,
+    lease_generation integer NOT NULL,
+    lease_version bigint NOT NULL,
+    lease_token_digest qinglong.sha256_hex NOT NULL,
+    claimed_at_ms qinglong.epoch_ms NOT NULL,
+    starting_at_ms qinglong.epoch_ms,
+    started_at_ms qinglong.epoch_ms,
+    deadline_at_ms qinglong.epoch_ms,
+    finished_at_ms qinglong.epoch_ms,
+    executor_handle text,
+    log_artifact_id text,
+    callback_sequence bigint,
+    callback_token_digest qinglong.sha256_hex,
+    exit_code integer,
+    error_code text,
+    error_summary text,
+    CONSTRAINT attempts_attempt_number_check CHECK ((attempt_number >= 1)),
+    CONSTRAINT attempts_callback_sequence_check CHECK ((callback_sequence >= 0)),
+    CONSTRAINT attempts_check CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text, 'lost'::text])) = (finished_at_ms IS NOT NULL))),
+    CONSTRAINT attempts_check1 CHECK (((state <> ALL (ARRAY['running'::text, 'succeeded'::text])) OR (executor_handle IS NOT NULL))),
+    CONSTRAINT attempts_check2 CHECK (((executor_handle IS NULL) = (started_at_ms IS NULL))),
+    CONSTRAINT attempts_error_code_check CHECK ((error_code ~ '^[A-Z][A-Z0-9_]{0,62}$'::text)),
+    CONSTRAINT attempts_error_summary_check CHECK ((length(error_summary) <= 256)),
+    CONSTRAINT attempts_executor_handle_check CHECK (((octet_length(executor_handle) >= 1) AND (octet_length(executor_handle) <= 512))),
+    CONSTRAINT attempts_executor_type_check CHECK ((executor_type = 'remote_worker'::text)),
+    CONSTRAINT attempts_lease_generation_check CHECK ((lease_generation >= 1)),
+    CONSTRAINT attempts_lease_version_check CHECK ((lease_version >= 1)),
+    CONSTRAINT attempts_log_artifact_id_check CHECK (((octet_length(log_artifact_id) >= 1) AND (octet_length(log_artifact_id) <= 256))),
+    CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text, 'lost'::text])))
+);
+
+CREATE TABLE qinglong.offers (
+    offer_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    session_id uuid NOT NULL,
+    worker_id qinglong.slug NOT NULL,
+    worker_generation bigint NOT NULL,
+    state text NOT NULL,
+    created_at_ms qinglong.epoch_ms NOT NULL,
+    expires_at_ms qinglong.epoch_ms NOT NULL,
+    claimed_at_ms qinglong.epoch_ms,
+    CONSTRAINT offers_check CHECK (((expires_at_ms)::bigint > (created_at_ms)::bigint)),
+    CONSTRAINT offers_check1 CHECK (((state = 'claimed'::text) = (claimed_at_ms IS NOT NULL))),
+    CONSTRAINT offers_state_check CHECK ((state = ANY (ARRAY['open'::text, 'claimed'::text, 'expired'::text, 'withdrawn'::text])))
+);
+
+CREATE TABLE qinglong.operator_credentials (
+    credential_id uuid NOT NULL,
+    principal_id uuid NOT NULL,
+    kind text NOT NULL,
+    token_digest qinglong.sha256_hex,
+    certificate_uri text,
+    status text DEFAULT 'active'::text NOT NULL,
+    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    expires_at_ms qinglong.epoch_ms,
+    CONSTRAINT operator_credentials_certificate_uri_check CHECK (((length(certificate_uri) >= 1) AND (length(certificate_uri) <= 512))),
+    CONSTRAINT operator_credentials_check CHECK (((kind = 'bearer_token'::text) = (token_digest IS NOT NULL))),
+    CONSTRAINT operator_credentials_check1 CHECK (((kind = 'client_certificate'::text) = (certificate_uri IS NOT NULL))),
+    CONSTRAINT operator_credentials_kind_check CHECK ((kind = ANY (ARRAY['bearer_token'::text, 'client_certificate'::text]))),
+    CONSTRAINT operator_credentials_status_check CHECK ((status = ANY (ARRAY['active'::text, 'revoked'::text])))
+);
+
+CREATE TABLE qinglong.principals (
+    principal_id uuid NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    status text DEFAULT 'active'::text NOT NULL,
+    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    CONSTRAINT principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'agent'::text, 'worker'::text, 'service'::text]))),
+    CONSTRAINT principals_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT principals_status_check CHECK ((status = ANY (ARRAY['active'::text, 'disabled'::text])))
+);
+
+CREATE TABLE qinglong.projects (
+    project_id qinglong.slug NOT NULL,
+    display_name text NOT NULL,
+    status text DEFAULT 'active'::text NOT NULL,
+    version bigint DEFAULT 1 NOT NULL,
+    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    CONSTRAINT projects_display_name_check CHECK (((length(display_name) >= 1) AND (length(display_name) <= 200))),
+    CONSTRAINT projects_status_check CHECK ((status = ANY (ARRAY['active'::text, 'archived'::text]))),
+    CONSTRAINT projects_version_check CHECK ((version >= 1))
+);
+
+CREATE TABLE qinglong.role_bindings (
+    project_id qinglong.slug NOT NULL,
+    principal_id uuid NOT NULL,
+    role text NOT NULL,
+    status text DEFAULT 'active'::text NOT NULL,
+    version bigint DEFAULT 1 NOT NULL,
+    updated_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    CONSTRAINT role_bindings_role_check CHECK ((role = ANY (ARRAY['owner'::text, 'admin'::text, 'operator'::text, 'viewer'::text]))),
+    CONSTRAINT role_bindings_status_check CHECK ((status = ANY (ARRAY['active'::text, 'revoked'::text]))),
+    CONSTRAINT role_bindings_version_check CHECK ((version >= 1))
+);
+
+CREATE TABLE qinglong.run_events (
+    event_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    sequence bigint NOT NULL,
+    event_type text NOT NULL,
+    attempt_id uuid,
+    actor_kind text NOT NULL,
+    actor_id text NOT NULL,
+    occurred_at_ms qinglong.epoch_ms NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    dedupe_key text,
+    CONSTRAINT run_events_actor_id_check CHECK (((length(actor_id) >= 1) AND (length(actor_id) <= 200))),
+    CONSTRAINT run_events_actor_kind_check CHECK ((actor_kind = ANY (ARRAY['worker'::text, 'user'::text, 'agent'::text, 'reconciler'::text, 'system'::text]))),
+    CONSTRAINT run_events_dedupe_key_check CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 200))),
+    CONSTRAINT run_events_event_type_check CHECK (((event_type ~ '^[a-z_]+\.[a-z_]+$'::text) AND (length(event_type) <= 64))),
+    CONSTRAINT run_events_payload_check CHECK (((jsonb_typeof(payload) = 'object'::text) AND (octet_length((payload)::text) <= 4096))),
+    CONSTRAINT run_events_sequence_check CHECK ((sequence >= 1))
+);
+
+CREATE TABLE qinglong.run_leases (
+    attempt_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    worker_id qinglong.slug NOT NULL,
+    session_id uuid NOT NULL,
+    worker_generation bigint NOT NULL,
+    offer_id uuid NOT NULL,
+    lease_generation integer NOT NULL,
+    token_digest qinglong.sha256_hex NOT NULL,
+    version bigint NOT NULL,
+    status text NOT NULL,
+    acquired_at_ms qinglong.epoch_ms NOT NULL,
+    renewed_at_ms qinglong.epoch_ms NOT NULL,
+    expires_at_ms qinglong.epoch_ms NOT NULL,
+    ended_at_ms qinglong.epoch_ms,
+    CONSTRAINT run_leases_check CHECK (((status = 'leased'::text) = (ended_at_ms IS NULL))),
+    CONSTRAINT run_leases_check1 CHECK (((expires_at_ms)::bigint >= (renewed_at_ms)::bigint)),
+    CONSTRAINT run_leases_lease_generation_check CHECK ((lease_generation >= 1)),
+    CONSTRAINT run_leases_status_check CHECK ((status = ANY (ARRAY['leased'::text, 'completed'::text, 'expired'::text]))),
+    CONSTRAINT run_leases_version_check CHECK ((version >= 1))
+);
+
+CREATE TABLE qinglong.runs (
+    run_id uuid NOT NULL,
+    project_id qinglong.slug NOT NULL,
+    task_id uuid NOT NULL,
+    revision_id uuid NOT NULL,
+    state text NOT NULL,
+    owner text DEFAULT 'runtime'::text NOT NULL,
+    executor_type text NOT NULL,
+    version bigint DEFAULT 1 NOT NULL,
+    event_sequence bigint DEFAULT 0 NOT NULL,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    trigger_request_id text NOT NULL,
+    triggered_by text NOT NULL,
+    cancel_requested_at_ms qinglong.epoch_ms,
+    cancel_reason text,
+    cancel_requested_by text,
+    deadline_at_ms qinglong.epoch_ms,
+    created_at_ms qinglong.epoch_ms NOT NULL,
+    updated_at_ms qinglong.epoch_ms NOT NULL,
+    started_at_ms qinglong.epoch_ms,
+    finished_at_ms qinglong.epoch_ms,
+    error_code text,
+    error_summary text,
+    CONSTRAINT runs_attempt_count_check CHECK ((attempt_count >= 0)),
+    CONSTRAINT runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text]))),
+    CONSTRAINT runs_cancel_requested_by_check CHECK (((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))),
+    CONSTRAINT runs_check CHECK (((cancel_requested_at_ms IS NULL) = (cancel_reason IS NULL))),
+    CONSTRAINT runs_check1 CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text])) = (finished_at_ms IS NOT NULL))),
+    CONSTRAINT runs_error_code_check CHECK ((error_code ~ '^[A-Z][A-Z0-9_]{0,62}$'::text)),
+    CONSTRAINT runs_error_summary_check CHECK ((length(error_summary) <= 256)),
+    CONSTRAINT runs_event_sequence_check CHECK ((event_sequence >= 0)),
+    CONSTRAINT runs_executor_type_check CHECK ((executor_type = 'remote_worker'::text)),
+    CONSTRAINT runs_owner_check CHECK ((owner = 'runtime'::text)),
+    CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['created'::text, 'queued'::text, 'waiting_approval'::text, 'dispatching'::text, 'running'::text, 'retry_wait'::text, 'lost'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text]))),
+    CONSTRAINT runs_trigger_request_id_check CHECK ((trigger_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
+    CONSTRAINT runs_triggered_by_check CHECK (((length(triggered_by) >= 1) AND (length(triggered_by) <= 200))),
+    CONSTRAINT runs_version_check CHECK ((version >= 1))
+);
+
+CREATE TABLE qinglong.security_audit (
+    audit_id uuid NOT NULL,
+    occurred_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    principal_kind text,
+    principal_id text,
+    operation text NOT NULL,
+    outcome text NOT NULL,
+    reason text,
+    project_id text,
+    run_id uuid,
+    worker_id text,
+    session_id uuid,
+    request_id text,
+    peer text,
+    CONSTRAINT security_audit_operation_check CHECK (((length(operation) >= 1) AND (length(operation) <= 200))),
+    CONSTRAINT security_audit_outcome_check CHECK ((outcome = ANY (ARRAY['admitted'::text, 'require_approval'::text, 'unauthenticated'::text, 'permission_denied'::text, 'invalid_argument'::text, 'unavailable'::text]))),
+    CONSTRAINT security_audit_peer_check CHECK ((length(peer) <= 256)),
+    CONSTRAINT security_audit_principal_id_check CHECK (((length(principal_id) >= 1) AND (length(principal_id) <= 512))),
+    CONSTRAINT security_audit_principal_kind_check CHECK ((principal_kind = ANY (ARRAY['worker'::text, 'user'::text, 'agent'::text, 'service'::text, 'anonymous'::text]))),
+    CONSTRAINT security_audit_project_id_check CHECK ((length(project_id) <= 64)),
+    CONSTRAINT security_audit_reason_check CHECK ((reason ~ '^[A-Z][A-Z0-9_]{0,62}$'::text)),
+    CONSTRAINT security_audit_request_id_check CHECK ((length(request_id) <= 64)),
+    CONSTRAINT security_audit_worker_id_check CHECK ((length(worker_id) <= 64))
+);
+
+CREATE TABLE qinglong.task_revisions (
+    revision_id uuid NOT NULL,
+    project_id qinglong.slug NOT NULL,
+    task_id uuid NOT NULL,
+    revision_number integer NOT NULL,
+    executor_type text NOT NULL,
+    command jsonb NOT NULL,
+    timeout_ms bigint,
+    created_by text NOT NULL,
+    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    CONSTRAINT task_revisions_command_check CHECK (((jsonb_typeof(command) = 'array'::text) AND ((jsonb_array_length(command) >= 1) AND (jsonb_array_length(command) <= 64)))),
+    CONSTRAINT task_revisions_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200))),
+    CONSTRAINT task_revisions_executor_type_check CHECK ((executor_type = 'remote_worker'::text)),
+    CONSTRAINT task_revisions_revision_number_check CHECK ((revision_number >= 1)),
+    CONSTRAINT task_revisions_timeout_ms_check CHECK (((timeout_ms >= 1) AND (timeout_ms <= 604800000)))
+);
+
+CREATE TABLE qinglong.tasks (
+    task_id uuid NOT NULL,
+    project_id qinglong.slug NOT NULL,
+    name qinglong.slug NOT NULL,
+    created_by text NOT NULL,
+    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    CONSTRAINT tasks_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200)))
+);
+
+CREATE TABLE qinglong.worker_identities (
+    worker_id qinglong.slug NOT NULL,
+    principal_id uuid NOT NULL,
+    certificate_uri text NOT NULL,
+    status text DEFAULT 'active'::text NOT NULL,
+    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    CONSTRAINT worker_identities_certificate_uri_check CHECK (((length(certificate_uri) >= 1) AND (length(certificate_uri) <= 512))),
+    CONSTRAINT worker_identities_status_check CHECK ((status = ANY (ARRAY['active'::text, 'disabled'::text])))
+);
+
+CREATE TABLE qinglong.worker_sessions (
+    session_id uuid NOT NULL,
+    worker_id qinglong.slug NOT NULL,
+    generation bigint NOT NULL,
+    status text NOT NULL,
+    executor_types text[] NOT NULL,
+    max_concurrency integer NOT NULL,
+    opened_at_ms qinglong.epoch_ms NOT NULL,
+    renewed_at_ms qinglong.epoch_ms NOT NULL,
+    expires_at_ms qinglong.epoch_ms NOT NULL,
+    closed_at_ms qinglong.epoch_ms,
+    CONSTRAINT worker_sessions_check CHECK ((((expires_at_ms)::bigint >= (renewed_at_ms)::bigint) AND ((renewed_at_ms)::bigint >= (opened_at_ms)::bigint))),
+    CONSTRAINT worker_sessions_check1 CHECK (((status = ANY (ARRAY['online'::text, 'draining'::text])) = (closed_at_ms IS NULL))),
+    CONSTRAINT worker_sessions_executor_types_check CHECK ((((cardinality(executor_types) >= 1) AND (cardinality(executor_types) <= 8)) AND (executor_types <@ ARRAY['remote_worker'::text]))),
+    CONSTRAINT worker_sessions_generation_check CHECK ((generation >= 1)),
+    CONSTRAINT worker_sessions_max_concurrency_check CHECK (((max_concurrency >= 1) AND (max_concurrency <= 1024))),
+    CONSTRAINT worker_sessions_status_check CHECK ((status = ANY (ARRAY['online'::text, 'draining'::text, 'replaced'::text, 'closed'::text, 'expired'::text])))
+);
+
+ALTER TABLE ONLY public.qinglong_schema_migrations
+    ADD CONSTRAINT qinglong_schema_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY qinglong.attempts
+    ADD CONSTRAINT attempts_offer_id_key UNIQUE (offer_id);
+
+ALTER TABLE ONLY qinglong.attempts
+    ADD CONSTRAINT attempts_pkey PRIMARY KEY (attempt_id);
+
+ALTER TABLE ONLY qinglong.attempts
+    ADD CONSTRAINT attempts_run_id_attempt_number_key UNIQUE (run_id, attempt_number);
+
+ALTER TABLE ONLY qinglong.offers
+    ADD CONSTRAINT offers_offer_id_run_id_key UNIQUE (offer_id, run_id);
+
+ALTER TABLE ONLY qinglong.offers
+    ADD CONSTRAINT offers_pkey PRIMARY KEY (offer_id);
+
+ALTER TABLE ONLY qinglong.operator_credentials
+    ADD CONSTRAINT operator_credentials_certificate_uri_key UNIQUE (certificate_uri);
+
+ALTER TABLE ONLY qinglong.operator_credentials
+    ADD CONSTRAINT operator_credentials_pkey PRIMARY KEY (credential_id);
+
+ALTER TABLE ONLY qinglong.operator_credentials
+    ADD CONSTRAINT operator_credentials_token_digest_key UNIQUE (token_digest);
+
+ALTER TABLE ONLY qinglong.principals
+    ADD CONSTRAINT principals_kind_name_key UNIQUE (kind, name);
+
+ALTER TABLE ONLY qinglong.principals
+    ADD CONSTRAINT principals_pkey PRIMARY KEY (principal_id);
+
+ALTER TABLE ONLY qinglong.projects
+    ADD CONSTRAINT projects_pkey PRIMARY KEY (project_id);
+
+ALTER TABLE ONLY qinglong.role_bindings
+    ADD CONSTRAINT role_bindings_pkey PRIMARY KEY (project_id, principal_id);
+
+ALTER TABLE ONLY qinglong.run_events
+    ADD CONSTRAINT run_events_dedupe_key_key UNIQUE (dedupe_key);
+
+ALTER TABLE ONLY qinglong.run_events
+    ADD CONSTRAINT run_events_pkey PRIMARY KEY (event_id);
+
+ALTER TABLE ONLY qinglong.run_events
+    ADD CONSTRAINT run_events_run_id_sequence_key UNIQUE (run_id, sequence);
+
+ALTER TABLE ONLY qinglong.run_leases
+    ADD CONSTRAINT run_leases_offer_id_key UNIQUE (offer_id);
+
+ALTER TABLE ONLY qinglong.run_leases
+    ADD CONSTRAINT run_leases_pkey PRIMARY KEY (attempt_id);
+
+ALTER TABLE ONLY qinglong.runs
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
+
+ALTER TABLE ONLY qinglong.runs
+    ADD CONSTRAINT runs_project_id_run_id_key UNIQUE (project_id, run_id);
+
+ALTER TABLE ONLY qinglong.runs
+    ADD CONSTRAINT runs_project_id_trigger_request_id_key UNIQUE (project_id, trigger_request_id);
+
+ALTER TABLE ONLY qinglong.security_audit
+    ADD CONSTRAINT security_audit_pkey PRIMARY KEY (audit_id);
+
+ALTER TABLE ONLY qinglong.task_revisions
+    ADD CONSTRAINT task_revisions_pkey PRIMARY KEY (revision_id);
+
+ALTER TABLE ONLY qinglong.task_revisions
+    ADD CONSTRAINT task_revisions_project_id_task_id_revision_id_key UNIQUE (project_id, task_id, revision_id);
+
+ALTER TABLE ONLY qinglong.task_revisions
+    ADD CONSTRAINT task_revisions_task_id_revision_number_key UNIQUE (task_id, revision_number);
+
+ALTER TABLE ONLY qinglong.tasks
+    ADD CONSTRAINT tasks_pkey PRIMARY KEY (task_id);
+
+ALTER TABLE ONLY qinglong.tasks
+    ADD CONSTRAINT tasks_project_id_name_key UNIQUE (project_id, name);
+
+ALTER TABLE ONLY qinglong.tasks
+    ADD CONSTRAINT tasks_project_id_task_id_key UNIQUE (project_id, task_id);
+
+ALTER TABLE ONLY qinglong.worker_identities
+    ADD CONSTRAINT worker_identities_certificate_uri_key UNIQUE (certificate_uri);
+
+ALTER TABLE ONLY qinglong.worker_identities
+    ADD CONSTRAINT worker_identities_pkey PRIMARY KEY (worker_id);
+
+ALTER TABLE ONLY qinglong.worker_identities
+    ADD CONSTRAINT worker_identities_principal_id_key UNIQUE (principal_id);
+
+ALTER TABLE ONLY qinglong.worker_sessions
+    ADD CONSTRAINT worker_sessions_pkey PRIMARY KEY (session_id);
+
+ALTER TABLE ONLY qinglong.worker_sessions
+    ADD CONSTRAINT worker_sessions_session_id_worker_id_generation_key UNIQUE (session_id, worker_id, generation);
+
+ALTER TABLE ONLY qinglong.worker_sessions
+    ADD CONSTRAINT worker_sessions_worker_id_generation_key UNIQUE (worker_id, generation);
+
+CREATE UNIQUE INDEX attempts_one_live_per_run ON qinglong.attempts USING btree (run_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
+
+CREATE UNIQUE INDEX offers_one_open_per_run ON qinglong.offers USING btree (run_id) WHERE (state = 'open'::text);
+
+CREATE INDEX offers_open_by_session ON qinglong.offers USING btree (session_id) WHERE (state = 'open'::text);
+
+CREATE INDEX run_leases_leased_by_expiry ON qinglong.run_leases USING btree (expires_at_ms) WHERE (status = 'leased'::text);
+
+CREATE UNIQUE INDEX run_leases_one_leased_per_run ON qinglong.run_leases USING btree (run_id) WHERE (status = 'leased'::text);
+
+CREATE INDEX runs_by_project ON qinglong.runs USING btree (project_id, created_at_ms DESC, run_id);
+
+CREATE INDEX runs_cancel_pending ON qinglong.runs USING btree (cancel_requested_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NOT NULL) AND (state = ANY (ARRAY['created'::text, 'queued'::text, 'waiting_approval'::text, 'retry_wait'::text, 'lost'::text])));
+
+CREATE INDEX runs_queued_by_age ON qinglong.runs USING btree (created_at_ms, run_id) WHERE (state = 'queued'::text);
+
+CREATE INDEX security_audit_by_time ON qinglong.security_audit USING btree (occurred_at_ms);
+
+CREATE UNIQUE INDEX worker_sessions_one_live_per_worker ON qinglong.worker_sessions USING btree (worker_id) WHERE (status = ANY (ARRAY['online'::text, 'draining'::text]));
+
+CREATE TRIGGER attempts_enforce_transition BEFORE UPDATE ON qinglong.attempts FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_attempt_transition();
+
+CREATE TRIGGER run_events_enforce_sequence BEFORE INSERT ON qinglong.run_events FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_event_sequence();
+
+CREATE TRIGGER run_leases_enforce_progress BEFORE UPDATE ON qinglong.run_leases FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_lease_progress();
+
+CREATE TRIGGER runs_enforce_transition BEFORE UPDATE ON qinglong.runs FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_run_transition();
+
+ALTER TABLE ONLY qinglong.attempts
+    ADD CONSTRAINT attempts_offer_id_run_id_fkey FOREIGN KEY (offer_id, run_id) REFERENCES qinglong.offers(offer_id, run_id);
+
+ALTER TABLE ONLY qinglong.attempts
+    ADD CONSTRAINT attempts_run_id_fkey FOREIGN KEY (run_id) REFERENCES qinglong.runs(run_id);
+
+ALTER TABLE ONLY qinglong.attempts
+    ADD CONSTRAINT attempts_session_id_worker_id_worker_generation_fkey FOREIGN KEY (session_id, worker_id, worker_generation) REFERENCES qinglong.worker_sessions(session_id, worker_id, generation);
+
+ALTER TABLE ONLY qinglong.offers
+    ADD CONSTRAINT offers_run_id_fkey FOREIGN KEY (run_id) REFERENCES qinglong.runs(run_id);
+
+ALTER TABLE ONLY qinglong.offers
+    ADD CONSTRAINT offers_session_id_worker_id_worker_generation_fkey FOREIGN KEY (session_id, worker_id, worker_generation) REFERENCES qinglong.worker_sessions(session_id, worker_id, generation);
+
+ALTER TABLE ONLY qinglong.operator_credentials
+    ADD CONSTRAINT operator_credentials_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES qinglong.principals(principal_id);
+
+ALTER TABLE ONLY qinglong.role_bindings
+    ADD CONSTRAINT role_bindings_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES qinglong.principals(principal_id);
+
+ALTER TABLE ONLY qinglong.role_bindings
+    ADD CONSTRAINT role_bindings_project_id_fkey FOREIGN KEY (project_id) REFERENCES qinglong.projects(project_id);
+
+ALTER TABLE ONLY qinglong.run_events
+    ADD CONSTRAINT run_events_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES qinglong.attempts(attempt_id);
+
+ALTER TABLE ONLY qinglong.run_events
+    ADD CONSTRAINT run_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES qinglong.runs(run_id);
+
+ALTER TABLE ONLY qinglong.run_leases
+    ADD CONSTRAINT run_leases_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES qinglong.attempts(attempt_id);
+
+ALTER TABLE ONLY qinglong.run_leases
+    ADD CONSTRAINT run_leases_offer_id_fkey FOREIGN KEY (offer_id) REFERENCES qinglong.attempts(offer_id);
+
+ALTER TABLE ONLY qinglong.run_leases
+    ADD CONSTRAINT run_leases_run_id_fkey FOREIGN KEY (run_id) REFERENCES qinglong.runs(run_id);
+
+ALTER TABLE ONLY qinglong.run_leases
+    ADD CONSTRAINT run_leases_session_id_worker_id_worker_generation_fkey FOREIGN KEY (session_id, worker_id, worker_generation) REFERENCES qinglong.worker_sessions(session_id, worker_id, generation);
+
+ALTER TABLE ONLY qinglong.runs
+    ADD CONSTRAINT runs_project_id_task_id_revision_id_fkey FOREIGN KEY (project_id, task_id, revision_id) REFERENCES qinglong.task_revisions(project_id, task_id, revision_id);
+
+ALTER TABLE ONLY qinglong.task_revisions
+    ADD CONSTRAINT task_revisions_project_id_task_id_fkey FOREIGN KEY (project_id, task_id) REFERENCES qinglong.tasks(project_id, task_id);
+
+ALTER TABLE ONLY qinglong.tasks
+    ADD CONSTRAINT tasks_project_id_fkey FOREIGN KEY (project_id) REFERENCES qinglong.projects(project_id);
+
+ALTER TABLE ONLY qinglong.worker_identities
+    ADD CONSTRAINT worker_identities_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES qinglong.principals(principal_id);
+
+ALTER TABLE ONLY qinglong.worker_sessions
+    ADD CONSTRAINT worker_sessions_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES qinglong.worker_identities(worker_id);
+
+GRANT USAGE ON SCHEMA qinglong TO qinglong_runtime;
+GRANT USAGE ON SCHEMA qinglong TO qinglong_ingress;
+
+REVOKE ALL ON FUNCTION qinglong.db_now_ms() FROM PUBLIC;
+GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_runtime;
+GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_ingress;
+
+REVOKE ALL ON FUNCTION qinglong.enforce_attempt_transition() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION qinglong.enforce_event_sequence() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION qinglong.enforce_lease_progress() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION qinglong.enforce_run_transition() FROM PUBLIC;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempts TO qinglong_runtime;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.offers TO qinglong_runtime;
+
+GRANT SELECT ON TABLE qinglong.operator_credentials TO qinglong_ingress;
+
+GRANT SELECT ON TABLE qinglong.principals TO qinglong_runtime;
+GRANT SELECT ON TABLE qinglong.principals TO qinglong_ingress;
+
+GRANT SELECT ON TABLE qinglong.projects TO qinglong_runtime;
+GRANT SELECT ON TABLE qinglong.projects TO qinglong_ingress;
+
+GRANT SELECT ON TABLE qinglong.role_bindings TO qinglong_runtime;
+GRANT SELECT ON TABLE qinglong.role_bindings TO qinglong_ingress;
+
+GRANT SELECT,INSERT ON TABLE qinglong.run_events TO qinglong_runtime;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.run_leases TO qinglong_runtime;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.runs TO qinglong_runtime;
+
+GRANT INSERT ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT SELECT,INSERT ON TABLE qinglong.task_revisions TO qinglong_runtime;
+
+GRANT SELECT,INSERT ON TABLE qinglong.tasks TO qinglong_runtime;
+
+GRANT SELECT ON TABLE qinglong.worker_identities TO qinglong_runtime;
+GRANT SELECT ON TABLE qinglong.worker_identities TO qinglong_ingress;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_sessions TO qinglong_runtime;
+
+GRANT SELECT(session_id) ON TABLE qinglong.worker_sessions TO qinglong_ingress;
+
+GRANT SELECT(worker_id) ON TABLE qinglong.worker_sessions TO qinglong_ingress;
+
+GRANT SELECT(generation) ON TABLE qinglong.worker_sessions TO qinglong_ingress;
+
+GRANT SELECT(status) ON TABLE qinglong.worker_sessions TO qinglong_ingress;

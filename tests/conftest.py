@@ -1,0 +1,59 @@
+"""Fixtures shared by every test: real PostgreSQL 16 and 18, one database per test.
+
+There is no fallback: if the embedded server cannot start, every test that needs it
+errors loudly. A skipped test fails the run (see pytest_sessionfinish).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.postgres import Cluster, Clusters, MigratedDatabase
+
+SUPPORTED_POSTGRES_VERSIONS = (16, 18)
+
+
+@pytest.fixture(scope="session")
+def postgres_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
+    clusters = Clusters(tmp_path_factory.mktemp("postgres"))
+    yield clusters
+    clusters.stop_all()
+
+
+@pytest.fixture(
+    scope="session",
+    params=SUPPORTED_POSTGRES_VERSIONS,
+    ids=[f"pg{v}" for v in SUPPORTED_POSTGRES_VERSIONS],
+)
+def pg_cluster(request: pytest.FixtureRequest, postgres_clusters: Clusters) -> Cluster:
+    """The contract suite's backend: every test using it runs on each supported version."""
+    version: int = request.param
+    return postgres_clusters.get(version)
+
+
+@pytest.fixture
+def database(pg_cluster: Cluster) -> Iterator[MigratedDatabase]:
+    """A freshly migrated database of this test's own, on each supported version."""
+    with pg_cluster.database() as db:
+        yield db
+
+
+@pytest.fixture
+def database_pg18(postgres_clusters: Clusters) -> Iterator[MigratedDatabase]:
+    """One database on the default version, for tests that are not about the backend."""
+    with postgres_clusters.get(18).database() as db:
+        yield db
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # "No skipped tests in CI": a skip means something was not proven, so the run fails.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter is not None:
+            reporter.write_line(
+                f"FAILED: {len(skipped)} test(s) skipped; skips are not allowed.", red=True
+            )

@@ -1,0 +1,219 @@
+"""The schema: migrations, the documented schema, and the states PostgreSQL itself refuses."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import errors
+from qinglong_control.db.migrate import Migration, MigrationError, load_migrations, migrate
+from qinglong_control.db.schema_dump import dump_schema
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.seed import NOW_MS, SeededAttempt, digest, seed_claimed_attempt, seed_identity
+
+DOCUMENTED_SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "schema.sql"
+
+
+def test_documented_schema_equals_what_the_migrations_build(database: MigratedDatabase) -> None:
+    built = dump_schema(database.bin_dir / "pg_dump", database.urls.migration)
+    assert built == DOCUMENTED_SCHEMA.read_text(), (
+        "docs/schema.sql is stale: run `.venv/bin/python scripts/dump_schema.py`"
+    )
+
+
+def test_migrations_are_recorded_with_checksums_and_idempotent(database: MigratedDatabase) -> None:
+    shipped = load_migrations()
+    assert migrate(database.urls.migration) == []
+    with psycopg.connect(database.urls.migration) as conn:
+        history = conn.execute(
+            "SELECT version, name, checksum FROM public.qinglong_schema_migrations ORDER BY version"
+        ).fetchall()
+    assert history == [(m.version, m.name, m.checksum) for m in shipped]
+
+
+def test_a_changed_migration_is_refused(database: MigratedDatabase) -> None:
+    first = load_migrations()[0]
+    tampered = Migration(first.version, first.name, first.sql + "\n-- edited after release\n")
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        migrate(database.urls.migration, [tampered])
+
+
+def test_a_failing_migration_leaves_no_trace(database: MigratedDatabase) -> None:
+    shipped = load_migrations()
+    broken = Migration(
+        len(shipped) + 1,
+        "broken",
+        "CREATE TABLE qinglong.half_done (id int);\nSELECT 1 / 0;\n",
+    )
+    with pytest.raises(errors.DivisionByZero):
+        migrate(database.urls.migration, [*shipped, broken])
+    with psycopg.connect(database.urls.migration) as conn:
+        assert conn.execute("SELECT to_regclass('qinglong.half_done')").fetchone() == (None,)
+        assert conn.execute(
+            "SELECT count(*) FROM public.qinglong_schema_migrations WHERE version = %s",
+            (broken.version,),
+        ).fetchone() == (0,)
+
+
+@pytest.fixture
+def claimed(
+    database: MigratedDatabase,
+) -> Iterator[tuple[psycopg.Connection[tuple[object, ...]], SeededAttempt]]:
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        seed_identity(admin, "proj-a", "worker-a")
+    with psycopg.connect(database.urls.runtime, autocommit=True) as runtime:
+        yield runtime, seed_claimed_attempt(runtime, "proj-a", "worker-a")
+
+
+def _rejected(
+    conn: psycopg.Connection[tuple[object, ...]],
+    statement: bytes,
+    params: tuple[object, ...],
+    constraint: str,
+) -> None:
+    with pytest.raises(psycopg.errors.IntegrityError) as caught:
+        conn.execute(statement, params)
+    assert caught.value.diag.constraint_name == constraint
+
+
+def test_illegal_run_transition_is_refused(
+    claimed: tuple[psycopg.Connection[tuple[object, ...]], SeededAttempt],
+) -> None:
+    runtime, seeded = claimed
+    # dispatching -> succeeded skips `running`: the three start facts are not optional.
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.runs SET state = 'succeeded', finished_at_ms = %s WHERE run_id = %s",
+        (NOW_MS, seeded.run_id),
+        "runs_legal_transition",
+    )
+    # claimed -> running skips `starting` (SPEC R-ACK-5).
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.attempts SET state = 'running', executor_handle = 'pid:1',"
+        b" started_at_ms = %s WHERE attempt_id = %s",
+        (NOW_MS, seeded.attempt_id),
+        "attempts_legal_transition",
+    )
+
+
+def test_terminal_rows_never_change(
+    claimed: tuple[psycopg.Connection[tuple[object, ...]], SeededAttempt],
+) -> None:
+    runtime, seeded = claimed
+    runtime.execute(
+        "UPDATE qinglong.attempts SET state = 'cancelled', finished_at_ms = %s"
+        " WHERE attempt_id = %s",
+        (NOW_MS, seeded.attempt_id),
+    )
+    runtime.execute(
+        "UPDATE qinglong.runs SET state = 'cancelled', finished_at_ms = %s WHERE run_id = %s",
+        (NOW_MS, seeded.run_id),
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.runs SET error_summary = 'rewritten' WHERE run_id = %s",
+        (seeded.run_id,),
+        "runs_terminal_immutable",
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.attempts SET exit_code = 0 WHERE attempt_id = %s",
+        (seeded.attempt_id,),
+        "attempts_terminal_immutable",
+    )
+
+
+def test_token_columns_hold_only_digests(
+    claimed: tuple[psycopg.Connection[tuple[object, ...]], SeededAttempt],
+) -> None:
+    runtime, seeded = claimed
+    plaintext = "qlc1_" + "A" * 43
+    with pytest.raises(errors.CheckViolation):
+        runtime.execute(
+            "UPDATE qinglong.attempts SET lease_token_digest = %s WHERE attempt_id = %s",
+            (plaintext, seeded.attempt_id),
+        )
+    with pytest.raises(errors.CheckViolation):
+        runtime.execute(
+            "UPDATE qinglong.attempts SET callback_token_digest = %s WHERE attempt_id = %s",
+            (digest("x").upper(), seeded.attempt_id),
+        )
+
+
+def test_one_live_attempt_and_one_held_lease_per_run(
+    claimed: tuple[psycopg.Connection[tuple[object, ...]], SeededAttempt],
+) -> None:
+    runtime, seeded = claimed
+    second_offer = uuid.uuid4()
+    runtime.execute(
+        "INSERT INTO qinglong.offers (offer_id, run_id, session_id, worker_id, worker_generation,"
+        " state, created_at_ms, expires_at_ms) VALUES (%s, %s, %s, 'worker-a', 1, 'open', %s, %s)",
+        (second_offer, seeded.run_id, seeded.session_id, NOW_MS, NOW_MS + 1),
+    )
+    _rejected(
+        runtime,
+        b"INSERT INTO qinglong.attempts (attempt_id, run_id, attempt_number, state, executor_type,"
+        b" worker_id, session_id, worker_generation, offer_id, lease_generation, lease_version,"
+        b" lease_token_digest, claimed_at_ms)"
+        b" VALUES (%s, %s, 2, 'claimed', 'remote_worker', 'worker-a', %s, 1, %s, 1, 1, %s, %s)",
+        (uuid.uuid4(), seeded.run_id, seeded.session_id, second_offer, digest("t2"), NOW_MS),
+        "attempts_one_live_per_run",
+    )
+
+
+def test_lease_version_only_moves_forward(
+    claimed: tuple[psycopg.Connection[tuple[object, ...]], SeededAttempt],
+) -> None:
+    runtime, seeded = claimed
+    runtime.execute(
+        "UPDATE qinglong.run_leases SET version = 2 WHERE attempt_id = %s", (seeded.attempt_id,)
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.run_leases SET version = 1 WHERE attempt_id = %s",
+        (seeded.attempt_id,),
+        "run_leases_forward_only",
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.run_leases SET token_digest = %s WHERE attempt_id = %s",
+        (digest("stolen"), seeded.attempt_id),
+        "run_leases_forward_only",
+    )
+    runtime.execute(
+        "UPDATE qinglong.run_leases SET status = 'completed', version = 3, ended_at_ms = %s"
+        " WHERE attempt_id = %s",
+        (NOW_MS, seeded.attempt_id),
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.run_leases SET version = 4 WHERE attempt_id = %s",
+        (seeded.attempt_id,),
+        "run_leases_final",
+    )
+
+
+def test_event_sequence_is_gapless(
+    claimed: tuple[psycopg.Connection[tuple[object, ...]], SeededAttempt],
+) -> None:
+    runtime, seeded = claimed
+    insert = (
+        b"INSERT INTO qinglong.run_events (event_id, run_id, sequence, event_type, actor_kind,"
+        b" actor_id, occurred_at_ms) VALUES (%s, %s, %s, 'run.queued', 'system', 'test', %s)"
+    )
+    # The Run's counter has not been advanced: no event may be appended yet.
+    _rejected(runtime, insert, (uuid.uuid4(), seeded.run_id, 1, NOW_MS), "run_events_gapless")
+    runtime.execute(
+        "UPDATE qinglong.runs SET event_sequence = event_sequence + 2 WHERE run_id = %s",
+        (seeded.run_id,),
+    )
+    _rejected(runtime, insert, (uuid.uuid4(), seeded.run_id, 2, NOW_MS), "run_events_gapless")
+    runtime.execute(insert, (uuid.uuid4(), seeded.run_id, 1, NOW_MS))
+    runtime.execute(insert, (uuid.uuid4(), seeded.run_id, 2, NOW_MS))
+    # A second writer of the same sequence number is refused too.
+    _rejected(runtime, insert, (uuid.uuid4(), seeded.run_id, 2, NOW_MS), "run_events_gapless")

@@ -1,0 +1,1 @@
+"""Shared test support: real embedded PostgreSQL clusters, TLS material, helpers."""
