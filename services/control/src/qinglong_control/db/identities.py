@@ -54,7 +54,8 @@ def enroll_operator_token(
     """Register a bearer token for an operator principal. Only the digest is given here."""
     principal_id = ensure_principal(conn, kind, name)
     conn.execute(
-        "INSERT INTO qinglong.operator_credentials (credential_id, principal_id, kind, token_digest)"
+        "INSERT INTO qinglong.operator_credentials"
+        " (credential_id, principal_id, kind, token_digest)"
         " VALUES (%s, %s, 'bearer_token', %s) ON CONFLICT (token_digest) DO NOTHING",
         (uuid.uuid4(), principal_id, token_digest),
     )

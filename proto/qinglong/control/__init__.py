@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for qinglong.control (scripts/generate_protos.py)."""

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for qinglong.rpc (scripts/generate_protos.py)."""

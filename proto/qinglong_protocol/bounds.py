@@ -1,0 +1,301 @@
+"""Field bounds of the QingLong wire contracts, as constants and pure validators.
+
+This module is the single Python source for the ``Bound:`` and ``Range:``
+comments in ``proto/qinglong/**/*.proto``; keep the two in step. Ingress checks
+every field against these before any work (SPEC R-ING-2) and the runtime
+re-checks the ones it depends on. The module imports neither grpc nor protobuf,
+so domain code may use it.
+
+String lengths are in UTF-8 bytes unless a name says ``_CHARS`` (Unicode code
+points). All patterns are anchored with ``\\A`` and ``\\Z`` and must be used with
+``fullmatch``/``match`` as written: a trailing newline never passes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import re
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+# --- Integers ---------------------------------------------------------------
+
+#: Versions, generations and sequences stay JavaScript-safe (SPEC R-TO-2 rejects
+#: non-safe integers), so every one of them is at most 2^53 - 1.
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+
+TIMEOUT_MS_MIN: Final = 1
+TIMEOUT_MS_MAX: Final = 604_800_000  # 7 days
+MAX_OFFERS_MIN: Final = 1
+MAX_OFFERS_MAX: Final = 64
+MAX_CONCURRENT_ATTEMPTS_MIN: Final = 1
+MAX_CONCURRENT_ATTEMPTS_MAX: Final = 64
+PAGE_SIZE_MAX: Final = 500
+PAGE_SIZE_DEFAULT: Final = 50  # what page_size == 0 means
+
+# --- Byte caps on whole messages (R-LC-1, R-ING-2) ----------------------------
+
+#: Every WorkerService request, including the lease-control command.
+WORKER_REQUEST_MAX_BYTES: Final = 8 * 1024
+LEASE_CONTROL_REQUEST_MAX_BYTES: Final = 8 * 1024
+LEASE_CONTROL_RESPONSE_MAX_BYTES: Final = 4 * 1024
+RUN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
+#: TaskService carries execution plans (argv up to 64 KiB in total).
+TASK_SERVICE_REQUEST_MAX_BYTES: Final = 128 * 1024
+#: Channel-level receive limit (gRPC's default); PullOffers stays below it.
+GRPC_MESSAGE_MAX_BYTES: Final = 4 * 1024 * 1024
+
+# --- Identifiers --------------------------------------------------------------
+
+#: Server-generated ids (run, attempt, offer, session, task, revision, event,
+#: audit, role binding): canonical lowercase UUID text. Derived event ids
+#: (R-CONV-3, 128 bits of SHA-256) use the same form, so no version nibble check.
+UUID_LENGTH: Final = 36
+UUID_PATTERN: Final = re.compile(
+    r"\A[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
+)
+
+#: worker_id and project_id.
+SLUG_MAX_LENGTH: Final = 63
+SLUG_PATTERN: Final = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
+
+#: request_id (AIP-155) and CancelRun's mutation_id.
+REQUEST_ID_MAX_LENGTH: Final = 64
+REQUEST_ID_PATTERN: Final = re.compile(r"\A[A-Za-z0-9._:-]{1,64}\Z")
+
+#: Fixed error codes such as EXECUTOR_START_FAILED.
+ERROR_CODE_MAX_LENGTH: Final = 63
+ERROR_CODE_PATTERN: Final = re.compile(r"\A[A-Z][A-Z0-9_]{0,62}\Z")
+
+#: RunEvent.type, e.g. ``attempt.running`` or ``run.cancel_requested``.
+EVENT_TYPE_MAX_LENGTH: Final = 64
+EVENT_TYPE_PATTERN: Final = re.compile(r"\A[a-z][a-z_]*(\.[a-z][a-z_]*)+\Z")
+
+#: Server-issued opaque page tokens (base64url alphabet, no padding).
+PAGE_TOKEN_MAX_LENGTH: Final = 512
+PAGE_TOKEN_PATTERN: Final = re.compile(r"\A[A-Za-z0-9_-]{0,512}\Z")
+
+#: Negotiated TLS version text, e.g. ``TLSv1.3``.
+TLS_VERSION_MAX_LENGTH: Final = 16
+TLS_VERSION_PATTERN: Final = re.compile(r"\A[A-Za-z0-9.]{0,16}\Z")
+
+# --- Secrets and digests ------------------------------------------------------
+
+#: The lease capability (R-CLAIM-2): "qlc1_" + unpadded base64url of exactly 32
+#: random bytes = 5 + 43 = 48 ASCII characters.
+LEASE_CAPABILITY_PREFIX: Final = "qlc1_"
+LEASE_CAPABILITY_SECRET_BYTES: Final = 32
+LEASE_CAPABILITY_LENGTH: Final = 48
+LEASE_CAPABILITY_PATTERN: Final = re.compile(r"\Aqlc1_[A-Za-z0-9_-]{43}\Z")
+#: A capability whose secret has fewer distinct byte values than this is weak.
+#: 32 uniform random bytes have about 30 distinct values; fewer than 16 happens
+#: with probability below 1e-14, so honest Workers never hit it.
+LEASE_CAPABILITY_MIN_DISTINCT_BYTES: Final = 16
+
+#: callback_token_digest and credential fingerprints: SHA-256 as lowercase hex.
+SHA256_HEX_LENGTH: Final = 64
+SHA256_HEX_PATTERN: Final = re.compile(r"\A[0-9a-f]{64}\Z")
+
+# --- Free text ----------------------------------------------------------------
+
+EXECUTOR_HANDLE_MAX_BYTES: Final = 512
+LOG_ARTIFACT_ID_MAX_BYTES: Final = 256
+ERROR_SUMMARY_MAX_CHARS: Final = 256
+DISPLAY_NAME_MAX_CHARS: Final = 200
+PRINCIPAL_ID_MAX_BYTES: Final = 256
+ACTOR_ID_MAX_BYTES: Final = 256
+CREDENTIAL_SUBJECT_MAX_BYTES: Final = 1024
+AGENT_VERSION_MAX_BYTES: Final = 64
+
+COMMAND_ARGV_MAX_ITEMS: Final = 64
+COMMAND_ARG_MAX_BYTES: Final = 4096
+COMMAND_ARGV_MAX_TOTAL_BYTES: Final = 65536
+
+LABELS_MAX_ENTRIES: Final = 16
+LABEL_KEY_PATTERN: Final = re.compile(r"\A[a-z][a-z0-9_.-]{0,62}\Z")
+LABEL_VALUE_MAX_BYTES: Final = 256
+
+EXECUTOR_TYPES_MAX_ITEMS: Final = 8
+RUN_STATE_FILTER_MAX_ITEMS: Final = 11
+
+#: C0 controls, DEL and C1 controls: never allowed in bounded free text, so
+#: values cannot forge log lines or terminal escapes.
+_CONTROL_CHARACTERS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+# --- Validators -----------------------------------------------------------------
+
+
+def utf8_length(value: str) -> int:
+    """Length of ``value`` in UTF-8 bytes (the unit of most ``Bound:`` lines)."""
+    return len(value.encode("utf-8", errors="surrogatepass"))
+
+
+def has_control_characters(value: str) -> bool:
+    return _CONTROL_CHARACTERS.search(value) is not None
+
+
+def is_uuid(value: str) -> bool:
+    return UUID_PATTERN.match(value) is not None
+
+
+def is_optional_uuid(value: str) -> bool:
+    """A UUID field documented as ``or empty``."""
+    return value == "" or is_uuid(value)
+
+
+def is_slug(value: str) -> bool:
+    return SLUG_PATTERN.match(value) is not None
+
+
+def is_request_id(value: str) -> bool:
+    return REQUEST_ID_PATTERN.match(value) is not None
+
+
+def is_error_code(value: str) -> bool:
+    return ERROR_CODE_PATTERN.match(value) is not None
+
+
+def is_event_type(value: str) -> bool:
+    return len(value) <= EVENT_TYPE_MAX_LENGTH and EVENT_TYPE_PATTERN.match(value) is not None
+
+
+def is_page_token(value: str) -> bool:
+    return PAGE_TOKEN_PATTERN.match(value) is not None
+
+
+def is_sha256_hex(value: str) -> bool:
+    return SHA256_HEX_PATTERN.match(value) is not None
+
+
+def is_safe_positive(value: int) -> bool:
+    """Versions and generations: 1..2^53-1."""
+    return 1 <= value <= MAX_SAFE_INTEGER
+
+
+def is_safe_non_negative(value: int) -> bool:
+    """Sequences and cursors: 0..2^53-1."""
+    return 0 <= value <= MAX_SAFE_INTEGER
+
+
+def is_timeout_ms(value: int) -> bool:
+    return TIMEOUT_MS_MIN <= value <= TIMEOUT_MS_MAX
+
+
+def is_max_offers(value: int) -> bool:
+    return MAX_OFFERS_MIN <= value <= MAX_OFFERS_MAX
+
+
+def is_page_size(value: int) -> bool:
+    """0 (server default) .. PAGE_SIZE_MAX."""
+    return 0 <= value <= PAGE_SIZE_MAX
+
+
+def is_bounded_text(value: str, *, max_bytes: int, min_bytes: int = 1) -> bool:
+    """Printable UTF-8 text of ``min_bytes..max_bytes`` bytes with no control characters."""
+    return min_bytes <= utf8_length(value) <= max_bytes and not has_control_characters(value)
+
+
+def is_bounded_chars(value: str, *, max_chars: int, min_chars: int = 1) -> bool:
+    """Text of ``min_chars..max_chars`` code points (≤ 4 bytes each) with no control characters."""
+    return min_chars <= len(value) <= max_chars and not has_control_characters(value)
+
+
+def is_executor_handle(value: str) -> bool:
+    return is_bounded_text(value, max_bytes=EXECUTOR_HANDLE_MAX_BYTES)
+
+
+def is_log_artifact_id(value: str) -> bool:
+    return is_bounded_text(value, max_bytes=LOG_ARTIFACT_ID_MAX_BYTES)
+
+
+def is_error_summary(value: str, *, allow_empty: bool = False) -> bool:
+    return is_bounded_chars(
+        value, max_chars=ERROR_SUMMARY_MAX_CHARS, min_chars=0 if allow_empty else 1
+    )
+
+
+def is_display_name(value: str) -> bool:
+    return is_bounded_chars(value, max_chars=DISPLAY_NAME_MAX_CHARS)
+
+
+def is_command_argv(argv: Sequence[str]) -> bool:
+    """1..64 items, each 1..4096 bytes with no NUL, ≤ 65536 bytes together."""
+    if not 1 <= len(argv) <= COMMAND_ARGV_MAX_ITEMS:
+        return False
+    total = 0
+    for item in argv:
+        size = utf8_length(item)
+        if not 1 <= size <= COMMAND_ARG_MAX_BYTES or "\x00" in item:
+            return False
+        total += size
+    return total <= COMMAND_ARGV_MAX_TOTAL_BYTES
+
+
+def is_labels(labels: Iterable[tuple[str, str]]) -> bool:
+    """Label (key, value) pairs: ≤ 16 entries, slug-like keys, short printable values."""
+    for count, (key, value) in enumerate(labels, start=1):
+        if count > LABELS_MAX_ENTRIES:
+            return False
+        if LABEL_KEY_PATTERN.match(key) is None:
+            return False
+        if not is_bounded_text(value, max_bytes=LABEL_VALUE_MAX_BYTES, min_bytes=0):
+            return False
+    return True
+
+
+def is_lease_capability_shape(value: str) -> bool:
+    """Exactly ``qlc1_`` + canonical unpadded base64url of exactly 32 bytes.
+
+    Rejects padding, the standard alphabet (``+``/``/``), other lengths and
+    non-canonical final characters (unused low bits set), so one secret has one
+    spelling and therefore one digest.
+    """
+    return decode_lease_capability(value) is not None
+
+
+def decode_lease_capability(value: str) -> bytes | None:
+    """The 32 secret bytes of a well-shaped capability, else ``None``."""
+    if LEASE_CAPABILITY_PATTERN.match(value) is None:
+        return None
+    encoded = value[len(LEASE_CAPABILITY_PREFIX) :]
+    try:
+        raw = base64.urlsafe_b64decode(encoded + "=")
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) != LEASE_CAPABILITY_SECRET_BYTES:
+        return None
+    if base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != encoded:
+        return None
+    return raw
+
+
+def is_weak_lease_secret(raw: bytes) -> bool:
+    """Low-entropy secrets a broken or careless generator would produce.
+
+    Weak: fewer than 16 distinct byte values (e.g. all zeros, repeated short
+    patterns) or an arithmetic progression modulo 256 (e.g. 00 01 02 ...).
+    """
+    if len(set(raw)) < LEASE_CAPABILITY_MIN_DISTINCT_BYTES:
+        return True
+    steps = {(b - a) % 256 for a, b in itertools.pairwise(raw)}
+    return len(steps) <= 1
+
+
+def is_acceptable_lease_capability(value: str) -> bool:
+    """Well-shaped and not weak (R-CLAIM-2)."""
+    raw = decode_lease_capability(value)
+    return raw is not None and not is_weak_lease_secret(raw)
+
+
+def encode_lease_capability(raw: bytes) -> str:
+    """Spell 32 secret bytes as a capability (what a Worker sends)."""
+    if len(raw) != LEASE_CAPABILITY_SECRET_BYTES:
+        raise ValueError(
+            f"a lease capability secret is exactly {LEASE_CAPABILITY_SECRET_BYTES} bytes"
+        )
+    return LEASE_CAPABILITY_PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")

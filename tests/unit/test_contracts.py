@@ -1,0 +1,572 @@
+"""The wire contracts: buf rules, generated-code drift, documented bounds, error helpers.
+
+These tests run offline. buf comes from the ``buf-bin`` dev dependency in the
+venv; its absence is a failure, never a skip, because a contract check that
+silently does not run proves nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import descriptor_pb2
+from qinglong.rpc.v1 import error_reason_pb2
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
+from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong_protocol import bounds, errors
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROTO_ROOT = REPO_ROOT / "proto"
+GENERATOR = REPO_ROOT / "scripts" / "generate_protos.py"
+BASELINE = REPO_ROOT / "buf" / "baseline.binpb"
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+
+FDP = descriptor_pb2.FieldDescriptorProto
+TEXT_TYPES = {FDP.TYPE_STRING, FDP.TYPE_BYTES}
+INTEGER_TYPES = {
+    FDP.TYPE_INT32,
+    FDP.TYPE_INT64,
+    FDP.TYPE_UINT32,
+    FDP.TYPE_UINT64,
+    FDP.TYPE_SINT32,
+    FDP.TYPE_SINT64,
+    FDP.TYPE_FIXED32,
+    FDP.TYPE_FIXED64,
+    FDP.TYPE_SFIXED32,
+    FDP.TYPE_SFIXED64,
+}
+# SourceCodeInfo path components (descriptor.proto field numbers).
+FILE_MESSAGE, FILE_ENUM, FILE_SERVICE = 4, 5, 6
+MESSAGE_FIELD, MESSAGE_NESTED, MESSAGE_ENUM = 2, 3, 4
+ENUM_VALUE, SERVICE_METHOD = 2, 2
+
+REQUIRED_REASONS = [
+    "LEASE_VERSION_FENCED",
+    "LEASE_TOKEN_MISMATCH",
+    "LEASE_EXPIRED",
+    "LEASE_NOT_LEASED",
+    "SESSION_FENCED",
+    "SESSION_EXPIRED",
+    "SESSION_NOT_FOUND",
+    "OFFER_NOT_FOUND",
+    "OFFER_EXPIRED",
+    "OFFER_CLAIMED_BY_OTHER_CAPABILITY",
+    "FENCE_MISMATCH",
+    "STATE_CONFLICT",
+    "STARTING_REQUIRED",
+    "REPLAY_MISMATCH",
+    "EXECUTOR_TYPE_MISMATCH",
+    "RUN_NOT_FOUND",
+    "TASK_NOT_FOUND",
+    "REVISION_NOT_FOUND",
+    "PROJECT_NOT_FOUND",
+    "ALREADY_EXISTS",
+    "CAPABILITY_MALFORMED",
+    "CAPABILITY_WEAK",
+    "FIELD_INVALID",
+    "REQUEST_TOO_LARGE",
+    "UNKNOWN_FIELD",
+    "PRINCIPAL_MISMATCH",
+    "UNAUTHENTICATED_PRINCIPAL",
+    "TLS_VERSION_REJECTED",
+    "PERMISSION_DENIED",
+    "APPROVAL_REQUIRED",
+    "ROLE_BINDING_FENCED",
+    "CALLER_NOT_INGRESS",
+    "AUDIT_UNAVAILABLE",
+    "STORAGE_UNAVAILABLE",
+    "INTERNAL",
+]
+
+
+# --- buf ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def buf() -> str:
+    candidate = Path(sys.executable).parent / "buf"
+    found = str(candidate) if candidate.is_file() else shutil.which("buf")
+    if found is None:
+        pytest.fail("buf is not installed (dev dependency buf-bin); run `make bootstrap`")
+    return found
+
+
+def run_buf(buf: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [buf, *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def test_buf_lint(buf: str) -> None:
+    result = run_buf(buf, "lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_buf_format(buf: str) -> None:
+    result = run_buf(buf, "format", "--diff", "--exit-code")
+    assert result.returncode == 0, "run `buf format -w`:\n" + result.stdout + result.stderr
+
+
+def test_buf_breaking_against_baseline(buf: str) -> None:
+    assert BASELINE.is_file(), f"missing breaking baseline {BASELINE}"
+    result = run_buf(buf, "breaking", "--against", str(BASELINE.relative_to(REPO_ROOT)))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def descriptor_set(
+    buf: str, tmp_path_factory: pytest.TempPathFactory
+) -> descriptor_pb2.FileDescriptorSet:
+    """Every qinglong .proto, with SourceCodeInfo (comments) included."""
+    out = tmp_path_factory.mktemp("buf") / "contracts.binpb"
+    result = run_buf(buf, "build", "--as-file-descriptor-set", "--exclude-imports", "-o", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    assert fds.file, "buf built no files"
+    assert all(f.HasField("source_code_info") for f in fds.file), "source info missing"
+    return fds
+
+
+# --- generated code -------------------------------------------------------------
+
+
+def _generated_files(root: Path) -> dict[str, bytes]:
+    """Generator-owned files under root/qinglong (not the hand-written root __init__)."""
+    files: dict[str, bytes] = {}
+    for path in sorted((root / "qinglong").rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        relative = path.relative_to(root)
+        is_init = path.name == "__init__.py" and len(relative.parts) > 2
+        if is_init or path.name.endswith(GENERATED_SUFFIXES):
+            files[relative.as_posix()] = path.read_bytes()
+    return files
+
+
+def test_generated_code_matches_sources(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(GENERATOR), "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    everything = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    fresh = _generated_files(tmp_path)
+    assert everything == set(fresh), f"generator wrote unexpected files: {everything - set(fresh)}"
+    committed = _generated_files(PROTO_ROOT)
+    assert sorted(set(fresh) - set(committed)) == [], "missing: run `make generate`"
+    assert sorted(set(committed) - set(fresh)) == [], "stale: run `make generate`"
+    drifted = sorted(name for name in fresh if fresh[name] != committed[name])
+    assert drifted == [], f"generated code drifted from the .proto files: {drifted}"
+    # Every source has its four generated companions beside it.
+    for source in sorted((PROTO_ROOT / "qinglong").rglob("*.proto")):
+        stem = source.relative_to(PROTO_ROOT).with_suffix("").as_posix()
+        for suffix in GENERATED_SUFFIXES:
+            assert stem + suffix in committed, f"{stem}{suffix} not generated"
+
+
+# --- documented bounds ------------------------------------------------------------
+
+
+def _comments(
+    locations: dict[tuple[int, ...], descriptor_pb2.SourceCodeInfo.Location], path: tuple[int, ...]
+) -> str:
+    location = locations.get(path)
+    if location is None:
+        return ""
+    return location.leading_comments + location.trailing_comments
+
+
+def _walk_messages(
+    messages: Iterable[descriptor_pb2.DescriptorProto],
+    prefix: tuple[int, ...],
+    scope: str,
+) -> Iterator[tuple[str, tuple[int, ...], descriptor_pb2.DescriptorProto]]:
+    """Every message (nested ones too) with its full name and SourceCodeInfo path."""
+    for index, message in enumerate(messages):
+        path = (*prefix, index)
+        name = f"{scope}.{message.name}"
+        yield name, path, message
+        yield from _walk_messages(message.nested_type, (*path, MESSAGE_NESTED), name)
+
+
+def _file_problems(file: descriptor_pb2.FileDescriptorProto) -> list[str]:
+    locations = {tuple(loc.path): loc for loc in file.source_code_info.location}
+    problems: list[str] = []
+
+    def need(path: tuple[int, ...], what: str, marker: str = "") -> None:
+        text = _comments(locations, path)
+        if not text.strip():
+            problems.append(f"{file.name}: {what} has no comment")
+        elif marker and marker not in text:
+            problems.append(f"{file.name}: {what} has no '{marker}' line")
+
+    messages = list(_walk_messages(file.message_type, (FILE_MESSAGE,), "." + file.package))
+    map_entries = {name for name, _, message in messages if message.options.map_entry}
+    for name, path, message in messages:
+        if message.options.map_entry:
+            continue  # synthetic; its bound lives on the map field
+        need(path, f"message {name}")
+        for index, field in enumerate(message.field):
+            field_path = (*path, MESSAGE_FIELD, index)
+            what = f"field {name}.{field.name}"
+            if (
+                field.type in TEXT_TYPES
+                or field.type_name in map_entries
+                or field.label == FDP.LABEL_REPEATED
+            ):
+                need(field_path, what, "Bound:")
+            elif field.type in INTEGER_TYPES:
+                need(field_path, what, "Range:")
+            else:
+                need(field_path, what)
+        for index, enum in enumerate(message.enum_type):
+            need((*path, MESSAGE_ENUM, index), f"enum {name}.{enum.name}")
+    for index, enum in enumerate(file.enum_type):
+        need((FILE_ENUM, index), f"enum {enum.name}")
+        for value_index, value in enumerate(enum.value):
+            need((FILE_ENUM, index, ENUM_VALUE, value_index), f"enum value {value.name}")
+    for index, service in enumerate(file.service):
+        need((FILE_SERVICE, index), f"service {service.name}")
+        for method_index, method in enumerate(service.method):
+            need(
+                (FILE_SERVICE, index, SERVICE_METHOD, method_index),
+                f"rpc {service.name}.{method.name}",
+            )
+    return problems
+
+
+def _contract_problems(fds: descriptor_pb2.FileDescriptorSet) -> list[str]:
+    """Every message, field, enum, value, service and rpc is commented; every
+    string/bytes/map/repeated field has a `Bound:` line and every integer a `Range:` line."""
+    return [
+        problem
+        for file in fds.file
+        if file.package.startswith("qinglong.")
+        for problem in _file_problems(file)
+    ]
+
+
+def test_every_field_documents_its_bound(descriptor_set: descriptor_pb2.FileDescriptorSet) -> None:
+    files = {f.name for f in descriptor_set.file}
+    for api in ("rpc", "worker", "control", "runtime"):
+        assert any(name.startswith(f"qinglong/{api}/v1/") for name in files), api
+    assert _contract_problems(descriptor_set) == []
+
+
+def test_bound_check_catches_a_missing_bound(
+    descriptor_set: descriptor_pb2.FileDescriptorSet,
+) -> None:
+    """The checker itself must fail when a Bound: line disappears."""
+    broken = descriptor_pb2.FileDescriptorSet()
+    broken.CopyFrom(descriptor_set)
+    fence_file = next(f for f in broken.file if f.name == "qinglong/rpc/v1/fence.proto")
+    for location in fence_file.source_code_info.location:
+        if "Bound:" in location.leading_comments:
+            location.leading_comments = location.leading_comments.replace("Bound:", "Limit:")
+            break
+    assert any("'Bound:'" in problem for problem in _contract_problems(broken))
+
+
+def _responses(fds: descriptor_pb2.FileDescriptorSet) -> dict[str, descriptor_pb2.DescriptorProto]:
+    messages: dict[str, descriptor_pb2.DescriptorProto] = {}
+    for file in fds.file:
+        for name, _, message in _walk_messages(
+            file.message_type, (FILE_MESSAGE,), "." + file.package
+        ):
+            messages[name] = message
+    return messages
+
+
+def test_responses_never_carry_secrets(descriptor_set: descriptor_pb2.FileDescriptorSet) -> None:
+    """R-SEC-1: no response (transitively) has a token, digest or capability field."""
+    messages = _responses(descriptor_set)
+    outputs = [
+        method.output_type
+        for file in descriptor_set.file
+        for service in file.service
+        for method in service.method
+    ]
+    forbidden = re.compile(r"(lease_token|digest|capability|secret|credential)")
+    seen: set[str] = set()
+    pending = list(outputs)
+    offenders: list[str] = []
+    while pending:
+        type_name = pending.pop()
+        if type_name in seen or type_name not in messages:
+            continue  # well-known types (Duration, Timestamp) are not ours
+        seen.add(type_name)
+        for field in messages[type_name].field:
+            if forbidden.search(field.name):
+                offenders.append(f"{type_name}.{field.name}")
+            if field.type == FDP.TYPE_MESSAGE:
+                pending.append(field.type_name)
+    assert len(seen) > 20
+    assert offenders == []
+
+
+# --- error reasons ------------------------------------------------------------------
+
+
+def test_error_reasons_are_aip193_names(descriptor_set: descriptor_pb2.FileDescriptorSet) -> None:
+    values = error_reason_pb2.ErrorReason.DESCRIPTOR.values
+    names = []
+    for descriptor in values:
+        assert descriptor.name.startswith(errors.REASON_PREFIX), descriptor.name
+        stripped = descriptor.name.removeprefix(errors.REASON_PREFIX)
+        assert re.fullmatch(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)*", stripped), stripped
+        assert len(stripped) <= errors.REASON_MAX_LENGTH, stripped
+        names.append(stripped)
+    assert values[0].number == 0
+    assert values[0].name == "ERROR_REASON_UNSPECIFIED"
+    assert sorted(set(REQUIRED_REASONS) - set(names)) == []
+    # The code named in each value's comment is the code errors.py sends.
+    file = next(f for f in descriptor_set.file if f.name == "qinglong/rpc/v1/error_reason.proto")
+    locations = {tuple(loc.path): loc for loc in file.source_code_info.location}
+    enum_index = [e.name for e in file.enum_type].index("ErrorReason")
+    for index, value in enumerate(file.enum_type[enum_index].value):
+        if value.number == 0:
+            continue
+        comment = _comments(locations, (FILE_ENUM, enum_index, ENUM_VALUE, index))
+        match = re.search(r"gRPC code: ([A-Z_]+)\.", comment)
+        assert match, f"{value.name} does not name its gRPC code"
+        assert errors.code_for(ErrorReason.Value(value.name)).name == match.group(1), value.name
+
+
+def test_reason_names_round_trip() -> None:
+    reason = ErrorReason.ERROR_REASON_LEASE_VERSION_FENCED
+    assert errors.reason_name(reason) == "LEASE_VERSION_FENCED"
+    assert errors.reason_from_name("LEASE_VERSION_FENCED") == reason
+    assert errors.reason_from_name("NOT_A_REASON") is None
+    assert errors.reason_from_name("UNSPECIFIED") is None
+    with pytest.raises(ValueError, match="never sent"):
+        errors.reason_name(ErrorReason.ERROR_REASON_UNSPECIFIED)
+    assert set(errors.REASON_CODES) == {
+        v.number for v in ErrorReason.DESCRIPTOR.values if v.number != 0
+    }
+
+
+def test_status_for_packs_error_info() -> None:
+    status = errors.status_for(
+        ErrorReason.ERROR_REASON_FIELD_INVALID,
+        "invalid request",
+        field_violations=[("fence.lease_token", "malformed")],
+    )
+    assert status.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert status.details == "invalid request"
+    keys = [key for key, _ in status.trailing_metadata]
+    assert keys == ["grpc-status-details-bin"]
+
+
+class _AbortingWorkerService(worker_service_pb2_grpc.WorkerServiceServicer):
+    """Answers RenewSession with the error whose reason name is the request's session_id."""
+
+    async def RenewSession(
+        self,
+        request: worker_service_pb2.RenewSessionRequest,
+        context: grpc.aio.ServicerContext[
+            worker_service_pb2.RenewSessionRequest, worker_service_pb2.RenewSessionResponse
+        ],
+    ) -> worker_service_pb2.RenewSessionResponse:
+        reason = errors.reason_from_name(request.session_id)
+        if reason is None:
+            return worker_service_pb2.RenewSessionResponse()
+        violations = [("worker_id", "not a slug")] if request.worker_id == "bad" else []
+        await context.abort_with_status(
+            errors.status_for(reason, "generic message", field_violations=violations)
+        )
+
+
+@pytest.fixture
+async def worker_server() -> AsyncIterator[str]:
+    server = grpc.aio.server()
+    # Only RenewSession is served; the other (abstract) methods are never called.
+    servicer = _AbortingWorkerService()  # type: ignore[abstract]
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+@pytest.mark.parametrize(
+    ("reason", "code"),
+    [
+        (ErrorReason.ERROR_REASON_LEASE_VERSION_FENCED, grpc.StatusCode.ABORTED),
+        (ErrorReason.ERROR_REASON_RUN_NOT_FOUND, grpc.StatusCode.NOT_FOUND),
+        (ErrorReason.ERROR_REASON_PRINCIPAL_MISMATCH, grpc.StatusCode.PERMISSION_DENIED),
+        (ErrorReason.ERROR_REASON_STORAGE_UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
+    ],
+)
+async def test_error_round_trip_over_grpc_aio(
+    worker_server: str, reason: ErrorReason.ValueType, code: grpc.StatusCode
+) -> None:
+    name = errors.reason_name(reason)
+    async with grpc.aio.insecure_channel(worker_server) as channel:
+        stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        ok = await stub.RenewSession(worker_service_pb2.RenewSessionRequest(), timeout=5)
+        assert isinstance(ok, worker_service_pb2.RenewSessionResponse)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.RenewSession(
+                worker_service_pb2.RenewSessionRequest(worker_id="bad", session_id=name),
+                timeout=5,
+            )
+    error = caught.value
+    assert error.code() == code
+    assert error.details() == "generic message"
+    assert errors.error_reason_of(error) == name
+    info = errors.error_info_of(error)
+    assert info is not None
+    assert info.domain == errors.ERROR_DOMAIN
+    assert errors.field_violations_of(error) == [("worker_id", "not a slug")]
+
+
+async def test_error_round_trip_over_sync_channel(worker_server: str) -> None:
+    name = errors.reason_name(ErrorReason.ERROR_REASON_SESSION_FENCED)
+
+    def call() -> grpc.RpcError:
+        with grpc.insecure_channel(worker_server) as channel:
+            stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+            try:
+                stub.RenewSession(
+                    worker_service_pb2.RenewSessionRequest(session_id=name), timeout=5
+                )
+            except grpc.RpcError as error:
+                return error
+        raise AssertionError("the call did not fail")
+
+    error = await asyncio.to_thread(call)
+    assert errors.error_reason_of(error) == name
+    assert errors.field_violations_of(error) == []
+
+
+async def test_plain_status_has_no_reason(worker_server: str) -> None:
+    async with grpc.aio.insecure_channel(worker_server) as channel:
+        method: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/qinglong.worker.v1.WorkerService/NoSuchMethod"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await method(b"", timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert errors.error_reason_of(caught.value) is None
+
+
+# --- bounds -------------------------------------------------------------------------
+
+
+def capability(raw: bytes) -> str:
+    return "qlc1_" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+GOOD_SECRET = bytes.fromhex("8f3a1c5e7b2d9f4061a8c3e5b7d9f1a3c5e7092b4d6f8a1c3e5b7d9f0a2c4e68")
+
+
+def test_lease_capability_shape() -> None:
+    good = capability(GOOD_SECRET)
+    assert len(good) == bounds.LEASE_CAPABILITY_LENGTH == 48
+    assert bounds.is_lease_capability_shape(good)
+    assert bounds.is_acceptable_lease_capability(good)
+    assert bounds.decode_lease_capability(good) == GOOD_SECRET
+    assert bounds.encode_lease_capability(GOOD_SECRET) == good
+    rejected = [
+        GOOD_SECRET.hex(),  # 64 hex chars, not the fixed encoding
+        capability(GOOD_SECRET[:31]),  # 31 bytes
+        capability(GOOD_SECRET + b"\x01"),  # 33 bytes
+        good + "=",  # padding
+        "qlc1_" + base64.urlsafe_b64encode(GOOD_SECRET).decode("ascii"),  # padded
+        "qlc2_" + good[5:],  # wrong version prefix
+        "qlc1_" + base64.b64encode(b"\xfb" * 32).rstrip(b"=").decode("ascii"),  # + and /
+        good[:-1] + "B",  # non-canonical last char (unused low bits set)
+        good + "\n",
+        "",
+    ]
+    for value in rejected:
+        assert not bounds.is_lease_capability_shape(value), value
+    # Right shape, weak secret.
+    for weak in (b"\x00" * 32, bytes(range(32)), b"ab" * 16, bytes(range(0, 256, 8))):
+        value = capability(weak)
+        assert bounds.is_lease_capability_shape(value)
+        assert not bounds.is_acceptable_lease_capability(value), weak
+    with pytest.raises(ValueError, match="exactly 32"):
+        bounds.encode_lease_capability(b"\x01" * 31)
+
+
+def test_identifier_validators() -> None:
+    assert bounds.is_uuid("0f8fad5b-d9cb-469f-a165-70867728950e")
+    assert not bounds.is_uuid("0F8FAD5B-D9CB-469F-A165-70867728950E")
+    assert not bounds.is_uuid("0f8fad5bd9cb469fa16570867728950e")
+    assert not bounds.is_uuid("0f8fad5b-d9cb-469f-a165-70867728950e\n")
+    assert bounds.is_optional_uuid("")
+    assert bounds.is_slug("edge-01")
+    assert bounds.is_slug("a")
+    assert bounds.is_slug("0" * 63)
+    for bad_slug in ("", "-edge", "Edge", "edge_01", "a" * 64, "edge.01"):
+        assert not bounds.is_slug(bad_slug), bad_slug
+    assert bounds.is_sha256_hex("ab" * 32)
+    assert not bounds.is_sha256_hex("AB" * 32)
+    assert not bounds.is_sha256_hex("ab" * 31)
+    assert bounds.is_request_id("req-1:a.b_c")
+    assert bounds.is_request_id("x" * 64)
+    for bad_id in ("", "x" * 65, "has space", "ünicode"):
+        assert not bounds.is_request_id(bad_id), bad_id
+    assert bounds.is_error_code("EXECUTOR_START_FAILED")
+    assert not bounds.is_error_code("executor_start_failed")
+    assert bounds.is_event_type("attempt.running")
+    assert bounds.is_event_type("run.cancel_requested")
+    assert not bounds.is_event_type("running")
+    assert not bounds.is_event_type("Run.Running")
+    assert bounds.is_page_token("")
+    assert not bounds.is_page_token("a+b")
+
+
+def test_text_and_number_validators() -> None:
+    assert bounds.is_executor_handle("pid:4242;start:1735689600123")
+    assert bounds.is_executor_handle("h" * 512)
+    assert not bounds.is_executor_handle("h" * 513)
+    assert not bounds.is_executor_handle("é" * 257)  # 514 bytes
+    assert not bounds.is_executor_handle("")
+    assert not bounds.is_executor_handle("pid\n42")
+    assert bounds.is_log_artifact_id("a" * 256)
+    assert not bounds.is_log_artifact_id("a" * 257)
+    assert bounds.is_error_summary("界" * 256)  # code points, not bytes
+    assert not bounds.is_error_summary("x" * 257)
+    assert not bounds.is_error_summary("")
+    assert bounds.is_error_summary("", allow_empty=True)
+    assert not bounds.is_error_summary("line\x1b[31m")
+    assert bounds.is_command_argv(["/bin/echo", "hello"])
+    assert not bounds.is_command_argv([])
+    assert not bounds.is_command_argv(["x"] * 65)
+    assert not bounds.is_command_argv(["x" * 4097])
+    assert not bounds.is_command_argv(["a\x00b"])
+    assert not bounds.is_command_argv(["x" * 4096] * 17)  # > 64 KiB in total
+    assert bounds.is_labels([("team", "infra"), ("tier", "")])
+    assert not bounds.is_labels([("Team", "infra")])
+    assert not bounds.is_labels([(f"k{i}", "v") for i in range(17)])
+    assert bounds.is_timeout_ms(1)
+    assert bounds.is_timeout_ms(604_800_000)
+    assert not bounds.is_timeout_ms(0)
+    assert not bounds.is_timeout_ms(604_800_001)
+    assert bounds.is_max_offers(64)
+    assert not bounds.is_max_offers(0)
+    assert not bounds.is_max_offers(65)
+    assert bounds.is_page_size(0)
+    assert bounds.is_page_size(500)
+    assert not bounds.is_page_size(501)
+    assert bounds.is_safe_positive(2**53 - 1)
+    assert not bounds.is_safe_positive(2**53)
+    assert not bounds.is_safe_positive(0)
+    assert bounds.is_safe_non_negative(0)
