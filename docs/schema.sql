@@ -321,9 +321,11 @@ CREATE TABLE qinglong.task_revisions (
     executor_type text NOT NULL,
     command jsonb NOT NULL,
     timeout_ms bigint,
+    create_request_id text NOT NULL,
     created_by text NOT NULL,
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
     CONSTRAINT task_revisions_command_check CHECK (((jsonb_typeof(command) = 'array'::text) AND ((jsonb_array_length(command) >= 1) AND (jsonb_array_length(command) <= 64)))),
+    CONSTRAINT task_revisions_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT task_revisions_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200))),
     CONSTRAINT task_revisions_executor_type_check CHECK ((executor_type = 'remote_worker'::text)),
     CONSTRAINT task_revisions_revision_number_check CHECK ((revision_number >= 1)),
@@ -333,10 +335,15 @@ CREATE TABLE qinglong.task_revisions (
 CREATE TABLE qinglong.tasks (
     task_id uuid NOT NULL,
     project_id qinglong.slug NOT NULL,
-    name qinglong.slug NOT NULL,
+    display_name text NOT NULL,
+    labels jsonb DEFAULT '{}'::jsonb NOT NULL,
+    create_request_id text NOT NULL,
     created_by text NOT NULL,
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
-    CONSTRAINT tasks_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200)))
+    CONSTRAINT tasks_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
+    CONSTRAINT tasks_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200))),
+    CONSTRAINT tasks_display_name_check CHECK (((length(display_name) >= 1) AND (length(display_name) <= 200))),
+    CONSTRAINT tasks_labels_check CHECK (((jsonb_typeof(labels) = 'object'::text) AND (octet_length((labels)::text) <= 8192)))
 );
 
 CREATE TABLE qinglong.worker_identities (
@@ -356,15 +363,19 @@ CREATE TABLE qinglong.worker_sessions (
     status text NOT NULL,
     executor_types text[] NOT NULL,
     max_concurrency integer NOT NULL,
+    agent_version text DEFAULT ''::text NOT NULL,
+    open_request_id text NOT NULL,
     opened_at_ms qinglong.epoch_ms NOT NULL,
     renewed_at_ms qinglong.epoch_ms NOT NULL,
     expires_at_ms qinglong.epoch_ms NOT NULL,
     closed_at_ms qinglong.epoch_ms,
+    CONSTRAINT worker_sessions_agent_version_check CHECK ((length(agent_version) <= 64)),
     CONSTRAINT worker_sessions_check CHECK ((((expires_at_ms)::bigint >= (renewed_at_ms)::bigint) AND ((renewed_at_ms)::bigint >= (opened_at_ms)::bigint))),
     CONSTRAINT worker_sessions_check1 CHECK (((status = ANY (ARRAY['online'::text, 'draining'::text])) = (closed_at_ms IS NULL))),
     CONSTRAINT worker_sessions_executor_types_check CHECK ((((cardinality(executor_types) >= 1) AND (cardinality(executor_types) <= 8)) AND (executor_types <@ ARRAY['remote_worker'::text]))),
     CONSTRAINT worker_sessions_generation_check CHECK ((generation >= 1)),
     CONSTRAINT worker_sessions_max_concurrency_check CHECK (((max_concurrency >= 1) AND (max_concurrency <= 1024))),
+    CONSTRAINT worker_sessions_open_request_id_check CHECK ((open_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT worker_sessions_status_check CHECK ((status = ANY (ARRAY['online'::text, 'draining'::text, 'replaced'::text, 'closed'::text, 'expired'::text])))
 );
 
@@ -441,13 +452,16 @@ ALTER TABLE ONLY qinglong.task_revisions
     ADD CONSTRAINT task_revisions_project_id_task_id_revision_id_key UNIQUE (project_id, task_id, revision_id);
 
 ALTER TABLE ONLY qinglong.task_revisions
+    ADD CONSTRAINT task_revisions_task_id_create_request_id_key UNIQUE (task_id, create_request_id);
+
+ALTER TABLE ONLY qinglong.task_revisions
     ADD CONSTRAINT task_revisions_task_id_revision_number_key UNIQUE (task_id, revision_number);
 
 ALTER TABLE ONLY qinglong.tasks
     ADD CONSTRAINT tasks_pkey PRIMARY KEY (task_id);
 
 ALTER TABLE ONLY qinglong.tasks
-    ADD CONSTRAINT tasks_project_id_name_key UNIQUE (project_id, name);
+    ADD CONSTRAINT tasks_project_id_create_request_id_key UNIQUE (project_id, create_request_id);
 
 ALTER TABLE ONLY qinglong.tasks
     ADD CONSTRAINT tasks_project_id_task_id_key UNIQUE (project_id, task_id);
@@ -469,6 +483,9 @@ ALTER TABLE ONLY qinglong.worker_sessions
 
 ALTER TABLE ONLY qinglong.worker_sessions
     ADD CONSTRAINT worker_sessions_worker_id_generation_key UNIQUE (worker_id, generation);
+
+ALTER TABLE ONLY qinglong.worker_sessions
+    ADD CONSTRAINT worker_sessions_worker_id_open_request_id_key UNIQUE (worker_id, open_request_id);
 
 CREATE UNIQUE INDEX attempts_one_live_per_run ON qinglong.attempts USING btree (run_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
 

@@ -56,14 +56,14 @@ def seed_claimed_attempt(
     session_id, offer_id, attempt_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     token_digest = digest(f"token-{attempt_id}")
     runtime.execute(
-        "INSERT INTO qinglong.tasks (task_id, project_id, name, created_by)"
-        " VALUES (%s, %s, %s, 'test')",
-        (task_id, project_id, f"task-{task_id.hex[:8]}"),
+        "INSERT INTO qinglong.tasks (task_id, project_id, display_name, create_request_id,"
+        " created_by) VALUES (%s, %s, 'seeded task', %s, 'test')",
+        (task_id, project_id, f"req-{task_id.hex}"),
     )
     runtime.execute(
         "INSERT INTO qinglong.task_revisions (revision_id, project_id, task_id, revision_number,"
-        " executor_type, command, timeout_ms, created_by)"
-        " VALUES (%s, %s, %s, 1, 'remote_worker', '[\"true\"]', 60000, 'test')",
+        " executor_type, command, timeout_ms, create_request_id, created_by)"
+        " VALUES (%s, %s, %s, 1, 'remote_worker', '[\"true\"]', 60000, 'seed', 'test')",
         (revision_id, project_id, task_id),
     )
     runtime.execute(
@@ -74,8 +74,8 @@ def seed_claimed_attempt(
     )
     runtime.execute(
         "INSERT INTO qinglong.worker_sessions (session_id, worker_id, generation, status,"
-        " executor_types, max_concurrency, opened_at_ms, renewed_at_ms, expires_at_ms)"
-        " VALUES (%s, %s, 1, 'online', ARRAY['remote_worker'], 4, %s, %s, %s)",
+        " executor_types, max_concurrency, open_request_id, opened_at_ms, renewed_at_ms,"
+        " expires_at_ms) VALUES (%s, %s, 1, 'online', ARRAY['remote_worker'], 4, 'seed', %s, %s, %s)",
         (session_id, worker_id, NOW_MS, NOW_MS, NOW_MS + 30_000),
     )
     runtime.execute(

@@ -92,12 +92,16 @@ CREATE TABLE qinglong.role_bindings (
 ------------------------------------------------------------------------------------------
 
 CREATE TABLE qinglong.tasks (
-    task_id        uuid PRIMARY KEY,
-    project_id     qinglong.slug NOT NULL REFERENCES qinglong.projects (project_id),
-    name           qinglong.slug NOT NULL,
-    created_by     text NOT NULL CHECK (length(created_by) BETWEEN 1 AND 200),
-    created_at_ms  qinglong.epoch_ms NOT NULL DEFAULT qinglong.db_now_ms(),
-    UNIQUE (project_id, name),
+    task_id            uuid PRIMARY KEY,
+    project_id         qinglong.slug NOT NULL REFERENCES qinglong.projects (project_id),
+    display_name       text NOT NULL CHECK (length(display_name) BETWEEN 1 AND 200),
+    labels             jsonb NOT NULL DEFAULT '{}'::jsonb CHECK (
+                           jsonb_typeof(labels) = 'object' AND octet_length(labels::text) <= 8192),
+    -- AIP-155: a retried create returns the task the first call made.
+    create_request_id  text NOT NULL CHECK (create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'),
+    created_by         text NOT NULL CHECK (length(created_by) BETWEEN 1 AND 200),
+    created_at_ms      qinglong.epoch_ms NOT NULL DEFAULT qinglong.db_now_ms(),
+    UNIQUE (project_id, create_request_id),
     UNIQUE (project_id, task_id)
 );
 
@@ -113,9 +117,11 @@ CREATE TABLE qinglong.task_revisions (
                          jsonb_typeof(command) = 'array'
                          AND jsonb_array_length(command) BETWEEN 1 AND 64),
     timeout_ms       bigint CHECK (timeout_ms BETWEEN 1 AND 604800000),
+    create_request_id  text NOT NULL CHECK (create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'),
     created_by       text NOT NULL CHECK (length(created_by) BETWEEN 1 AND 200),
     created_at_ms    qinglong.epoch_ms NOT NULL DEFAULT qinglong.db_now_ms(),
     UNIQUE (task_id, revision_number),
+    UNIQUE (task_id, create_request_id),
     UNIQUE (project_id, task_id, revision_id),
     FOREIGN KEY (project_id, task_id) REFERENCES qinglong.tasks (project_id, task_id)
 );
@@ -134,11 +140,15 @@ CREATE TABLE qinglong.worker_sessions (
                          cardinality(executor_types) BETWEEN 1 AND 8
                          AND executor_types <@ ARRAY['remote_worker']),
     max_concurrency  integer NOT NULL CHECK (max_concurrency BETWEEN 1 AND 1024),
+    agent_version    text NOT NULL DEFAULT '' CHECK (length(agent_version) <= 64),
+    -- AIP-155: a retried open returns this session instead of replacing it.
+    open_request_id  text NOT NULL CHECK (open_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'),
     opened_at_ms     qinglong.epoch_ms NOT NULL,
     renewed_at_ms    qinglong.epoch_ms NOT NULL,
     expires_at_ms    qinglong.epoch_ms NOT NULL,
     closed_at_ms     qinglong.epoch_ms,
     UNIQUE (worker_id, generation),
+    UNIQUE (worker_id, open_request_id),
     UNIQUE (session_id, worker_id, generation),
     CHECK (expires_at_ms >= renewed_at_ms AND renewed_at_ms >= opened_at_ms),
     CHECK ((status IN ('online', 'draining')) = (closed_at_ms IS NULL))

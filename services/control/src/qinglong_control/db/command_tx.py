@@ -1,0 +1,92 @@
+"""One fenced command = one short transaction in at most two database round trips.
+
+The command queues its lock statements and reads them back (round trip 1: BEGIN, locks
+in the fixed order, DB time), lets the domain decide, then queues its writes and COMMIT
+(round trip 2). psycopg's pipeline mode sends each batch in one network exchange, so the
+transaction holds its locks for about two round trips however many statements it has.
+
+`FaultPlan` is the test seam of SPEC R-TX-1: it replaces the statement at one labelled
+boundary with a statement that fails inside PostgreSQL, so the statements before it
+have really executed when the transaction must roll back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, LiteralString, TypeVar, overload
+
+import psycopg
+from psycopg import AsyncConnection, AsyncCursor
+from psycopg.rows import AsyncRowFactory
+
+Row = TypeVar("Row")
+
+
+class InjectedFault(Exception):
+    """Raised when a FaultPlan fired: the transaction was rolled back by PostgreSQL."""
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Fail the command just before the statement labelled `before`."""
+
+    before: str
+
+
+class CommandTx:
+    def __init__(self, conn: AsyncConnection[Any], fault: FaultPlan | None) -> None:
+        self._conn = conn
+        self._fault = fault
+        self.labels: list[str] = []
+
+    @overload
+    async def execute(
+        self,
+        label: str,
+        query: LiteralString,
+        params: Sequence[object] | Mapping[str, object] = (),
+    ) -> AsyncCursor[tuple[Any, ...]]: ...
+
+    @overload
+    async def execute(
+        self,
+        label: str,
+        query: LiteralString,
+        params: Sequence[object] | Mapping[str, object],
+        row_factory: AsyncRowFactory[Row],
+    ) -> AsyncCursor[Row]: ...
+
+    async def execute(
+        self,
+        label: str,
+        query: LiteralString,
+        params: Sequence[object] | Mapping[str, object] = (),
+        row_factory: AsyncRowFactory[Any] | None = None,
+    ) -> AsyncCursor[Any]:
+        """Queue one statement; its results are read when a fetch needs them."""
+        self.labels.append(label)
+        cursor: AsyncCursor[Any] = (
+            self._conn.cursor()
+            if row_factory is None
+            else self._conn.cursor(row_factory=row_factory)
+        )
+        if self._fault is not None and self._fault.before == label:
+            await cursor.execute("SELECT 1 / 0 AS injected_fault")
+        await cursor.execute(query, params)
+        return cursor
+
+
+@asynccontextmanager
+async def command_transaction(
+    conn: AsyncConnection[Any], fault: FaultPlan | None = None
+) -> AsyncIterator[CommandTx]:
+    """BEGIN … COMMIT in pipeline mode; any exception rolls every write back."""
+    try:
+        async with conn.pipeline(), conn.transaction():
+            yield CommandTx(conn, fault)
+    except psycopg.errors.DivisionByZero as error:
+        if fault is not None:
+            raise InjectedFault(fault.before) from error
+        raise

@@ -1,0 +1,190 @@
+"""Tasks and their immutable execution revisions."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, errors
+from psycopg.rows import kwargs_row
+from psycopg.types.json import Jsonb
+
+from qinglong_control.db.command_tx import command_transaction
+from qinglong_control.domain.refusals import Reason, Refused
+
+
+@dataclass(frozen=True)
+class TaskView:
+    task_id: uuid.UUID
+    project_id: str
+    display_name: str
+    labels: dict[str, str]
+    latest_revision_number: int
+    created_at_ms: int
+
+
+@dataclass(frozen=True)
+class RevisionView:
+    revision_id: uuid.UUID
+    task_id: uuid.UUID
+    project_id: str
+    revision_number: int
+    executor_type: str
+    command: list[str]
+    timeout_ms: int | None
+    created_at_ms: int
+
+
+_INSERT_TASK = """
+WITH inserted AS (
+    INSERT INTO qinglong.tasks (task_id, project_id, display_name, labels, create_request_id,
+                                created_by)
+    SELECT %(task_id)s::uuid, %(project_id)s::text, %(display_name)s::text, %(labels)s::jsonb,
+           %(request_id)s::text, %(actor)s::text
+     WHERE EXISTS (SELECT 1 FROM qinglong.projects
+                    WHERE project_id = %(project_id)s::text AND status = 'active')
+    ON CONFLICT (project_id, create_request_id) DO NOTHING
+    RETURNING task_id
+)
+SELECT task_id FROM inserted
+UNION ALL
+SELECT task_id FROM qinglong.tasks
+ WHERE project_id = %(project_id)s::text AND create_request_id = %(request_id)s::text
+"""
+
+_GET_TASK = """
+SELECT t.task_id, t.project_id, t.display_name, t.labels,
+       coalesce((SELECT max(revision_number) FROM qinglong.task_revisions tr
+                  WHERE tr.task_id = t.task_id), 0) AS latest_revision_number,
+       t.created_at_ms
+  FROM qinglong.tasks t
+ WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
+"""
+
+_LOCK_TASK = "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.task:' || %s, 0))"
+
+_EXISTING_REVISION = """
+SELECT revision_id FROM qinglong.task_revisions
+ WHERE task_id = %(task_id)s AND create_request_id = %(request_id)s
+"""
+
+_INSERT_REVISION = """
+INSERT INTO qinglong.task_revisions
+       (revision_id, project_id, task_id, revision_number, executor_type, command, timeout_ms,
+        create_request_id, created_by)
+SELECT %(revision_id)s, t.project_id, t.task_id,
+       coalesce((SELECT max(revision_number) FROM qinglong.task_revisions
+                  WHERE task_id = t.task_id), 0) + 1,
+       %(executor_type)s, %(command)s, %(timeout_ms)s, %(request_id)s, %(actor)s
+  FROM qinglong.tasks t
+ WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
+RETURNING revision_id
+"""
+
+_GET_REVISION = """
+SELECT revision_id, task_id, project_id, revision_number, executor_type, command, timeout_ms,
+       created_at_ms
+  FROM qinglong.task_revisions
+ WHERE project_id = %(project_id)s AND task_id = %(task_id)s
+   AND (revision_number = %(revision_number)s OR revision_id = %(revision_id)s)
+"""
+
+
+@dataclass(frozen=True)
+class NewRevision:
+    project_id: str
+    task_id: uuid.UUID
+    request_id: str
+    executor_type: str
+    command: list[str]
+    timeout_ms: int | None
+
+
+async def create_task(
+    conn: AsyncConnection[Any],
+    project_id: str,
+    display_name: str,
+    labels: dict[str, str],
+    request_id: str,
+    actor: str,
+) -> TaskView:
+    async with conn.transaction():
+        cursor = await conn.execute(
+            _INSERT_TASK,
+            {
+                "task_id": uuid.uuid4(),
+                "project_id": project_id,
+                "display_name": display_name,
+                "labels": Jsonb(labels),
+                "request_id": request_id,
+                "actor": actor,
+            },
+        )
+        row = await cursor.fetchone()
+        if row is None:
+            raise Refused(Reason.PROJECT_NOT_FOUND, "no such active project")
+        task = await get_task(conn, project_id, row[0])
+    return task
+
+
+async def get_task(conn: AsyncConnection[Any], project_id: str, task_id: uuid.UUID) -> TaskView:
+    cursor = conn.cursor(row_factory=kwargs_row(TaskView))
+    await cursor.execute(_GET_TASK, {"project_id": project_id, "task_id": task_id})
+    task = await cursor.fetchone()
+    if task is None:
+        raise Refused(Reason.TASK_NOT_FOUND, "no such task")
+    return task
+
+
+async def create_revision(
+    conn: AsyncConnection[Any], revision: NewRevision, actor: str
+) -> RevisionView:
+    """Append revision n+1. Revisions are immutable: nothing can update them later."""
+    values = {
+        "revision_id": uuid.uuid4(),
+        "project_id": revision.project_id,
+        "task_id": revision.task_id,
+        "request_id": revision.request_id,
+        "executor_type": revision.executor_type,
+        "command": Jsonb(revision.command),
+        "timeout_ms": revision.timeout_ms,
+        "actor": actor,
+    }
+    async with command_transaction(conn) as tx:
+        await tx.execute("lock.task", _LOCK_TASK, (str(revision.task_id),))
+        existing = await tx.execute("revision.existing", _EXISTING_REVISION, values)
+        row = await existing.fetchone()
+        if row is None:
+            try:
+                inserted = await tx.execute("revision.insert", _INSERT_REVISION, values)
+                row = await inserted.fetchone()
+            except errors.CheckViolation:
+                raise Refused(Reason.FIELD_INVALID, "plan is out of bounds") from None
+        if row is None:
+            raise Refused(Reason.TASK_NOT_FOUND, "no such task")
+    return await get_revision(conn, revision.project_id, revision.task_id, revision_id=row[0])
+
+
+async def get_revision(
+    conn: AsyncConnection[Any],
+    project_id: str,
+    task_id: uuid.UUID,
+    *,
+    revision_number: int | None = None,
+    revision_id: uuid.UUID | None = None,
+) -> RevisionView:
+    cursor = conn.cursor(row_factory=kwargs_row(RevisionView))
+    await cursor.execute(
+        _GET_REVISION,
+        {
+            "project_id": project_id,
+            "task_id": task_id,
+            "revision_number": revision_number,
+            "revision_id": revision_id,
+        },
+    )
+    found = await cursor.fetchone()
+    if found is None:
+        raise Refused(Reason.REVISION_NOT_FOUND, "no such revision")
+    return found

@@ -1,0 +1,226 @@
+"""Triggering Runs and reading them back with their Event timeline."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import kwargs_row
+
+from qinglong_control.db.command_tx import command_transaction
+from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.domain.refusals import Reason, Refused
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_id: uuid.UUID
+    project_id: str
+    task_id: uuid.UUID
+    revision_id: uuid.UUID
+    revision_number: int
+    state: str
+    attempt_count: int
+    latest_attempt_id: uuid.UUID | None
+    latest_attempt_state: str | None
+    version: int
+    event_sequence: int
+    cancel_reason: str | None
+    cancel_requested_at_ms: int | None
+    deadline_at_ms: int | None
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    error_code: str | None
+
+
+@dataclass(frozen=True)
+class EventView:
+    event_id: uuid.UUID
+    run_id: uuid.UUID
+    project_id: str
+    sequence: int
+    event_type: str
+    attempt_id: uuid.UUID | None
+    actor_kind: str
+    actor_id: str
+    occurred_at_ms: int
+    payload: dict[str, Any]
+
+
+_RUN_COLUMNS = """
+r.run_id, r.project_id, r.task_id, r.revision_id, tr.revision_number, r.state,
+r.attempt_count, a.attempt_id AS latest_attempt_id, a.state AS latest_attempt_state,
+r.version, r.event_sequence, r.cancel_reason, r.cancel_requested_at_ms, r.deadline_at_ms,
+r.created_at_ms, r.started_at_ms, r.finished_at_ms, r.error_code
+"""
+
+_RUN_FROM = """
+FROM qinglong.runs r
+JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
+LEFT JOIN qinglong.attempts a ON a.run_id = r.run_id AND a.attempt_number = r.attempt_count
+"""
+
+_GET_RUN = (
+    "SELECT " + _RUN_COLUMNS + _RUN_FROM + " WHERE r.project_id = %(project_id)s"
+    " AND r.run_id = %(run_id)s"
+)
+
+_LIST_RUNS = (
+    "SELECT "
+    + _RUN_COLUMNS
+    + _RUN_FROM
+    + """
+ WHERE r.project_id = %(project_id)s
+   AND (%(task_id)s::uuid IS NULL OR r.task_id = %(task_id)s)
+   AND (cardinality(%(states)s::text[]) = 0 OR r.state = ANY(%(states)s))
+   AND (%(before_created)s::bigint IS NULL
+        OR (r.created_at_ms, r.run_id) < (%(before_created)s, %(before_run)s::uuid))
+ ORDER BY r.created_at_ms DESC, r.run_id DESC
+ LIMIT %(limit)s
+"""
+)
+
+_EXISTING_TRIGGER = """
+SELECT run_id FROM qinglong.runs
+ WHERE project_id = %(project_id)s AND trigger_request_id = %(request_id)s
+"""
+
+_PICK_REVISION = """
+SELECT revision_id, executor_type FROM qinglong.task_revisions
+ WHERE project_id = %(project_id)s AND task_id = %(task_id)s
+   AND revision_number = coalesce(%(revision_number)s,
+       (SELECT max(revision_number) FROM qinglong.task_revisions WHERE task_id = %(task_id)s))
+"""
+
+_DB_NOW = "SELECT qinglong.db_now_ms()"
+
+# A Run is created straight into `queued` with its first Event; the revision is pinned.
+_INSERT_RUN = """
+INSERT INTO qinglong.runs
+       (run_id, project_id, task_id, revision_id, state, executor_type, event_sequence,
+        trigger_request_id, triggered_by, created_at_ms, updated_at_ms)
+VALUES (%(run_id)s, %(project_id)s, %(task_id)s, %(revision_id)s, 'queued', %(executor_type)s,
+        1, %(request_id)s, %(actor_id)s, %(now)s, %(now)s)
+"""
+
+_LIST_EVENTS = """
+SELECT e.event_id, e.run_id, r.project_id, e.sequence, e.event_type, e.attempt_id,
+       e.actor_kind, e.actor_id, e.occurred_at_ms, e.payload
+  FROM qinglong.run_events e JOIN qinglong.runs r ON r.run_id = e.run_id
+ WHERE r.project_id = %(project_id)s AND e.run_id = %(run_id)s
+   AND e.sequence > %(after_sequence)s
+ ORDER BY e.sequence
+ LIMIT %(limit)s
+"""
+
+
+@dataclass(frozen=True)
+class TriggerRun:
+    project_id: str
+    task_id: uuid.UUID
+    revision_number: int | None
+    request_id: str
+
+
+async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Actor) -> RunView:
+    """Queue a Run of a pinned revision; a retried request returns the same Run."""
+    values: dict[str, object] = {
+        "run_id": uuid.uuid4(),
+        "project_id": command.project_id,
+        "task_id": command.task_id,
+        "revision_number": command.revision_number,
+        "request_id": command.request_id,
+        "actor_id": actor.id,
+    }
+    async with command_transaction(conn) as tx:
+        existing = await tx.execute("run.existing", _EXISTING_TRIGGER, values)
+        revision = await tx.execute("revision.pick", _PICK_REVISION, values)
+        now = await tx.execute("db_now", _DB_NOW)
+        earlier = await existing.fetchone()
+        picked = await revision.fetchone()
+        now_row = await now.fetchone()
+        assert now_row is not None
+        if earlier is not None:
+            values["run_id"] = earlier[0]
+        else:
+            if picked is None:
+                raise Refused(Reason.REVISION_NOT_FOUND, "no such task revision")
+            values.update(revision_id=picked[0], executor_type=picked[1], now=now_row[0])
+            await tx.execute("run.insert", _INSERT_RUN, values)
+            await append_events(
+                tx,
+                values["run_id"],  # type: ignore[arg-type]
+                0,
+                actor,
+                now_row[0],
+                [NewEvent("run.queued", None, {"from_state": "created", "to_state": "queued"})],
+            )
+    return await get_run(conn, command.project_id, values["run_id"])  # type: ignore[arg-type]
+
+
+async def get_run(conn: AsyncConnection[Any], project_id: str, run_id: uuid.UUID) -> RunView:
+    """Another project's Run and a missing Run look the same: not found."""
+    cursor = conn.cursor(row_factory=kwargs_row(RunView))
+    await cursor.execute(_GET_RUN, {"project_id": project_id, "run_id": run_id})
+    run = await cursor.fetchone()
+    if run is None:
+        raise Refused(Reason.RUN_NOT_FOUND, "no such run")
+    return run
+
+
+@dataclass(frozen=True)
+class RunPage:
+    runs: list[RunView]
+    next_cursor: tuple[int, uuid.UUID] | None
+
+
+async def list_runs(
+    conn: AsyncConnection[Any],
+    project_id: str,
+    *,
+    limit: int,
+    task_id: uuid.UUID | None = None,
+    states: tuple[str, ...] = (),
+    before: tuple[int, uuid.UUID] | None = None,
+) -> RunPage:
+    """Newest first, keyset-paginated by (created_at, run_id)."""
+    cursor = conn.cursor(row_factory=kwargs_row(RunView))
+    await cursor.execute(
+        _LIST_RUNS,
+        {
+            "project_id": project_id,
+            "task_id": task_id,
+            "states": list(states),
+            "before_created": None if before is None else before[0],
+            "before_run": None if before is None else before[1],
+            "limit": limit,
+        },
+    )
+    runs = list(await cursor.fetchall())
+    last = runs[-1] if len(runs) == limit else None
+    return RunPage(runs, None if last is None else (last.created_at_ms, last.run_id))
+
+
+async def list_events(
+    conn: AsyncConnection[Any],
+    project_id: str,
+    run_id: uuid.UUID,
+    *,
+    after_sequence: int,
+    limit: int,
+) -> list[EventView]:
+    await get_run(conn, project_id, run_id)
+    cursor = conn.cursor(row_factory=kwargs_row(EventView))
+    await cursor.execute(
+        _LIST_EVENTS,
+        {
+            "project_id": project_id,
+            "run_id": run_id,
+            "after_sequence": after_sequence,
+            "limit": limit,
+        },
+    )
+    return list(await cursor.fetchall())

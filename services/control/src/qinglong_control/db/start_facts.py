@@ -1,0 +1,205 @@
+"""The three start facts as transactions: `starting`, `running`, `start-failure`.
+
+Each is one function and one transaction: lock the present in the fixed order (round
+trip 1), let the domain decide, then write every row and Event and COMMIT (round trip 2).
+A replay writes nothing. A refusal writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from qinglong_control.db.authority import lock_authority
+from qinglong_control.db.command_tx import FaultPlan, command_transaction
+from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.domain.fence import Fence, check_identity
+from qinglong_control.domain.start_facts import (
+    RunningDecision,
+    RunningReport,
+    StartFailureDecision,
+    StartingDecision,
+    decide_running,
+    decide_start_failure,
+    decide_starting,
+)
+
+_ATTEMPT_STARTING = """
+UPDATE qinglong.attempts
+   SET state = 'starting', starting_at_ms = %(now)s, deadline_at_ms = %(deadline)s
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+_RUN_STARTING = """
+UPDATE qinglong.runs
+   SET deadline_at_ms = %(deadline)s, version = version + 1,
+       event_sequence = event_sequence + 1, updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+"""
+
+_ATTEMPT_RUNNING = """
+UPDATE qinglong.attempts
+   SET state = 'running', started_at_ms = %(now)s, executor_handle = %(handle)s,
+       log_artifact_id = %(log_artifact_id)s, callback_sequence = %(callback_sequence)s,
+       callback_token_digest = %(callback_token_digest)s
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+_RUN_RUNNING = """
+UPDATE qinglong.runs
+   SET state = 'running', started_at_ms = %(now)s, version = version + 1,
+       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+"""
+
+# The callback sequence advances so that a late completion receipt is closed, and the
+# lease-version projection moves with the lease it mirrors (R-FAIL-1). Both are written
+# with the terminal state because a terminal Attempt never changes again.
+_ATTEMPT_START_FAILED = """
+UPDATE qinglong.attempts
+   SET state = %(state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
+       error_summary = %(summary)s, callback_sequence = coalesce(callback_sequence, 0) + 1,
+       lease_version = %(lease_version)s
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+_RUN_START_FAILED = """
+UPDATE qinglong.runs
+   SET state = %(state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
+       error_summary = %(summary)s, version = version + 1,
+       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+"""
+
+_COMPLETE_LEASE = """
+UPDATE qinglong.run_leases
+   SET status = 'completed', version = %(version)s, ended_at_ms = %(now)s
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+
+def _worker(fence: Fence) -> Actor:
+    return Actor("worker", fence.worker_id)
+
+
+async def acknowledge_starting(
+    conn: AsyncConnection[Any], fence: Fence, fault: FaultPlan | None = None
+) -> StartingDecision:
+    async with command_transaction(conn, fault) as tx:
+        present = check_identity(fence, await lock_authority(tx, fence))
+        decision = decide_starting(fence, present)
+        if not decision.writes:
+            return decision
+        values = {
+            "now": present.now_ms,
+            "deadline": decision.deadline_at_ms,
+            "attempt_id": fence.attempt_id,
+            "run_id": fence.run_id,
+        }
+        await tx.execute("attempt.starting", _ATTEMPT_STARTING, values)
+        await tx.execute("run.starting", _RUN_STARTING, values)
+        await append_events(
+            tx,
+            fence.run_id,
+            present.run.event_sequence,
+            _worker(fence),
+            present.now_ms,
+            [
+                NewEvent(
+                    "attempt.starting",
+                    fence.attempt_id,
+                    {"timeout_ms": decision.timeout_ms, "deadline_at_ms": decision.deadline_at_ms},
+                )
+            ],
+        )
+        return decision
+
+
+async def acknowledge_running(
+    conn: AsyncConnection[Any],
+    fence: Fence,
+    report: RunningReport,
+    fault: FaultPlan | None = None,
+) -> RunningDecision:
+    async with command_transaction(conn, fault) as tx:
+        present = check_identity(fence, await lock_authority(tx, fence))
+        decision = decide_running(fence, present, report)
+        if not decision.writes:
+            return decision
+        values = {
+            "now": present.now_ms,
+            "handle": report.executor_handle,
+            "log_artifact_id": report.log_artifact_id,
+            "callback_sequence": report.callback_sequence,
+            "callback_token_digest": report.callback_token_digest.hex,
+            "attempt_id": fence.attempt_id,
+            "run_id": fence.run_id,
+        }
+        await tx.execute("attempt.running", _ATTEMPT_RUNNING, values)
+        await tx.execute("run.running", _RUN_RUNNING, values)
+        await append_events(
+            tx,
+            fence.run_id,
+            present.run.event_sequence,
+            _worker(fence),
+            present.now_ms,
+            [
+                NewEvent(
+                    "attempt.running",
+                    fence.attempt_id,
+                    {
+                        "started_at_ms": present.now_ms,
+                        "has_log_artifact": report.log_artifact_id is not None,
+                    },
+                ),
+                NewEvent("run.running", fence.attempt_id, {"started_at_ms": present.now_ms}),
+            ],
+        )
+        return decision
+
+
+async def report_start_failure(
+    conn: AsyncConnection[Any],
+    fence: Fence,
+    error_summary: str,
+    fault: FaultPlan | None = None,
+) -> StartFailureDecision:
+    async with command_transaction(conn, fault) as tx:
+        present = check_identity(fence, await lock_authority(tx, fence))
+        decision = decide_start_failure(fence, present)
+        if not decision.writes:
+            return decision
+        attempt_values = {
+            "now": present.now_ms,
+            "state": decision.attempt_state.value,
+            "error_code": decision.error_code,
+            "summary": error_summary,
+            "lease_version": decision.completed_lease_version,
+            "attempt_id": fence.attempt_id,
+            "run_id": fence.run_id,
+        }
+        run_values = {**attempt_values, "state": decision.run_state.value}
+        lease_values = {
+            "now": present.now_ms,
+            "version": decision.completed_lease_version,
+            "attempt_id": fence.attempt_id,
+        }
+        await tx.execute("attempt.start_failed", _ATTEMPT_START_FAILED, attempt_values)
+        await tx.execute("run.start_failed", _RUN_START_FAILED, run_values)
+        terminal_payload: dict[str, object] = {"error_code": decision.error_code}
+        await append_events(
+            tx,
+            fence.run_id,
+            present.run.event_sequence,
+            _worker(fence),
+            present.now_ms,
+            [
+                NewEvent(
+                    f"attempt.{decision.attempt_state.value}", fence.attempt_id, terminal_payload
+                ),
+                NewEvent(f"run.{decision.run_state.value}", fence.attempt_id, terminal_payload),
+            ],
+        )
+        await tx.execute("lease.complete", _COMPLETE_LEASE, lease_values)
+        return decision

@@ -1,0 +1,48 @@
+"""Why a command was refused: one low-cardinality reason, never a secret.
+
+Reason names equal the wire's `ErrorReason` values without their `ERROR_REASON_` prefix,
+so the servicer maps them by name (a test pins that every one exists on the wire).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # Fencing: the caller's authority is not the present one (gRPC ABORTED).
+    SESSION_FENCED = "SESSION_FENCED"
+    SESSION_EXPIRED = "SESSION_EXPIRED"
+    FENCE_MISMATCH = "FENCE_MISMATCH"
+    LEASE_TOKEN_MISMATCH = "LEASE_TOKEN_MISMATCH"  # noqa: S105 - a reason name, not a secret
+    LEASE_VERSION_FENCED = "LEASE_VERSION_FENCED"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    LEASE_NOT_LEASED = "LEASE_NOT_LEASED"
+    EXECUTOR_TYPE_MISMATCH = "EXECUTOR_TYPE_MISMATCH"
+    STATE_CONFLICT = "STATE_CONFLICT"
+    STARTING_REQUIRED = "STARTING_REQUIRED"
+    REPLAY_MISMATCH = "REPLAY_MISMATCH"
+    CALLBACK_SEQUENCE_FENCED = "CALLBACK_SEQUENCE_FENCED"
+    OFFER_EXPIRED = "OFFER_EXPIRED"
+    OFFER_CLAIMED_BY_OTHER_CAPABILITY = "OFFER_CLAIMED_BY_OTHER_CAPABILITY"
+    # Not found (gRPC NOT_FOUND).
+    SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
+    OFFER_NOT_FOUND = "OFFER_NOT_FOUND"
+    RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    TASK_NOT_FOUND = "TASK_NOT_FOUND"
+    REVISION_NOT_FOUND = "REVISION_NOT_FOUND"
+    PROJECT_NOT_FOUND = "PROJECT_NOT_FOUND"
+    # Validation (gRPC INVALID_ARGUMENT).
+    CAPABILITY_MALFORMED = "CAPABILITY_MALFORMED"
+    CAPABILITY_WEAK = "CAPABILITY_WEAK"
+    FIELD_INVALID = "FIELD_INVALID"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+
+
+class Refused(Exception):
+    """A command that changed nothing, and why. Its text is safe to show a caller."""
+
+    def __init__(self, reason: Reason, detail: str = "") -> None:
+        super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
+        self.reason = reason
+        self.detail = detail

@@ -1,0 +1,31 @@
+"""Worker sessions: one live incarnation per Worker, fenced by generation."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from qinglong_control.domain.fence import LIVE_SESSION_STATES, SessionRow
+from qinglong_control.domain.refusals import Reason, Refused
+
+
+@dataclass(frozen=True)
+class SessionClaim:
+    """What a Worker says its session is."""
+
+    worker_id: str
+    session_id: uuid.UUID
+    worker_generation: int
+
+
+def check_session(claim: SessionClaim, row: SessionRow | None, now_ms: int) -> SessionRow:
+    """The session must be the Worker's present, live, unexpired incarnation."""
+    if row is None:
+        raise Refused(Reason.SESSION_NOT_FOUND, "no such session")
+    if (row.worker_id, row.generation) != (claim.worker_id, claim.worker_generation):
+        raise Refused(Reason.SESSION_FENCED, "session belongs to another worker or generation")
+    if row.status not in LIVE_SESSION_STATES:
+        raise Refused(Reason.SESSION_FENCED, "session is no longer live")
+    if row.expires_at_ms <= now_ms:
+        raise Refused(Reason.SESSION_EXPIRED, "session expired")
+    return row

@@ -1,0 +1,169 @@
+"""The control service's gRPC server: mutual TLS, caller check, health, reflection, RuntimeService.
+
+`create_server` only assembles and binds; the caller starts and stops it (see
+`main.serve`), so tests can run it in-process on port 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from qinglong.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
+from qinglong_protocol.tls import mutual_tls_server_credentials, peer_uris
+
+from qinglong_control.settings import ControlSettings
+
+_log = logging.getLogger(__name__)
+
+RUNTIME_SERVICE_NAME: str = runtime_service_pb2.DESCRIPTOR.services_by_name[
+    "RuntimeService"
+].full_name
+HEALTH_SERVICE_NAME: str = health.SERVICE_NAME
+REFLECTION_SERVICE_NAME: str = reflection.SERVICE_NAME
+
+# Any certificate from the CA may use these: probes and tooling need them, and
+# they reveal nothing a caller could act on. Everything else is runtime API.
+_OPEN_TO_ANY_CLIENT = frozenset({HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME})
+
+
+async def create_server(
+    settings: ControlSettings,
+    runtime_servicer: runtime_service_pb2_grpc.RuntimeServiceServicer | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """Assemble the server and bind `settings.listen_address`; return it (not started) and
+    the bound port.
+
+    Without `runtime_servicer`, the generated base servicer answers every runtime
+    RPC with UNIMPLEMENTED.
+    """
+    server = grpc.aio.server(
+        interceptors=[AllowedCallerInterceptor(settings.allowed_caller_uris, _OPEN_TO_ANY_CLIENT)]
+    )
+    if runtime_servicer is None:
+        # Abstract only in the type stubs; at run time every method answers UNIMPLEMENTED.
+        runtime_servicer = runtime_service_pb2_grpc.RuntimeServiceServicer()  # type: ignore[abstract]
+    runtime_service_pb2_grpc.add_RuntimeServiceServicer_to_server(runtime_servicer, server)
+
+    health_servicer = health.aio.HealthServicer()
+    for service_name in ("", RUNTIME_SERVICE_NAME):
+        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+
+    reflection.enable_server_reflection(
+        (RUNTIME_SERVICE_NAME, HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME), server
+    )
+
+    port = server.add_secure_port(
+        settings.listen_address, mutual_tls_server_credentials(settings.tls)
+    )
+    return server, port
+
+
+# --- caller identity ------------------------------------------------------------------------
+
+_Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+
+
+class AllowedCallerInterceptor(grpc.aio.ServerInterceptor):
+    """Refuse (PERMISSION_DENIED) every call whose verified client certificate carries none
+    of `allowed_uris`, except calls to `open_services`.
+
+    The TLS layer has already proven the certificate comes from our CA; this decides
+    whether that identity may use the runtime API at all (ARCHITECTURE: only ingress).
+    """
+
+    def __init__(self, allowed_uris: frozenset[str], open_services: frozenset[str]) -> None:
+        self._allowed_uris = allowed_uris
+        self._open_services = open_services
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or _service_of(handler_call_details.method) in self._open_services:
+            return handler
+        return _run_check_first(handler, self._check_caller)
+
+    async def _check_caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        uris = peer_uris(context.auth_context())
+        if self._allowed_uris.isdisjoint(uris):
+            # Identities are not secrets; logging them makes a misrouted client obvious.
+            _log.warning("refused caller %s: not an allowed runtime caller", list(uris))
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "caller is not allowed")
+
+
+def _service_of(method: str) -> str:
+    # "/package.Service/Method" -> "package.Service"
+    return method.lstrip("/").split("/", 1)[0]
+
+
+def _run_check_first(
+    handler: grpc.RpcMethodHandler[Any, Any], check: _Check
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, with `check` awaited before its behaviour runs."""
+    deserializer, serializer = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary is not None:
+        unary_unary = handler.unary_unary
+
+        async def checked_unary_unary(request: Any, context: Any) -> Any:
+            await check(context)
+            return await _resolved(unary_unary(request, context))
+
+        return grpc.unary_unary_rpc_method_handler(checked_unary_unary, deserializer, serializer)
+    if handler.stream_unary is not None:
+        stream_unary = handler.stream_unary
+
+        async def checked_stream_unary(requests: Any, context: Any) -> Any:
+            await check(context)
+            return await _resolved(stream_unary(requests, context))
+
+        return grpc.stream_unary_rpc_method_handler(checked_stream_unary, deserializer, serializer)
+    if handler.unary_stream is not None:
+        unary_stream = handler.unary_stream
+
+        async def checked_unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            await check(context)
+            async for response in _responses(unary_stream(request, context)):
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(checked_unary_stream, deserializer, serializer)
+    if handler.stream_stream is not None:
+        stream_stream = handler.stream_stream
+
+        async def checked_stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+            await check(context)
+            async for response in _responses(stream_stream(requests, context)):
+                yield response
+
+        return grpc.stream_stream_rpc_method_handler(
+            checked_stream_stream, deserializer, serializer
+        )
+    raise TypeError(f"RPC method handler with no behaviour: {handler!r}")
+
+
+async def _resolved(result: Any) -> Any:
+    # Generated base servicers are plain functions; real servicers are coroutines.
+    return await result if inspect.isawaitable(result) else result
+
+
+async def _responses(result: Any) -> AsyncIterator[Any]:
+    # A streaming behaviour is an async generator, a coroutine that writes through
+    # `context.write`, or (base servicers) a plain function.
+    if inspect.isasyncgen(result):
+        async for response in result:
+            yield response
+    elif inspect.isawaitable(result):
+        await result
+    elif result is not None:
+        for response in result:
+            yield response

@@ -1,0 +1,114 @@
+"""Settings of the control (runtime) service, from flags and ``QINGLONG_*`` variables.
+
+A flag wins over its environment variable. The database URL is best given by
+environment (``QINGLONG_DATABASE_URL``) so that it does not show in the process
+list; it is kept out of ``repr`` so a logged settings object cannot leak it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qinglong_protocol.tls import TlsFiles
+
+DEFAULT_LISTEN_ADDRESS = "[::]:50052"
+DEFAULT_ALLOWED_CALLER_URI = "spiffe://qinglong.local/service/ingress"
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
+
+ENV_LISTEN_ADDRESS = "QINGLONG_CONTROL_LISTEN_ADDRESS"
+ENV_TLS_CA = "QINGLONG_CONTROL_TLS_CA"
+ENV_TLS_CERT = "QINGLONG_CONTROL_TLS_CERT"
+ENV_TLS_KEY = "QINGLONG_CONTROL_TLS_KEY"
+ENV_ALLOWED_CALLER_URIS = "QINGLONG_CONTROL_ALLOWED_CALLER_URIS"  # comma separated
+ENV_DATABASE_URL = "QINGLONG_DATABASE_URL"  # the runtime role
+ENV_SHUTDOWN_GRACE_SECONDS = "QINGLONG_CONTROL_SHUTDOWN_GRACE_SECONDS"
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    listen_address: str
+    tls: TlsFiles
+    # SAN URIs of the callers allowed to use the runtime API (ingress's client
+    # identity on the internal channel). Health and reflection stay open to any
+    # certificate from the CA, for probes and tooling.
+    allowed_caller_uris: frozenset[str]
+    # libpq URL of the runtime role; optional until the runtime repository lands.
+    database_url: str | None = field(default=None, repr=False)
+    shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+
+
+def parse_control_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> ControlSettings:
+    """Build settings from `argv` (default: sys.argv[1:]) over `environ` (default: os.environ)."""
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(
+        prog="qinglong-control",
+        description="QingLong control (runtime) service: internal gRPC over mutual TLS.",
+    )
+    parser.add_argument(
+        "--listen-address",
+        default=env.get(ENV_LISTEN_ADDRESS, DEFAULT_LISTEN_ADDRESS),
+        help=f"host:port to bind (port 0 = any free port) [{ENV_LISTEN_ADDRESS}]",
+    )
+    parser.add_argument(
+        "--tls-ca", default=env.get(ENV_TLS_CA), help=f"CA certificate (PEM) [{ENV_TLS_CA}]"
+    )
+    parser.add_argument(
+        "--tls-cert",
+        default=env.get(ENV_TLS_CERT),
+        help=f"server certificate (PEM) [{ENV_TLS_CERT}]",
+    )
+    parser.add_argument(
+        "--tls-key", default=env.get(ENV_TLS_KEY), help=f"server private key (PEM) [{ENV_TLS_KEY}]"
+    )
+    parser.add_argument(
+        "--allowed-caller-uri",
+        action="append",
+        default=None,
+        help="SAN URI allowed to call the runtime API; repeatable "
+        f"[{ENV_ALLOWED_CALLER_URIS}, comma separated; default {DEFAULT_ALLOWED_CALLER_URI}]",
+    )
+    parser.add_argument(
+        "--database-url",
+        default=env.get(ENV_DATABASE_URL),
+        help=f"runtime role libpq URL; prefer the environment [{ENV_DATABASE_URL}]",
+    )
+    parser.add_argument(
+        "--shutdown-grace-seconds",
+        type=float,
+        # argparse applies `type` to a string default, so a bad variable is a usage error.
+        default=env.get(ENV_SHUTDOWN_GRACE_SECONDS, str(DEFAULT_SHUTDOWN_GRACE_SECONDS)),
+        help=f"time in-flight calls get to finish on SIGTERM [{ENV_SHUTDOWN_GRACE_SECONDS}]",
+    )
+    args = parser.parse_args(argv)
+
+    missing = [flag for flag in ("tls_ca", "tls_cert", "tls_key") if not getattr(args, flag)]
+    if missing:
+        parser.error("mutual TLS is required; missing " + ", ".join(_flag(m) for m in missing))
+    allowed = args.allowed_caller_uri or _split_list(
+        env.get(ENV_ALLOWED_CALLER_URIS, DEFAULT_ALLOWED_CALLER_URI)
+    )
+    if not allowed:
+        parser.error("at least one --allowed-caller-uri is required")
+    if args.shutdown_grace_seconds < 0:
+        parser.error("--shutdown-grace-seconds must not be negative")
+    return ControlSettings(
+        listen_address=args.listen_address,
+        tls=TlsFiles(ca_cert=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key)),
+        allowed_caller_uris=frozenset(allowed),
+        database_url=args.database_url or None,
+        shutdown_grace_seconds=args.shutdown_grace_seconds,
+    )
+
+
+def _split_list(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")

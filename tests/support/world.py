@@ -1,0 +1,119 @@
+"""Builds the runtime world a Worker command needs, through the real repository.
+
+Enrollment is the administrator's (migration role); everything after it — tasks, runs,
+sessions, offers, claims — goes through the same repository functions the service uses,
+as the runtime role.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psycopg
+from qinglong_control.db import definitions, placement, runs, sessions
+from qinglong_control.db.events import Actor
+from qinglong_control.db.identities import enroll_worker, ensure_project
+from qinglong_control.domain.capability import digest_of_capability, new_capability
+from qinglong_control.domain.claim import ClaimRequest
+from qinglong_control.domain.fence import Fence
+from qinglong_control.domain.sessions import SessionClaim
+from qinglong_control.domain.timings import Timings
+
+from tests.support.postgres import MigratedDatabase
+
+PROJECT = "proj-a"
+OPERATOR = Actor("user", "alice")
+
+
+def enroll(database: MigratedDatabase, *workers: str, project: str = PROJECT) -> None:
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        ensure_project(admin, project, project)
+        for worker_id in workers:
+            enroll_worker(admin, worker_id, f"spiffe://qinglong.local/worker/{worker_id}")
+
+
+@dataclass(frozen=True)
+class ClaimedWork:
+    fence: Fence
+    capability: str
+    session: SessionClaim
+
+
+class World:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], timings: Timings | None = None) -> None:
+        self.conn = conn
+        self.timings = timings or Timings()
+
+    async def task(self, timeout_ms: int | None = 60_000) -> uuid.UUID:
+        task = await definitions.create_task(
+            self.conn, PROJECT, "sample", {}, f"task-{uuid.uuid4().hex[:12]}", OPERATOR.id
+        )
+        await definitions.create_revision(
+            self.conn,
+            definitions.NewRevision(
+                PROJECT, task.task_id, "rev-1", "remote_worker", ["echo", "hi"], timeout_ms
+            ),
+            OPERATOR.id,
+        )
+        return task.task_id
+
+    async def queued_run(self, timeout_ms: int | None = 60_000) -> uuid.UUID:
+        task_id = await self.task(timeout_ms)
+        run = await runs.trigger_run(
+            self.conn,
+            runs.TriggerRun(PROJECT, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}"),
+            OPERATOR,
+        )
+        return run.run_id
+
+    async def session(self, worker_id: str, request_id: str | None = None) -> SessionClaim:
+        opened = await sessions.open_session(
+            self.conn,
+            sessions.OpenSession(
+                worker_id, request_id or uuid.uuid4().hex, ("remote_worker",), 8, "test"
+            ),
+            self.timings,
+        )
+        return SessionClaim(worker_id, opened.session_id, opened.worker_generation)
+
+    async def claimed(
+        self, worker_id: str = "worker-a", timeout_ms: int | None = 60_000
+    ) -> ClaimedWork:
+        run_id = await self.queued_run(timeout_ms)
+        session = await self.session(worker_id)
+        offers = await placement.pull_offers(self.conn, session, 8, self.timings)
+        offer = next(o for o in offers.offers if o.run_id == run_id)
+        capability = new_capability(secrets.token_bytes(32))
+        claimed = await placement.claim_offer(
+            self.conn,
+            ClaimRequest(
+                worker_id,
+                session.session_id,
+                session.worker_generation,
+                offer.offer_id,
+                PROJECT,
+                run_id,
+                digest_of_capability(capability),
+            ),
+            self.timings,
+        )
+        fence = Fence(
+            worker_id=worker_id,
+            session_id=session.session_id,
+            worker_generation=session.worker_generation,
+            project_id=PROJECT,
+            run_id=run_id,
+            attempt_id=claimed.attempt_id,
+            offer_id=offer.offer_id,
+            lease_generation=claimed.lease_generation,
+            token_digest=digest_of_capability(capability),
+            expected_lease_version=claimed.lease_version,
+        )
+        return ClaimedWork(fence, capability, session)
+
+
+def with_version(fence: Fence, version: int) -> Fence:
+    return replace(fence, expected_lease_version=version)
