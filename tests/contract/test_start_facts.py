@@ -1,4 +1,4 @@
-"""SPEC §7 items 1–10 on the three start facts, asserting on rows, not only answers."""
+"""SPEC §7 items 1 to 10 on the three start facts, asserting on rows, not only answers."""
 
 from __future__ import annotations
 
@@ -47,10 +47,17 @@ async def rows(world: World, work: Any) -> dict[str, Any]:
     )
     row = await cursor.fetchone()
     assert row is not None
-    keys = (
-        "run_state run_version event_sequence attempt_state lease_status lease_version"
-        " attempt_lease_version run_deadline attempt_deadline"
-    ).split()
+    keys = [
+        "run_state",
+        "run_version",
+        "event_sequence",
+        "attempt_state",
+        "lease_status",
+        "lease_version",
+        "attempt_lease_version",
+        "run_deadline",
+        "attempt_deadline",
+    ]
     return dict(zip(keys, row, strict=True))
 
 
@@ -141,7 +148,8 @@ async def test_start_failure_commits_everything_together(world: World) -> None:
     work = await world.claimed()
     await acknowledge_starting(world.conn, work.fence)
     decision = await report_start_failure(world.conn, work.fence, "exec: no such file")
-    assert decision.completed_lease_version == 2 and not decision.replayed
+    assert decision.completed_lease_version == 2
+    assert not decision.replayed
     after = await rows(world, work)
     assert (after["run_state"], after["attempt_state"]) == ("failed", "failed")
     assert (after["lease_status"], after["lease_version"]) == ("completed", 2)

@@ -75,7 +75,8 @@ def seed_claimed_attempt(
     runtime.execute(
         "INSERT INTO qinglong.worker_sessions (session_id, worker_id, generation, status,"
         " executor_types, max_concurrency, open_request_id, opened_at_ms, renewed_at_ms,"
-        " expires_at_ms) VALUES (%s, %s, 1, 'online', ARRAY['remote_worker'], 4, 'seed', %s, %s, %s)",
+        " expires_at_ms)"
+        " VALUES (%s, %s, 1, 'online', ARRAY['remote_worker'], 4, 'seed', %s, %s, %s)",
         (session_id, worker_id, NOW_MS, NOW_MS, NOW_MS + 30_000),
     )
     runtime.execute(
