@@ -16,11 +16,12 @@ import psycopg
 from qinglong_control.db import definitions, placement, runs, sessions
 from qinglong_control.db.events import Actor
 from qinglong_control.db.identities import enroll_worker, ensure_project
-from qinglong_control.domain.capability import digest_of_capability, new_capability
+from qinglong_control.domain.capability import digest_of_capability
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.fence import Fence
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.timings import Timings
+from qinglong_protocol.bounds import encode_lease_capability
 
 from tests.support.postgres import MigratedDatabase
 
@@ -86,7 +87,7 @@ class World:
         session = await self.session(worker_id)
         offers = await placement.pull_offers(self.conn, session, 8, self.timings)
         offer = next(o for o in offers.offers if o.run_id == run_id)
-        capability = new_capability(secrets.token_bytes(32))
+        capability = encode_lease_capability(secrets.token_bytes(32))
         claimed = await placement.claim_offer(
             self.conn,
             ClaimRequest(

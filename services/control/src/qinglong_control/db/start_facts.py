@@ -24,6 +24,7 @@ from qinglong_control.domain.start_facts import (
     decide_start_failure,
     decide_starting,
 )
+from qinglong_control.domain.states import RunState
 
 _ATTEMPT_STARTING = """
 UPDATE qinglong.attempts
@@ -148,12 +149,13 @@ async def acknowledge_running(
                 NewEvent(
                     "attempt.running",
                     fence.attempt_id,
-                    {
-                        "started_at_ms": present.now_ms,
-                        "has_log_artifact": report.log_artifact_id is not None,
-                    },
+                    {"started_at_ms": present.now_ms, "log_artifact_id": report.log_artifact_id},
                 ),
-                NewEvent("run.running", fence.attempt_id, {"started_at_ms": present.now_ms}),
+                NewEvent(
+                    "run.running",
+                    fence.attempt_id,
+                    {"from_state": RunState.DISPATCHING.value, "to_state": RunState.RUNNING.value},
+                ),
             ],
         )
         return decision
@@ -187,7 +189,6 @@ async def report_start_failure(
         }
         await tx.execute("attempt.start_failed", _ATTEMPT_START_FAILED, attempt_values)
         await tx.execute("run.start_failed", _RUN_START_FAILED, run_values)
-        terminal_payload: dict[str, object] = {"error_code": decision.error_code}
         await append_events(
             tx,
             fence.run_id,
@@ -196,9 +197,23 @@ async def report_start_failure(
             present.now_ms,
             [
                 NewEvent(
-                    f"attempt.{decision.attempt_state.value}", fence.attempt_id, terminal_payload
+                    f"attempt.{decision.attempt_state.value}",
+                    fence.attempt_id,
+                    {
+                        "state": decision.attempt_state.value,
+                        "error_code": decision.error_code,
+                        "summary": error_summary,
+                    },
                 ),
-                NewEvent(f"run.{decision.run_state.value}", fence.attempt_id, terminal_payload),
+                NewEvent(
+                    f"run.{decision.run_state.value}",
+                    fence.attempt_id,
+                    {
+                        "from_state": RunState.DISPATCHING.value,
+                        "to_state": decision.run_state.value,
+                        "error_code": decision.error_code,
+                    },
+                ),
             ],
         )
         await tx.execute("lease.complete", _COMPLETE_LEASE, lease_values)

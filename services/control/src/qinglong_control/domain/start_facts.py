@@ -38,6 +38,8 @@ class StartingDecision:
     timeout_ms: int | None
     deadline_at_ms: int | None
     lease_version: int
+    observed_at_ms: int
+    """DB time of this answer, so the Worker gets the deadline as a remaining duration."""
 
     @property
     def writes(self) -> bool:
@@ -53,7 +55,11 @@ def decide_starting(fence: Fence, present: Present) -> StartingDecision:
             raise Refused(Reason.STATE_CONFLICT, f"run is {run.state}")
         deadline = None if run.timeout_ms is None else present.now_ms + run.timeout_ms
         return StartingDecision(
-            StartingOutcome.STARTING, run.timeout_ms, deadline, fence.expected_lease_version
+            StartingOutcome.STARTING,
+            run.timeout_ms,
+            deadline,
+            fence.expected_lease_version,
+            present.now_ms,
         )
     if attempt.state is AttemptState.STARTING:
         outcome = StartingOutcome.ALREADY_STARTING
@@ -62,7 +68,11 @@ def decide_starting(fence: Fence, present: Present) -> StartingDecision:
     else:
         raise Refused(Reason.STATE_CONFLICT, f"attempt is {attempt.state}")
     return StartingDecision(
-        outcome, run.timeout_ms, attempt.deadline_at_ms, fence.expected_lease_version
+        outcome,
+        run.timeout_ms,
+        attempt.deadline_at_ms,
+        fence.expected_lease_version,
+        present.now_ms,
     )
 
 

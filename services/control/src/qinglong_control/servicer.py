@@ -1,0 +1,381 @@
+"""RuntimeService: the internal API ingress forwards to. Translation only.
+
+Each method checks the caller ingress vouched for, parses the public request into domain
+values (wire.py), runs one repository command on a pooled connection and renders the
+answer. Fencing, state and time are decided in the repository's transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
+from qinglong.worker.v1 import worker_pb2, worker_service_pb2
+from qinglong_protocol import bounds
+
+from qinglong_control import wire
+from qinglong_control.db import definitions, placement, runs, sessions, start_facts
+from qinglong_control.db.events import Actor
+from qinglong_control.domain.capability import digest_of_capability, parse_digest
+from qinglong_control.domain.claim import ClaimRequest
+from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.sessions import SessionClaim
+from qinglong_control.domain.start_facts import RunningReport
+from qinglong_control.domain.timings import Timings
+from qinglong_control.errors import translated
+
+Context = grpc.aio.ServicerContext[Any, Any]
+rt = runtime_service_pb2
+
+_SESSION_STATES = {
+    "online": worker_pb2.SESSION_STATE_ONLINE,
+    "draining": worker_pb2.SESSION_STATE_DRAINING,
+}
+_STARTING = {
+    "starting": worker_pb2.STARTING_OUTCOME_STARTING,
+    "already_starting": worker_pb2.STARTING_OUTCOME_ALREADY_STARTING,
+    "already_running": worker_pb2.STARTING_OUTCOME_ALREADY_RUNNING,
+}
+_RUNNING = {
+    "running": worker_pb2.RUNNING_OUTCOME_RUNNING,
+    "already_running": worker_pb2.RUNNING_OUTCOME_ALREADY_RUNNING,
+}
+_MAX_EVENTS_PAGE = 500
+
+
+def worker_of(caller: caller_pb2.Caller, worker_id: str) -> str:
+    """Defence in depth: ingress already bound the certificate to the named worker."""
+    if caller.principal_kind != caller_pb2.PRINCIPAL_KIND_WORKER or caller.worker_id != worker_id:
+        raise Refused(Reason.FENCE_MISMATCH, "caller is not the named worker")
+    return wire.parse_slug(worker_id, "worker_id")
+
+
+def operator_of(caller: caller_pb2.Caller) -> Actor:
+    kinds = {caller_pb2.PRINCIPAL_KIND_USER: "user", caller_pb2.PRINCIPAL_KIND_AGENT: "agent"}
+    kind = kinds.get(caller.principal_kind)
+    if kind is None or not caller.principal_id:
+        raise Refused(Reason.FIELD_INVALID, "caller is not an operator principal")
+    return Actor(kind, caller.principal_id)
+
+
+def session_claim(request: Any) -> SessionClaim:
+    return SessionClaim(
+        wire.parse_slug(request.worker_id, "worker_id"),
+        wire.parse_uuid(request.session_id, "session_id"),
+        wire.parse_positive(request.worker_generation, "worker_generation"),
+    )
+
+
+def session_response(view: sessions.SessionView, renew_interval_ms: int) -> Any:
+    return {
+        "session_state": _SESSION_STATES.get(view.status, worker_pb2.SESSION_STATE_UNSPECIFIED),
+        "session_remaining": wire.duration(view.remaining_ms),
+        "renew_interval": wire.duration(renew_interval_ms),
+    }
+
+
+class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], timings: Timings) -> None:
+        self._pool = pool
+        self._timings = timings
+
+    # --- sessions ---------------------------------------------------------------------
+
+    @translated
+    async def OpenSession(self, request: rt.OpenSessionRequest, context: Context) -> Any:
+        public = request.request
+        worker_id = worker_of(request.caller, public.worker_id)
+        types = tuple(wire.EXECUTOR_TYPES.get(t, "") for t in public.executor_types)
+        if not types or "" in types or len(set(types)) != len(types):
+            raise Refused(Reason.FIELD_INVALID, "executor_types must be known and distinct")
+        if not 1 <= public.max_concurrent_attempts <= 64:
+            raise Refused(Reason.FIELD_INVALID, "max_concurrent_attempts must be 1..64")
+        command = sessions.OpenSession(
+            worker_id,
+            wire.parse_request_id(public.request_id),
+            types,
+            public.max_concurrent_attempts,
+            public.agent_version,
+        )
+        async with self._pool.connection() as conn:
+            view = await sessions.open_session(conn, command, self._timings)
+        state = session_response(view, self._timings.session_ttl_ms // 3)
+        return rt.OpenSessionResponse(
+            response=worker_service_pb2.OpenSessionResponse(
+                session_id=str(view.session_id), worker_generation=view.worker_generation, **state
+            )
+        )
+
+    @translated
+    async def RenewSession(self, request: rt.RenewSessionRequest, context: Context) -> Any:
+        worker_of(request.caller, request.request.worker_id)
+        async with self._pool.connection() as conn:
+            view = await sessions.renew_session(conn, session_claim(request.request), self._timings)
+        state = session_response(view, 0)
+        del state["renew_interval"]
+        return rt.RenewSessionResponse(response=worker_service_pb2.RenewSessionResponse(**state))
+
+    @translated
+    async def DrainSession(self, request: rt.DrainSessionRequest, context: Context) -> Any:
+        worker_of(request.caller, request.request.worker_id)
+        async with self._pool.connection() as conn:
+            view = await sessions.drain_session(conn, session_claim(request.request), self._timings)
+        state = session_response(view, 0)
+        del state["renew_interval"]
+        return rt.DrainSessionResponse(response=worker_service_pb2.DrainSessionResponse(**state))
+
+    # --- placement and claim ----------------------------------------------------------
+
+    @translated
+    async def PullOffers(self, request: rt.PullOffersRequest, context: Context) -> Any:
+        public = request.request
+        worker_of(request.caller, public.worker_id)
+        if not bounds.is_max_offers(public.max_offers):
+            raise Refused(Reason.FIELD_INVALID, "max_offers must be 1..64")
+        async with self._pool.connection() as conn:
+            placed = await placement.pull_offers(
+                conn, session_claim(public), public.max_offers, self._timings
+            )
+        return rt.PullOffersResponse(
+            response=worker_service_pb2.PullOffersResponse(
+                offers=[wire.offer(o, placed.now_ms) for o in placed.offers]
+            )
+        )
+
+    @translated
+    async def ClaimOffer(self, request: rt.ClaimOfferRequest, context: Context) -> Any:
+        public = request.request
+        worker_id = worker_of(request.caller, public.worker_id)
+        claim = ClaimRequest(
+            worker_id=worker_id,
+            session_id=wire.parse_uuid(public.session_id, "session_id"),
+            worker_generation=wire.parse_positive(public.worker_generation, "worker_generation"),
+            offer_id=wire.parse_uuid(public.offer_id, "offer_id"),
+            project_id=wire.parse_slug(public.project_id, "project_id"),
+            run_id=wire.parse_uuid(public.run_id, "run_id"),
+            token_digest=digest_of_capability(public.lease_token),
+        )
+        async with self._pool.connection() as conn:
+            claimed = await placement.claim_offer(conn, claim, self._timings)
+        return rt.ClaimOfferResponse(
+            response=worker_service_pb2.ClaimOfferResponse(
+                attempt_id=str(claimed.attempt_id),
+                lease_generation=claimed.lease_generation,
+                lease_version=claimed.lease_version,
+                lease_remaining=wire.duration(claimed.lease_remaining_ms),
+                spec=wire.execution_spec(claimed.plan),
+            )
+        )
+
+    # --- the three start facts --------------------------------------------------------
+
+    @translated
+    async def AcknowledgeStarting(
+        self, request: rt.AcknowledgeStartingRequest, context: Context
+    ) -> Any:
+        fence = wire.parse_fence(request.request.fence)
+        worker_of(request.caller, fence.worker_id)
+        async with self._pool.connection() as conn:
+            decision = await start_facts.acknowledge_starting(conn, fence)
+        activation = worker_pb2.ActivationSnapshot(lease_version=decision.lease_version)
+        if decision.timeout_ms is not None and decision.deadline_at_ms is not None:
+            activation.timeout_ms = decision.timeout_ms
+            activation.deadline.CopyFrom(wire.timestamp(decision.deadline_at_ms))
+            activation.deadline_remaining.CopyFrom(
+                wire.duration(decision.deadline_at_ms - decision.observed_at_ms)
+            )
+        return rt.AcknowledgeStartingResponse(
+            response=worker_service_pb2.AcknowledgeStartingResponse(
+                outcome=_STARTING[decision.outcome.value], activation=activation
+            )
+        )
+
+    @translated
+    async def AcknowledgeRunning(
+        self, request: rt.AcknowledgeRunningRequest, context: Context
+    ) -> Any:
+        public = request.request
+        fence = wire.parse_fence(public.fence)
+        worker_of(request.caller, fence.worker_id)
+        if not bounds.is_executor_handle(public.executor_handle):
+            raise Refused(Reason.FIELD_INVALID, "executor_handle must be 1..512 bytes")
+        log_artifact = public.log_artifact_id if public.HasField("log_artifact_id") else None
+        if log_artifact is not None and not bounds.is_log_artifact_id(log_artifact):
+            raise Refused(Reason.FIELD_INVALID, "log_artifact_id must be 1..256 bytes")
+        if not bounds.is_safe_non_negative(public.callback_sequence):
+            raise Refused(Reason.FIELD_INVALID, "callback_sequence must not be negative")
+        report = RunningReport(
+            public.executor_handle,
+            log_artifact,
+            public.callback_sequence,
+            parse_digest(public.callback_token_digest),
+        )
+        async with self._pool.connection() as conn:
+            decision = await start_facts.acknowledge_running(conn, fence, report)
+        return rt.AcknowledgeRunningResponse(
+            response=worker_service_pb2.AcknowledgeRunningResponse(
+                outcome=_RUNNING[decision.outcome.value],
+                started_at=wire.timestamp(decision.started_at_ms),
+                lease_version=decision.lease_version,
+            )
+        )
+
+    @translated
+    async def ReportStartFailure(
+        self, request: rt.ReportStartFailureRequest, context: Context
+    ) -> Any:
+        public = request.request
+        fence = wire.parse_fence(public.fence)
+        worker_of(request.caller, fence.worker_id)
+        if not bounds.is_error_summary(public.error_summary):
+            raise Refused(Reason.FIELD_INVALID, "error_summary must be 1..256 characters")
+        async with self._pool.connection() as conn:
+            decision = await start_facts.report_start_failure(conn, fence, public.error_summary)
+        return rt.ReportStartFailureResponse(
+            response=worker_service_pb2.ReportStartFailureResponse(
+                attempt_state=wire.attempt_state(decision.attempt_state.value),
+                run_state=wire.run_state(decision.run_state.value),
+                error_code=decision.error_code,
+                completed_lease_version=decision.completed_lease_version,
+                replayed=decision.replayed,
+            )
+        )
+
+    # --- operator: tasks and runs -----------------------------------------------------
+
+    @translated
+    async def CreateTask(self, request: rt.CreateTaskRequest, context: Context) -> Any:
+        public = request.request
+        actor = operator_of(request.caller)
+        if not bounds.is_display_name(public.display_name):
+            raise Refused(Reason.FIELD_INVALID, "display_name must be 1..200 characters")
+        if not bounds.is_labels(public.labels.items()):
+            raise Refused(Reason.FIELD_INVALID, "labels are out of bounds")
+        async with self._pool.connection() as conn:
+            view = await definitions.create_task(
+                conn,
+                wire.parse_slug(public.project_id, "project_id"),
+                public.display_name,
+                dict(public.labels),
+                wire.parse_request_id(public.request_id),
+                actor.id,
+            )
+        return rt.CreateTaskResponse(
+            response=task_service_pb2.CreateTaskResponse(task=wire.task(view))
+        )
+
+    @translated
+    async def GetTask(self, request: rt.GetTaskRequest, context: Context) -> Any:
+        public = request.request
+        operator_of(request.caller)
+        async with self._pool.connection() as conn:
+            view = await definitions.get_task(
+                conn,
+                wire.parse_slug(public.project_id, "project_id"),
+                wire.parse_uuid(public.task_id, "task_id"),
+            )
+        return rt.GetTaskResponse(response=task_service_pb2.GetTaskResponse(task=wire.task(view)))
+
+    @translated
+    async def CreateTaskRevision(
+        self, request: rt.CreateTaskRevisionRequest, context: Context
+    ) -> Any:
+        public = request.request
+        actor = operator_of(request.caller)
+        plan = public.plan
+        executor_type = wire.EXECUTOR_TYPES.get(plan.executor_type)
+        if executor_type is None:
+            raise Refused(Reason.FIELD_INVALID, "plan.executor_type is not supported")
+        if not bounds.is_command_argv(plan.command):
+            raise Refused(Reason.FIELD_INVALID, "plan.command is out of bounds")
+        timeout_ms = plan.timeout_ms if plan.HasField("timeout_ms") else None
+        if timeout_ms is not None and not bounds.is_timeout_ms(timeout_ms):
+            raise Refused(Reason.FIELD_INVALID, "plan.timeout_ms is out of range")
+        revision = definitions.NewRevision(
+            wire.parse_slug(public.project_id, "project_id"),
+            wire.parse_uuid(public.task_id, "task_id"),
+            wire.parse_request_id(public.request_id),
+            executor_type,
+            list(plan.command),
+            timeout_ms,
+        )
+        async with self._pool.connection() as conn:
+            view = await definitions.create_revision(conn, revision, actor.id)
+        return rt.CreateTaskRevisionResponse(
+            response=task_service_pb2.CreateTaskRevisionResponse(revision=wire.revision(view))
+        )
+
+    @translated
+    async def GetTaskRevision(self, request: rt.GetTaskRevisionRequest, context: Context) -> Any:
+        public = request.request
+        operator_of(request.caller)
+        async with self._pool.connection() as conn:
+            view = await definitions.get_revision(
+                conn,
+                wire.parse_slug(public.project_id, "project_id"),
+                wire.parse_uuid(public.task_id, "task_id"),
+                revision_number=wire.parse_positive(public.revision_number, "revision_number"),
+            )
+        return rt.GetTaskRevisionResponse(
+            response=task_service_pb2.GetTaskRevisionResponse(revision=wire.revision(view))
+        )
+
+    @translated
+    async def TriggerRun(self, request: rt.TriggerRunRequest, context: Context) -> Any:
+        public = request.request
+        actor = operator_of(request.caller)
+        revision_number = public.revision_number if public.HasField("revision_number") else None
+        if revision_number is not None:
+            wire.parse_positive(revision_number, "revision_number")
+        command = runs.TriggerRun(
+            wire.parse_slug(public.project_id, "project_id"),
+            wire.parse_uuid(public.task_id, "task_id"),
+            revision_number,
+            wire.parse_request_id(public.request_id),
+        )
+        async with self._pool.connection() as conn:
+            view = await runs.trigger_run(conn, command, actor)
+        return rt.TriggerRunResponse(
+            response=run_service_pb2.TriggerRunResponse(run=wire.run(view))
+        )
+
+    @translated
+    async def GetRun(self, request: rt.GetRunRequest, context: Context) -> Any:
+        public = request.request
+        operator_of(request.caller)
+        async with self._pool.connection() as conn:
+            view = await runs.get_run(
+                conn,
+                wire.parse_slug(public.project_id, "project_id"),
+                wire.parse_uuid(public.run_id, "run_id"),
+            )
+        return rt.GetRunResponse(response=run_service_pb2.GetRunResponse(run=wire.run(view)))
+
+    @translated
+    async def ListRunEvents(self, request: rt.ListRunEventsRequest, context: Context) -> Any:
+        public = request.request
+        operator_of(request.caller)
+        if not bounds.is_safe_non_negative(public.after_sequence):
+            raise Refused(Reason.FIELD_INVALID, "after_sequence must not be negative")
+        limit = public.page_size or 100
+        if not 1 <= limit <= _MAX_EVENTS_PAGE:
+            raise Refused(Reason.FIELD_INVALID, "page_size must be 1..500")
+        project_id = wire.parse_slug(public.project_id, "project_id")
+        run_id = wire.parse_uuid(public.run_id, "run_id")
+        async with self._pool.connection() as conn:
+            events = await runs.list_events(
+                conn, project_id, run_id, after_sequence=public.after_sequence, limit=limit
+            )
+            run = await runs.get_run(conn, project_id, run_id)
+        last = events[-1].sequence if events else public.after_sequence
+        return rt.ListRunEventsResponse(
+            response=run_service_pb2.ListRunEventsResponse(
+                events=[wire.event(e) for e in events],
+                next_after_sequence=last,
+                run_event_sequence=run.event_sequence,
+            )
+        )

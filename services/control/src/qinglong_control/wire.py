@@ -1,0 +1,251 @@
+"""Translation between the wire (generated protobuf) and the runtime's domain values.
+
+Requests are parsed into domain values here — UUIDs, slugs, the lease capability turned
+into its digest at once — and every refusal is a `Refused` with a FIELD_INVALID-style
+reason. Answers are rendered back with DB-time timestamps and remaining durations.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+from qinglong.control.v1 import run_pb2, task_pb2
+from qinglong.rpc.v1 import execution_pb2, fence_pb2, lifecycle_pb2
+from qinglong.worker.v1 import worker_pb2
+from qinglong_protocol import bounds
+
+from qinglong_control.db.definitions import RevisionView, TaskView
+from qinglong_control.db.placement import PlacedOffer, Plan
+from qinglong_control.db.runs import EventView, RunView
+from qinglong_control.domain.capability import digest_of_capability
+from qinglong_control.domain.fence import Fence
+from qinglong_control.domain.refusals import Reason, Refused
+
+EXECUTOR_TYPES = {execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER: "remote_worker"}
+EXECUTOR_TYPE_VALUES = {name: value for value, name in EXECUTOR_TYPES.items()}
+
+
+def parse_uuid(value: str, field: str) -> uuid.UUID:
+    if not bounds.is_uuid(value):
+        raise Refused(Reason.FIELD_INVALID, f"{field} must be a canonical lowercase UUID")
+    return uuid.UUID(value)
+
+
+def parse_slug(value: str, field: str) -> str:
+    if not bounds.is_slug(value):
+        raise Refused(Reason.FIELD_INVALID, f"{field} must be a slug")
+    return value
+
+
+def parse_positive(value: int, field: str) -> int:
+    if not bounds.is_safe_positive(value):
+        raise Refused(Reason.FIELD_INVALID, f"{field} must be a positive integer")
+    return value
+
+
+def parse_request_id(value: str, field: str = "request_id") -> str:
+    if not bounds.is_request_id(value):
+        raise Refused(Reason.FIELD_INVALID, f"{field} is missing or malformed")
+    return value
+
+
+def parse_fence(fence: fence_pb2.Fence) -> Fence:
+    """The wire fence as a domain Fence; the raw token becomes a digest right here."""
+    return Fence(
+        worker_id=parse_slug(fence.worker_id, "fence.worker_id"),
+        session_id=parse_uuid(fence.session_id, "fence.session_id"),
+        worker_generation=parse_positive(fence.worker_generation, "fence.worker_generation"),
+        project_id=parse_slug(fence.project_id, "fence.project_id"),
+        run_id=parse_uuid(fence.run_id, "fence.run_id"),
+        attempt_id=parse_uuid(fence.attempt_id, "fence.attempt_id"),
+        offer_id=parse_uuid(fence.offer_id, "fence.offer_id"),
+        lease_generation=parse_positive(fence.lease_generation, "fence.lease_generation"),
+        token_digest=digest_of_capability(fence.lease_token),
+        expected_lease_version=parse_positive(
+            fence.expected_lease_version, "fence.expected_lease_version"
+        ),
+    )
+
+
+def timestamp(epoch_ms: int) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromMilliseconds(epoch_ms)
+    return stamp
+
+
+def duration(milliseconds: int) -> Duration:
+    span = Duration()
+    span.FromMilliseconds(max(0, milliseconds))
+    return span
+
+
+def enum_value(enum: Any, prefix: str, name: str | None) -> int:
+    """`running` -> RUN_STATE_RUNNING's number; None or unknown -> UNSPECIFIED (0)."""
+    if name is None:
+        return 0
+    value: int = enum.Value(f"{prefix}{name.upper()}")
+    return value
+
+
+def run_state(name: str | None) -> lifecycle_pb2.RunState.ValueType:
+    return lifecycle_pb2.RunState.ValueType(enum_value(lifecycle_pb2.RunState, "RUN_STATE_", name))
+
+
+def attempt_state(name: str | None) -> lifecycle_pb2.AttemptState.ValueType:
+    return lifecycle_pb2.AttemptState.ValueType(
+        enum_value(lifecycle_pb2.AttemptState, "ATTEMPT_STATE_", name)
+    )
+
+
+def cancel_reason(name: str | None) -> lifecycle_pb2.CancelReason.ValueType:
+    return lifecycle_pb2.CancelReason.ValueType(
+        enum_value(lifecycle_pb2.CancelReason, "CANCEL_REASON_", name)
+    )
+
+
+def execution_plan(executor_type: str, command: list[str], timeout_ms: int | None) -> Any:
+    plan = execution_pb2.ExecutionPlan(
+        executor_type=EXECUTOR_TYPE_VALUES[executor_type], command=command
+    )
+    if timeout_ms is not None:
+        plan.timeout_ms = timeout_ms
+    return plan
+
+
+def execution_spec(plan: Plan) -> worker_pb2.ExecutionSpec:
+    return worker_pb2.ExecutionSpec(
+        task_id=str(plan.task_id),
+        task_revision_id=str(plan.revision_id),
+        revision_number=plan.revision_number,
+        plan=execution_plan(plan.executor_type, plan.command, plan.timeout_ms),
+    )
+
+
+def offer(placed: PlacedOffer, now_ms: int) -> worker_pb2.Offer:
+    return worker_pb2.Offer(
+        offer_id=str(placed.offer_id),
+        project_id=placed.project_id,
+        run_id=str(placed.run_id),
+        spec=worker_pb2.ExecutionSpec(
+            task_id=str(placed.task_id),
+            task_revision_id=str(placed.revision_id),
+            revision_number=placed.revision_number,
+            plan=execution_plan(placed.executor_type, placed.command, placed.timeout_ms),
+        ),
+        offer_remaining=duration(placed.expires_at_ms - now_ms),
+    )
+
+
+def task(view: TaskView) -> task_pb2.Task:
+    return task_pb2.Task(
+        task_id=str(view.task_id),
+        project_id=view.project_id,
+        display_name=view.display_name,
+        labels=view.labels,
+        latest_revision_number=view.latest_revision_number,
+        created_at=timestamp(view.created_at_ms),
+    )
+
+
+def revision(view: RevisionView) -> task_pb2.TaskRevision:
+    return task_pb2.TaskRevision(
+        task_revision_id=str(view.revision_id),
+        task_id=str(view.task_id),
+        project_id=view.project_id,
+        revision_number=view.revision_number,
+        plan=execution_plan(view.executor_type, view.command, view.timeout_ms),
+        created_at=timestamp(view.created_at_ms),
+    )
+
+
+def run(view: RunView) -> run_pb2.Run:
+    message = run_pb2.Run(
+        run_id=str(view.run_id),
+        project_id=view.project_id,
+        task_id=str(view.task_id),
+        task_revision_id=str(view.revision_id),
+        revision_number=view.revision_number,
+        state=run_state(view.state),
+        attempt_count=view.attempt_count,
+        latest_attempt_id="" if view.latest_attempt_id is None else str(view.latest_attempt_id),
+        latest_attempt_state=attempt_state(view.latest_attempt_state),
+        version=view.version,
+        event_sequence=view.event_sequence,
+        created_at=timestamp(view.created_at_ms),
+        error_code=view.error_code or "",
+    )
+    if view.cancel_reason is not None and view.cancel_requested_at_ms is not None:
+        message.cancel_intent.reason = cancel_reason(view.cancel_reason)
+        message.cancel_intent.requested_at.CopyFrom(timestamp(view.cancel_requested_at_ms))
+    for field, value in (
+        ("deadline", view.deadline_at_ms),
+        ("started_at", view.started_at_ms),
+        ("finished_at", view.finished_at_ms),
+    ):
+        if value is not None:
+            getattr(message, field).CopyFrom(timestamp(value))
+    return message
+
+
+_ACTOR_KINDS = {"worker", "user", "agent", "reconciler", "system"}
+
+
+def event(view: EventView) -> run_pb2.RunEvent:
+    """Render an Event; its typed payload is chosen by the event type."""
+    actor = view.actor_kind if view.actor_kind in _ACTOR_KINDS else None
+    message = run_pb2.RunEvent(
+        event_id=str(view.event_id),
+        run_id=str(view.run_id),
+        project_id=view.project_id,
+        sequence=view.sequence,
+        type=view.event_type,
+        attempt_id="" if view.attempt_id is None else str(view.attempt_id),
+        actor_kind=lifecycle_pb2.ActorKind.ValueType(
+            enum_value(lifecycle_pb2.ActorKind, "ACTOR_KIND_", actor)
+        ),
+        actor_id=view.actor_id,
+        occurred_at=timestamp(view.occurred_at_ms),
+    )
+    _fill_payload(message, view.event_type, view.payload)
+    return message
+
+
+def _fill_payload(message: run_pb2.RunEvent, event_type: str, payload: Mapping[str, Any]) -> None:
+    if event_type == "run.cancel_requested":
+        message.cancel_requested.reason = cancel_reason(payload.get("reason"))
+        if payload.get("requested_at_ms") is not None:
+            message.cancel_requested.requested_at.CopyFrom(timestamp(payload["requested_at_ms"]))
+    elif event_type.startswith("run."):
+        changed = message.run_state_changed
+        changed.from_state = run_state(payload.get("from_state"))
+        changed.to_state = run_state(payload.get("to_state"))
+        changed.error_code = payload.get("error_code") or ""
+    elif event_type == "attempt.claimed":
+        claimed = message.attempt_claimed
+        claimed.worker_id = payload.get("worker_id", "")
+        claimed.session_id = payload.get("session_id", "")
+        claimed.offer_id = payload.get("offer_id", "")
+        claimed.lease_generation = payload.get("lease_generation", 0)
+    elif event_type == "attempt.starting":
+        starting = message.attempt_starting
+        if payload.get("timeout_ms") is not None:
+            starting.timeout_ms = payload["timeout_ms"]
+        if payload.get("deadline_at_ms") is not None:
+            starting.deadline.CopyFrom(timestamp(payload["deadline_at_ms"]))
+    elif event_type == "attempt.running":
+        running = message.attempt_running
+        if payload.get("log_artifact_id") is not None:
+            running.log_artifact_id = payload["log_artifact_id"]
+        if payload.get("started_at_ms") is not None:
+            running.started_at.CopyFrom(timestamp(payload["started_at_ms"]))
+    elif event_type.startswith("attempt."):
+        finished = message.attempt_finished
+        finished.state = attempt_state(payload.get("state"))
+        finished.error_code = payload.get("error_code") or ""
+        finished.summary = payload.get("summary") or ""
+        if payload.get("exit_code") is not None:
+            finished.exit_code = payload["exit_code"]
