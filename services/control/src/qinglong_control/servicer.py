@@ -13,6 +13,7 @@ import grpc
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.rpc.v1 import lifecycle_pb2
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2
 from qinglong_protocol import bounds
@@ -354,6 +355,35 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 wire.parse_uuid(public.run_id, "run_id"),
             )
         return rt.GetRunResponse(response=run_service_pb2.GetRunResponse(run=wire.run(view)))
+
+    @translated
+    async def ListRuns(self, request: rt.ListRunsRequest, context: Context) -> Any:
+        public = request.request
+        operator_of(request.caller)
+        limit = public.page_size or 50
+        if not bounds.is_page_size(limit) or not bounds.is_page_token(public.page_token):
+            raise Refused(Reason.FIELD_INVALID, "page_size or page_token is out of bounds")
+        task_id = wire.parse_uuid(public.task_id, "task_id") if public.task_id else None
+        states = tuple(
+            lifecycle_pb2.RunState.Name(s).removeprefix("RUN_STATE_").lower()
+            for s in public.states
+            if s != lifecycle_pb2.RUN_STATE_UNSPECIFIED
+        )
+        async with self._pool.connection() as conn:
+            page = await runs.list_runs(
+                conn,
+                wire.parse_slug(public.project_id, "project_id"),
+                limit=limit,
+                task_id=task_id,
+                states=states,
+                before=wire.parse_page_token(public.page_token),
+            )
+        return rt.ListRunsResponse(
+            response=run_service_pb2.ListRunsResponse(
+                runs=[wire.run(r) for r in page.runs],
+                next_page_token=wire.page_token(page.next_cursor),
+            )
+        )
 
     @translated
     async def ListRunEvents(self, request: rt.ListRunEventsRequest, context: Context) -> Any:

@@ -7,6 +7,7 @@ reason. Answers are rendered back with DB-time timestamps and remaining duration
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -69,6 +70,25 @@ def parse_fence(fence: fence_pb2.Fence) -> Fence:
             fence.expected_lease_version, "fence.expected_lease_version"
         ),
     )
+
+
+def page_token(cursor: tuple[int, uuid.UUID] | None) -> str:
+    """An opaque keyset cursor: unpadded base64url of `<created_at_ms>:<run_id>`."""
+    if cursor is None:
+        return ""
+    text = f"{cursor[0]}:{cursor[1]}".encode()
+    return base64.urlsafe_b64encode(text).decode("ascii").rstrip("=")
+
+
+def parse_page_token(token: str) -> tuple[int, uuid.UUID] | None:
+    if not token:
+        return None
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
+        created, run_id = text.split(":", 1)
+        return int(created), uuid.UUID(run_id)
+    except (ValueError, UnicodeDecodeError):
+        raise Refused(Reason.FIELD_INVALID, "page_token is not one this server issued") from None
 
 
 def timestamp(epoch_ms: int) -> Timestamp:

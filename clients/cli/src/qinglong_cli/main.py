@@ -1,0 +1,118 @@
+"""`qinglong`: the operator CLI. Subcommands: `up` (the embedded dev stack), `health`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from qinglong_cli.devstack import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_OPERATOR_NAME,
+    DEFAULT_WORKER_ID,
+    STACK_FILE_NAME,
+    UpOptions,
+    run_health,
+    run_up,
+)
+from qinglong_cli.embedded_postgres import SUPPORTED_VERSIONS
+from qinglong_cli.pki import DEFAULT_TRUST_DOMAIN, check_identity_name, check_trust_domain
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qinglong", description="QingLong Remote Run")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser(
+        "up",
+        help="start PostgreSQL, control and ingress on this machine",
+        description="Start the whole stack with an embedded PostgreSQL and development "
+        "certificates; stop it with Ctrl-C. Reuses the data directory's PKI and database.",
+    )
+    up.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    up.add_argument(
+        "--postgres-version", type=int, choices=SUPPORTED_VERSIONS, default=SUPPORTED_VERSIONS[-1]
+    )
+    up.add_argument("--ingress-port", type=_port, default=0, help="0 = any free port")
+    up.add_argument("--control-port", type=_port, default=0, help="0 = any free port")
+    up.add_argument("--trust-domain", type=_trust_domain, default=DEFAULT_TRUST_DOMAIN)
+    up.add_argument(
+        "--worker-id",
+        type=_identity_name("worker_id"),
+        default=DEFAULT_WORKER_ID,
+        help="identity issued for a Worker",
+    )
+    up.add_argument(
+        "--operator-name",
+        type=_identity_name("operator name"),
+        default=DEFAULT_OPERATOR_NAME,
+        help="identity issued for an operator",
+    )
+    up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds per start-up step")
+    up.add_argument(
+        "--stop-timeout", type=float, default=10.0, help="seconds before a service is killed"
+    )
+
+    health = commands.add_parser(
+        "health", help="check the health of a running stack's endpoints over mutual TLS"
+    )
+    health.add_argument("--stack", type=Path, default=DEFAULT_DATA_DIR / STACK_FILE_NAME)
+    health.add_argument("--timeout", type=float, default=5.0, help="seconds per endpoint")
+    return parser
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range: {port}")
+    return port
+
+
+def _trust_domain(text: str) -> str:
+    try:
+        check_trust_domain(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _identity_name(kind: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            check_identity_name(kind, text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+
+    return parse
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "up":
+        options = UpOptions(
+            data_dir=args.data_dir,
+            postgres_version=args.postgres_version,
+            ingress_port=args.ingress_port,
+            control_port=args.control_port,
+            trust_domain=args.trust_domain,
+            worker_id=args.worker_id,
+            operator_name=args.operator_name,
+            ready_timeout_seconds=args.ready_timeout,
+            stop_timeout_seconds=args.stop_timeout,
+        )
+        return asyncio.run(run_up(options, sys.stdout))
+    return asyncio.run(run_health(args.stack, args.timeout, sys.stdout))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

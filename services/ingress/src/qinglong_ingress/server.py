@@ -1,0 +1,82 @@
+"""The ingress gRPC server: the only public endpoint (mutual TLS, health, reflection) serving
+WorkerService, TaskService and RunService, plus the internal channel to control.
+
+`create_server` only assembles and binds; the caller starts and stops it (see
+`main.serve`), so tests can run it in-process on port 0. Nothing here imports
+qinglong_control: ingress reaches the runtime only over gRPC (SPEC R-ROLE-2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from qinglong.control.v1 import (
+    run_service_pb2,
+    run_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+)
+from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong_protocol.tls import mutual_tls_channel_credentials, mutual_tls_server_credentials
+
+from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
+
+WORKER_SERVICE_NAME: str = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+TASK_SERVICE_NAME: str = task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name
+RUN_SERVICE_NAME: str = run_service_pb2.DESCRIPTOR.services_by_name["RunService"].full_name
+PUBLIC_SERVICE_NAMES = (WORKER_SERVICE_NAME, TASK_SERVICE_NAME, RUN_SERVICE_NAME)
+
+
+@dataclass(frozen=True)
+class PublicServicers:
+    """The servicers behind the public API. Each defaults to the generated base servicer,
+    which answers UNIMPLEMENTED."""
+
+    worker: worker_service_pb2_grpc.WorkerServiceServicer
+    task: task_service_pb2_grpc.TaskServiceServicer
+    run: run_service_pb2_grpc.RunServiceServicer
+
+    @classmethod
+    def unimplemented(cls) -> PublicServicers:
+        # The generated bases are abstract only in the type stubs; at run time every
+        # method answers UNIMPLEMENTED.
+        return cls(
+            worker=worker_service_pb2_grpc.WorkerServiceServicer(),  # type: ignore[abstract]
+            task=task_service_pb2_grpc.TaskServiceServicer(),  # type: ignore[abstract]
+            run=run_service_pb2_grpc.RunServiceServicer(),  # type: ignore[abstract]
+        )
+
+
+async def create_server(
+    settings: IngressSettings, servicers: PublicServicers | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """Assemble the server and bind `settings.listen_address`; return it (not started) and
+    the bound port."""
+    servicers = servicers or PublicServicers.unimplemented()
+    server = grpc.aio.server()
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicers.worker, server)
+    task_service_pb2_grpc.add_TaskServiceServicer_to_server(servicers.task, server)
+    run_service_pb2_grpc.add_RunServiceServicer_to_server(servicers.run, server)
+
+    health_servicer = health.aio.HealthServicer()
+    for service_name in ("", *PUBLIC_SERVICE_NAMES):
+        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+
+    reflection.enable_server_reflection(
+        (*PUBLIC_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+
+    port = server.add_secure_port(
+        settings.listen_address, mutual_tls_server_credentials(settings.tls)
+    )
+    return server, port
+
+
+def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
+    """The internal channel to control, with ingress's client identity. It connects
+    lazily, on the first call; the caller closes it."""
+    return grpc.aio.secure_channel(settings.address, mutual_tls_channel_credentials(settings.tls))

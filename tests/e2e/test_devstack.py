@@ -1,0 +1,188 @@
+"""`qinglong up` as a real process tree: embedded PostgreSQL, control and ingress subprocesses,
+health over mutual TLS, one database credential per service, and a clean stop on SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from qinglong_control.db.roles import RUNTIME_ROLE
+from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL
+from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL
+
+QINGLONG = Path(sys.executable).with_name("qinglong")
+START_TIMEOUT_SECONDS = 120.0
+STOP_TIMEOUT_SECONDS = 60.0
+
+
+def _start_up(
+    data_dir: Path, extra_environment: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(QINGLONG), "up", "--data-dir", str(data_dir)],
+        env={**os.environ, **(extra_environment or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_stack(process: subprocess.Popen[str], stack_path: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if stack_path.exists():
+            document: dict[str, Any] = json.loads(stack_path.read_text())
+            return document
+        if process.poll() is not None:
+            out, err = process.communicate()
+            pytest.fail(f"qinglong up exited with {process.returncode}:\n{out}\n{err}")
+        time.sleep(0.1)
+    process.kill()
+    pytest.fail("qinglong up wrote no stack.json in time")
+
+
+def _health(stack_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(QINGLONG), "health", "--stack", str(stack_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _environment(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    pairs = (entry.decode(errors="replace").partition("=") for entry in raw if entry)
+    return {name: value for name, _, value in pairs}
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie waiting for its reaper counts as exited."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _wait_gone(pid: int, timeout_seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
+    process.send_signal(signal.SIGINT)
+    try:
+        return process.communicate(timeout=STOP_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+
+
+def _service_pids(stack: dict[str, Any]) -> dict[str, int]:
+    return {
+        "control": stack["control"]["pid"],
+        "ingress": stack["ingress"]["pid"],
+        "postgres": stack["postgres"]["pid"],
+    }
+
+
+def test_up_health_and_stop(tmp_path: Path) -> None:
+    data_dir = tmp_path / "stack"
+    stack_path = data_dir / "stack.json"
+    # Credentials in the caller's environment must not be passed on to either service.
+    inherited = {CONTROL_DATABASE_URL: "host=/nowhere user=inherited", "PGPASSWORD": "inherited"}
+    process = _start_up(data_dir, inherited)
+    try:
+        stack = _wait_for_stack(process, stack_path)
+
+        checked = _health(stack_path)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert checked.stdout.count("SERVING") == 2
+        assert "NOT_SERVING" not in checked.stdout
+
+        pids = _service_pids(stack)
+        assert all(isinstance(pid, int) and _alive(pid) for pid in pids.values()), pids
+        assert stack["postgres"]["version"] == 18
+        assert Path(stack["ca_cert"]).is_file()
+        assert Path(stack["worker"]["cert"]).is_file()
+        assert Path(stack["worker"]["key"]).is_file()
+        assert stack["worker"]["worker_id"]
+        assert Path(stack["operator"]["cert"]).is_file()
+
+        # SPEC R-ROLE-2: the runtime credential reaches control only.
+        control_env = _environment(pids["control"])
+        ingress_env = _environment(pids["ingress"])
+        runtime_url = control_env[CONTROL_DATABASE_URL]
+        assert RUNTIME_ROLE in runtime_url
+        assert INGRESS_DATABASE_URL not in control_env
+        assert RUNTIME_ROLE not in ingress_env[INGRESS_DATABASE_URL]
+        assert CONTROL_DATABASE_URL not in ingress_env
+        assert not [name for name, value in ingress_env.items() if RUNTIME_ROLE in value]
+        for environment in (control_env, ingress_env):
+            assert "PGPASSWORD" not in environment
+            assert "inherited" not in environment.get(CONTROL_DATABASE_URL, "")
+        for pid in (pids["control"], pids["ingress"]):
+            command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert b"DATABASE" not in command_line.upper()
+            assert b"dbname" not in command_line
+    except BaseException:
+        process.kill()
+        raise
+
+    stale_copy = tmp_path / "stale-stack.json"
+    stale_copy.write_text(stack_path.read_text())
+    out, err = _stop(process)
+    assert process.returncode == 0, out + err
+    for name, pid in pids.items():
+        assert _wait_gone(pid), f"{name} (pid {pid}) still running after stop"
+    assert not stack_path.exists()
+
+    after_stop = _health(stale_copy)
+    assert after_stop.returncode != 0
+    assert "NOT_SERVING" in after_stop.stdout
+
+
+def test_second_up_reuses_pki_and_database(tmp_path: Path) -> None:
+    data_dir = tmp_path / "stack"
+    stack_path = data_dir / "stack.json"
+    pki_files = [
+        data_dir / "pki" / name
+        for name in ("ca.crt", "ca.key", "ingress-server.key", "control-server.key")
+    ]
+    cluster_marker = data_dir / "postgres" / "PG_VERSION"
+
+    first = _start_up(data_dir)
+    try:
+        _wait_for_stack(first, stack_path)
+    except BaseException:
+        first.kill()
+        raise
+    pki_before = {path: path.read_bytes() for path in pki_files}
+    cluster_created = cluster_marker.stat().st_mtime_ns
+    _stop(first)
+    assert first.returncode == 0
+
+    second = _start_up(data_dir)
+    try:
+        stack = _wait_for_stack(second, stack_path)
+        assert _health(stack_path).returncode == 0
+    finally:
+        _stop(second)
+    assert second.returncode == 0
+    assert {path: path.read_bytes() for path in pki_files} == pki_before
+    assert cluster_marker.stat().st_mtime_ns == cluster_created
+    for pid in _service_pids(stack).values():
+        assert _wait_gone(pid)
