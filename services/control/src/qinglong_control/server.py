@@ -14,7 +14,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
+from qinglong_protocol.errors import status_for
 from qinglong_protocol.tls import mutual_tls_server_credentials, peer_uris
 
 from qinglong_control.settings import ControlSettings
@@ -99,7 +101,9 @@ class AllowedCallerInterceptor(grpc.aio.ServerInterceptor):
         if self._allowed_uris.isdisjoint(uris):
             # Identities are not secrets; logging them makes a misrouted client obvious.
             _log.warning("refused caller %s: not an allowed runtime caller", list(uris))
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "caller is not allowed")
+            await context.abort_with_status(
+                status_for(ErrorReason.ERROR_REASON_CALLER_NOT_INGRESS, "caller is not allowed")
+            )
 
 
 def _service_of(method: str) -> str:
