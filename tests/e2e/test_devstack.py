@@ -18,6 +18,7 @@ from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL
 from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL
 
 QINGLONG = Path(sys.executable).with_name("qinglong")
+QINGLONG_WORKER = Path(sys.executable).with_name("qinglong-worker")
 START_TIMEOUT_SECONDS = 120.0
 STOP_TIMEOUT_SECONDS = 60.0
 
@@ -121,6 +122,24 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
         assert Path(stack["worker"]["key"]).is_file()
         assert stack["worker"]["worker_id"]
         assert Path(stack["operator"]["cert"]).is_file()
+
+        # The operator token lives in a 0600 file; the stack file only names it.
+        token_file = Path(stack["operator"]["token_file"])
+        assert token_file.stat().st_mode & 0o077 == 0
+        token = token_file.read_text().strip()
+        assert token.startswith("qlo1_")
+        assert token not in stack_path.read_text()
+
+        # The Worker's own command line reaches ingress with the Worker's identity.
+        worker_check = subprocess.run(
+            [str(QINGLONG_WORKER), "check", "--stack", str(stack_path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert worker_check.returncode == 0, worker_check.stdout + worker_check.stderr
+        assert "SERVING" in worker_check.stdout
 
         # SPEC R-ROLE-2: the runtime credential reaches control only.
         control_env = _environment(pids["control"])

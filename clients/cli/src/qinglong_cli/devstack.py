@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from qinglong_control.db.bootstrap import bootstrap_database
 from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL_VARIABLE
 from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL_VARIABLE
-from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
+from qinglong_protocol.health import NOT_SERVING, health_status
+from qinglong_protocol.tls import TlsFiles
 
 from qinglong_cli.dev_enrollment import (
     DEV_PROJECT_ID,
@@ -60,7 +59,6 @@ DEFAULT_OPERATOR_NAME = "local-operator"
 # The dev stack binds loopback only; its server certificates name 127.0.0.1.
 LOOPBACK_HOST = "127.0.0.1"
 SERVING = "SERVING"
-NOT_SERVING = "NOT_SERVING"
 
 # Services get little grace in the dev stack; the supervisor kills after `stop_timeout`.
 _SERVICE_SHUTDOWN_GRACE_SECONDS = 3.0
@@ -183,19 +181,6 @@ def _identity_json(identity: ClientIdentity) -> dict[str, Any]:
 
 
 # --- health ---------------------------------------------------------------------------------
-
-
-async def health_status(address: str, tls: TlsFiles, timeout_seconds: float) -> str:
-    """SERVING, NOT_SERVING, or NOT_SERVING with the gRPC status that prevented an answer."""
-    async with grpc.aio.secure_channel(address, mutual_tls_channel_credentials(tls)) as channel:
-        try:
-            response = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout_seconds
-            )
-        except grpc.aio.AioRpcError as error:
-            return f"{NOT_SERVING} ({error.code().name})"
-    status: str = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-    return status
 
 
 async def wait_until_serving(address: str, tls: TlsFiles, timeout_seconds: float) -> None:
