@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -217,3 +220,14 @@ def test_event_sequence_is_gapless(
     runtime.execute(insert, (uuid.uuid4(), seeded.run_id, 2, NOW_MS))
     # A second writer of the same sequence number is refused too.
     _rejected(runtime, insert, (uuid.uuid4(), seeded.run_id, 2, NOW_MS), "run_events_gapless")
+
+
+def test_migrate_command_is_idempotent(database: MigratedDatabase) -> None:
+    completed = subprocess.run(
+        [str(Path(sys.executable).with_name("qinglong-control")), "migrate"],
+        env={"QINGLONG_MIGRATION_DATABASE_URL": database.urls.migration, "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(completed.stdout) == {"event": "migrated", "applied": []}

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.domain.timings import Timings
+from qinglong_control.migrate_command import migrate_main
 from qinglong_control.server import create_server
 from qinglong_control.servicer import RuntimeServicer
 from qinglong_control.settings import ControlSettings, parse_control_settings
@@ -67,7 +68,11 @@ async def _wait_for_stop_signal() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    settings = parse_control_settings(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["migrate"]:
+        migrate_main(arguments[1:])
+        return
+    settings = parse_control_settings(arguments)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
