@@ -32,14 +32,16 @@ SELECT session_id, worker_id, generation, status, expires_at_ms
 
 _DB_NOW = "SELECT qinglong.db_now_ms()"
 
-# Live attempts plus unexpired open offers already use the session's capacity.
+# What the session already holds: live Attempts and unexpired open offers. Both use its
+# capacity, and open offers are answered again on every pull (stable offer ids).
 _SESSION_LOAD = """
-SELECT s.max_concurrency
-       - (SELECT count(*) FROM qinglong.attempts a
-           WHERE a.session_id = s.session_id AND a.state IN ('claimed', 'starting', 'running'))
-       - (SELECT count(*) FROM qinglong.offers o
-           WHERE o.session_id = s.session_id AND o.state = 'open'
-             AND o.expires_at_ms > qinglong.db_now_ms())
+SELECT s.max_concurrency,
+       (SELECT count(*) FROM qinglong.attempts a
+         WHERE a.session_id = s.session_id
+           AND a.state IN ('claimed', 'starting', 'running')) AS live_attempts,
+       (SELECT count(*) FROM qinglong.offers o
+         WHERE o.session_id = s.session_id AND o.state = 'open'
+           AND o.expires_at_ms > qinglong.db_now_ms()) AS open_offers
   FROM qinglong.worker_sessions s WHERE s.session_id = %s
 """
 
@@ -86,8 +88,20 @@ SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revisio
   JOIN qinglong.runs r ON r.run_id = o.run_id
   JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
  WHERE o.session_id = %(session_id)s AND o.state = 'open' AND o.expires_at_ms > %(now)s
- ORDER BY o.created_at_ms, o.offer_id
+ ORDER BY o.created_at_ms, r.created_at_ms, r.run_id
 """
+
+
+@dataclass(frozen=True)
+class SessionLoad:
+    max_concurrency: int
+    live_attempts: int
+    open_offers: int
+
+    def places_for(self, max_offers: int) -> int:
+        """New placements: never more than the answer can carry or the session can run."""
+        free = self.max_concurrency - self.live_attempts - self.open_offers
+        return max(0, min(max_offers - self.open_offers, free))
 
 
 @dataclass(frozen=True)
@@ -119,13 +133,16 @@ async def pull_offers(
             "lock.session", _LOCK_SESSION_SHARED, (claim.session_id,), kwargs_row(SessionRow)
         )
         now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
-        free = await tx.execute("session.capacity", _SESSION_LOAD, (claim.session_id,), scalar_row)
+        load = await tx.execute(
+            "session.load", _SESSION_LOAD, (claim.session_id,), kwargs_row(SessionLoad)
+        )
         types = await tx.execute(
             "session.executor_types", _SESSION_EXECUTOR_TYPES, (claim.session_id,), scalar_row
         )
         now_ms: int = await now.fetchone() or 0
         session = check_session(claim, await locked.fetchone(), now_ms)
-        capacity = min(max_offers, max(0, await free.fetchone() or 0))
+        held = await load.fetchone()
+        capacity = 0 if held is None else held.places_for(max_offers)
         run_ids: list[uuid.UUID] = []
         if capacity > 0 and session.status == "online":
             candidates = await tx.execute(

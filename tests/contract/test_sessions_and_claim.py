@@ -1,0 +1,156 @@
+"""Sessions, placement and claim (SPEC R-CLAIM-1, R-CLAIM-2), and lease expiry (SPEC §7.4)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import psycopg
+import pytest
+from qinglong_control.db import placement, sessions
+from qinglong_control.db.start_facts import acknowledge_starting
+from qinglong_control.domain.capability import digest_of_capability
+from qinglong_control.domain.claim import ClaimRequest
+from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.timings import Timings
+from qinglong_protocol.bounds import encode_lease_capability
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.world import PROJECT, World, enroll
+
+
+@pytest.fixture
+async def world(database: MigratedDatabase) -> AsyncIterator[World]:
+    enroll(database, "worker-a", "worker-b")
+    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
+    try:
+        yield World(conn)
+    finally:
+        await conn.close()
+
+
+def new_digest() -> object:
+    return digest_of_capability(encode_lease_capability(secrets.token_bytes(32)))
+
+
+async def test_open_session_is_idempotent_and_a_new_generation_replaces_the_old(
+    world: World,
+) -> None:
+    first = await world.session("worker-a", request_id="boot-1")
+    retried = await world.session("worker-a", request_id="boot-1")
+    assert retried == first
+    second = await world.session("worker-a", request_id="boot-2")
+    assert second.worker_generation == first.worker_generation + 1
+    with pytest.raises(Refused) as fenced:
+        await sessions.renew_session(world.conn, first, world.timings)
+    assert fenced.value.reason is Reason.SESSION_FENCED
+    renewed = await sessions.renew_session(world.conn, second, world.timings)
+    assert renewed.remaining_ms == world.timings.session_ttl_ms
+    cursor = await world.conn.execute(
+        "SELECT generation, status FROM qinglong.worker_sessions WHERE worker_id = 'worker-a'"
+        " ORDER BY generation"
+    )
+    assert await cursor.fetchall() == [(1, "replaced"), (2, "online")]
+
+
+async def test_unknown_worker_cannot_open_a_session(world: World) -> None:
+    with pytest.raises(Refused) as refused:
+        await world.session("worker-unknown")
+    assert refused.value.reason is Reason.SESSION_FENCED
+
+
+async def test_pull_gives_stable_offers_and_respects_capacity(world: World) -> None:
+    runs = [await world.queued_run() for _ in range(3)]
+    session = await world.session("worker-a")
+    first = await placement.pull_offers(world.conn, session, 2, world.timings)
+    again = await placement.pull_offers(world.conn, session, 2, world.timings)
+    assert [o.offer_id for o in first.offers] == [o.offer_id for o in again.offers]
+    # Oldest first; Runs queued within one millisecond may tie, so compare as sets.
+    assert {o.run_id for o in first.offers} == set(runs[:2])
+    # Another worker gets the Run nobody holds, never one already offered.
+    other = await world.session("worker-b")
+    theirs = await placement.pull_offers(world.conn, other, 8, world.timings)
+    assert [o.run_id for o in theirs.offers] == [runs[2]]
+
+
+async def test_draining_session_gets_no_offers_and_releases_its_own(world: World) -> None:
+    run_id = await world.queued_run()
+    session = await world.session("worker-a")
+    assert (await placement.pull_offers(world.conn, session, 4, world.timings)).offers
+    await sessions.drain_session(world.conn, session, world.timings)
+    assert (await placement.pull_offers(world.conn, session, 4, world.timings)).offers == []
+    other = await world.session("worker-b")
+    assert [
+        o.run_id for o in (await placement.pull_offers(world.conn, other, 4, world.timings)).offers
+    ] == [run_id]
+
+
+async def test_claim_retry_is_exact_and_another_capability_is_rejected(world: World) -> None:
+    run_id = await world.queued_run()
+    session = await world.session("worker-a")
+    [offer] = (await placement.pull_offers(world.conn, session, 4, world.timings)).offers
+    request = ClaimRequest(
+        "worker-a",
+        session.session_id,
+        session.worker_generation,
+        offer.offer_id,
+        PROJECT,
+        run_id,
+        new_digest(),  # type: ignore[arg-type]
+    )
+    first = await placement.claim_offer(world.conn, request, world.timings)
+    retried = await placement.claim_offer(world.conn, request, world.timings)
+    assert (retried.attempt_id, retried.lease_version, retried.replayed) == (
+        first.attempt_id,
+        1,
+        True,
+    )
+    with pytest.raises(Refused) as refused:
+        await placement.claim_offer(
+            world.conn,
+            replace(request, token_digest=new_digest()),  # type: ignore[arg-type]
+            world.timings,
+        )
+    assert refused.value.reason is Reason.OFFER_CLAIMED_BY_OTHER_CAPABILITY
+    cursor = await world.conn.execute(
+        "SELECT r.state, r.attempt_count, count(a.*), l.version, l.status"
+        " FROM qinglong.runs r JOIN qinglong.attempts a ON a.run_id = r.run_id"
+        " JOIN qinglong.run_leases l ON l.attempt_id = a.attempt_id"
+        " WHERE r.run_id = %s GROUP BY r.state, r.attempt_count, l.version, l.status",
+        (run_id,),
+    )
+    assert await cursor.fetchall() == [("dispatching", 1, 1, 1, "leased")]
+
+
+async def test_lease_expiry_fences_acks_and_leaves_the_run_alone(
+    database: MigratedDatabase,
+) -> None:
+    """SPEC §7.4: an expired lease (by DB time) never changes a Run."""
+    enroll(database, "worker-a")
+    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
+    try:
+        world = World(conn, Timings(lease_ttl_ms=1_000))
+        work = await world.claimed()
+        snapshot = await (
+            await conn.execute(
+                "SELECT r.*, a.* FROM qinglong.runs r JOIN qinglong.attempts a USING (run_id)"
+                " WHERE a.attempt_id = %s",
+                (work.fence.attempt_id,),
+            )
+        ).fetchall()
+        await asyncio.sleep(1.2)  # the database's clock passes the lease's expiry
+        with pytest.raises(Refused) as refused:
+            await acknowledge_starting(conn, work.fence)
+        assert refused.value.reason is Reason.LEASE_EXPIRED
+        after = await (
+            await conn.execute(
+                "SELECT r.*, a.* FROM qinglong.runs r JOIN qinglong.attempts a USING (run_id)"
+                " WHERE a.attempt_id = %s",
+                (work.fence.attempt_id,),
+            )
+        ).fetchall()
+        assert after == snapshot
+    finally:
+        await conn.close()
