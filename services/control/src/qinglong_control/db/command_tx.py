@@ -13,12 +13,12 @@ have really executed when the transaction must roll back.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar, overload
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg.rows import AsyncRowFactory
 
 Row = TypeVar("Row")
@@ -82,11 +82,33 @@ class CommandTx:
 async def command_transaction(
     conn: AsyncConnection[Any], fault: FaultPlan | None = None
 ) -> AsyncIterator[CommandTx]:
-    """BEGIN … COMMIT in pipeline mode; any exception rolls every write back."""
+    """BEGIN … COMMIT inside one pipeline; any exception rolls every write back.
+
+    BEGIN and COMMIT are queued as plain statements: psycopg's `transaction()` inside a
+    pipeline would add a sync (a round trip) at each edge. So BEGIN travels with the
+    first batch, and COMMIT with the last; a cursor's rows may be read after the block.
+    """
     try:
-        async with conn.pipeline(), conn.transaction():
-            yield CommandTx(conn, fault)
+        async with conn.pipeline() as pipeline:
+            await conn.execute("BEGIN")
+            try:
+                yield CommandTx(conn, fault)
+            except psycopg.Error:
+                # The pipeline is aborted up to the next sync; the first error is the one
+                # that matters, whatever the sync reports about the statements it skipped.
+                with suppress(psycopg.Error):
+                    await pipeline.sync()
+                raise
+            except BaseException:
+                await conn.execute("ROLLBACK")
+                raise
+            await conn.execute("COMMIT")
     except psycopg.errors.DivisionByZero as error:
         if fault is not None:
             raise InjectedFault(fault.before) from error
         raise
+    finally:
+        # A failed statement leaves the explicit transaction aborted; end it here so the
+        # connection goes back to its pool idle.
+        if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+            await conn.execute("ROLLBACK")

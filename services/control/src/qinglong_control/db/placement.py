@@ -32,38 +32,40 @@ SELECT session_id, worker_id, generation, status, expires_at_ms
 
 _DB_NOW = "SELECT qinglong.db_now_ms()"
 
-# What the session already holds: live Attempts and unexpired open offers. Both use its
-# capacity, and open offers are answered again on every pull (stable offer ids).
-_SESSION_LOAD = """
-SELECT s.max_concurrency,
-       (SELECT count(*) FROM qinglong.attempts a
-         WHERE a.session_id = s.session_id
-           AND a.state IN ('claimed', 'starting', 'running')) AS live_attempts,
-       (SELECT count(*) FROM qinglong.offers o
-         WHERE o.session_id = s.session_id AND o.state = 'open'
-           AND o.expires_at_ms > qinglong.db_now_ms()) AS open_offers
-  FROM qinglong.worker_sessions s WHERE s.session_id = %s
-"""
-
 # Oldest queued Runs of an executor type this session runs, with no intent to cancel and
 # no live offer elsewhere. SKIP LOCKED lets many sessions pull at once without waiting or
-# ever taking the same Run.
+# ever taking the same Run. The session's room is computed in the same statement, so the
+# whole read side is one round trip: new placements never exceed what the answer carries
+# (max_offers minus offers already open) nor what the session may run (max_concurrency
+# minus live Attempts and open offers). A session that is not the caller's live, online,
+# unexpired incarnation has no room at all; the caller is then refused in Python.
 _LOCK_CANDIDATES = """
+WITH session AS (
+    SELECT s.session_id, s.executor_types, s.max_concurrency,
+           (SELECT count(*) FROM qinglong.attempts a
+             WHERE a.session_id = s.session_id
+               AND a.state IN ('claimed', 'starting', 'running')) AS live_attempts,
+           (SELECT count(*) FROM qinglong.offers o
+             WHERE o.session_id = s.session_id AND o.state = 'open'
+               AND o.expires_at_ms > qinglong.db_now_ms()) AS open_offers
+      FROM qinglong.worker_sessions s
+     WHERE s.session_id = %(session_id)s AND s.worker_id = %(worker_id)s
+       AND s.generation = %(generation)s AND s.status = 'online'
+       AND s.expires_at_ms > qinglong.db_now_ms()
+)
 SELECT r.run_id
-  FROM qinglong.runs r
+  FROM qinglong.runs r, session
  WHERE r.state = 'queued'
    AND r.cancel_requested_at_ms IS NULL
-   AND r.executor_type = ANY(%(executor_types)s)
+   AND r.executor_type = ANY(session.executor_types)
    AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                     WHERE o.run_id = r.run_id AND o.state = 'open'
-                      AND o.expires_at_ms > %(now_guess)s)
+                      AND o.expires_at_ms > qinglong.db_now_ms())
  ORDER BY r.created_at_ms, r.run_id
- LIMIT %(limit)s
+ LIMIT coalesce((SELECT greatest(0, least(%(max_offers)s - open_offers,
+                                          max_concurrency - live_attempts - open_offers))
+                   FROM session), 0)
    FOR UPDATE OF r SKIP LOCKED
-"""
-
-_SESSION_EXECUTOR_TYPES = """
-SELECT executor_types FROM qinglong.worker_sessions WHERE session_id = %s
 """
 
 _EXPIRE_STALE_OFFERS = """
@@ -78,6 +80,9 @@ INSERT INTO qinglong.offers
 SELECT gen_random_uuid(), run_id, %(session_id)s, %(worker_id)s, %(generation)s, 'open',
        %(now)s, %(expires)s
   FROM unnest(%(run_ids)s::uuid[]) AS run_id
+-- A concurrent pull may have committed an offer for the same Run after this statement's
+-- candidate snapshot; that Run is simply not ours.
+ON CONFLICT (run_id) WHERE state = 'open' DO NOTHING
 """
 
 # Everything the session holds open, with the pinned plan (stable offer ids on re-pull).
@@ -90,18 +95,6 @@ SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revisio
  WHERE o.session_id = %(session_id)s AND o.state = 'open' AND o.expires_at_ms > %(now)s
  ORDER BY o.created_at_ms, r.created_at_ms, r.run_id
 """
-
-
-@dataclass(frozen=True)
-class SessionLoad:
-    max_concurrency: int
-    live_attempts: int
-    open_offers: int
-
-    def places_for(self, max_offers: int) -> int:
-        """New placements: never more than the answer can carry or the session can run."""
-        free = self.max_concurrency - self.live_attempts - self.open_offers
-        return max(0, min(max_offers - self.open_offers, free))
 
 
 @dataclass(frozen=True)
@@ -127,44 +120,33 @@ class Offers:
 async def pull_offers(
     conn: AsyncConnection[Any], claim: SessionClaim, max_offers: int, timings: Timings
 ) -> Offers:
-    """Place at most `max_offers` queued Runs on the session and return its open offers."""
+    """Place at most `max_offers` queued Runs on the session and return its open offers.
+
+    Round trip 1 locks the session, reads DB time and locks the candidate Runs; round
+    trip 2 writes the offers, reads back everything the session holds open, and commits.
+    """
+    values: dict[str, object] = {
+        "session_id": claim.session_id,
+        "worker_id": claim.worker_id,
+        "generation": claim.worker_generation,
+        "max_offers": max_offers,
+    }
     async with command_transaction(conn) as tx:
         locked = await tx.execute(
             "lock.session", _LOCK_SESSION_SHARED, (claim.session_id,), kwargs_row(SessionRow)
         )
         now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
-        load = await tx.execute(
-            "session.load", _SESSION_LOAD, (claim.session_id,), kwargs_row(SessionLoad)
-        )
-        types = await tx.execute(
-            "session.executor_types", _SESSION_EXECUTOR_TYPES, (claim.session_id,), scalar_row
-        )
+        candidates = await tx.execute("lock.candidates", _LOCK_CANDIDATES, values, scalar_row)
         now_ms: int = await now.fetchone() or 0
-        session = check_session(claim, await locked.fetchone(), now_ms)
-        held = await load.fetchone()
-        capacity = 0 if held is None else held.places_for(max_offers)
-        run_ids: list[uuid.UUID] = []
-        if capacity > 0 and session.status == "online":
-            candidates = await tx.execute(
-                "lock.candidates",
-                _LOCK_CANDIDATES,
-                {"executor_types": await types.fetchone(), "now_guess": now_ms, "limit": capacity},
-                scalar_row,
-            )
-            run_ids = list(await candidates.fetchall())
-        values = {
-            "run_ids": run_ids,
-            "session_id": session.session_id,
-            "worker_id": session.worker_id,
-            "generation": session.generation,
-            "now": now_ms,
-            "expires": now_ms + timings.offer_ttl_ms,
-        }
+        check_session(claim, await locked.fetchone(), now_ms)
+        run_ids = list(await candidates.fetchall())
+        values.update(run_ids=run_ids, now=now_ms, expires=now_ms + timings.offer_ttl_ms)
         if run_ids:
             await tx.execute("offers.expire_stale", _EXPIRE_STALE_OFFERS, values)
             await tx.execute("offers.insert", _INSERT_OFFERS, values)
         open_offers = await tx.execute("offers.open", _OPEN_OFFERS, values, kwargs_row(PlacedOffer))
-        return Offers(list(await open_offers.fetchall())[:max_offers], now_ms)
+    # Read after COMMIT: the rows arrived with the commit's round trip.
+    return Offers(list(await open_offers.fetchall()), now_ms)
 
 
 _LOCK_CLAIM_RUN = """
