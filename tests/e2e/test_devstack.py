@@ -92,6 +92,27 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
         raise
 
 
+def _probe(service: str, stack: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(Path(sys.executable).with_name(f"qinglong-{service}")),
+            "probe",
+            "--address",
+            stack[service]["address"],
+            "--tls-ca",
+            stack["ca_cert"],
+            "--tls-cert",
+            stack["operator"]["cert"],
+            "--tls-key",
+            stack["operator"]["key"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 def _service_pids(stack: dict[str, Any]) -> dict[str, int]:
     return {
         "control": stack["control"]["pid"],
@@ -141,6 +162,12 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
         assert worker_check.returncode == 0, worker_check.stdout + worker_check.stderr
         assert "SERVING" in worker_check.stdout
 
+        # The Kubernetes probe command of each service (mTLS; kubelet's gRPC probe can't).
+        for service in ("control", "ingress"):
+            probed = _probe(service, stack)
+            assert probed.returncode == 0, probed.stdout + probed.stderr
+            assert probed.stdout.strip().endswith("SERVING")
+
         # SPEC R-ROLE-2: the runtime credential reaches control only.
         control_env = _environment(pids["control"])
         ingress_env = _environment(pids["ingress"])
@@ -172,6 +199,7 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
     after_stop = _health(stale_copy)
     assert after_stop.returncode != 0
     assert "NOT_SERVING" in after_stop.stdout
+    assert _probe("control", stack).returncode == 1
 
 
 def test_second_up_reuses_pki_and_database(tmp_path: Path) -> None:

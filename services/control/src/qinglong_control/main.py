@@ -14,12 +14,18 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from qinglong_protocol.probe import run_probe
+
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.domain.timings import Timings
 from qinglong_control.migrate_command import migrate_main
 from qinglong_control.server import create_server
 from qinglong_control.servicer import RuntimeServicer
-from qinglong_control.settings import ControlSettings, parse_control_settings
+from qinglong_control.settings import (
+    DEFAULT_LISTEN_ADDRESS,
+    ControlSettings,
+    parse_control_settings,
+)
 
 SERVICE = "control"
 
@@ -72,6 +78,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments[:1] == ["migrate"]:
         migrate_main(arguments[1:])
         return
+    if arguments[:1] == ["probe"]:
+        sys.exit(
+            run_probe(
+                arguments[1:],
+                program="qinglong-control",
+                env_prefix="QINGLONG_CONTROL_",
+                default_listen_address=DEFAULT_LISTEN_ADDRESS,
+            )
+        )
     settings = parse_control_settings(arguments)
     logging.basicConfig(
         level=logging.INFO,

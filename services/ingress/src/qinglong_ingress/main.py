@@ -14,8 +14,14 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from qinglong_protocol.probe import run_probe
+
 from qinglong_ingress.server import create_server, open_control_channel
-from qinglong_ingress.settings import IngressSettings, parse_ingress_settings
+from qinglong_ingress.settings import (
+    DEFAULT_LISTEN_ADDRESS,
+    IngressSettings,
+    parse_ingress_settings,
+)
 
 SERVICE = "ingress"
 
@@ -60,7 +66,17 @@ async def _wait_for_stop_signal() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    settings = parse_ingress_settings(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["probe"]:
+        sys.exit(
+            run_probe(
+                arguments[1:],
+                program="qinglong-ingress",
+                env_prefix="QINGLONG_INGRESS_",
+                default_listen_address=DEFAULT_LISTEN_ADDRESS,
+            )
+        )
+    settings = parse_ingress_settings(arguments)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

@@ -1,0 +1,1050 @@
+"""deploy/k8s and deploy/docker: the manifests validate offline and keep the deployment's
+security invariants (SPEC B-DEPLOY, R-ROLE-2).
+
+* Every built-in Kubernetes resource is validated by kubernetes-validate in strict mode
+  (unknown fields are errors) against one Kubernetes version; a built-in kind without a
+  bundled schema is a failure, never a warning.
+* Custom resources (CloudNativePG, cert-manager) have no bundled schema: each kind gets a
+  structural check here, and any other kind fails.
+* The kustomizations are rendered by a small reader below (resources, namespace, images,
+  secretGenerator with stable names) with no kubectl and no network; it refuses any
+  kustomization feature it does not implement, so a rendering it cannot reproduce fails
+  instead of passing unchecked.
+
+kubernetes-validate is a dev dependency: without it this module fails to import, loudly.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import functools
+import json
+import re
+from collections.abc import Iterator, Mapping
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
+import yaml
+
+try:
+    import kubernetes_validate
+except ImportError as error:  # no skip: a validation that silently does not run proves nothing
+    raise ImportError(
+        "kubernetes-validate is missing: it is a dev dependency of the workspace "
+        "(pyproject.toml [dependency-groups] dev); run `make bootstrap`"
+    ) from error
+
+Resource = dict[str, Any]
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+DEV_OVERLAY = K8S / "overlays" / "dev"
+DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
+
+# The oldest Kubernetes minor the manifests support (they use PodDisruptionBudget
+# unhealthyPodEvictionPolicy, topology-spread matchLabelKeys and the preStop sleep action).
+KUBERNETES_VERSION = "1.33"
+NAMESPACE = "qinglong"
+POSTGRES_CLUSTER = "qinglong-pg"
+POSTGRES_CA_SECRET = f"{POSTGRES_CLUSTER}-ca"
+PLACEHOLDER_MARK = "CHANGE-ME"
+TRUST_DOMAIN = "qinglong.local"
+
+CONTROL = "qinglong-control"
+INGRESS = "qinglong-ingress"
+MIGRATE = "qinglong-migrate"
+
+# One Secret per database role; the role names are qinglong_control.db.roles.
+DB_SECRET_OF_ROLE = {
+    "qinglong_migration": "qinglong-db-migration",
+    "qinglong_runtime": "qinglong-db-runtime",
+    "qinglong_ingress": "qinglong-db-ingress",
+}
+DB_URL_VARIABLES = {
+    "QINGLONG_MIGRATION_DATABASE_URL",
+    "QINGLONG_DATABASE_URL",
+    "QINGLONG_INGRESS_DATABASE_URL",
+}
+
+# Pod labels of the workloads (what Services, PDBs and NetworkPolicies select).
+CONTROL_POD = {"app.kubernetes.io/name": "qinglong", "app.kubernetes.io/component": "control"}
+INGRESS_POD = {"app.kubernetes.io/name": "qinglong", "app.kubernetes.io/component": "ingress"}
+MIGRATE_POD = {"app.kubernetes.io/name": "qinglong", "app.kubernetes.io/component": "migrate"}
+POSTGRES_POD = {"cnpg.io/cluster": POSTGRES_CLUSTER, "cnpg.io/podRole": "instance"}
+# Pods that must never reach control or PostgreSQL: unlabelled, a stranger that borrows
+# the app name, the database itself.
+STRANGER_PODS = (
+    {},
+    {"app.kubernetes.io/name": "qinglong"},
+    {"app.kubernetes.io/name": "qinglong", "app.kubernetes.io/component": "debug"},
+    {"app": "qinglong-ingress"},
+)
+
+KUSTOMIZATION_FILE = "kustomization.yaml"
+KUSTOMIZATION_KEYS = {
+    "apiVersion",
+    "kind",
+    "namespace",
+    "resources",
+    "images",
+    "generatorOptions",
+    "secretGenerator",
+}
+CLUSTER_SCOPED_KINDS = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "ClusterIssuer",
+    "PriorityClass",
+    "StorageClass",
+}
+POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"}
+BUILTIN_GROUPS = {"", "apps", "batch", "policy", "autoscaling"}
+
+
+# --- loading and rendering -------------------------------------------------------------
+
+
+def _documents(path: Path) -> list[Resource]:
+    documents = []
+    for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+        if document is None:
+            continue
+        assert isinstance(document, dict), f"{path}: a YAML document is not a mapping"
+        documents.append(document)
+    return documents
+
+
+def _yaml_files() -> list[Path]:
+    return sorted(p for p in K8S.rglob("*") if p.suffix in {".yaml", ".yml"})
+
+
+def _kustomization_dirs() -> list[Path]:
+    return sorted(p.parent for p in K8S.rglob(KUSTOMIZATION_FILE))
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(K8S).as_posix() or "."
+
+
+def _load_kustomization(directory: Path) -> Resource:
+    path = directory / KUSTOMIZATION_FILE
+    assert path.is_file(), f"{directory}: no {KUSTOMIZATION_FILE}"
+    (kustomization,) = _documents(path)
+    assert kustomization.get("apiVersion") == "kustomize.config.k8s.io/v1beta1", path
+    assert kustomization.get("kind") == "Kustomization", path
+    unsupported = set(kustomization) - KUSTOMIZATION_KEYS
+    assert not unsupported, (
+        f"{path}: {sorted(unsupported)} are not reproduced by this test's renderer; "
+        "extend the renderer before using them"
+    )
+    return kustomization
+
+
+def _resource_paths(directory: Path) -> list[Path]:
+    """The `resources:` entries of one kustomization, resolved and checked like kustomize's
+    default load restrictor: a file must lie inside the kustomization's own directory;
+    anything outside it must be a directory holding another kustomization."""
+    paths = []
+    for entry in _load_kustomization(directory).get("resources", []):
+        assert "://" not in entry, f"{directory}: remote resource {entry!r}"
+        path = (directory / entry).resolve()
+        if path.is_dir():
+            assert (path / KUSTOMIZATION_FILE).is_file(), f"{path}: not a kustomization"
+        else:
+            assert path.is_file(), f"{directory}: missing resource {entry!r}"
+            assert path.is_relative_to(directory.resolve()), (
+                f"{directory}: file {entry!r} is outside the kustomization root"
+            )
+        paths.append(path)
+    return paths
+
+
+@functools.cache
+def _render(directory: Path) -> tuple[Resource, ...]:
+    kustomization = _load_kustomization(directory)
+    resources: list[Resource] = []
+    for path in _resource_paths(directory):
+        if path.is_dir():
+            resources += copy.deepcopy(list(_render(path)))
+        else:
+            resources += _documents(path)
+    resources += _generated_secrets(directory, kustomization)
+    namespace = kustomization.get("namespace")
+    if namespace is not None:
+        for resource in resources:
+            _set_namespace(resource, namespace)
+    for image in kustomization.get("images", []):
+        for resource in resources:
+            _set_image(resource, image)
+    seen: set[tuple[str, str, str | None, str]] = set()
+    for resource in resources:
+        key = _identity(resource)
+        assert key not in seen, f"{directory}: {key} is defined twice"
+        seen.add(key)
+    return tuple(resources)
+
+
+def _generated_secrets(directory: Path, kustomization: Resource) -> list[Resource]:
+    generators = kustomization.get("secretGenerator", [])
+    if not generators:
+        return []
+    options = kustomization.get("generatorOptions", {})
+    assert set(options) <= {"disableNameSuffixHash", "labels", "annotations"}, directory
+    # With a hash suffix kustomize renames the Secret and rewrites references in built-in
+    # kinds only; custom resources (CloudNativePG) would keep the old name.
+    assert options.get("disableNameSuffixHash") is True, (
+        f"{directory}: generated Secrets must keep stable names (disableNameSuffixHash)"
+    )
+    secrets = []
+    for generator in generators:
+        assert set(generator) <= {"name", "type", "literals"}, (directory, generator)
+        data = {}
+        for literal in generator.get("literals", []):
+            key, separator, value = literal.partition("=")
+            assert separator, f"{directory}: bad literal {literal!r}"
+            assert key, f"{directory}: bad literal {literal!r}"
+            data[key] = base64.b64encode(value.encode()).decode()
+        metadata_: Resource = {"name": generator["name"]}
+        if options.get("labels"):
+            metadata_["labels"] = dict(options["labels"])
+        if options.get("annotations"):
+            metadata_["annotations"] = dict(options["annotations"])
+        secrets.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": metadata_,
+                "type": generator.get("type", "Opaque"),
+                "data": data,
+            }
+        )
+    return secrets
+
+
+def _set_namespace(resource: Resource, namespace: str) -> None:
+    if resource["kind"] == "Namespace":
+        # kustomize would rename it; a kustomization here must not depend on that.
+        assert resource["metadata"]["name"] == namespace, resource["metadata"]["name"]
+    elif resource["kind"] not in CLUSTER_SCOPED_KINDS:
+        resource["metadata"]["namespace"] = namespace
+
+
+def _split_image(image: str) -> tuple[str, str | None, str | None]:
+    name, _, digest = image.partition("@")
+    tag = None
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = name.rsplit(":", 1)
+    return name, tag, digest or None
+
+
+def _set_image(resource: Resource, rule: Mapping[str, str]) -> None:
+    assert set(rule) <= {"name", "newName", "newTag", "digest"}, rule
+    for container in _containers(resource):
+        name, tag, digest = _split_image(container["image"])
+        if name != rule["name"]:
+            continue
+        name = rule.get("newName", name)
+        if "digest" in rule:
+            container["image"] = f"{name}@{rule['digest']}"
+            continue
+        tag = rule.get("newTag", tag)
+        image = f"{name}:{tag}" if tag else name
+        container["image"] = f"{image}@{digest}" if digest and "newTag" not in rule else image
+
+
+def _identity(resource: Resource) -> tuple[str, str, str | None, str]:
+    group = resource["apiVersion"].rpartition("/")[0]
+    metadata_ = resource["metadata"]
+    return group, resource["kind"], metadata_.get("namespace"), metadata_["name"]
+
+
+def _label(resource: Resource) -> str:
+    return f"{resource['kind']}/{resource['metadata']['name']}"
+
+
+# --- selectors and pod specs --------------------------------------------------------------
+
+
+def _selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Kubernetes LabelSelector semantics ({} selects everything)."""
+    if selector is None:
+        return False
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values", [])
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def _pod_spec(workload: Resource) -> Resource:
+    spec: Resource = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def _pod_labels(workload: Resource) -> dict[str, str]:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def _containers(resource: Resource) -> Iterator[Resource]:
+    if resource["kind"] not in POD_TEMPLATE_KINDS:
+        return
+    spec = _pod_spec(resource)
+    yield from spec.get("initContainers", [])
+    yield from spec.get("containers", [])
+
+
+def _secret_references(pod_spec: Resource) -> set[str]:
+    names = set()
+    for container in [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]:
+        for variable in container.get("env", []):
+            reference = variable.get("valueFrom", {}).get("secretKeyRef")
+            if reference is not None:
+                names.add(reference["name"])
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                names.add(source["secretRef"]["name"])
+    for volume in pod_spec.get("volumes", []):
+        if "secret" in volume:
+            names.add(volume["secret"]["secretName"])
+        for source in volume.get("projected", {}).get("sources", []):
+            if "secret" in source:
+                names.add(source["secret"]["name"])
+    names.update(reference["name"] for reference in pod_spec.get("imagePullSecrets", []))
+    return names
+
+
+def _env(container: Resource) -> dict[str, Resource]:
+    return {variable["name"]: variable for variable in container.get("env", [])}
+
+
+def _env_value(container: Resource, name: str) -> str:
+    value = _env(container)[name]["value"]
+    assert isinstance(value, str)
+    return value
+
+
+def _mounted_secret_file(pod_spec: Resource, container: Resource, path: str) -> tuple[str, str]:
+    """(Secret name, key) behind a file path in `container`, or fail."""
+    file = PurePosixPath(path)
+    volumes = {volume["name"]: volume for volume in pod_spec.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        if PurePosixPath(mount["mountPath"]) != file.parent:
+            continue
+        assert mount.get("readOnly") is True, f"{mount['mountPath']} must be mounted read-only"
+        secret = volumes[mount["name"]].get("secret")
+        assert secret is not None, f"{path} is not in a Secret volume"
+        items = {item["path"]: item["key"] for item in secret.get("items", [])}
+        assert file.name in items, f"{path}: the Secret volume does not project {file.name}"
+        return secret["secretName"], items[file.name]
+    pytest.fail(f"{path}: no volume is mounted at {file.parent}")
+
+
+# --- the rendered deployment ----------------------------------------------------------------
+
+
+def _dev() -> tuple[Resource, ...]:
+    return _render(DEV_OVERLAY)
+
+
+def _find(kind: str, name: str) -> Resource:
+    found = [r for r in _dev() if r["kind"] == kind and r["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found in the dev overlay"
+    return found[0]
+
+
+def _of_kind(kind: str) -> list[Resource]:
+    return [r for r in _dev() if r["kind"] == kind]
+
+
+def _workloads() -> list[Resource]:
+    return [r for r in _dev() if r["kind"] in POD_TEMPLATE_KINDS]
+
+
+def _only_container(workload: Resource) -> Resource:
+    (container,) = _pod_spec(workload)["containers"]
+    assert not _pod_spec(workload).get("initContainers"), _label(workload)
+    return container
+
+
+# --- schema validation -----------------------------------------------------------------------
+
+
+def _is_builtin(resource: Resource) -> bool:
+    group = resource["apiVersion"].rpartition("/")[0]
+    return group in BUILTIN_GROUPS or group.endswith(".k8s.io")
+
+
+def _all_rendered() -> list[tuple[str, Resource]]:
+    rendered = []
+    for directory in _kustomization_dirs():
+        for resource in _render(directory):
+            rendered.append((f"{_relative(directory)}:{_label(resource)}", resource))
+    return rendered
+
+
+RENDERED = _all_rendered()
+
+
+def test_kubernetes_validate_bundles_the_target_version() -> None:
+    newest = tuple(int(part) for part in kubernetes_validate.latest_version().split(".")[:2])
+    target = tuple(int(part) for part in KUBERNETES_VERSION.split("."))
+    assert newest >= target, f"kubernetes-validate {kubernetes_validate.__version__} is too old"
+
+
+@pytest.mark.parametrize(
+    "resource",
+    [resource for _, resource in RENDERED if _is_builtin(resource)],
+    ids=[name for name, resource in RENDERED if _is_builtin(resource)],
+)
+def test_builtin_resources_validate_strictly(resource: Resource) -> None:
+    try:
+        version = kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.SchemaNotFoundError as error:
+        pytest.fail(f"no schema for a built-in kind: {error.message}")
+    except kubernetes_validate.ValidationError as error:
+        where = ".".join(str(part) for part in error.path)
+        pytest.fail(f"{_label(resource)}: {where}: {error.message}")
+    assert version == KUBERNETES_VERSION
+
+
+def _check_cnpg_cluster(cluster: Resource) -> None:
+    spec = cluster["spec"]
+    # spec.instances is the one field the CRD requires.
+    assert isinstance(spec["instances"], int)
+    assert spec["instances"] >= 1
+    assert set(spec) <= {
+        "instances",
+        "imageName",
+        "primaryUpdateStrategy",
+        "enableSuperuserAccess",
+        "postgresql",
+        "bootstrap",
+        "managed",
+        "storage",
+        "walStorage",
+        "resources",
+        "affinity",
+    }, sorted(spec)
+    assert set(spec["bootstrap"]) == {"initdb"}
+    initdb = spec["bootstrap"]["initdb"]
+    assert {"database", "owner", "secret"} <= set(initdb)
+    assert isinstance(initdb["secret"]["name"], str)
+    for statement in initdb.get("postInitApplicationSQL", []):
+        assert isinstance(statement, str)
+    for role in spec["managed"]["roles"]:
+        assert set(role) <= {
+            "name",
+            "ensure",
+            "comment",
+            "login",
+            "superuser",
+            "createdb",
+            "createrole",
+            "replication",
+            "bypassrls",
+            "inherit",
+            "connectionLimit",
+            "passwordSecret",
+        }, role
+        assert role.get("ensure", "present") in {"present", "absent"}
+        assert set(role["passwordSecret"]) == {"name"}
+    assert re.fullmatch(r"\d+(Mi|Gi|Ti)", spec["storage"]["size"])
+    synchronous = spec["postgresql"]["synchronous"]
+    assert synchronous["method"] in {"any", "first"}
+    assert synchronous.get("dataDurability", "required") in {"required", "preferred"}
+
+
+CERTIFICATE_USAGES = {"digital signature", "key encipherment", "server auth", "client auth"}
+
+
+def _check_certificate(certificate: Resource) -> None:
+    spec = certificate["spec"]
+    assert isinstance(spec["secretName"], str)
+    assert spec["issuerRef"]["name"]
+    assert spec["issuerRef"].get("kind", "Issuer") in {"Issuer", "ClusterIssuer"}
+    assert any(spec.get(field) for field in ("commonName", "dnsNames", "uris", "ipAddresses"))
+    assert set(spec.get("usages", [])) <= CERTIFICATE_USAGES, spec.get("usages")
+    key = spec["privateKey"]
+    assert (key["algorithm"], key["size"]) in {("RSA", 2048), ("RSA", 3072), ("ECDSA", 256)}
+    identity = re.compile(rf"spiffe://{re.escape(TRUST_DOMAIN)}/(service|worker|operator)/\S+")
+    for uri in spec.get("uris", []):
+        assert identity.fullmatch(uri), uri
+
+
+def _check_issuer(issuer: Resource) -> None:
+    (kind,) = issuer["spec"]
+    assert kind in {"selfSigned", "ca"}
+    if kind == "ca":
+        assert isinstance(issuer["spec"]["ca"]["secretName"], str)
+
+
+CUSTOM_KINDS = {
+    ("postgresql.cnpg.io/v1", "Cluster"): _check_cnpg_cluster,
+    ("cert-manager.io/v1", "Certificate"): _check_certificate,
+    ("cert-manager.io/v1", "Issuer"): _check_issuer,
+}
+
+
+@pytest.mark.parametrize(
+    "resource",
+    [resource for _, resource in RENDERED if not _is_builtin(resource)],
+    ids=[name for name, resource in RENDERED if not _is_builtin(resource)],
+)
+def test_custom_resources_have_a_structural_check(resource: Resource) -> None:
+    check = CUSTOM_KINDS.get((resource["apiVersion"], resource["kind"]))
+    assert check is not None, (
+        f"{resource['apiVersion']} {resource['kind']}: no bundled schema and no check here"
+    )
+    assert isinstance(resource["metadata"]["name"], str)
+    check(resource)
+
+
+# --- layout ------------------------------------------------------------------------------------
+
+
+def test_every_manifest_is_reachable_from_the_dev_overlay() -> None:
+    reached: set[Path] = set()
+
+    def walk(directory: Path) -> None:
+        reached.add((directory / KUSTOMIZATION_FILE).resolve())
+        for path in _resource_paths(directory):
+            if path.is_dir():
+                walk(path)
+            else:
+                reached.add(path)
+
+    walk(DEV_OVERLAY)
+    files = {path.resolve() for path in _yaml_files()}
+    assert all(path.suffix == ".yaml" for path in files), "use .yaml"
+    assert files - reached == set(), "manifests no kustomization includes"
+
+
+def test_no_secret_values_are_committed_outside_the_example_overlay() -> None:
+    for path in _yaml_files():
+        if path.name == KUSTOMIZATION_FILE:
+            continue
+        kinds = {document.get("kind") for document in _documents(path)}
+        assert "Secret" not in kinds, f"{_relative(path)}: Secrets belong to an overlay"
+
+
+def test_everything_lives_in_the_namespace_with_the_restricted_pod_security_level() -> None:
+    namespace = _find("Namespace", NAMESPACE)
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    for resource in _dev():
+        if resource["kind"] not in CLUSTER_SCOPED_KINDS:
+            assert resource["metadata"]["namespace"] == NAMESPACE, _label(resource)
+
+
+# --- database roles: who holds which credential ----------------------------------------------
+
+
+def _db_secrets_referenced(workload: Resource) -> set[str]:
+    return _secret_references(_pod_spec(workload)) & set(DB_SECRET_OF_ROLE.values())
+
+
+def _all_text(resource: Resource) -> str:
+    return json.dumps(resource, sort_keys=True)
+
+
+def test_control_holds_only_the_runtime_role() -> None:
+    control = _find("Deployment", CONTROL)
+    assert _secret_references(_pod_spec(control)) == {
+        "qinglong-db-runtime",
+        "qinglong-control-tls",
+        POSTGRES_CA_SECRET,
+    }
+    env = _env(_only_container(control))
+    assert env["QINGLONG_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "qinglong-db-runtime",
+        "key": "url",
+    }
+    assert DB_URL_VARIABLES & set(env) == {"QINGLONG_DATABASE_URL"}
+
+
+def test_ingress_never_sees_the_runtime_or_migration_role() -> None:
+    ingress = _find("Deployment", INGRESS)
+    assert _secret_references(_pod_spec(ingress)) == {
+        "qinglong-db-ingress",
+        "qinglong-ingress-tls",
+        "qinglong-ingress-client-tls",
+        POSTGRES_CA_SECRET,
+    }
+    env = _env(_only_container(ingress))
+    assert env["QINGLONG_INGRESS_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "qinglong-db-ingress",
+        "key": "url",
+    }
+    assert DB_URL_VARIABLES & set(env) == {"QINGLONG_INGRESS_DATABASE_URL"}
+    text = _all_text(ingress)
+    for forbidden in ("qinglong-db-runtime", "qinglong-db-migration", "qinglong_runtime"):
+        assert forbidden not in text
+
+
+def test_the_migration_job_holds_only_the_migration_role() -> None:
+    job = _find("Job", MIGRATE)
+    assert _secret_references(_pod_spec(job)) == {"qinglong-db-migration", POSTGRES_CA_SECRET}
+    container = _only_container(job)
+    assert container["command"] == ["qinglong-control", "migrate"]
+    env = _env(container)
+    assert set(env) == {"QINGLONG_MIGRATION_DATABASE_URL"}
+    assert env["QINGLONG_MIGRATION_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "qinglong-db-migration",
+        "key": "url",
+    }
+
+
+def test_each_role_secret_is_held_by_exactly_one_workload() -> None:
+    holders: dict[str, list[str]] = {}
+    for workload in _workloads():
+        for secret in _db_secrets_referenced(workload):
+            holders.setdefault(secret, []).append(workload["metadata"]["name"])
+    assert holders == {
+        "qinglong-db-runtime": [CONTROL],
+        "qinglong-db-ingress": [INGRESS],
+        "qinglong-db-migration": [MIGRATE],
+    }
+
+
+def test_the_postgres_ca_volume_projects_only_the_certificate() -> None:
+    for workload in _workloads():
+        for volume in _pod_spec(workload).get("volumes", []):
+            secret = volume.get("secret", {})
+            if secret.get("secretName") == POSTGRES_CA_SECRET:
+                # The CloudNativePG CA Secret also holds the CA's private key.
+                assert secret["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+
+
+def test_role_secrets_are_placeholders_that_match_the_postgres_cluster() -> None:
+    cluster = _find("Cluster", POSTGRES_CLUSTER)
+    ca_paths = set()
+    for workload in _workloads():
+        for container in _containers(workload):
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] == "postgres-ca":
+                    ca_paths.add(f"{mount['mountPath']}/ca.crt")
+    (ca_path,) = ca_paths
+    for role, secret_name in DB_SECRET_OF_ROLE.items():
+        secret = _find("Secret", secret_name)
+        assert secret["type"] == "kubernetes.io/basic-auth"
+        data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        assert set(data) == {"username", "password", "url"}
+        assert data["username"] == role
+        assert PLACEHOLDER_MARK in data["password"], f"{secret_name}: not a marked placeholder"
+        url = urlsplit(data["url"])
+        assert url.scheme == "postgresql"
+        assert unquote(url.username or "") == role
+        assert unquote(url.password or "") == data["password"]
+        assert url.hostname == f"{POSTGRES_CLUSTER}-rw.{NAMESPACE}.svc"  # in the server cert
+        assert url.port == 5432
+        assert url.path == "/" + cluster["spec"]["bootstrap"]["initdb"]["database"]
+        query = parse_qs(url.query)
+        assert query["sslmode"] == ["verify-full"]
+        assert query["sslrootcert"] == [ca_path]
+
+
+def test_the_postgres_cluster_manages_one_role_per_secret() -> None:
+    cluster = _find("Cluster", POSTGRES_CLUSTER)
+    spec = cluster["spec"]
+    assert spec["instances"] == 3
+    assert re.search(r":18(\.\d+)?(-|$)", spec["imageName"]), "PostgreSQL 18"
+    assert spec["enableSuperuserAccess"] is False
+    initdb = spec["bootstrap"]["initdb"]
+    assert initdb["database"] == "qinglong"
+    assert initdb["owner"] == "qinglong_migration"
+    assert initdb["secret"]["name"] == DB_SECRET_OF_ROLE["qinglong_migration"]
+    roles = {role["name"]: role for role in spec["managed"]["roles"]}
+    assert set(roles) == set(DB_SECRET_OF_ROLE)
+    for name, role in roles.items():
+        assert role["passwordSecret"]["name"] == DB_SECRET_OF_ROLE[name]
+        assert role["login"] is True
+        for privilege in ("superuser", "createdb", "createrole", "replication", "bypassrls"):
+            assert role[privilege] is False, (name, privilege)
+
+
+# --- network policy ---------------------------------------------------------------------------
+
+
+def _policy_types(policy: Resource) -> list[str]:
+    spec = policy["spec"]
+    default = ["Ingress", "Egress"] if "egress" in spec else ["Ingress"]
+    types: list[str] = spec.get("policyTypes", default)
+    return types
+
+
+def _policies(labels: Mapping[str, str], direction: str) -> list[Resource]:
+    return [
+        policy
+        for policy in _of_kind("NetworkPolicy")
+        if _selects(policy["spec"]["podSelector"], labels) and direction in _policy_types(policy)
+    ]
+
+
+def _rules(labels: Mapping[str, str], direction: str) -> list[Resource]:
+    key = "ingress" if direction == "Ingress" else "egress"
+    return [
+        rule for policy in _policies(labels, direction) for rule in policy["spec"].get(key) or []
+    ]
+
+
+def _ports(rule: Resource) -> set[tuple[str, int]]:
+    return {(port.get("protocol", "TCP"), port["port"]) for port in rule.get("ports", [])}
+
+
+def _same_namespace_peer_admits(peer: Resource, labels: Mapping[str, str]) -> bool:
+    assert "ipBlock" not in peer, peer
+    if "namespaceSelector" in peer:
+        return False  # another namespace
+    return _selects(peer.get("podSelector"), labels)
+
+
+def _admitted(labels: Mapping[str, str], source: Mapping[str, str]) -> set[tuple[str, int]]:
+    """Ports on pods with `labels` that a pod with `source` labels, in the same namespace,
+    may connect to."""
+    ports: set[tuple[str, int]] = set()
+    for rule in _rules(labels, "Ingress"):
+        peers = rule.get("from")
+        if not peers or any(_same_namespace_peer_admits(peer, source) for peer in peers):
+            ports |= _ports(rule) or {("*", 0)}
+    return ports
+
+
+def test_the_namespace_denies_inbound_traffic_by_default() -> None:
+    policy = _find("NetworkPolicy", "default-deny-ingress")
+    assert policy["spec"]["podSelector"] == {}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert not policy["spec"].get("ingress")
+
+
+def test_only_ingress_pods_reach_control() -> None:
+    assert _policies(CONTROL_POD, "Ingress"), "no NetworkPolicy selects the control pods"
+    for rule in _rules(CONTROL_POD, "Ingress"):
+        assert rule.get("from"), "a rule without `from` admits every source"
+        for peer in rule["from"]:
+            assert set(peer) == {"podSelector"}, f"control admits {peer}"
+            assert _selects(peer["podSelector"], INGRESS_POD)
+    assert _admitted(CONTROL_POD, INGRESS_POD) == {("TCP", 7443)}
+    for source in (CONTROL_POD, MIGRATE_POD, POSTGRES_POD, *STRANGER_PODS):
+        assert _admitted(CONTROL_POD, source) == set(), f"{source} can reach control"
+
+
+def test_ingress_pods_are_reachable_on_their_port_from_anywhere() -> None:
+    open_rules = [rule for rule in _rules(INGRESS_POD, "Ingress") if not rule.get("from")]
+    assert open_rules, "ingress must be reachable from outside the namespace"
+    assert all(_ports(rule) == {("TCP", 8443)} for rule in _rules(INGRESS_POD, "Ingress"))
+
+
+def test_migration_pods_accept_nothing() -> None:
+    assert _policies(MIGRATE_POD, "Ingress")
+    assert _rules(MIGRATE_POD, "Ingress") == []
+
+
+def test_postgres_accepts_only_role_holders_and_its_own_machinery() -> None:
+    for source in (CONTROL_POD, INGRESS_POD, MIGRATE_POD):
+        assert _admitted(POSTGRES_POD, source) == {("TCP", 5432)}, source
+    for source in STRANGER_PODS:
+        assert _admitted(POSTGRES_POD, source) == set(), f"{source} can reach PostgreSQL"
+    assert _admitted(POSTGRES_POD, POSTGRES_POD) == {("TCP", 5432), ("TCP", 8000)}
+
+
+def _destination(rule: Resource) -> str:
+    peers = rule.get("to")
+    assert peers, f"egress rule {rule} allows every destination"
+    (peer,) = peers
+    assert "ipBlock" not in peer, peer
+    namespaces = peer.get("namespaceSelector")
+    pods = peer.get("podSelector", {})
+    if namespaces == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}:
+        assert pods == {"matchLabels": {"k8s-app": "kube-dns"}}
+        assert _ports(rule) == {("UDP", 53), ("TCP", 53)}
+        return "dns"
+    assert namespaces is None, peer
+    if _selects(pods, POSTGRES_POD) and not _selects(pods, CONTROL_POD):
+        assert _ports(rule) == {("TCP", 5432)}
+        return "postgres"
+    if _selects(pods, CONTROL_POD) and not _selects(pods, INGRESS_POD):
+        assert _ports(rule) == {("TCP", 7443)}
+        return "control"
+    pytest.fail(f"unexpected egress destination {peer}")
+
+
+@pytest.mark.parametrize(
+    ("labels", "allowed"),
+    [
+        (CONTROL_POD, {"dns", "postgres"}),
+        (INGRESS_POD, {"dns", "postgres", "control"}),
+        (MIGRATE_POD, {"dns", "postgres"}),
+    ],
+    ids=["control", "ingress", "migrate"],
+)
+def test_egress_is_restricted(labels: dict[str, str], allowed: set[str]) -> None:
+    assert _policies(labels, "Egress"), f"egress of {labels} is not restricted"
+    assert {_destination(rule) for rule in _rules(labels, "Egress")} == allowed
+
+
+# --- workloads ----------------------------------------------------------------------------------
+
+
+def _check_security_context(pod_spec: Resource, container: Resource) -> None:
+    pod = pod_spec.get("securityContext", {})
+    own = container.get("securityContext", {})
+    assert own.get("runAsNonRoot", pod.get("runAsNonRoot")) is True
+    assert own.get("runAsUser", pod.get("runAsUser", 0)) != 0
+    assert own.get("readOnlyRootFilesystem") is True
+    assert own.get("allowPrivilegeEscalation") is False
+    assert own.get("privileged", False) is False
+    assert own.get("capabilities") == {"drop": ["ALL"]}
+    seccomp = own.get("seccompProfile", pod.get("seccompProfile"))
+    assert seccomp == {"type": "RuntimeDefault"}
+
+
+def _check_resources(container: Resource) -> None:
+    resources = container["resources"]
+    for bound in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(resources.get(bound, {})), (container["name"], bound)
+
+
+@pytest.mark.parametrize("name", [CONTROL, INGRESS, MIGRATE])
+def test_every_container_is_locked_down(name: str) -> None:
+    workload = _find("Job" if name == MIGRATE else "Deployment", name)
+    pod_spec = _pod_spec(workload)
+    assert pod_spec["automountServiceAccountToken"] is False
+    account = _find("ServiceAccount", pod_spec["serviceAccountName"])
+    assert account["automountServiceAccountToken"] is False
+    assert pod_spec.get("hostNetwork", False) is False
+    assert pod_spec.get("hostPID", False) is False
+    for container in _containers(workload):
+        _check_security_context(pod_spec, container)
+        _check_resources(container)
+        # Writable paths are only memory-backed scratch space.
+        volumes = {volume["name"]: volume for volume in pod_spec.get("volumes", [])}
+        for mount in container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            if "emptyDir" not in volume:
+                assert mount.get("readOnly") is True, mount
+
+
+def _check_probe(probe: Resource, container: Resource) -> None:
+    if "grpc" in probe:
+        port = probe["grpc"]["port"]
+        assert port in {p["containerPort"] for p in container["ports"]}
+        return
+    # Both servers require a client certificate, which the kubelet's gRPC probe cannot
+    # present: the probe is the service's own `probe` subcommand, run in the container.
+    command = probe["exec"]["command"]
+    assert command[:2] == [container["command"][0], "probe"], command
+    assert probe["timeoutSeconds"] >= 2
+
+
+@pytest.mark.parametrize("name", [CONTROL, INGRESS])
+def test_deployments_are_highly_available_and_probed(name: str) -> None:
+    deployment = _find("Deployment", name)
+    spec = deployment["spec"]
+    labels = _pod_labels(deployment)
+    assert spec["replicas"] == 3
+    assert _selects(spec["selector"], labels)
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod_spec = _pod_spec(deployment)
+    spread = {c["topologyKey"]: c for c in pod_spec["topologySpreadConstraints"]}
+    node = spread["kubernetes.io/hostname"]
+    assert node["whenUnsatisfiable"] == "DoNotSchedule"
+    assert node["maxSkew"] == 1
+    assert _selects(node["labelSelector"], labels)
+    for container in _containers(deployment):
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert kind in container, f"{name}/{container['name']}: no {kind}"
+            _check_probe(container[kind], container)
+    budgets = [
+        p for p in _of_kind("PodDisruptionBudget") if _selects(p["spec"]["selector"], labels)
+    ]
+    assert len(budgets) == 1, f"{name}: {len(budgets)} PodDisruptionBudgets"
+    budget = budgets[0]["spec"]
+    assert budget.get("maxUnavailable") == 1 or budget.get("minAvailable") == 2
+
+
+def test_one_image_runs_every_container() -> None:
+    images = {container["image"] for w in _workloads() for container in _containers(w)}
+    assert images == {"qinglong:dev"}
+
+
+def test_migration_job_runs_once_per_release_before_the_services() -> None:
+    job = _find("Job", MIGRATE)
+    spec = job["spec"]
+    assert 1 <= spec["backoffLimit"] <= 10
+    assert spec["ttlSecondsAfterFinished"] > 0
+    assert spec["activeDeadlineSeconds"] > 0
+    assert _pod_spec(job)["restartPolicy"] == "Never"
+    annotations = job["metadata"]["annotations"]
+    assert annotations["argocd.argoproj.io/hook"] == "Sync"
+    assert annotations["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation"
+
+    def wave(kind: str, name: str) -> int:
+        annotations = _find(kind, name)["metadata"].get("annotations", {})
+        return int(annotations.get("argocd.argoproj.io/sync-wave", "0"))
+
+    for secret in DB_SECRET_OF_ROLE.values():
+        assert wave("Secret", secret) < wave("Cluster", POSTGRES_CLUSTER)
+    assert (
+        wave("Cluster", POSTGRES_CLUSTER)
+        < wave("Job", MIGRATE)
+        < wave("Deployment", CONTROL)
+        < wave("Deployment", INGRESS)
+    )
+
+
+# --- wiring: services, addresses, TLS identities -------------------------------------------------
+
+
+def _listen_port(container: Resource, variable: str) -> int:
+    return int(_env_value(container, variable).rpartition(":")[2])
+
+
+def test_services_route_to_the_listening_ports() -> None:
+    control = _only_container(_find("Deployment", CONTROL))
+    ingress = _only_container(_find("Deployment", INGRESS))
+    for name, container, variable, kind in (
+        (CONTROL, control, "QINGLONG_CONTROL_LISTEN_ADDRESS", "ClusterIP"),
+        (INGRESS, ingress, "QINGLONG_INGRESS_LISTEN_ADDRESS", "LoadBalancer"),
+    ):
+        service = _find("Service", name)
+        assert service["spec"]["type"] == kind
+        assert _selects(
+            {"matchLabels": service["spec"]["selector"]}, _pod_labels(_find("Deployment", name))
+        )
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        (service_port,) = service["spec"]["ports"]
+        assert ports[service_port["targetPort"]] == _listen_port(container, variable)
+    address = _env_value(ingress, "QINGLONG_INGRESS_CONTROL_ADDRESS")
+    control_service = _find("Service", CONTROL)
+    assert address == (
+        f"{CONTROL}.{NAMESPACE}.svc.cluster.local:{control_service['spec']['ports'][0]['port']}"
+    )
+
+
+def _certificate_for_secret(secret_name: str) -> Resource:
+    (certificate,) = [c for c in _of_kind("Certificate") if c["spec"]["secretName"] == secret_name]
+    return certificate
+
+
+def _tls_secret(deployment: str, variable: str) -> tuple[str, str]:
+    workload = _find("Deployment", deployment)
+    container = _only_container(workload)
+    return _mounted_secret_file(_pod_spec(workload), container, _env_value(container, variable))
+
+
+@pytest.mark.parametrize(
+    ("deployment", "prefix"),
+    [
+        (CONTROL, "QINGLONG_CONTROL_TLS"),
+        (INGRESS, "QINGLONG_INGRESS_TLS"),
+        (INGRESS, "QINGLONG_INGRESS_CONTROL_TLS"),
+    ],
+)
+def test_tls_files_come_from_one_mounted_secret(deployment: str, prefix: str) -> None:
+    found = {
+        suffix: _tls_secret(deployment, f"{prefix}_{suffix}") for suffix in ("CA", "CERT", "KEY")
+    }
+    assert {secret for secret, _ in found.values()} == {found["CERT"][0]}
+    assert {suffix: key for suffix, (_, key) in found.items()} == {
+        "CA": "ca.crt",
+        "CERT": "tls.crt",
+        "KEY": "tls.key",
+    }
+
+
+def test_control_admits_exactly_the_ingress_client_identity() -> None:
+    control = _only_container(_find("Deployment", CONTROL))
+    allowed = set(_env_value(control, "QINGLONG_CONTROL_ALLOWED_CALLER_URIS").split(","))
+    client_secret, _ = _tls_secret(INGRESS, "QINGLONG_INGRESS_CONTROL_TLS_CERT")
+    client = _certificate_for_secret(client_secret)["spec"]
+    assert allowed == set(client["uris"]) == {f"spiffe://{TRUST_DOMAIN}/service/ingress"}
+    assert "client auth" in client["usages"]
+    server_secret, _ = _tls_secret(CONTROL, "QINGLONG_CONTROL_TLS_CERT")
+    server = _certificate_for_secret(server_secret)["spec"]
+    assert not allowed & set(server["uris"]), "control's own identity must not be a caller"
+
+
+@pytest.mark.parametrize(
+    ("deployment", "variable"),
+    [(CONTROL, "QINGLONG_CONTROL_TLS_CERT"), (INGRESS, "QINGLONG_INGRESS_TLS_CERT")],
+)
+def test_server_certificates_fit_their_names_and_the_probe(deployment: str, variable: str) -> None:
+    secret, _ = _tls_secret(deployment, variable)
+    spec = _certificate_for_secret(secret)["spec"]
+    assert {"server auth", "client auth"} <= set(spec["usages"])
+    assert "localhost" in spec["dnsNames"]  # the probe dials 127.0.0.1 as "localhost"
+    assert spec["privateKey"]["algorithm"] == "RSA"  # see qinglong_cli.pki
+    assert spec["uris"] == [
+        f"spiffe://{TRUST_DOMAIN}/service/{deployment.removeprefix('qinglong-')}"
+    ]
+    if deployment == CONTROL:
+        ingress = _only_container(_find("Deployment", INGRESS))
+        host = _env_value(ingress, "QINGLONG_INGRESS_CONTROL_ADDRESS").rpartition(":")[0]
+        assert host in spec["dnsNames"]
+
+
+# --- the image ------------------------------------------------------------------------------------
+
+
+def _dockerfile_lines() -> list[str]:
+    text = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+    lines = (line.strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _commands_used() -> set[str]:
+    commands = set()
+    for workload in _workloads():
+        for container in _containers(workload):
+            commands.add(container["command"][0])
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if "exec" in container.get(kind, {}):
+                    commands.add(container[kind]["exec"]["command"][0])
+    return commands
+
+
+def test_the_dockerfile_builds_the_locked_workspace_as_a_non_root_user() -> None:
+    lines = _dockerfile_lines()
+    stages = [line for line in lines if line.upper().startswith("FROM ")]
+    assert len(stages) >= 2, "multi-stage build"
+    syncs = [line for line in lines if "uv sync" in line]
+    assert syncs
+    assert all("--locked" in line and "--no-dev" in line for line in syncs)
+    final = lines[lines.index(stages[-1]) :]
+    users = [line.split()[1] for line in final if line.upper().startswith("USER ")]
+    assert users, "the final stage sets USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit(), "a numeric USER (runAsNonRoot can only check a number)"
+    assert int(uid) != 0, "a non-root USER"
+    for workload in _workloads():
+        user = _pod_spec(workload)["securityContext"]["runAsUser"]
+        assert user == int(uid), _label(workload)
+    packages = set(re.findall(r"--package[ =]([A-Za-z0-9_.-]+)", " ".join(lines)))
+    package_arg = re.search(r'ARG PACKAGES="([^"]+)"', " ".join(lines))
+    if package_arg:
+        packages |= set(package_arg[1].split())
+    scripts = {
+        entry.name: entry.dist.name if entry.dist else ""
+        for entry in metadata.entry_points(group="console_scripts")
+    }
+    for command in _commands_used():
+        assert scripts.get(command) in packages, f"{command} is not installed in the image"
