@@ -231,3 +231,12 @@ def test_migrate_command_is_idempotent(database: MigratedDatabase) -> None:
         check=True,
     )
     assert json.loads(completed.stdout) == {"event": "migrated", "applied": []}
+
+
+def test_contract_suite_runs_on_every_supported_version(database: MigratedDatabase) -> None:
+    """SPEC §7.8: this suite is parametrized over PostgreSQL 16 and 18, and really is."""
+    with psycopg.connect(database.urls.runtime) as conn:
+        version = conn.execute("SHOW server_version_num").fetchone()
+    assert version is not None
+    assert int(version[0]) // 10_000 == database.version
+    assert database.version in (16, 18)

