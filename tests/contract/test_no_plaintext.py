@@ -14,7 +14,6 @@ import base64
 import hashlib
 import json
 import secrets
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from qinglong_control.domain.start_facts import RunningReport
 from qinglong_protocol.bounds import encode_lease_capability
 
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import PROJECT, ClaimedWork, World, enroll
+from tests.support.world import PROJECT, ClaimedWork, World
 
 CALLBACK_DIGEST = hashlib.sha256(b"callback token of the flow").hexdigest()
 REPORT = RunningReport("pid:4242;start:1700000000", "log-1", 7, parse_digest(CALLBACK_DIGEST))
@@ -68,16 +67,6 @@ class Secret:
 
 def new_secret() -> Secret:
     return Secret(encode_lease_capability(secrets.token_bytes(32)))
-
-
-@pytest.fixture
-async def world(database: MigratedDatabase) -> AsyncIterator[World]:
-    enroll(database, "worker-a", "worker-b")
-    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
-    try:
-        yield World(conn)
-    finally:
-        await conn.close()
 
 
 class Flow:

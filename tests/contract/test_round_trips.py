@@ -12,7 +12,7 @@ import itertools
 import re
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,8 +33,7 @@ from qinglong_control.domain.refusals import Refused
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_protocol.bounds import encode_lease_capability
 
-from tests.support.postgres import MigratedDatabase
-from tests.support.world import PROJECT, World, enroll
+from tests.support.world import PROJECT, World
 
 MAX_ROUND_TRIPS = 2
 REPORT = RunningReport("pid:4242;start:1700000000", "log-1", 7, parse_digest("ab" * 32))
@@ -111,16 +110,6 @@ def traced(conn: psycopg.AsyncConnection[Any], path: Path) -> Iterator[Trace]:
             conn.pgconn.untrace()  # flushes libpq's stream before the file is read
     trace.text = path.read_text(errors="replace")
     trace.parse()
-
-
-@pytest.fixture
-async def world(database: MigratedDatabase) -> AsyncIterator[World]:
-    enroll(database, "worker-a")
-    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
-    try:
-        yield World(conn)
-    finally:
-        await conn.close()
 
 
 # --- The counter, on known cases ----------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import psycopg
@@ -19,16 +18,6 @@ from qinglong_protocol.bounds import encode_lease_capability
 
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, World, enroll
-
-
-@pytest.fixture
-async def world(database: MigratedDatabase) -> AsyncIterator[World]:
-    enroll(database, "worker-a", "worker-b")
-    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
-    try:
-        yield World(conn)
-    finally:
-        await conn.close()
 
 
 def new_digest() -> object:

@@ -33,7 +33,7 @@ from qinglong_control.domain.capability import parse_digest
 from qinglong_control.domain.start_facts import RunningOutcome, RunningReport, StartingOutcome
 
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import ClaimedWork, World, enroll
+from tests.support.world import ClaimedWork, World
 
 REPORT = RunningReport("pid:4242;start:1700000000", "log-1", 7, parse_digest("ab" * 32))
 
@@ -86,16 +86,6 @@ FINAL_ATTEMPT_STATE = {
     "start_failure_cancelled": "cancelled",
     "start_failure_timed_out": "timed_out",
 }
-
-
-@pytest.fixture
-async def world(database: MigratedDatabase) -> AsyncIterator[World]:
-    enroll(database, "worker-a")
-    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
-    try:
-        yield World(conn)
-    finally:
-        await conn.close()
 
 
 @pytest.fixture

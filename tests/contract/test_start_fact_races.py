@@ -52,16 +52,6 @@ PULL_ROUNDS = 3
 
 
 @pytest.fixture
-async def world(database: MigratedDatabase) -> AsyncIterator[World]:
-    enroll(database, "worker-a")
-    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
-    try:
-        yield World(conn)
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
 async def connect(database: MigratedDatabase) -> AsyncIterator[Any]:
     """Opens extra runtime-role connections and closes them after the test."""
     opened: list[Conn] = []

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-import psycopg
 import pytest
 from qinglong_control.db.start_facts import (
     acknowledge_running,
@@ -17,24 +15,13 @@ from qinglong_control.domain.capability import parse_digest
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.start_facts import RunningOutcome, RunningReport, StartingOutcome
 
-from tests.support.postgres import MigratedDatabase
-from tests.support.world import World, enroll
+from tests.support.world import World
 
 CALLBACK_DIGEST = parse_digest("ab" * 32)
 
 
 def report(handle: str = "pid:4242;start:1700000000") -> RunningReport:
     return RunningReport(handle, "log-1", 7, CALLBACK_DIGEST)
-
-
-@pytest.fixture
-async def world(database: MigratedDatabase) -> AsyncIterator[World]:
-    enroll(database, "worker-a", "worker-b")
-    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
-    try:
-        yield World(conn)
-    finally:
-        await conn.close()
 
 
 async def rows(world: World, work: Any) -> dict[str, Any]:

@@ -1,20 +1,17 @@
 """`qinglong-control`: run the control (runtime) service until SIGTERM or SIGINT.
 
-Stdout carries exactly one JSON line once the port is bound, for supervisors
-(`qinglong up`, tests) to read; logs go to stderr.
+Process conventions (listening line, logging, signals): qinglong_protocol.serving.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import signal
 import sys
 from collections.abc import Sequence
 
 from qinglong_protocol.probe import run_probe
+from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.domain.timings import Timings
@@ -42,35 +39,12 @@ async def serve(settings: ControlSettings) -> None:
         servicer = RuntimeServicer(pool, Timings())  # type: ignore[abstract]
         server, port = await create_server(settings, runtime_servicer=servicer)
         await server.start()
-        _announce_listening(port, settings.listen_address)
-        await _wait_for_stop_signal()
+        announce_listening(SERVICE, port, settings.listen_address)
+        await wait_for_stop_signal()
         _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
         await server.stop(settings.shutdown_grace_seconds)
     finally:
         await pool.close()
-
-
-def _announce_listening(port: int, listen_address: str) -> None:
-    line = {
-        "event": "listening",
-        "service": SERVICE,
-        "port": port,
-        "address": listen_address,
-        "pid": os.getpid(),
-    }
-    print(json.dumps(line), flush=True)
-
-
-async def _wait_for_stop_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signal_number in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signal_number, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for signal_number in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signal_number)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -88,11 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         )
     settings = parse_control_settings(arguments)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging()
     asyncio.run(serve(settings))
 
 

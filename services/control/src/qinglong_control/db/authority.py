@@ -24,8 +24,8 @@ from qinglong_control.domain.fence import (
     Fence,
     LeaseRow,
     RunRow,
-    SessionRow,
 )
+from qinglong_control.domain.sessions import SessionRow
 from qinglong_control.domain.states import AttemptState, RunState
 
 _ADVISORY_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.attempt:' || %s, 0))"

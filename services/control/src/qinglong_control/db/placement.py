@@ -19,9 +19,8 @@ from qinglong_control.domain.claim import (
     OfferRow,
     decide_claim,
 )
-from qinglong_control.domain.fence import SessionRow
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.domain.sessions import SessionClaim, check_session
+from qinglong_control.domain.sessions import SessionClaim, SessionRow, check_session
 from qinglong_control.domain.states import RunState
 from qinglong_control.domain.timings import Timings
 

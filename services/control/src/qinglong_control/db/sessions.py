@@ -10,9 +10,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.command_tx import CommandTx, command_transaction
-from qinglong_control.domain.fence import SessionRow
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.domain.sessions import SessionClaim, check_session
+from qinglong_control.domain.sessions import SessionClaim, SessionRow, check_session
 from qinglong_control.domain.timings import Timings
 
 # Serialises every open of one Worker; the runtime role cannot lock identity rows.

@@ -6,8 +6,8 @@ import uuid
 from dataclasses import dataclass
 
 from qinglong_control.domain.capability import TokenDigest
-from qinglong_control.domain.fence import SessionRow
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.sessions import SessionRow
 from qinglong_control.domain.states import RunState
 
 

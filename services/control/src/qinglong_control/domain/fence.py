@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from qinglong_control.domain.capability import TokenDigest
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.sessions import SessionClaim, SessionRow, check_session
 from qinglong_control.domain.states import AttemptState, RunState
 
 REMOTE_WORKER = "remote_worker"
-LIVE_SESSION_STATES = frozenset({"online", "draining"})
 
 
 @dataclass(frozen=True)
@@ -31,15 +31,6 @@ class Fence:
     lease_generation: int
     token_digest: TokenDigest
     expected_lease_version: int
-
-
-@dataclass(frozen=True)
-class SessionRow:
-    session_id: uuid.UUID
-    worker_id: str
-    generation: int
-    status: str
-    expires_at_ms: int
 
 
 @dataclass(frozen=True)
@@ -132,12 +123,11 @@ def check_identity(fence: Fence, authority: Authority) -> Present:
     )
     if session is None:
         raise Refused(Reason.SESSION_FENCED, "session is not the worker's present session")
-    if (session.worker_id, session.generation) != (fence.worker_id, fence.worker_generation):
-        raise Refused(Reason.SESSION_FENCED, "session belongs to another worker or generation")
-    if session.status not in LIVE_SESSION_STATES:
-        raise Refused(Reason.SESSION_FENCED, "session is no longer live")
-    if session.expires_at_ms <= authority.now_ms:
-        raise Refused(Reason.SESSION_EXPIRED, "session expired")
+    check_session(
+        SessionClaim(fence.worker_id, fence.session_id, fence.worker_generation),
+        session,
+        authority.now_ms,
+    )
     if run is None or attempt is None or lease is None:
         raise Refused(Reason.FENCE_MISMATCH, "run, attempt or lease does not exist")
     if run.project_id != fence.project_id or attempt.run_id != run.run_id:

@@ -5,8 +5,18 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from qinglong_control.domain.fence import LIVE_SESSION_STATES, SessionRow
 from qinglong_control.domain.refusals import Reason, Refused
+
+LIVE_SESSION_STATES = frozenset({"online", "draining"})
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    session_id: uuid.UUID
+    worker_id: str
+    generation: int
+    status: str
+    expires_at_ms: int
 
 
 @dataclass(frozen=True)
