@@ -52,7 +52,7 @@ def test_ingress_contains_no_runtime_repository() -> None:
     assert "qinglong-control" not in _requirement_names("qinglong-ingress")
     # And at run time: starting ingress's entry point loads nothing of control.
     probe = (
-        "import sys, qinglong_ingress.main;"
+        "import sys, qinglong_ingress.service;"
         " print(any(m.startswith('qinglong_control') for m in sys.modules))"
     )
     loaded = subprocess.run(
@@ -65,3 +65,12 @@ def test_domain_code_imports_neither_grpc_nor_psycopg() -> None:
     imported = _imported_modules(ROOT / "services/control/src/qinglong_control/domain")
     assert not any(name.split(".")[0] in {"grpc", "psycopg", "psycopg_pool"} for name in imported)
     assert not any(name.startswith("qinglong.") for name in imported)
+
+
+def test_ingress_entry_point_restricts_tls_before_grpc_loads() -> None:
+    """grpc reads GRPC_SSL_CIPHER_SUITES once, at import: main must not import it first."""
+    probe = "import sys, qinglong_ingress.main; print('grpc' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "False"

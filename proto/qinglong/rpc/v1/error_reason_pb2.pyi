@@ -96,6 +96,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """An unexpected fault; the message is generic and never carries internals. gRPC code: INTERNAL."""
     ERROR_REASON_CALLBACK_SEQUENCE_FENCED: _ErrorReason.ValueType  # 36
     """A completion used a callback sequence that is not the attempt's current one (e.g. closed by start failure). gRPC code: ABORTED."""
+    ERROR_REASON_RUNTIME_UNAVAILABLE: _ErrorReason.ValueType  # 37
+    """Ingress could not reach the runtime (control) service; the call was audited but not executed. gRPC code: UNAVAILABLE."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the one low-cardinality vocabulary of failure reasons used by
@@ -189,4 +191,6 @@ ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 35
 """An unexpected fault; the message is generic and never carries internals. gRPC code: INTERNAL."""
 ERROR_REASON_CALLBACK_SEQUENCE_FENCED: ErrorReason.ValueType  # 36
 """A completion used a callback sequence that is not the attempt's current one (e.g. closed by start failure). gRPC code: ABORTED."""
+ERROR_REASON_RUNTIME_UNAVAILABLE: ErrorReason.ValueType  # 37
+"""Ingress could not reach the runtime (control) service; the call was audited but not executed. gRPC code: UNAVAILABLE."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -37,6 +37,7 @@ _OPEN_TO_ANY_CLIENT = frozenset({HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME})
 async def create_server(
     settings: ControlSettings,
     runtime_servicer: runtime_service_pb2_grpc.RuntimeServiceServicer | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int]:
     """Assemble the server and bind `settings.listen_address`; return it (not started) and
     the bound port.
@@ -45,7 +46,10 @@ async def create_server(
     RPC with UNIMPLEMENTED.
     """
     server = grpc.aio.server(
-        interceptors=[AllowedCallerInterceptor(settings.allowed_caller_uris, _OPEN_TO_ANY_CLIENT)]
+        interceptors=[
+            AllowedCallerInterceptor(settings.allowed_caller_uris, _OPEN_TO_ANY_CLIENT),
+            *interceptors,
+        ]
     )
     if runtime_servicer is None:
         # Abstract only in the type stubs; at run time every method answers UNIMPLEMENTED.

@@ -8,21 +8,20 @@ qinglong_control: ingress reaches the runtime only over gRPC (SPEC R-ROLE-2).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from qinglong.control.v1 import (
     run_service_pb2,
-    run_service_pb2_grpc,
     task_service_pb2,
-    task_service_pb2_grpc,
 )
-from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong.worker.v1 import worker_service_pb2
 from qinglong_protocol.tls import mutual_tls_channel_credentials, mutual_tls_server_credentials
 
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
+from qinglong_ingress.validation import MAX_RECEIVE_MESSAGE_BYTES
 
 WORKER_SERVICE_NAME: str = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 TASK_SERVICE_NAME: str = task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name
@@ -30,36 +29,20 @@ RUN_SERVICE_NAME: str = run_service_pb2.DESCRIPTOR.services_by_name["RunService"
 PUBLIC_SERVICE_NAMES = (WORKER_SERVICE_NAME, TASK_SERVICE_NAME, RUN_SERVICE_NAME)
 
 
-@dataclass(frozen=True)
-class PublicServicers:
-    """The servicers behind the public API. Each defaults to the generated base servicer,
-    which answers UNIMPLEMENTED."""
-
-    worker: worker_service_pb2_grpc.WorkerServiceServicer
-    task: task_service_pb2_grpc.TaskServiceServicer
-    run: run_service_pb2_grpc.RunServiceServicer
-
-    @classmethod
-    def unimplemented(cls) -> PublicServicers:
-        # The generated bases are abstract only in the type stubs; at run time every
-        # method answers UNIMPLEMENTED.
-        return cls(
-            worker=worker_service_pb2_grpc.WorkerServiceServicer(),  # type: ignore[abstract]
-            task=task_service_pb2_grpc.TaskServiceServicer(),  # type: ignore[abstract]
-            run=run_service_pb2_grpc.RunServiceServicer(),  # type: ignore[abstract]
-        )
-
-
 async def create_server(
-    settings: IngressSettings, servicers: PublicServicers | None = None
+    settings: IngressSettings, handlers: Sequence[grpc.GenericRpcHandler] = ()
 ) -> tuple[grpc.aio.Server, int]:
     """Assemble the server and bind `settings.listen_address`; return it (not started) and
-    the bound port."""
-    servicers = servicers or PublicServicers.unimplemented()
-    server = grpc.aio.server()
-    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicers.worker, server)
-    task_service_pb2_grpc.add_TaskServiceServicer_to_server(servicers.task, server)
-    run_service_pb2_grpc.add_RunServiceServicer_to_server(servicers.run, server)
+    the bound port.
+
+    `handlers` serve the public API (see handlers.public_handlers); without them every
+    public method answers UNIMPLEMENTED. Messages larger than the largest per-method
+    byte cap are refused by the transport before any handler runs.
+    """
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)]
+    )
+    server.add_generic_rpc_handlers(tuple(handlers))
 
     health_servicer = health.aio.HealthServicer()
     for service_name in ("", *PUBLIC_SERVICE_NAMES):

@@ -29,6 +29,8 @@ ENV_CONTROL_TLS_CERT = "QINGLONG_INGRESS_CONTROL_TLS_CERT"
 ENV_CONTROL_TLS_KEY = "QINGLONG_INGRESS_CONTROL_TLS_KEY"
 ENV_DATABASE_URL = "QINGLONG_INGRESS_DATABASE_URL"  # the worker-ingress role
 ENV_SHUTDOWN_GRACE_SECONDS = "QINGLONG_INGRESS_SHUTDOWN_GRACE_SECONDS"
+ENV_TRUST_DOMAIN = "QINGLONG_INGRESS_TRUST_DOMAIN"
+DEFAULT_TRUST_DOMAIN = "qinglong.local"
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,11 @@ class IngressSettings:
     listen_address: str
     tls: TlsFiles
     control: ControlChannelSettings
-    # libpq URL of the worker-ingress role; optional until audit and credential lookups land.
+    # libpq URL of the worker-ingress role (audit rows, credential lookups).
     database_url: str | None = field(default=None, repr=False)
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    # Certificates name workers and operators as spiffe://<trust domain>/worker/<id> etc.
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
 
 
 def parse_ingress_settings(
@@ -109,6 +113,11 @@ def parse_ingress_settings(
         default=env.get(ENV_SHUTDOWN_GRACE_SECONDS, str(DEFAULT_SHUTDOWN_GRACE_SECONDS)),
         help=f"time in-flight calls get to finish on SIGTERM [{ENV_SHUTDOWN_GRACE_SECONDS}]",
     )
+    parser.add_argument(
+        "--trust-domain",
+        default=env.get(ENV_TRUST_DOMAIN, DEFAULT_TRUST_DOMAIN),
+        help=f"SPIFFE trust domain of worker and operator identities [{ENV_TRUST_DOMAIN}]",
+    )
     args = parser.parse_args(argv)
 
     required = (
@@ -137,4 +146,5 @@ def parse_ingress_settings(
         ),
         database_url=args.database_url or None,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
+        trust_domain=args.trust_domain,
     )

@@ -1,0 +1,125 @@
+"""What ingress may read and write with the worker-ingress role, and nothing more.
+
+Reads: identities, credentials, role bindings, and which worker a session belongs to.
+Write: one security-audit row per call. This module cannot change a Run: the role it
+connects as has no privilege to (SPEC R-ROLE-1, proven in tests/contract/test_roles.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import kwargs_row
+from psycopg_pool import AsyncConnectionPool
+
+_WORKER_BY_URI = """
+SELECT worker_id FROM qinglong.worker_identities
+ WHERE certificate_uri = %s AND status = 'active'
+"""
+
+_OPERATOR_BY_URI = """
+SELECT p.principal_id, p.kind, p.name
+  FROM qinglong.operator_credentials c JOIN qinglong.principals p USING (principal_id)
+ WHERE c.certificate_uri = %s AND c.status = 'active' AND p.status = 'active'
+   AND p.kind IN ('user', 'agent')
+   AND (c.expires_at_ms IS NULL OR c.expires_at_ms > qinglong.db_now_ms())
+"""
+
+_OPERATOR_BY_CREDENTIAL_DIGEST = """
+SELECT p.principal_id, p.kind, p.name
+  FROM qinglong.operator_credentials c JOIN qinglong.principals p USING (principal_id)
+ WHERE c.token_digest = %s AND c.status = 'active' AND p.status = 'active'
+   AND p.kind IN ('user', 'agent')
+   AND (c.expires_at_ms IS NULL OR c.expires_at_ms > qinglong.db_now_ms())
+"""
+
+_SESSION_OWNER = "SELECT worker_id FROM qinglong.worker_sessions WHERE session_id = %s"
+
+_ROLE_BINDING = """
+SELECT pr.version AS project_version, rb.role, rb.version AS binding_version
+  FROM qinglong.projects pr
+  JOIN qinglong.role_bindings rb ON rb.project_id = pr.project_id
+ WHERE pr.project_id = %s AND rb.principal_id = %s
+   AND pr.status = 'active' AND rb.status = 'active'
+"""
+
+_WRITE_AUDIT = """
+INSERT INTO qinglong.security_audit
+       (audit_id, principal_kind, principal_id, operation, outcome, reason, project_id,
+        run_id, worker_id, session_id, request_id, peer)
+VALUES (%(audit_id)s, %(principal_kind)s, %(principal_id)s, %(operation)s, %(outcome)s,
+        %(reason)s, %(project_id)s, %(run_id)s, %(worker_id)s, %(session_id)s,
+        %(request_id)s, %(peer)s)
+"""
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    principal_id: uuid.UUID
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class RoleBinding:
+    project_version: int
+    role: str
+    binding_version: int
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    principal_kind: str
+    principal_id: str | None
+    operation: str
+    outcome: str
+    reason: str | None
+    project_id: str | None = None
+    run_id: uuid.UUID | None = None
+    worker_id: str | None = None
+    session_id: uuid.UUID | None = None
+    request_id: str | None = None
+    peer: str | None = None
+
+
+class Directory:
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
+        self._pool = pool
+
+    async def worker_by_certificate(self, uri: str) -> str | None:
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(_WORKER_BY_URI, (uri,))).fetchone()
+        return None if row is None else str(row[0])
+
+    async def operator_by_certificate(self, uri: str) -> OperatorRow | None:
+        return await self._operator(_OPERATOR_BY_URI, uri)
+
+    async def operator_by_token_digest(self, digest: str) -> OperatorRow | None:
+        return await self._operator(_OPERATOR_BY_CREDENTIAL_DIGEST, digest)
+
+    async def session_owner(self, session_id: uuid.UUID) -> str | None:
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(_SESSION_OWNER, (session_id,))).fetchone()
+        return None if row is None else str(row[0])
+
+    async def role_binding(self, project_id: str, principal_id: uuid.UUID) -> RoleBinding | None:
+        async with self._pool.connection() as conn:
+            cursor = conn.cursor(row_factory=kwargs_row(RoleBinding))
+            await cursor.execute(_ROLE_BINDING, (project_id, principal_id))
+            return await cursor.fetchone()
+
+    async def write_audit(self, record: AuditRecord) -> uuid.UUID:
+        """Commit one audit row (autocommit: durable when this returns)."""
+        audit_id = uuid.uuid4()
+        async with self._pool.connection() as conn:
+            await conn.execute(_WRITE_AUDIT, {"audit_id": audit_id, **record.__dict__})
+        return audit_id
+
+    async def _operator(self, query: Any, key: str) -> OperatorRow | None:
+        async with self._pool.connection() as conn:
+            cursor = conn.cursor(row_factory=kwargs_row(OperatorRow))
+            await cursor.execute(query, (key,))
+            return await cursor.fetchone()

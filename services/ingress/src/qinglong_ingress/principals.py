@@ -1,0 +1,55 @@
+"""Who is calling: principals resolved from a verified certificate or a bearer token."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+_BEARER = re.compile(r"\ABearer (qlo1_[A-Za-z0-9_-]{43})\Z")
+
+
+class PrincipalKind(StrEnum):
+    WORKER = "worker"
+    USER = "user"
+    AGENT = "agent"
+
+
+class CredentialKind(StrEnum):
+    CERTIFICATE = "certificate"
+    BEARER_TOKEN = "bearer_token"  # noqa: S105 - a kind name, not a secret
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: PrincipalKind
+    id: str
+    """A worker's worker_id, or an operator principal's UUID."""
+    name: str
+    credential: CredentialKind
+    subject: str
+    """The certificate's SAN URI, or `bearer` for a token (never the token)."""
+
+    @property
+    def worker_id(self) -> str | None:
+        return self.id if self.kind is PrincipalKind.WORKER else None
+
+
+def worker_uri_prefix(trust_domain: str) -> str:
+    return f"spiffe://{trust_domain}/worker/"
+
+
+def operator_uri_prefix(trust_domain: str) -> str:
+    return f"spiffe://{trust_domain}/operator/"
+
+
+def bearer_token_digest(authorization: str) -> str | None:
+    """SHA-256 (hex) of a well-formed `Bearer qlo1_…` value; None for anything else.
+
+    The token itself goes no further than this function.
+    """
+    match = _BEARER.match(authorization)
+    if match is None:
+        return None
+    return hashlib.sha256(match[1].encode("ascii")).hexdigest()

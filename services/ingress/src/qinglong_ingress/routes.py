@@ -1,0 +1,95 @@
+"""Every public method ingress serves, derived from the contracts, with its policy.
+
+Worker methods are authorised by binding the certificate's worker to the request;
+operator methods by project policy (admission.py). A method missing from `_OPERATOR`
+policy or from the runtime API makes this module fail at import, so a new RPC cannot
+be served without a decision about who may call it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
+from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.runtime.v1 import runtime_service_pb2
+from qinglong.worker.v1 import worker_service_pb2
+
+from qinglong_ingress.admission import Permission
+
+Audience = Literal["worker", "operator"]
+
+_OPERATOR: dict[str, Permission] = {
+    "CreateTask": Permission.TASK_WRITE,
+    "GetTask": Permission.READ,
+    "CreateTaskRevision": Permission.TASK_WRITE,
+    "GetTaskRevision": Permission.READ,
+    "TriggerRun": Permission.RUN_TRIGGER,
+    "GetRun": Permission.READ,
+    "ListRuns": Permission.READ,
+    "ListRunEvents": Permission.READ,
+    "WatchRunEvents": Permission.READ,
+    "CancelRun": Permission.RUN_STOP,
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    service: str
+    name: str
+    request_type: type[Message]
+    response_type: type[Message]
+    runtime_request_type: type[Message]
+    runtime_response_type: type[Message]
+    audience: Audience
+    permission: Permission | None
+    server_streaming: bool
+
+    @property
+    def full_method(self) -> str:
+        return f"/{self.service}/{self.name}"
+
+    @property
+    def runtime_method(self) -> str:
+        return f"/qinglong.runtime.v1.RuntimeService/{self.name}"
+
+    @property
+    def operation(self) -> str:
+        """The audit's operation name: `WorkerService/ClaimOffer`."""
+        return f"{self.service.rsplit('.', 1)[-1]}/{self.name}"
+
+
+def _routes() -> tuple[Route, ...]:
+    runtime = runtime_service_pb2.DESCRIPTOR.services_by_name["RuntimeService"]
+    found = []
+    for module, service_name, audience in (
+        (worker_service_pb2, "WorkerService", "worker"),
+        (task_service_pb2, "TaskService", "operator"),
+        (run_service_pb2, "RunService", "operator"),
+    ):
+        service = module.DESCRIPTOR.services_by_name[service_name]
+        for method in service.methods:
+            permission = _OPERATOR[method.name] if audience == "operator" else None
+            found.append(
+                Route(
+                    service=service.full_name,
+                    name=method.name,
+                    request_type=GetMessageClass(method.input_type),
+                    response_type=GetMessageClass(method.output_type),
+                    runtime_request_type=GetMessageClass(
+                        runtime.methods_by_name[method.name].input_type
+                    ),
+                    runtime_response_type=GetMessageClass(
+                        runtime.methods_by_name[method.name].output_type
+                    ),
+                    audience=audience,  # type: ignore[arg-type]
+                    permission=permission,
+                    server_streaming=method.server_streaming,
+                )
+            )
+    return tuple(found)
+
+
+ROUTES: tuple[Route, ...] = _routes()

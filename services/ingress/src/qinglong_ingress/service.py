@@ -1,0 +1,62 @@
+"""The ingress process once grpc may be imported: serve, or probe.
+
+Process conventions (listening line, logging, signals): qinglong_protocol.serving.
+Entered only through `qinglong_ingress.main`, which restricts TLS first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from qinglong_protocol.probe import run_probe
+from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
+
+from qinglong_ingress.directory import Directory
+from qinglong_ingress.gateway import Gateway
+from qinglong_ingress.handlers import public_handlers
+from qinglong_ingress.pool import open_ingress_pool
+from qinglong_ingress.server import create_server, open_control_channel
+from qinglong_ingress.settings import (
+    DEFAULT_LISTEN_ADDRESS,
+    IngressSettings,
+    parse_ingress_settings,
+)
+
+SERVICE = "ingress"
+
+_log = logging.getLogger(__name__)
+
+
+async def serve(settings: IngressSettings) -> None:
+    if settings.database_url is None:
+        raise SystemExit("qinglong-ingress needs the worker-ingress role's --database-url")
+    pool = await open_ingress_pool(settings.database_url)
+    try:
+        async with open_control_channel(settings.control) as control_channel:
+            gateway = Gateway(Directory(pool), control_channel, settings.trust_domain)
+            server, port = await create_server(settings, public_handlers(gateway))
+            await server.start()
+            announce_listening(SERVICE, port, settings.listen_address)
+            await wait_for_stop_signal()
+            _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
+            await server.stop(settings.shutdown_grace_seconds)
+    finally:
+        await pool.close()
+
+
+def run(arguments: Sequence[str]) -> None:
+    if arguments[:1] == ["probe"]:
+        sys.exit(
+            run_probe(
+                arguments[1:],
+                program="qinglong-ingress",
+                env_prefix="QINGLONG_INGRESS_",
+                default_listen_address=DEFAULT_LISTEN_ADDRESS,
+            )
+        )
+    settings = parse_ingress_settings(arguments)
+    configure_logging()
+    asyncio.run(serve(settings))

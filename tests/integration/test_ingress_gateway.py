@@ -1,0 +1,378 @@
+"""Ingress end to end (issue 4): identity, bounds, admission, audit, forwarding.
+
+Real parts only: control and ingress gRPC servers with mutual TLS on loopback, each with
+its own PostgreSQL role, clients holding real certificates and bearer tokens. "Control
+never called" is asserted on control's side, by counting what reaches its runtime API.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+from qinglong.control.v1 import (
+    run_service_pb2,
+    run_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+)
+from qinglong.rpc.v1 import execution_pb2, fence_pb2
+from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb2_grpc
+from qinglong_protocol.bounds import encode_lease_capability
+from qinglong_protocol.errors import error_reason_of, field_violations_of
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.stack import PROJECT, Stack, running_stack
+
+ws = worker_service_pb2
+
+
+@pytest.fixture
+async def stack(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
+        yield running
+
+
+def bearer(stack: Stack, name: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {stack.tokens[name]}"),)
+
+
+async def failure(call: Any) -> grpc.aio.AioRpcError:
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return error
+    raise AssertionError("the call succeeded")
+
+
+async def queued_run(stack: Stack, operator: str = "alice") -> str:
+    async with stack.channel(stack.operator_identity(operator)) as channel:
+        tasks = task_service_pb2_grpc.TaskServiceStub(channel)
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        meta = bearer(stack, operator)
+        task = await tasks.CreateTask(
+            task_service_pb2.CreateTaskRequest(
+                project_id=PROJECT, request_id=uuid.uuid4().hex, display_name="sample"
+            ),
+            metadata=meta,
+        )
+        await tasks.CreateTaskRevision(
+            task_service_pb2.CreateTaskRevisionRequest(
+                project_id=PROJECT,
+                task_id=task.task.task_id,
+                request_id="rev-1",
+                plan=execution_pb2.ExecutionPlan(
+                    executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER,
+                    command=["echo", "hi"],
+                    timeout_ms=60_000,
+                ),
+            ),
+            metadata=meta,
+        )
+        run = await runs.TriggerRun(
+            run_service_pb2.TriggerRunRequest(
+                project_id=PROJECT, task_id=task.task.task_id, request_id=uuid.uuid4().hex
+            ),
+            metadata=meta,
+        )
+    return run.run.run_id
+
+
+async def open_session(worker: worker_service_pb2_grpc.WorkerServiceStub, worker_id: str) -> Any:
+    return await worker.OpenSession(
+        ws.OpenSessionRequest(
+            request_id=uuid.uuid4().hex,
+            worker_id=worker_id,
+            executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+            max_concurrent_attempts=2,
+        ),
+        timeout=10,
+    )
+
+
+async def test_worker_start_sequence_through_ingress_is_audited_and_forwarded(
+    stack: Stack,
+) -> None:
+    run_id = await queued_run(stack)
+    capability = encode_lease_capability(secrets.token_bytes(32))
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        session = await open_session(worker, "worker-a")
+        pulled = await worker.PullOffers(
+            ws.PullOffersRequest(
+                worker_id="worker-a",
+                session_id=session.session_id,
+                worker_generation=session.worker_generation,
+                max_offers=4,
+            )
+        )
+        [offer] = pulled.offers
+        claimed = await worker.ClaimOffer(
+            ws.ClaimOfferRequest(
+                worker_id="worker-a",
+                session_id=session.session_id,
+                worker_generation=session.worker_generation,
+                offer_id=offer.offer_id,
+                project_id=PROJECT,
+                run_id=run_id,
+                lease_token=capability,
+            )
+        )
+        fence = fence_pb2.Fence(
+            worker_id="worker-a",
+            session_id=session.session_id,
+            worker_generation=session.worker_generation,
+            project_id=PROJECT,
+            run_id=run_id,
+            attempt_id=claimed.attempt_id,
+            offer_id=offer.offer_id,
+            lease_generation=claimed.lease_generation,
+            lease_token=capability,
+            expected_lease_version=claimed.lease_version,
+        )
+        starting = await worker.AcknowledgeStarting(ws.AcknowledgeStartingRequest(fence=fence))
+        assert starting.outcome == worker_pb2.STARTING_OUTCOME_STARTING
+        # A control refusal comes back unchanged: code and ErrorInfo reason.
+        stale = fence_pb2.Fence()
+        stale.CopyFrom(fence)
+        stale.expected_lease_version = 7
+        fenced = await failure(
+            worker.AcknowledgeStarting(ws.AcknowledgeStartingRequest(fence=stale))
+        )
+        assert fenced.code() == grpc.StatusCode.ABORTED
+        assert error_reason_of(fenced) == "LEASE_VERSION_FENCED"
+
+    rows = stack.audit_rows()
+    worker_rows = [r for r in rows if r["principal_kind"] == "worker"]
+    assert [r["operation"] for r in worker_rows] == [
+        "WorkerService/OpenSession",
+        "WorkerService/PullOffers",
+        "WorkerService/ClaimOffer",
+        "WorkerService/AcknowledgeStarting",
+        "WorkerService/AcknowledgeStarting",
+    ]
+    assert all(r["outcome"] == "admitted" and r["principal_id"] == "worker-a" for r in worker_rows)
+    assert str(worker_rows[-1]["run_id"]) == run_id
+    # One audit row per forwarded call, each before control saw the call.
+    assert len(stack.control_calls.methods) == len(rows)
+    assert capability not in repr(rows)
+
+
+async def test_worker_cannot_act_on_another_workers_session(stack: Stack) -> None:
+    async with stack.channel(stack.worker_identity("worker-b")) as b_channel:
+        session_b = await open_session(
+            worker_service_pb2_grpc.WorkerServiceStub(b_channel), "worker-b"
+        )
+    calls_before = list(stack.control_calls.methods)
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        # Naming worker-b in the body is refused: identity comes from the certificate.
+        impersonated = await failure(
+            worker.RenewSession(
+                ws.RenewSessionRequest(
+                    worker_id="worker-b",
+                    session_id=session_b.session_id,
+                    worker_generation=session_b.worker_generation,
+                )
+            )
+        )
+        # Naming itself but worker-b's session is refused too.
+        borrowed = await failure(
+            worker.RenewSession(
+                ws.RenewSessionRequest(
+                    worker_id="worker-a",
+                    session_id=session_b.session_id,
+                    worker_generation=session_b.worker_generation,
+                )
+            )
+        )
+    for refused in (impersonated, borrowed):
+        assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert error_reason_of(refused) == "PRINCIPAL_MISMATCH"
+    assert stack.control_calls.methods == calls_before
+    denied = [r for r in stack.audit_rows() if r["outcome"] == "permission_denied"]
+    assert [(r["principal_id"], r["reason"]) for r in denied] == [
+        ("worker-a", "PRINCIPAL_MISMATCH"),
+        ("worker-a", "PRINCIPAL_MISMATCH"),
+    ]
+
+
+async def test_an_unenrolled_certificate_is_unauthenticated_and_audited(stack: Stack) -> None:
+    async with stack.channel(stack.worker_identity("worker-zzz")) as channel:
+        refused = await failure(
+            open_session(worker_service_pb2_grpc.WorkerServiceStub(channel), "worker-zzz")
+        )
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert error_reason_of(refused) == "UNAUTHENTICATED_PRINCIPAL"
+    assert stack.control_calls.methods == []
+    [row] = stack.audit_rows()
+    assert (row["principal_kind"], row["outcome"]) == ("anonymous", "unauthenticated")
+
+
+async def test_bad_input_is_refused_with_bad_request_and_not_forwarded(stack: Stack) -> None:
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        session = await open_session(worker, "worker-a")
+        forwarded = list(stack.control_calls.methods)
+        fence = fence_pb2.Fence(
+            worker_id="worker-a",
+            session_id=session.session_id,
+            worker_generation=session.worker_generation,
+            project_id=PROJECT,
+            run_id=str(uuid.uuid4()),
+            attempt_id=str(uuid.uuid4()),
+            offer_id=str(uuid.uuid4()),
+            lease_generation=1,
+            lease_token=encode_lease_capability(secrets.token_bytes(32)),
+            expected_lease_version=1,
+        )
+        too_long = await failure(
+            worker.AcknowledgeRunning(
+                ws.AcknowledgeRunningRequest(
+                    fence=fence,
+                    executor_handle="h" * 513,
+                    callback_sequence=1,
+                    callback_token_digest="ab" * 32,
+                )
+            )
+        )
+        bad_digest = await failure(
+            worker.AcknowledgeRunning(
+                ws.AcknowledgeRunningRequest(
+                    fence=fence,
+                    executor_handle="pid:1",
+                    callback_sequence=1,
+                    callback_token_digest="AB" * 32,
+                )
+            )
+        )
+        unknown_enum = await failure(
+            worker.OpenSession(
+                ws.OpenSessionRequest(
+                    request_id="x-1",
+                    worker_id="worker-a",
+                    executor_types=[99],  # type: ignore[list-item]
+                    max_concurrent_attempts=1,
+                )
+            )
+        )
+        oversized = fence_pb2.Fence()
+        oversized.CopyFrom(fence)
+        oversized.worker_id = "w" * 9_000
+        too_large = await failure(worker.ControlLease(ws.ControlLeaseRequest(fence=oversized)))
+    for refused in (too_long, bad_digest, unknown_enum):
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field_violations_of(refused), "a BadRequest detail names the field"
+    assert [f for f, _ in field_violations_of(too_long)] == ["executor_handle"]
+    assert [f for f, _ in field_violations_of(bad_digest)] == ["callback_token_digest"]
+    assert too_large.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason_of(too_large) == "REQUEST_TOO_LARGE"
+    assert stack.control_calls.methods == forwarded
+    assert fence.lease_token not in repr(stack.audit_rows())
+
+
+async def test_operator_admission(stack: Stack) -> None:
+    run_id = await queued_run(stack)
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        get = run_service_pb2.GetRunRequest(project_id=PROJECT, run_id=run_id)
+        # A viewer reads; the same viewer may not trigger or stop.
+        read = await runs.GetRun(get, metadata=bearer(stack, "vera"))
+        assert read.run.run_id == run_id
+        cannot_stop = await failure(
+            runs.CancelRun(
+                run_service_pb2.CancelRunRequest(
+                    project_id=PROJECT, run_id=run_id, mutation_id="m-1"
+                ),
+                metadata=bearer(stack, "vera"),
+            )
+        )
+        assert cannot_stop.code() == grpc.StatusCode.PERMISSION_DENIED
+        # No role in the project at all: denied, and the project's existence is not revealed.
+        outsider = await failure(runs.GetRun(get, metadata=bearer(stack, "mallory")))
+        assert outsider.code() == grpc.StatusCode.PERMISSION_DENIED
+        # An agent asking to stop a Run gets require_approval, never a cancel.
+        calls = list(stack.control_calls.methods)
+        approval = await runs.CancelRun(
+            run_service_pb2.CancelRunRequest(project_id=PROJECT, run_id=run_id, mutation_id="m-2"),
+            metadata=bearer(stack, "bot"),
+        )
+        assert approval.outcome == run_service_pb2.CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL
+        assert stack.control_calls.methods == calls
+        # A forged or malformed token is unauthenticated.
+        forged = await failure(
+            runs.GetRun(get, metadata=(("authorization", "Bearer qlo1_" + "x" * 43),))
+        )
+        assert forged.code() == grpc.StatusCode.UNAUTHENTICATED
+    outcomes = [r["outcome"] for r in stack.audit_rows()]
+    assert "require_approval" in outcomes
+    assert outcomes.count("permission_denied") == 2
+    assert all(token not in repr(stack.audit_rows()) for token in stack.tokens.values())
+
+
+async def test_control_down_is_unavailable_and_still_audited(stack: Stack) -> None:
+    await stack.control_server.stop(None)
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        refused = await failure(
+            open_session(worker_service_pb2_grpc.WorkerServiceStub(channel), "worker-a")
+        )
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_reason_of(refused) == "RUNTIME_UNAVAILABLE"
+    [row] = stack.audit_rows()
+    assert (row["operation"], row["outcome"]) == ("WorkerService/OpenSession", "admitted")
+
+
+async def test_no_audit_means_no_forwarding(stack: Stack) -> None:
+    with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
+        admin.execute("REVOKE INSERT ON qinglong.security_audit FROM qinglong_ingress")
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        refused = await failure(
+            open_session(worker_service_pb2_grpc.WorkerServiceStub(channel), "worker-a")
+        )
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_reason_of(refused) == "AUDIT_UNAVAILABLE"
+    assert stack.control_calls.methods == []
+
+
+async def test_no_secret_reaches_logs_errors_or_responses(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    capability = encode_lease_capability(secrets.token_bytes(32))
+    seen: list[str] = []
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        session = await open_session(worker, "worker-a")
+        claim = ws.ClaimOfferRequest(
+            worker_id="worker-a",
+            session_id=session.session_id,
+            worker_generation=session.worker_generation,
+            offer_id=str(uuid.uuid4()),
+            project_id=PROJECT,
+            run_id=str(uuid.uuid4()),
+            lease_token=capability,
+        )
+        refused = await failure(worker.ClaimOffer(claim))
+        seen += [refused.details() or "", repr(refused.trailing_metadata())]
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        forged = await failure(
+            runs.GetRun(
+                run_service_pb2.GetRunRequest(project_id=PROJECT, run_id=str(uuid.uuid4())),
+                metadata=(("authorization", "Bearer " + stack.tokens["alice"][:-1] + "Q"),),
+            )
+        )
+        seen += [forged.details() or "", repr(forged.trailing_metadata())]
+    key_material = stack.pki.ingress_server.key.read_text()
+    haystack = "\n".join([*seen, caplog.text, repr(stack.audit_rows())])
+    for secret in (capability, stack.tokens["alice"], stack.tokens["alice"][:-1] + "Q"):
+        assert secret not in haystack
+    assert key_material.strip().splitlines()[1] not in haystack

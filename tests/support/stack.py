@@ -1,0 +1,152 @@
+"""An in-process stack for integration tests: control + ingress over real mTLS on
+loopback, each with its own database role, and clients holding real certificates."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psycopg
+from qinglong_cli.pki import (
+    DevPki,
+    ensure_dev_pki,
+    ensure_operator_identity,
+    ensure_worker_identity,
+    operator_uri,
+    service_uri,
+    worker_uri,
+)
+from qinglong_control.db.identities import (
+    bind_role,
+    enroll_operator_token,
+    enroll_worker,
+    ensure_project,
+)
+from qinglong_control.db.pool import open_runtime_pool
+from qinglong_control.domain.timings import Timings
+from qinglong_control.server import create_server as create_control_server
+from qinglong_control.servicer import RuntimeServicer
+from qinglong_control.settings import ControlSettings
+from qinglong_ingress.directory import Directory
+from qinglong_ingress.gateway import Gateway
+from qinglong_ingress.handlers import public_handlers
+from qinglong_ingress.pool import open_ingress_pool
+from qinglong_ingress.server import create_server as create_ingress_server
+from qinglong_ingress.server import open_control_channel
+from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
+from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
+
+from tests.support.postgres import MigratedDatabase
+
+PROJECT = "proj-a"
+
+
+class CallCounter(grpc.aio.ServerInterceptor):
+    """Counts calls that reach control's runtime API (proof that a refusal was not forwarded)."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        if handler_call_details.method.startswith("/qinglong.runtime.v1."):
+            self.methods.append(handler_call_details.method.rsplit("/", 1)[-1])
+        return await continuation(handler_call_details)
+
+
+@dataclass
+class Stack:
+    pki: DevPki
+    database: MigratedDatabase
+    ingress_address: str
+    control_calls: CallCounter
+    tokens: dict[str, str]
+    control_server: grpc.aio.Server
+
+    def channel(self, identity: TlsFiles) -> grpc.aio.Channel:
+        return grpc.aio.secure_channel(
+            self.ingress_address, mutual_tls_channel_credentials(identity)
+        )
+
+    def worker_identity(self, worker_id: str) -> TlsFiles:
+        return ensure_worker_identity(self.pki, worker_id)
+
+    def operator_identity(self, name: str) -> TlsFiles:
+        return ensure_operator_identity(self.pki, name)
+
+    def audit_rows(self) -> list[dict[str, Any]]:
+        with psycopg.connect(self.database.urls.migration) as conn:
+            cursor = conn.execute(
+                "SELECT * FROM qinglong.security_audit ORDER BY occurred_at_ms, audit_id"
+            )
+            names = [c.name for c in cursor.description or ()]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def enroll_people(database: MigratedDatabase, pki: DevPki) -> dict[str, str]:
+    """Workers worker-a/b; operators alice (operator), vera (viewer), bot (agent, operator),
+    mallory (no role). Returns each operator's bearer token."""
+    tokens = {
+        name: "qlo1_" + secrets.token_urlsafe(32) for name in ("alice", "vera", "bot", "mallory")
+    }
+    kinds = {"alice": "user", "vera": "user", "bot": "agent", "mallory": "user"}
+    roles = {"alice": "operator", "vera": "viewer", "bot": "operator"}
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        ensure_project(conn, PROJECT, PROJECT)
+        for worker_id in ("worker-a", "worker-b"):
+            enroll_worker(conn, worker_id, worker_uri(pki.trust_domain, worker_id))
+        for name, token in tokens.items():
+            digest = hashlib.sha256(token.encode()).hexdigest()
+            principal = enroll_operator_token(conn, name, kinds[name], digest)  # type: ignore[arg-type]
+            if name in roles:
+                bind_role(conn, PROJECT, principal, roles[name])  # type: ignore[arg-type]
+    return tokens
+
+
+@asynccontextmanager
+async def running_stack(database: MigratedDatabase, pki_dir: Path) -> AsyncIterator[Stack]:
+    pki = ensure_dev_pki(pki_dir)
+    tokens = enroll_people(database, pki)
+    counter = CallCounter()
+    runtime_pool = await open_runtime_pool(database.urls.runtime, min_size=1, max_size=4)
+    ingress_pool = await open_ingress_pool(database.urls.ingress, min_size=1, max_size=4)
+    control, control_port = await create_control_server(
+        ControlSettings(
+            listen_address="127.0.0.1:0",
+            tls=pki.control_server,
+            allowed_caller_uris=frozenset({service_uri(pki.trust_domain, "ingress")}),
+        ),
+        runtime_servicer=RuntimeServicer(runtime_pool, Timings()),  # type: ignore[abstract]
+        interceptors=[counter],
+    )
+    await control.start()
+    settings = IngressSettings(
+        listen_address="127.0.0.1:0",
+        tls=pki.ingress_server,
+        control=ControlChannelSettings(f"127.0.0.1:{control_port}", pki.ingress_client),
+        trust_domain=pki.trust_domain,
+    )
+    channel = open_control_channel(settings.control)
+    gateway = Gateway(Directory(ingress_pool), channel, pki.trust_domain)
+    ingress, ingress_port = await create_ingress_server(settings, public_handlers(gateway))
+    await ingress.start()
+    try:
+        yield Stack(pki, database, f"127.0.0.1:{ingress_port}", counter, tokens, control)
+    finally:
+        await ingress.stop(None)
+        await channel.close()
+        await control.stop(None)
+        await ingress_pool.close()
+        await runtime_pool.close()
+
+
+__all__ = ["PROJECT", "Stack", "operator_uri", "running_stack"]
