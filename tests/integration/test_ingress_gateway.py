@@ -376,3 +376,35 @@ async def test_no_secret_reaches_logs_errors_or_responses(
     for secret in (capability, stack.tokens["alice"], stack.tokens["alice"][:-1] + "Q"):
         assert secret not in haystack
     assert key_material.strip().splitlines()[1] not in haystack
+
+
+async def test_operator_by_client_certificate_and_deadline_propagation(stack: Stack) -> None:
+    async with stack.channel(stack.operator_identity("carol")) as channel:
+        tasks = task_service_pb2_grpc.TaskServiceStub(channel)
+        created = await tasks.CreateTask(
+            task_service_pb2.CreateTaskRequest(
+                project_id=PROJECT, request_id="carol-1", display_name="by certificate"
+            ),
+            timeout=7.0,
+        )
+    assert created.task.display_name == "by certificate"
+    [row] = [r for r in stack.audit_rows() if r["operation"] == "TaskService/CreateTask"]
+    assert row["principal_kind"] == "user"
+    # grpcio does not forward deadlines by itself; ingress passed on what was left of 7 s.
+    [remaining] = stack.control_calls.time_remaining
+    assert remaining is not None
+    assert 0 < remaining <= 7.0
+
+
+async def test_transport_refuses_messages_beyond_the_largest_cap(stack: Stack) -> None:
+    async with stack.channel(stack.operator_identity("carol")) as channel:
+        tasks = task_service_pb2_grpc.TaskServiceStub(channel)
+        refused = await failure(
+            tasks.CreateTask(
+                task_service_pb2.CreateTaskRequest(
+                    project_id=PROJECT, request_id="big", display_name="x" * 200_000
+                )
+            )
+        )
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert stack.control_calls.methods == []

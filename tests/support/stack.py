@@ -24,6 +24,7 @@ from qinglong_cli.pki import (
 )
 from qinglong_control.db.identities import (
     bind_role,
+    enroll_operator_certificate,
     enroll_operator_token,
     enroll_worker,
     ensure_project,
@@ -48,19 +49,33 @@ PROJECT = "proj-a"
 
 
 class CallCounter(grpc.aio.ServerInterceptor):
-    """Counts calls that reach control's runtime API (proof that a refusal was not forwarded)."""
+    """Records calls that reach control's runtime API (proof that a refusal was not
+    forwarded) and the deadline each arrived with (proof that ingress passed it on)."""
 
     def __init__(self) -> None:
         self.methods: list[str] = []
+        self.time_remaining: list[float | None] = []
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Any:
-        if handler_call_details.method.startswith("/qinglong.runtime.v1."):
-            self.methods.append(handler_call_details.method.rsplit("/", 1)[-1])
-        return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+        if not handler_call_details.method.startswith("/qinglong.runtime.v1."):
+            return handler
+        self.methods.append(handler_call_details.method.rsplit("/", 1)[-1])
+        if handler is None or handler.unary_unary is None:
+            return handler
+        behaviour = handler.unary_unary
+
+        async def recorded(request: Any, context: Any) -> Any:
+            self.time_remaining.append(context.time_remaining())
+            return await behaviour(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            recorded, handler.request_deserializer, handler.response_serializer
+        )
 
 
 @dataclass
@@ -94,7 +109,8 @@ class Stack:
 
 def enroll_people(database: MigratedDatabase, pki: DevPki) -> dict[str, str]:
     """Workers worker-a/b; operators alice (operator), vera (viewer), bot (agent, operator),
-    mallory (no role). Returns each operator's bearer token."""
+    mallory (no role), each with a bearer token; `carol` (operator) by certificate only.
+    Returns the bearer tokens."""
     tokens = {
         name: "qlo1_" + secrets.token_urlsafe(32) for name in ("alice", "vera", "bot", "mallory")
     }
@@ -109,6 +125,10 @@ def enroll_people(database: MigratedDatabase, pki: DevPki) -> dict[str, str]:
             principal = enroll_operator_token(conn, name, kinds[name], digest)  # type: ignore[arg-type]
             if name in roles:
                 bind_role(conn, PROJECT, principal, roles[name])  # type: ignore[arg-type]
+        carol = enroll_operator_certificate(
+            conn, "carol", "user", operator_uri(pki.trust_domain, "carol")
+        )
+        bind_role(conn, PROJECT, carol, "operator")
     return tokens
 
 
