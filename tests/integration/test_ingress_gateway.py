@@ -158,6 +158,7 @@ async def test_worker_start_sequence_through_ingress_is_audited_and_forwarded(
         "WorkerService/ClaimOffer",
         "WorkerService/AcknowledgeStarting",
         "WorkerService/AcknowledgeStarting",
+        "WorkerService/ControlLease",
     ]
     assert all(r["outcome"] == "admitted" and r["principal_id"] == "worker-a" for r in worker_rows)
     assert str(worker_rows[-1]["run_id"]) == run_id

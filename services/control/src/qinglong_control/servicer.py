@@ -19,10 +19,18 @@ from qinglong.worker.v1 import worker_pb2, worker_service_pb2
 from qinglong_protocol import bounds
 
 from qinglong_control import wire
-from qinglong_control.db import definitions, placement, runs, sessions, start_facts
+from qinglong_control.db import (
+    definitions,
+    lease_control,
+    placement,
+    runs,
+    sessions,
+    start_facts,
+)
 from qinglong_control.db.events import Actor
 from qinglong_control.domain.capability import digest_of_capability, parse_digest
 from qinglong_control.domain.claim import ClaimRequest
+from qinglong_control.domain.completion import CompletionReport
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.start_facts import RunningReport
@@ -46,6 +54,12 @@ _RUNNING = {
     "already_running": worker_pb2.RUNNING_OUTCOME_ALREADY_RUNNING,
 }
 _MAX_EVENTS_PAGE = 500
+_OUTCOMES = {
+    worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED: "succeeded",
+    worker_pb2.ATTEMPT_OUTCOME_FAILED: "failed",
+    worker_pb2.ATTEMPT_OUTCOME_CANCELLED: "cancelled",
+    worker_pb2.ATTEMPT_OUTCOME_TIMED_OUT: "timed_out",
+}
 
 
 def worker_of(caller: caller_pb2.Caller, worker_id: str) -> str:
@@ -243,6 +257,49 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 error_code=decision.error_code,
                 completed_lease_version=decision.completed_lease_version,
                 replayed=decision.replayed,
+            )
+        )
+
+    # --- lease control and completion -------------------------------------------------
+
+    @translated
+    async def ControlLease(self, request: rt.ControlLeaseRequest, context: Context) -> Any:
+        fence = wire.parse_fence(request.request.fence)
+        worker_of(request.caller, fence.worker_id)
+        async with self._pool.connection() as conn:
+            decision = await lease_control.control_lease(conn, fence, self._timings)
+        return rt.ControlLeaseResponse(response=wire.lease_answer(decision, self._timings))
+
+    @translated
+    async def CompleteAttempt(self, request: rt.CompleteAttemptRequest, context: Context) -> Any:
+        public = request.request
+        fence = wire.parse_fence(public.fence)
+        worker_of(request.caller, fence.worker_id)
+        outcome = _OUTCOMES.get(public.outcome)
+        if outcome is None:
+            raise Refused(Reason.FIELD_INVALID, "outcome is required")
+        if not bounds.is_safe_non_negative(public.callback_sequence):
+            raise Refused(Reason.FIELD_INVALID, "callback_sequence must not be negative")
+        if not bounds.is_error_summary(public.summary, allow_empty=True):
+            raise Refused(Reason.FIELD_INVALID, "summary must be at most 256 characters")
+        report = CompletionReport(
+            callback_sequence=public.callback_sequence,
+            outcome=outcome,
+            exit_code=public.exit_code if public.HasField("exit_code") else None,
+            summary=public.summary,
+        )
+        async with self._pool.connection() as conn:
+            decision = await lease_control.complete_attempt(conn, fence, report)
+        return rt.CompleteAttemptResponse(
+            response=worker_service_pb2.CompleteAttemptResponse(
+                outcome=worker_pb2.COMPLETION_OUTCOME_ALREADY_COMPLETED
+                if decision.replayed
+                else worker_pb2.COMPLETION_OUTCOME_COMPLETED,
+                attempt_state=wire.attempt_state(decision.attempt_state.value),
+                run_state=wire.run_state(decision.run_state.value),
+                error_code=decision.error_code or "",
+                completed_lease_version=decision.completed_lease_version,
+                finished_at=wire.timestamp(decision.finished_at_ms),
             )
         )
 

@@ -16,7 +16,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from qinglong.control.v1 import run_pb2, task_pb2
 from qinglong.rpc.v1 import execution_pb2, fence_pb2, lifecycle_pb2
-from qinglong.worker.v1 import worker_pb2
+from qinglong.worker.v1 import worker_pb2, worker_service_pb2
 from qinglong_protocol import bounds
 
 from qinglong_control.db.definitions import RevisionView, TaskView
@@ -24,7 +24,9 @@ from qinglong_control.db.placement import PlacedOffer, Plan
 from qinglong_control.db.runs import EventView, RunView
 from qinglong_control.domain.capability import digest_of_capability
 from qinglong_control.domain.fence import Fence
+from qinglong_control.domain.lease_control import LeaseAnswer, LeaseDecision
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.timings import Timings
 
 EXECUTOR_TYPES = {execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER: "remote_worker"}
 EXECUTOR_TYPE_VALUES = {name: value for value, name in EXECUTOR_TYPES.items()}
@@ -269,3 +271,33 @@ def _fill_payload(message: run_pb2.RunEvent, event_type: str, payload: Mapping[s
         finished.summary = payload.get("summary") or ""
         if payload.get("exit_code") is not None:
             finished.exit_code = payload["exit_code"]
+
+
+def lease_answer(
+    decision: LeaseDecision, timings: Timings
+) -> worker_service_pb2.ControlLeaseResponse:
+    """Exactly one of renewed / stop_requested / terminal (R-LC-2); no token, no digest."""
+    response = worker_service_pb2.ControlLeaseResponse()
+    if decision.terminal is not None:
+        final_run, final_attempt, error_code = decision.terminal
+        response.terminal.CopyFrom(
+            worker_pb2.LeaseTerminal(
+                run_state=run_state(final_run.value),
+                attempt_state=attempt_state(final_attempt.value),
+                error_code=error_code or "",
+            )
+        )
+        return response
+    target = response.renewed if decision.answer is LeaseAnswer.RENEWED else response.stop_requested
+    assert decision.new_lease_version is not None
+    target.lease_version = decision.new_lease_version
+    target.lease_remaining.CopyFrom(duration(timings.lease_ttl_ms))
+    if decision.deadline_at_ms is not None:
+        target.deadline_remaining.CopyFrom(duration(decision.deadline_at_ms - decision.now_ms))
+    if decision.answer is LeaseAnswer.STOP_REQUESTED:
+        response.stop_requested.cancel_reason = cancel_reason(decision.cancel_reason)
+        if decision.cancel_requested_at_ms is not None:
+            response.stop_requested.cancel_requested_at.CopyFrom(
+                timestamp(decision.cancel_requested_at_ms)
+            )
+    return response

@@ -50,7 +50,7 @@ _LOCK_ATTEMPT = """
 SELECT attempt_id, run_id, state, executor_type, worker_id, session_id, worker_generation,
        offer_id, lease_generation, lease_version, lease_token_digest, starting_at_ms,
        started_at_ms, deadline_at_ms, executor_handle, log_artifact_id, callback_sequence,
-       callback_token_digest, error_code
+       callback_token_digest, error_code, exit_code, finished_at_ms
   FROM qinglong.attempts
  WHERE attempt_id = %s
    FOR UPDATE

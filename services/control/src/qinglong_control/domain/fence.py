@@ -69,6 +69,8 @@ class AttemptRow:
     callback_sequence: int | None
     callback_token_digest: str | None
     error_code: str | None
+    exit_code: int | None
+    finished_at_ms: int | None
 
 
 @dataclass(frozen=True)

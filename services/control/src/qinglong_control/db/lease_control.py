@@ -1,0 +1,154 @@
+"""Lease control and completion as transactions (same lock order, two round trips)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from qinglong_control.db.authority import lock_authority
+from qinglong_control.db.command_tx import FaultPlan, command_transaction
+from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.domain.completion import (
+    CompletionDecision,
+    CompletionReport,
+    decide_completion,
+)
+from qinglong_control.domain.fence import Fence, check_identity
+from qinglong_control.domain.lease_control import LeaseAnswer, LeaseDecision, decide_lease_control
+from qinglong_control.domain.states import RunState
+from qinglong_control.domain.timings import Timings
+
+# Renewal is the only non-terminal advancer of the lease version (R-ACK-7, R-LC-4).
+_RENEW_LEASE = """
+UPDATE qinglong.run_leases
+   SET version = %(version)s, renewed_at_ms = %(now)s, expires_at_ms = %(expires)s
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+_PROJECT_LEASE_VERSION = """
+UPDATE qinglong.attempts SET lease_version = %(version)s WHERE attempt_id = %(attempt_id)s
+"""
+
+# R-LC-6: the deadline passed with no intent; the timeout becomes a durable intent.
+_TIMEOUT_INTENT = """
+UPDATE qinglong.runs
+   SET cancel_requested_at_ms = %(now)s, cancel_reason = 'timeout',
+       cancel_requested_by = 'deadline', version = version + 1,
+       event_sequence = event_sequence + 1, updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+"""
+
+_ATTEMPT_COMPLETED = """
+UPDATE qinglong.attempts
+   SET state = %(attempt_state)s, finished_at_ms = %(now)s, exit_code = %(exit_code)s,
+       error_code = %(error_code)s, error_summary = %(summary)s,
+       lease_version = %(version)s
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+_RUN_COMPLETED = """
+UPDATE qinglong.runs
+   SET state = %(run_state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
+       error_summary = %(summary)s, version = version + 1,
+       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+"""
+
+_COMPLETE_LEASE = """
+UPDATE qinglong.run_leases
+   SET status = 'completed', version = %(version)s, ended_at_ms = %(now)s
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+
+async def control_lease(
+    conn: AsyncConnection[Any], fence: Fence, timings: Timings, fault: FaultPlan | None = None
+) -> LeaseDecision:
+    async with command_transaction(conn, fault) as tx:
+        present = check_identity(fence, await lock_authority(tx, fence))
+        decision = decide_lease_control(fence, present)
+        if decision.answer is LeaseAnswer.TERMINAL:
+            return decision
+        values = {
+            "version": decision.new_lease_version,
+            "now": present.now_ms,
+            "expires": present.now_ms + timings.lease_ttl_ms,
+            "attempt_id": fence.attempt_id,
+            "run_id": fence.run_id,
+        }
+        await tx.execute("lease.renew", _RENEW_LEASE, values)
+        await tx.execute("attempt.lease_version", _PROJECT_LEASE_VERSION, values)
+        if decision.writes_timeout_intent:
+            await tx.execute("run.timeout_intent", _TIMEOUT_INTENT, values)
+            await append_events(
+                tx,
+                fence.run_id,
+                present.run.event_sequence,
+                Actor("system", "deadline"),
+                present.now_ms,
+                [
+                    NewEvent(
+                        "run.cancel_requested",
+                        fence.attempt_id,
+                        {"reason": "timeout", "requested_at_ms": present.now_ms},
+                    )
+                ],
+            )
+        return decision
+
+
+async def complete_attempt(
+    conn: AsyncConnection[Any],
+    fence: Fence,
+    report: CompletionReport,
+    fault: FaultPlan | None = None,
+) -> CompletionDecision:
+    async with command_transaction(conn, fault) as tx:
+        present = check_identity(fence, await lock_authority(tx, fence))
+        decision = decide_completion(fence, present, report)
+        if not decision.writes:
+            return decision
+        values = {
+            "attempt_state": decision.attempt_state.value,
+            "run_state": decision.run_state.value,
+            "error_code": decision.error_code,
+            "exit_code": report.exit_code,
+            "summary": report.summary or None,
+            "version": decision.completed_lease_version,
+            "now": present.now_ms,
+            "attempt_id": fence.attempt_id,
+            "run_id": fence.run_id,
+        }
+        await tx.execute("attempt.completed", _ATTEMPT_COMPLETED, values)
+        await tx.execute("run.completed", _RUN_COMPLETED, values)
+        await append_events(
+            tx,
+            fence.run_id,
+            present.run.event_sequence,
+            Actor("worker", fence.worker_id),
+            present.now_ms,
+            [
+                NewEvent(
+                    f"attempt.{decision.attempt_state.value}",
+                    fence.attempt_id,
+                    {
+                        "state": decision.attempt_state.value,
+                        "error_code": decision.error_code,
+                        "summary": report.summary,
+                        "exit_code": report.exit_code,
+                    },
+                ),
+                NewEvent(
+                    f"run.{decision.run_state.value}",
+                    fence.attempt_id,
+                    {
+                        "from_state": RunState.RUNNING.value,
+                        "to_state": decision.run_state.value,
+                        "error_code": decision.error_code,
+                    },
+                ),
+            ],
+        )
+        await tx.execute("lease.complete", _COMPLETE_LEASE, values)
+        return decision
