@@ -149,6 +149,13 @@ async def test_worker_start_sequence_through_ingress_is_audited_and_forwarded(
         )
         assert fenced.code() == grpc.StatusCode.ABORTED
         assert error_reason_of(fenced) == "LEASE_VERSION_FENCED"
+        # Lease control answers exactly one of its three, with durations, never the token.
+        renewed = await worker.ControlLease(ws.ControlLeaseRequest(fence=fence))
+        assert renewed.WhichOneof("result") == "renewed"
+        assert renewed.renewed.lease_version == 2
+        assert renewed.renewed.lease_remaining.ToMilliseconds() > 0
+        assert 0 < renewed.renewed.deadline_remaining.ToMilliseconds() <= 60_000
+        assert capability not in str(renewed)
 
     rows = stack.audit_rows()
     worker_rows = [r for r in rows if r["principal_kind"] == "worker"]
