@@ -416,3 +416,85 @@ async def test_transport_refuses_messages_beyond_the_largest_cap(stack: Stack) -
         )
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert stack.control_calls.methods == []
+
+
+async def running_attempt(stack: Stack, worker: worker_service_pb2_grpc.WorkerServiceStub) -> Any:
+    """A Run taken to `running` by worker-a through ingress; returns its fence."""
+    run_id = await queued_run(stack)
+    session = await open_session(worker, "worker-a")
+    [offer] = (
+        await worker.PullOffers(
+            ws.PullOffersRequest(
+                worker_id="worker-a",
+                session_id=session.session_id,
+                worker_generation=session.worker_generation,
+                max_offers=1,
+            )
+        )
+    ).offers
+    capability = encode_lease_capability(secrets.token_bytes(32))
+    claimed = await worker.ClaimOffer(
+        ws.ClaimOfferRequest(
+            worker_id="worker-a",
+            session_id=session.session_id,
+            worker_generation=session.worker_generation,
+            offer_id=offer.offer_id,
+            project_id=PROJECT,
+            run_id=run_id,
+            lease_token=capability,
+        )
+    )
+    fence = fence_pb2.Fence(
+        worker_id="worker-a",
+        session_id=session.session_id,
+        worker_generation=session.worker_generation,
+        project_id=PROJECT,
+        run_id=run_id,
+        attempt_id=claimed.attempt_id,
+        offer_id=offer.offer_id,
+        lease_generation=claimed.lease_generation,
+        lease_token=capability,
+        expected_lease_version=claimed.lease_version,
+    )
+    await worker.AcknowledgeStarting(ws.AcknowledgeStartingRequest(fence=fence))
+    await worker.AcknowledgeRunning(
+        ws.AcknowledgeRunningRequest(
+            fence=fence,
+            executor_handle="pid:9;start:1",
+            callback_sequence=1,
+            callback_token_digest="cd" * 32,
+        )
+    )
+    return fence
+
+
+async def test_user_cancel_reaches_the_running_worker_at_its_next_lease_call(
+    stack: Stack,
+) -> None:
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        fence = await running_attempt(stack, worker)
+        async with stack.channel(stack.operator_identity("ops")) as operator_channel:
+            runs = run_service_pb2_grpc.RunServiceStub(operator_channel)
+            cancel = run_service_pb2.CancelRunRequest(
+                project_id=PROJECT, run_id=fence.run_id, mutation_id="stop-1"
+            )
+            accepted = await runs.CancelRun(cancel, metadata=bearer(stack, "alice"))
+            replayed = await runs.CancelRun(cancel, metadata=bearer(stack, "alice"))
+        assert accepted.outcome == run_service_pb2.CANCEL_RUN_OUTCOME_ACCEPTED
+        assert replayed.outcome == run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_REQUESTED
+        assert accepted.run.cancel_intent.reason != 0
+        # The intent only records; the Worker learns it at its next lease-control call.
+        answer = await worker.ControlLease(ws.ControlLeaseRequest(fence=fence))
+        assert answer.WhichOneof("result") == "stop_requested"
+        fence.expected_lease_version = answer.stop_requested.lease_version
+        done = await worker.CompleteAttempt(
+            ws.CompleteAttemptRequest(
+                fence=fence,
+                callback_sequence=1,
+                outcome=worker_pb2.ATTEMPT_OUTCOME_CANCELLED,
+                summary="stopped on request",
+            )
+        )
+    assert done.outcome == worker_pb2.COMPLETION_OUTCOME_COMPLETED
+    assert done.error_code == "EXECUTION_CANCELLED"

@@ -34,7 +34,7 @@ async def serve(settings: ControlSettings) -> None:
         raise SystemExit("qinglong-control needs the runtime role's --database-url")
     pool = await open_runtime_pool(settings.database_url)
     try:
-        # ControlLease, CompleteAttempt, CancelRun and WatchRunEvents are not built yet;
+        # WatchRunEvents is not built yet;
         # the generated base class answers them UNIMPLEMENTED.
         servicer = RuntimeServicer(pool, Timings())  # type: ignore[abstract]
         server, port = await create_server(settings, runtime_servicer=servicer)

@@ -20,6 +20,7 @@ from qinglong_protocol import bounds
 
 from qinglong_control import wire
 from qinglong_control.db import (
+    cancellation,
     definitions,
     lease_control,
     placement,
@@ -28,6 +29,7 @@ from qinglong_control.db import (
     start_facts,
 )
 from qinglong_control.db.events import Actor
+from qinglong_control.domain.cancellation import BindingSnapshot
 from qinglong_control.domain.capability import digest_of_capability, parse_digest
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.completion import CompletionReport
@@ -54,6 +56,11 @@ _RUNNING = {
     "already_running": worker_pb2.RUNNING_OUTCOME_ALREADY_RUNNING,
 }
 _MAX_EVENTS_PAGE = 500
+_CANCEL_OUTCOMES = {
+    "accepted": run_service_pb2.CANCEL_RUN_OUTCOME_ACCEPTED,
+    "already_requested": run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_REQUESTED,
+    "already_terminal": run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_TERMINAL,
+}
 _OUTCOMES = {
     worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED: "succeeded",
     worker_pb2.ATTEMPT_OUTCOME_FAILED: "failed",
@@ -412,6 +419,37 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 wire.parse_uuid(public.run_id, "run_id"),
             )
         return rt.GetRunResponse(response=run_service_pb2.GetRunResponse(run=wire.run(view)))
+
+    @translated
+    async def CancelRun(self, request: rt.CancelRunRequest, context: Context) -> Any:
+        public = request.request
+        actor = operator_of(request.caller)
+        project_id = wire.parse_slug(public.project_id, "project_id")
+        binding = request.caller.role_binding
+        if not request.caller.HasField("role_binding") or binding.project_id != project_id:
+            raise Refused(Reason.ROLE_BINDING_FENCED, "no role binding was admitted for this")
+        cancel = cancellation.CancelRequest(
+            project_id=project_id,
+            run_id=wire.parse_uuid(public.run_id, "run_id"),
+            mutation_id=wire.parse_request_id(public.mutation_id, "mutation_id"),
+            actor=actor,
+            principal_id=wire.parse_uuid(request.caller.principal_id, "caller.principal_id"),
+            snapshot=BindingSnapshot(
+                project_version=binding.project_version,
+                binding_version=binding.role_binding_version,
+                role=caller_pb2.ProjectRole.Name(binding.role)
+                .removeprefix("PROJECT_ROLE_")
+                .lower(),
+            ),
+        )
+        async with self._pool.connection() as conn:
+            outcome = await cancellation.cancel_run(conn, cancel)
+            view = await runs.get_run(conn, project_id, cancel.run_id)
+        return rt.CancelRunResponse(
+            response=run_service_pb2.CancelRunResponse(
+                outcome=_CANCEL_OUTCOMES[outcome.value], run=wire.run(view)
+            )
+        )
 
     @translated
     async def ListRuns(self, request: rt.ListRunsRequest, context: Context) -> Any:

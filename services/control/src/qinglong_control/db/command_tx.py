@@ -80,7 +80,7 @@ class CommandTx:
 
 @asynccontextmanager
 async def command_transaction(
-    conn: AsyncConnection[Any], fault: FaultPlan | None = None
+    conn: AsyncConnection[Any], fault: FaultPlan | None = None, *, serializable: bool = False
 ) -> AsyncIterator[CommandTx]:
     """BEGIN … COMMIT inside one pipeline; any exception rolls every write back.
 
@@ -90,7 +90,7 @@ async def command_transaction(
     """
     try:
         async with conn.pipeline() as pipeline:
-            await conn.execute("BEGIN")
+            await conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE" if serializable else "BEGIN")
             try:
                 yield CommandTx(conn, fault)
             except psycopg.Error:

@@ -13,6 +13,10 @@ from typing import Literal
 import psycopg
 
 OperatorKind = Literal["user", "agent"]
+
+PROJECT_LOCK = "qinglong.project:"
+"""Advisory-lock namespace of a project: binding changes take it exclusively, cancellation
+shared, so a cancel decides under a binding that cannot change until it commits."""
 ProjectRole = Literal["owner", "admin", "operator", "viewer"]
 
 
@@ -80,13 +84,34 @@ def bind_role(
     conn: psycopg.Connection, project_id: str, principal_id: uuid.UUID, role: ProjectRole
 ) -> None:
     """Grant `role` in `project_id`; a change advances the binding's version (SPEC R-CAN-3)."""
+    with conn.transaction():
+        _lock_project(conn, project_id)
+        conn.execute(
+            "INSERT INTO qinglong.role_bindings (project_id, principal_id, role)"
+            " VALUES (%s, %s, %s)"
+            " ON CONFLICT (project_id, principal_id) DO UPDATE"
+            " SET role = EXCLUDED.role, status = 'active',"
+            "     version = qinglong.role_bindings.version + 1,"
+            "     updated_at_ms = qinglong.db_now_ms()"
+            " WHERE (qinglong.role_bindings.role, qinglong.role_bindings.status)"
+            "       IS DISTINCT FROM (EXCLUDED.role, 'active')",
+            (project_id, principal_id, role),
+        )
+
+
+def revoke_role(conn: psycopg.Connection, project_id: str, principal_id: uuid.UUID) -> None:
+    """Revoke a binding; its version advances, so mutations admitted under it are fenced."""
+    with conn.transaction():
+        _lock_project(conn, project_id)
+        conn.execute(
+            "UPDATE qinglong.role_bindings"
+            " SET status = 'revoked', version = version + 1, updated_at_ms = qinglong.db_now_ms()"
+            " WHERE project_id = %s AND principal_id = %s AND status = 'active'",
+            (project_id, principal_id),
+        )
+
+
+def _lock_project(conn: psycopg.Connection, project_id: str) -> None:
     conn.execute(
-        "INSERT INTO qinglong.role_bindings (project_id, principal_id, role) VALUES (%s, %s, %s)"
-        " ON CONFLICT (project_id, principal_id) DO UPDATE"
-        " SET role = EXCLUDED.role, status = 'active',"
-        "     version = qinglong.role_bindings.version + 1,"
-        "     updated_at_ms = qinglong.db_now_ms()"
-        " WHERE (qinglong.role_bindings.role, qinglong.role_bindings.status)"
-        "       IS DISTINCT FROM (EXCLUDED.role, 'active')",
-        (project_id, principal_id, role),
+        "SELECT pg_advisory_xact_lock(hashtextextended(%s || %s, 0))", (PROJECT_LOCK, project_id)
     )

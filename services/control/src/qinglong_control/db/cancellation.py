@@ -1,0 +1,116 @@
+"""User cancellation as one short serializable transaction (SPEC R-CAN-3).
+
+Order: the project's advisory lock (shared; an administrator changing bindings takes it
+exclusively, see identities.bind_role), the project and the caller's current binding,
+the Run FOR UPDATE, DB time — then the intent, the Run's version and event sequence and
+one actor-bound `run.cancel_requested` Event. The runtime role may not lock identity
+rows, hence the advisory lock; SERIALIZABLE makes the reads and the write one decision.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import kwargs_row, scalar_row
+
+from qinglong_control.db.command_tx import command_transaction
+from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.db.identities import PROJECT_LOCK
+from qinglong_control.domain.cancellation import (
+    BindingSnapshot,
+    CancelOutcome,
+    CancelTarget,
+    PolicyNow,
+    check_policy,
+    decide_cancel,
+)
+from qinglong_control.domain.states import RunState
+
+_LOCK_PROJECT_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s || %s, 0))"
+
+_POLICY_NOW = """
+SELECT p.status AS project_status, p.version AS project_version,
+       rb.status AS binding_status, rb.version AS binding_version, rb.role
+  FROM qinglong.projects p
+  LEFT JOIN qinglong.role_bindings rb
+         ON rb.project_id = p.project_id AND rb.principal_id = %(principal_id)s
+ WHERE p.project_id = %(project_id)s
+"""
+
+_LOCK_RUN = """
+SELECT state, cancel_reason, event_sequence
+  FROM qinglong.runs
+ WHERE project_id = %(project_id)s AND run_id = %(run_id)s
+   FOR UPDATE
+"""
+
+_DB_NOW = "SELECT qinglong.db_now_ms()"
+
+_WRITE_INTENT = """
+UPDATE qinglong.runs
+   SET cancel_requested_at_ms = %(now)s, cancel_reason = 'user',
+       cancel_requested_by = %(actor_id)s, version = version + 1,
+       event_sequence = event_sequence + 1, updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+"""
+
+
+@dataclass(frozen=True)
+class _LockedRun:
+    state: str
+    cancel_reason: str | None
+    event_sequence: int
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    project_id: str
+    run_id: uuid.UUID
+    mutation_id: str
+    actor: Actor
+    principal_id: uuid.UUID
+    snapshot: BindingSnapshot
+
+
+async def cancel_run(conn: AsyncConnection[Any], request: CancelRequest) -> CancelOutcome:
+    values = {
+        "project_id": request.project_id,
+        "run_id": request.run_id,
+        "principal_id": request.principal_id,
+        "actor_id": request.actor.id,
+    }
+    async with command_transaction(conn, serializable=True) as tx:
+        await tx.execute("lock.project", _LOCK_PROJECT_SHARED, (PROJECT_LOCK, request.project_id))
+        policy = await tx.execute("policy.now", _POLICY_NOW, values, kwargs_row(PolicyNow))
+        locked = await tx.execute("lock.run", _LOCK_RUN, values, kwargs_row(_LockedRun))
+        now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
+        check_policy(request.snapshot, await policy.fetchone())
+        run = await locked.fetchone()
+        outcome = decide_cancel(
+            None if run is None else CancelTarget(RunState(run.state), run.cancel_reason)
+        )
+        if outcome is not CancelOutcome.ACCEPTED:
+            return outcome
+        assert run is not None
+        now_ms: int = await now.fetchone() or 0
+        await tx.execute("run.cancel_intent", _WRITE_INTENT, {**values, "now": now_ms})
+        await append_events(
+            tx,
+            request.run_id,
+            run.event_sequence,
+            request.actor,
+            now_ms,
+            [
+                NewEvent(
+                    "run.cancel_requested",
+                    None,
+                    {"reason": "user", "requested_at_ms": now_ms},
+                    # One intent per mutation id: a retried mutation can never add an Event.
+                    dedupe_key=f"cancel:{request.run_id}:{request.mutation_id}",
+                )
+            ],
+        )
+        return outcome
