@@ -306,3 +306,21 @@ async def test_failure_before_lease_completion_rolls_everything_back(
         2,
     )
     assert done["events"][-2:] == ["attempt.failed", "run.failed"]
+
+
+async def test_a_connection_survives_many_failed_transactions(
+    world: World, database: MigratedDatabase
+) -> None:
+    """psycopg prepares a statement after a few uses; a PREPARE skipped by a failed
+    pipeline would break that statement on the connection for good (every later use:
+    InvalidSqlStatementName). Fail, then succeed, on one connection, again and again."""
+    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
+    try:
+        for _ in range(10):
+            work = await world.claimed()  # built on another connection
+            with pytest.raises(InjectedFault):
+                await acknowledge_starting(conn, work.fence, fault=FaultPlan(before="run.starting"))
+            decision = await acknowledge_starting(conn, work.fence)
+            assert decision.outcome is StartingOutcome.STARTING
+    finally:
+        await conn.close()

@@ -73,8 +73,11 @@ class CommandTx:
             else self._conn.cursor(row_factory=row_factory)
         )
         if self._fault is not None and self._fault.before == label:
-            await cursor.execute("SELECT 1 / 0 AS injected_fault")
-        await cursor.execute(query, params)
+            await cursor.execute("SELECT 1 / 0 AS injected_fault", prepare=False)
+        # Never prepared: when a pipelined statement fails, the server skips the rest of
+        # the batch, including a PREPARE psycopg already counts as done — and every later
+        # use of that statement on the connection would fail for good.
+        await cursor.execute(query, params, prepare=False)
         return cursor
 
 
@@ -90,7 +93,8 @@ async def command_transaction(
     """
     try:
         async with conn.pipeline() as pipeline:
-            await conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE" if serializable else "BEGIN")
+            begin = "BEGIN ISOLATION LEVEL SERIALIZABLE" if serializable else "BEGIN"
+            await conn.execute(begin, prepare=False)
             try:
                 yield CommandTx(conn, fault)
             except psycopg.Error:
@@ -100,9 +104,9 @@ async def command_transaction(
                     await pipeline.sync()
                 raise
             except BaseException:
-                await conn.execute("ROLLBACK")
+                await conn.execute("ROLLBACK", prepare=False)
                 raise
-            await conn.execute("COMMIT")
+            await conn.execute("COMMIT", prepare=False)
     except psycopg.errors.DivisionByZero as error:
         if fault is not None:
             raise InjectedFault(fault.before) from error
@@ -111,4 +115,4 @@ async def command_transaction(
         # A failed statement leaves the explicit transaction aborted; end it here so the
         # connection goes back to its pool idle.
         if conn.info.transaction_status == pq.TransactionStatus.INERROR:
-            await conn.execute("ROLLBACK")
+            await conn.execute("ROLLBACK", prepare=False)
