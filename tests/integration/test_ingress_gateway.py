@@ -498,3 +498,20 @@ async def test_user_cancel_reaches_the_running_worker_at_its_next_lease_call(
         )
     assert done.outcome == worker_pb2.COMPLETION_OUTCOME_COMPLETED
     assert done.error_code == "EXECUTION_CANCELLED"
+
+
+async def test_storage_trouble_during_admission_is_unavailable_audited_and_leaks_nothing(
+    stack: Stack,
+) -> None:
+    with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
+        admin.execute("REVOKE SELECT ON qinglong.worker_identities FROM qinglong_ingress")
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        refused = await failure(
+            open_session(worker_service_pb2_grpc.WorkerServiceStub(channel), "worker-a")
+        )
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_reason_of(refused) == "STORAGE_UNAVAILABLE"
+    assert "qinglong" not in (refused.details() or "")  # no driver text, roles or tables
+    assert stack.control_calls.methods == []
+    [row] = stack.audit_rows()
+    assert (row["outcome"], row["reason"]) == ("unavailable", "STORAGE_UNAVAILABLE")

@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
+import psycopg
+import psycopg_pool
 from google.protobuf.message import Message
 from grpc_status import rpc_status
 from qinglong.control.v1 import run_service_pb2
@@ -193,7 +195,8 @@ class Gateway:
             principal, authorised, tls_version = await self._check(
                 route, received, request, context, targets
             )
-        except Refusal as refusal:
+        except (Refusal, psycopg.Error, psycopg_pool.PoolTimeout) as error:
+            refusal = error if isinstance(error, Refusal) else _storage_unavailable(error)
             if refusal.principal is not None:
                 draft = _attributed(draft, refusal.principal)
             await self._audit(
@@ -359,6 +362,14 @@ def _invalid(violations: Sequence[FieldViolation]) -> Refusal:
 
 def _attributed(draft: AuditRecord, principal: Principal) -> AuditRecord:
     return replace(draft, principal_kind=principal.kind.value, principal_id=principal.id)
+
+
+def _storage_unavailable(error: BaseException) -> Refusal:
+    # The class name only: driver messages can name hosts and roles.
+    _log.warning("storage unavailable during admission: %s", type(error).__name__)
+    return Refusal(
+        "unavailable", ErrorReason.ERROR_REASON_STORAGE_UNAVAILABLE, "storage unavailable"
+    )
 
 
 def _unauthenticated(message: str) -> Refusal:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
+from qinglong_protocol.errors import status_for
 
 from qinglong_ingress.gateway import Context, Gateway, Received
 from qinglong_ingress.routes import ROUTES, Route
+
+_log = logging.getLogger(__name__)
 
 
 def _parser(route: Route) -> Callable[[bytes], Received]:
@@ -26,9 +32,22 @@ def _parser(route: Route) -> Callable[[bytes], Received]:
     return parse
 
 
+async def _internal(context: Context, error: Exception) -> None:
+    """An unexpected fault leaves as a generic INTERNAL: grpc.aio would otherwise send
+    the exception's text (hosts, roles, SQL) to the caller as UNKNOWN."""
+    _log.error("internal error in ingress", exc_info=error)
+    await context.abort_with_status(status_for(ErrorReason.ERROR_REASON_INTERNAL, "internal error"))
+
+
 def _unary(gateway: Gateway, route: Route) -> grpc.RpcMethodHandler[Any, Any]:
     async def behaviour(request: Received, context: Context) -> Message:
-        return await gateway.unary(route, request, context)
+        try:
+            return await gateway.unary(route, request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as error:  # any other fault: generic, never its text
+            await _internal(context, error)
+            raise
 
     return grpc.unary_unary_rpc_method_handler(
         behaviour,
@@ -39,8 +58,14 @@ def _unary(gateway: Gateway, route: Route) -> grpc.RpcMethodHandler[Any, Any]:
 
 def _server_stream(gateway: Gateway, route: Route) -> grpc.RpcMethodHandler[Any, Any]:
     async def behaviour(request: Received, context: Context) -> AsyncIterator[Message]:
-        async for response in gateway.server_stream(route, request, context):
-            yield response
+        try:
+            async for response in gateway.server_stream(route, request, context):
+                yield response
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as error:  # any other fault: generic, never its text
+            await _internal(context, error)
+            raise
 
     return grpc.unary_stream_rpc_method_handler(
         behaviour,

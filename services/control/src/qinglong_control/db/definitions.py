@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection, errors
-from psycopg.rows import kwargs_row
+from psycopg.rows import kwargs_row, scalar_row
 from psycopg.types.json import Jsonb
 
 from qinglong_control.db.command_tx import command_transaction
@@ -36,21 +36,25 @@ class RevisionView:
     created_at_ms: int
 
 
-_INSERT_TASK = """
-WITH inserted AS (
-    INSERT INTO qinglong.tasks (task_id, project_id, display_name, labels, create_request_id,
-                                created_by)
-    SELECT %(task_id)s::uuid, %(project_id)s::text, %(display_name)s::text, %(labels)s::jsonb,
-           %(request_id)s::text, %(actor)s::text
-     WHERE EXISTS (SELECT 1 FROM qinglong.projects
-                    WHERE project_id = %(project_id)s::text AND status = 'active')
-    ON CONFLICT (project_id, create_request_id) DO NOTHING
-    RETURNING task_id
-)
-SELECT task_id FROM inserted
-UNION ALL
+# Serialises retries of one create request: the second waits, then finds the first's task.
+_LOCK_CREATE_TASK = """
+SELECT pg_advisory_xact_lock(
+    hashtextextended('qinglong.create-task:' || %(project_id)s || ':' || %(request_id)s, 0))
+"""
+
+_EXISTING_TASK = """
 SELECT task_id FROM qinglong.tasks
- WHERE project_id = %(project_id)s::text AND create_request_id = %(request_id)s::text
+ WHERE project_id = %(project_id)s AND create_request_id = %(request_id)s
+"""
+
+_ACTIVE_PROJECT = """
+SELECT 1 FROM qinglong.projects WHERE project_id = %(project_id)s AND status = 'active'
+"""
+
+_INSERT_TASK = """
+INSERT INTO qinglong.tasks (task_id, project_id, display_name, labels, create_request_id,
+                            created_by)
+VALUES (%(task_id)s, %(project_id)s, %(display_name)s, %(labels)s, %(request_id)s, %(actor)s)
 """
 
 _GET_TASK = """
@@ -109,23 +113,27 @@ async def create_task(
     request_id: str,
     actor: str,
 ) -> TaskView:
-    async with conn.transaction():
-        cursor = await conn.execute(
-            _INSERT_TASK,
-            {
-                "task_id": uuid.uuid4(),
-                "project_id": project_id,
-                "display_name": display_name,
-                "labels": Jsonb(labels),
-                "request_id": request_id,
-                "actor": actor,
-            },
-        )
-        row = await cursor.fetchone()
-        if row is None:
+    """Create a task; a retried request (same project and request id) returns the same one."""
+    values = {
+        "task_id": uuid.uuid4(),
+        "project_id": project_id,
+        "display_name": display_name,
+        "labels": Jsonb(labels),
+        "request_id": request_id,
+        "actor": actor,
+    }
+    async with command_transaction(conn) as tx:
+        await tx.execute("lock.create_task", _LOCK_CREATE_TASK, values)
+        existing = await tx.execute("task.existing", _EXISTING_TASK, values, scalar_row)
+        project = await tx.execute("project.active", _ACTIVE_PROJECT, values)
+        earlier = await existing.fetchone()
+        if earlier is not None:
+            values["task_id"] = earlier
+        elif await project.fetchone() is None:
             raise Refused(Reason.PROJECT_NOT_FOUND, "no such active project")
-        task = await get_task(conn, project_id, row[0])
-    return task
+        else:
+            await tx.execute("task.insert", _INSERT_TASK, values)
+    return await get_task(conn, project_id, values["task_id"])  # type: ignore[arg-type]
 
 
 async def get_task(conn: AsyncConnection[Any], project_id: str, task_id: uuid.UUID) -> TaskView:

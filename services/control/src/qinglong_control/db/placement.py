@@ -31,6 +31,17 @@ SELECT session_id, worker_id, generation, status, expires_at_ms
 
 _DB_NOW = "SELECT qinglong.db_now_ms()"
 
+# Pulls of one session take turns, so concurrent pulls cannot each see the same free room
+# and together place more offers than the session may run. (ACKs do not take it.)
+_LOCK_SESSION_PULL = "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.pull:' || %s, 0))"
+
+_SESSION_ROOM = """
+SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
+                              WHERE a.session_id = s.session_id
+                                AND a.state IN ('claimed', 'starting', 'running'))
+  FROM qinglong.worker_sessions s WHERE s.session_id = %s
+"""
+
 # Oldest queued Runs of an executor type this session runs, with no intent to cancel and
 # no live offer elsewhere. SKIP LOCKED lets many sessions pull at once without waiting or
 # ever taking the same Run. The session's room is computed in the same statement, so the
@@ -134,6 +145,7 @@ async def pull_offers(
         locked = await tx.execute(
             "lock.session", _LOCK_SESSION_SHARED, (claim.session_id,), kwargs_row(SessionRow)
         )
+        await tx.execute("lock.session_pull", _LOCK_SESSION_PULL, (str(claim.session_id),))
         now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
         candidates = await tx.execute("lock.candidates", _LOCK_CANDIDATES, values, scalar_row)
         now_ms: int = await now.fetchone() or 0
@@ -246,6 +258,7 @@ async def claim_offer(
             "claim.existing", _EXISTING_CLAIM, (request.offer_id,), kwargs_row(ExistingClaim)
         )
         plan_cursor = await tx.execute("claim.plan", _PLAN, (request.run_id,), kwargs_row(Plan))
+        room = await tx.execute("session.room", _SESSION_ROOM, (request.session_id,), scalar_row)
         now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
         now_ms: int = await now.fetchone() or 0
         session = check_session(
@@ -255,7 +268,13 @@ async def claim_offer(
         )
         run = await locked_run.fetchone()
         decision = decide_claim(
-            request, session, await locked_offer.fetchone(), run, await earlier.fetchone(), now_ms
+            request,
+            session,
+            await locked_offer.fetchone(),
+            run,
+            await earlier.fetchone(),
+            now_ms,
+            session_room=await room.fetchone() or 0,
         )
         plan = await plan_cursor.fetchone()
         if plan is None:

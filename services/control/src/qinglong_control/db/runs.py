@@ -83,6 +83,12 @@ _LIST_RUNS = (
 """
 )
 
+# Serialises retries of one trigger request: the second waits, then finds the first's Run.
+_LOCK_TRIGGER = """
+SELECT pg_advisory_xact_lock(
+    hashtextextended('qinglong.trigger:' || %(project_id)s || ':' || %(request_id)s, 0))
+"""
+
 _EXISTING_TRIGGER = """
 SELECT run_id FROM qinglong.runs
  WHERE project_id = %(project_id)s AND trigger_request_id = %(request_id)s
@@ -136,6 +142,7 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
         "actor_id": actor.id,
     }
     async with command_transaction(conn) as tx:
+        await tx.execute("lock.trigger", _LOCK_TRIGGER, values)
         existing = await tx.execute("run.existing", _EXISTING_TRIGGER, values)
         revision = await tx.execute("revision.pick", _PICK_REVISION, values)
         now = await tx.execute("db_now", _DB_NOW)

@@ -11,7 +11,12 @@ from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.command_tx import CommandTx, command_transaction
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.domain.sessions import SessionClaim, SessionRow, check_session
+from qinglong_control.domain.sessions import (
+    LIVE_SESSION_STATES,
+    SessionClaim,
+    SessionRow,
+    check_session,
+)
 from qinglong_control.domain.timings import Timings
 
 # Serialises every open of one Worker; the runtime role cannot lock identity rows.
@@ -116,6 +121,8 @@ async def open_session(
             raise Refused(Reason.SESSION_FENCED, "worker is not enrolled or is disabled")
         existing = await earlier.fetchone()
         if existing is not None:
+            if existing.status not in LIVE_SESSION_STATES:
+                raise Refused(Reason.SESSION_FENCED, "that session was replaced or closed")
             return SessionView(
                 existing.session_id,
                 existing.generation,

@@ -68,6 +68,7 @@ def decide_claim(
     run: ClaimedRunRow | None,
     existing: ExistingClaim | None,
     now_ms: int,
+    session_room: int,
 ) -> NewClaim | ExistingClaim:
     """A new claim, the earlier claim (exact retry), or a refusal."""
     if offer is None or run is None or offer.run_id != run.run_id:
@@ -83,6 +84,9 @@ def decide_claim(
                 Reason.OFFER_CLAIMED_BY_OTHER_CAPABILITY,
                 "offer was claimed with another capability",
             )
+        if existing.lease_status != "leased":
+            # The claim's authority has ended; a retry must not look like a live claim.
+            raise Refused(Reason.LEASE_NOT_LEASED, f"the claim's lease is {existing.lease_status}")
         return existing
     if offer.state != "open" or offer.expires_at_ms <= now_ms:
         raise Refused(Reason.OFFER_EXPIRED, "offer expired")
@@ -90,6 +94,8 @@ def decide_claim(
         raise Refused(Reason.SESSION_FENCED, "a draining session takes no new work")
     if run.state is not RunState.QUEUED or run.cancel_requested_at_ms is not None:
         raise Refused(Reason.STATE_CONFLICT, f"run is {run.state}")
+    if session_room <= 0:
+        raise Refused(Reason.STATE_CONFLICT, "the session runs as many attempts as it may")
     # Each claim of a Run is a new Attempt with a new lease generation, so a fence from an
     # earlier Attempt can never match a later one.
     attempt_number = run.attempt_count + 1
