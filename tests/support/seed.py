@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 import psycopg
 
-NOW_MS = 1_800_000_000_000
+# A fixed past instant: seeded leases and sessions are long expired by the database's clock
+# unless a test passes a later expiry.
+NOW_MS = 1_700_000_000_000
+FAR_FUTURE_MS = 4_000_000_000_000
 
 
 def digest(secret: str) -> str:
@@ -49,9 +52,17 @@ def seed_identity(
 
 
 def seed_claimed_attempt(
-    runtime: psycopg.Connection[tuple[object, ...]], project_id: str, worker_id: str
+    runtime: psycopg.Connection[tuple[object, ...]],
+    project_id: str,
+    worker_id: str,
+    *,
+    run_state: str = "dispatching",
+    lease_expires_at_ms: int = NOW_MS + 30_000,
 ) -> SeededAttempt:
-    """A queued Run placed, offered and claimed: Attempt `claimed`, Lease `leased` v1."""
+    """A queued Run placed, offered and claimed: Attempt `claimed`, Lease `leased` v1.
+
+    `run_state="queued"` leaves the Run queued beside its claimed Attempt (the shape an
+    older claim protocol leaves behind), for convergence tests."""
     task_id, revision_id, run_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     session_id, offer_id, attempt_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     token_digest = digest(f"token-{attempt_id}")
@@ -86,8 +97,8 @@ def seed_claimed_attempt(
         (offer_id, run_id, session_id, worker_id, NOW_MS, NOW_MS + 10_000, NOW_MS),
     )
     runtime.execute(
-        "UPDATE qinglong.runs SET state = 'dispatching', attempt_count = 1 WHERE run_id = %s",
-        (run_id,),
+        "UPDATE qinglong.runs SET state = %s, attempt_count = 1 WHERE run_id = %s",
+        (run_state, run_id),
     )
     runtime.execute(
         "INSERT INTO qinglong.attempts (attempt_id, run_id, attempt_number, state, executor_type,"
@@ -110,7 +121,7 @@ def seed_claimed_attempt(
             token_digest,
             NOW_MS,
             NOW_MS,
-            NOW_MS + 30_000,
+            lease_expires_at_ms,
         ),
     )
     return SeededAttempt(project_id, run_id, session_id, offer_id, attempt_id)

@@ -6,6 +6,7 @@ Process conventions (listening line, logging, signals): qinglong_protocol.servin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from qinglong_protocol.serving import announce_listening, configure_logging, wai
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.domain.timings import Timings
 from qinglong_control.migrate_command import migrate_main
+from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_control.server import create_server
 from qinglong_control.servicer import RuntimeServicer
 from qinglong_control.settings import (
@@ -40,11 +42,39 @@ async def serve(settings: ControlSettings) -> None:
         server, port = await create_server(settings, runtime_servicer=servicer)
         await server.start()
         announce_listening(SERVICE, port, settings.listen_address)
+        cadence = None
+        if settings.reconcile_interval_seconds > 0:
+            reconciler = Reconciler(pool, ReconcilerLimits())
+            cadence = asyncio.create_task(
+                drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"
+            )
         await wait_for_stop_signal()
         _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
+        if cadence is not None:
+            cadence.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await cadence
         await server.stop(settings.shutdown_grace_seconds)
     finally:
         await pool.close()
+
+
+async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
+    """The service's single cadence: one bounded reconcile cycle per interval."""
+    while True:
+        await asyncio.sleep(interval_seconds)
+        try:
+            report = await reconciler.cycle()
+        except Exception:  # a failed cycle is retried at the next tick
+            _log.exception("reconcile cycle failed")
+            continue
+        if report.expired or report.converged:
+            _log.info(
+                "reconciled: %d leases expired, %d runs converged, %d blocked",
+                report.expired,
+                report.converged,
+                report.blocked,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

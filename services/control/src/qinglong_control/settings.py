@@ -26,6 +26,8 @@ ENV_TLS_KEY = "QINGLONG_CONTROL_TLS_KEY"
 ENV_ALLOWED_CALLER_URIS = "QINGLONG_CONTROL_ALLOWED_CALLER_URIS"  # comma separated
 ENV_DATABASE_URL = "QINGLONG_DATABASE_URL"  # the runtime role
 ENV_SHUTDOWN_GRACE_SECONDS = "QINGLONG_CONTROL_SHUTDOWN_GRACE_SECONDS"
+ENV_RECONCILE_INTERVAL_SECONDS = "QINGLONG_CONTROL_RECONCILE_INTERVAL_SECONDS"
+DEFAULT_RECONCILE_INTERVAL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class ControlSettings:
     # libpq URL of the runtime role; optional until the runtime repository lands.
     database_url: str | None = field(default=None, repr=False)
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    # The one cadence of lease expiry and convergence; 0 turns both off on this replica.
+    reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
 
 
 def parse_control_settings(
@@ -85,6 +89,12 @@ def parse_control_settings(
         default=env.get(ENV_SHUTDOWN_GRACE_SECONDS, str(DEFAULT_SHUTDOWN_GRACE_SECONDS)),
         help=f"time in-flight calls get to finish on SIGTERM [{ENV_SHUTDOWN_GRACE_SECONDS}]",
     )
+    parser.add_argument(
+        "--reconcile-interval-seconds",
+        type=float,
+        default=env.get(ENV_RECONCILE_INTERVAL_SECONDS, str(DEFAULT_RECONCILE_INTERVAL_SECONDS)),
+        help=f"cadence of lease expiry and convergence; 0 = off [{ENV_RECONCILE_INTERVAL_SECONDS}]",
+    )
     args = parser.parse_args(argv)
 
     missing = [flag for flag in ("tls_ca", "tls_cert", "tls_key") if not getattr(args, flag)]
@@ -97,12 +107,15 @@ def parse_control_settings(
         parser.error("at least one --allowed-caller-uri is required")
     if args.shutdown_grace_seconds < 0:
         parser.error("--shutdown-grace-seconds must not be negative")
+    if args.reconcile_interval_seconds < 0:
+        parser.error("--reconcile-interval-seconds must not be negative")
     return ControlSettings(
         listen_address=args.listen_address,
         tls=TlsFiles(ca_cert=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key)),
         allowed_caller_uris=frozenset(allowed),
         database_url=args.database_url or None,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
+        reconcile_interval_seconds=args.reconcile_interval_seconds,
     )
 
 

@@ -1,0 +1,266 @@
+"""Convergence pages and lease expiry as transactions (see domain/convergence.py).
+
+Convergence locks candidate Runs with FOR UPDATE SKIP LOCKED, so any number of control
+replicas share the work with no claim table: a Run locked by one is skipped by the
+others. Lock order is Run, then Attempt, then Lease — the relative order every fenced
+command uses — and convergence never waits for an advisory lock, so it cannot deadlock
+with an ACK. Expiry re-locks each expired lease in the full fenced order, one Attempt per
+transaction, skipping an Attempt whose advisory lock is held (a command is deciding it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import kwargs_row, scalar_row
+
+from qinglong_control.db.command_tx import CommandTx, command_transaction
+from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.domain.convergence import (
+    Convergence,
+    ConvergencePlan,
+    NewestAttempt,
+    derived_event_id,
+    plan_convergence,
+)
+from qinglong_control.domain.states import AttemptState, RunState
+
+RECONCILER = Actor("reconciler", "convergence")
+EXPIRY = Actor("reconciler", "lease-expiry")
+
+_LOCK_CANDIDATES = """
+SELECT r.run_id, r.state, r.cancel_reason, r.cancel_requested_at_ms, r.event_sequence,
+       a.attempt_id, a.state AS attempt_state, l.status AS lease_status,
+       l.expires_at_ms AS lease_expires_at_ms
+  FROM qinglong.runs r
+  LEFT JOIN qinglong.attempts a
+         ON a.run_id = r.run_id AND a.attempt_number = r.attempt_count
+  LEFT JOIN qinglong.run_leases l ON l.attempt_id = a.attempt_id
+ WHERE r.owner = 'runtime'
+   AND r.cancel_requested_at_ms IS NOT NULL
+   AND r.state IN ('created', 'queued', 'waiting_approval', 'retry_wait', 'lost')
+ ORDER BY r.cancel_requested_at_ms, r.run_id
+ LIMIT %(limit)s
+   FOR UPDATE OF r SKIP LOCKED
+"""
+
+_DB_NOW = "SELECT qinglong.db_now_ms()"
+
+_LOCK_ATTEMPT = "SELECT 1 FROM qinglong.attempts WHERE attempt_id = %s FOR UPDATE"
+
+_END_ATTEMPT = """
+UPDATE qinglong.attempts
+   SET state = %(attempt_state)s, finished_at_ms = %(now)s, error_code = %(error_code)s
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+_EXPIRE_LEASE = """
+UPDATE qinglong.run_leases SET status = 'expired', ended_at_ms = %(now)s
+ WHERE attempt_id = %(attempt_id)s AND status = 'leased'
+"""
+
+_END_RUN = """
+UPDATE qinglong.runs
+   SET state = %(run_state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
+       version = version + 1, event_sequence = event_sequence + %(events)s,
+       updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+"""
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    run_id: uuid.UUID
+    state: str
+    cancel_reason: str | None
+    cancel_requested_at_ms: int | None
+    event_sequence: int
+    attempt_id: uuid.UUID | None
+    attempt_state: str | None
+    lease_status: str | None
+    lease_expires_at_ms: int | None
+
+    def newest(self) -> NewestAttempt | None:
+        if self.attempt_id is None or self.attempt_state is None:
+            return None
+        return NewestAttempt(
+            self.attempt_id,
+            AttemptState(self.attempt_state),
+            self.lease_status or "expired",
+            self.lease_expires_at_ms or 0,
+        )
+
+
+@dataclass(frozen=True)
+class PageReport:
+    candidates: int
+    converged: int
+    blocked: int
+
+
+async def converge_page(conn: AsyncConnection[Any], limit: int) -> PageReport:
+    """Converge at most `limit` (1..128) Runs with a cancel intent; one transaction."""
+    if not 1 <= limit <= 128:
+        raise ValueError("a convergence page holds 1..128 Runs")
+    async with command_transaction(conn) as tx:
+        locked = await tx.execute(
+            "lock.candidates", _LOCK_CANDIDATES, {"limit": limit}, kwargs_row(_Candidate)
+        )
+        now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
+        candidates = list(await locked.fetchall())
+        now_ms: int = await now.fetchone() or 0
+        converged = blocked = 0
+        for candidate in candidates:
+            plan = plan_convergence(
+                RunState(candidate.state), candidate.cancel_reason, candidate.newest(), now_ms
+            )
+            if plan.outcome is Convergence.BLOCKED:
+                blocked += 1
+            elif plan.outcome is Convergence.CONVERGED:
+                await _converge(tx, candidate, plan, now_ms)
+                converged += 1
+    return PageReport(len(candidates), converged, blocked)
+
+
+async def _converge(
+    tx: CommandTx, candidate: _Candidate, plan: ConvergencePlan, now_ms: int
+) -> None:
+    assert plan.run_state is not None
+    intent_at = candidate.cancel_requested_at_ms or 0
+    events: list[NewEvent] = []
+    values: dict[str, object] = {
+        "run_id": candidate.run_id,
+        "run_state": plan.run_state.value,
+        "error_code": plan.error_code,
+        "now": now_ms,
+    }
+    if plan.attempt_state is not None and plan.attempt_id is not None:
+        values.update(attempt_id=plan.attempt_id, attempt_state=plan.attempt_state.value)
+        await tx.execute("attempt.lock", _LOCK_ATTEMPT, (plan.attempt_id,))
+        await tx.execute("attempt.converge", _END_ATTEMPT, values)
+        await tx.execute("lease.expire", _EXPIRE_LEASE, values)
+        events.append(
+            NewEvent(
+                f"attempt.{plan.attempt_state.value}",
+                plan.attempt_id,
+                {"state": plan.attempt_state.value, "error_code": plan.error_code},
+                event_id=derived_event_id("qinglong.converge.attempt", plan.attempt_id, intent_at),
+            )
+        )
+    events.append(
+        NewEvent(
+            f"run.{plan.run_state.value}",
+            plan.attempt_id,
+            {
+                "from_state": candidate.state,
+                "to_state": plan.run_state.value,
+                "error_code": plan.error_code,
+            },
+            event_id=derived_event_id("qinglong.converge.run", candidate.run_id, intent_at),
+        )
+    )
+    values["events"] = len(events)
+    await tx.execute("run.converge", _END_RUN, values)
+    await append_events(tx, candidate.run_id, candidate.event_sequence, RECONCILER, now_ms, events)
+
+
+# --- lease expiry -------------------------------------------------------------------------
+
+_EXPIRED_LEASES = """
+SELECT attempt_id FROM qinglong.run_leases
+ WHERE status = 'leased' AND expires_at_ms <= qinglong.db_now_ms()
+ ORDER BY expires_at_ms, attempt_id
+ LIMIT %s
+"""
+
+_TRY_ADVISORY = "SELECT pg_try_advisory_xact_lock(hashtextextended('qinglong.attempt:' || %s, 0))"
+
+_LOCK_FOR_EXPIRY = """
+SELECT r.run_id, r.state AS run_state, r.event_sequence, a.state AS attempt_state,
+       l.status AS lease_status, l.expires_at_ms
+  FROM qinglong.run_leases l
+  JOIN qinglong.attempts a ON a.attempt_id = l.attempt_id
+  JOIN qinglong.runs r ON r.run_id = l.run_id
+ WHERE l.attempt_id = %s
+   FOR UPDATE OF r, a, l
+"""
+
+_ATTEMPT_LOST = """
+UPDATE qinglong.attempts SET state = 'lost', finished_at_ms = %(now)s,
+       error_code = 'LEASE_EXPIRED'
+ WHERE attempt_id = %(attempt_id)s
+"""
+
+_RUN_LOST = """
+UPDATE qinglong.runs SET state = 'lost', version = version + 1,
+       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+"""
+
+
+@dataclass(frozen=True)
+class _Expiring:
+    run_id: uuid.UUID
+    run_state: str
+    event_sequence: int
+    attempt_state: str
+    lease_status: str
+    expires_at_ms: int
+
+
+async def expire_leases(conn: AsyncConnection[Any], limit: int) -> int:
+    """Turn at most `limit` expired leases' Attempts (and Runs) into `lost`."""
+    cursor = await conn.execute(_EXPIRED_LEASES, (limit,))
+    expired = 0
+    for (attempt_id,) in await cursor.fetchall():
+        expired += await _expire_one(conn, attempt_id)
+    return expired
+
+
+async def _expire_one(conn: AsyncConnection[Any], attempt_id: uuid.UUID) -> int:
+    async with command_transaction(conn) as tx:
+        got = await tx.execute("lock.advisory", _TRY_ADVISORY, (str(attempt_id),), scalar_row)
+        locked = await tx.execute(
+            "lock.expiring", _LOCK_FOR_EXPIRY, (attempt_id,), kwargs_row(_Expiring)
+        )
+        now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
+        if not await got.fetchone():
+            return 0  # a command holds this Attempt right now; the next cycle decides
+        row = await locked.fetchone()
+        now_ms: int = await now.fetchone() or 0
+        if row is None or row.lease_status != "leased" or row.expires_at_ms > now_ms:
+            return 0  # renewed or ended since it was listed
+        values = {"attempt_id": attempt_id, "run_id": row.run_id, "now": now_ms}
+        await tx.execute("lease.expire", _EXPIRE_LEASE, values)
+        await tx.execute("attempt.lost", _ATTEMPT_LOST, values)
+        events = [
+            NewEvent(
+                "attempt.lost",
+                attempt_id,
+                {"state": "lost", "error_code": "LEASE_EXPIRED"},
+                event_id=derived_event_id("qinglong.expiry.attempt", attempt_id, row.expires_at_ms),
+            )
+        ]
+        if row.run_state in (RunState.DISPATCHING.value, RunState.RUNNING.value):
+            await tx.execute("run.lost", _RUN_LOST, values)
+            events.append(
+                NewEvent(
+                    "run.lost",
+                    attempt_id,
+                    {"from_state": row.run_state, "to_state": "lost"},
+                    event_id=derived_event_id("qinglong.expiry.run", attempt_id, row.expires_at_ms),
+                )
+            )
+        else:
+            # The Run moved on already (e.g. converged); only the Attempt's fact is new.
+            await tx.execute(
+                "run.sequence",
+                "UPDATE qinglong.runs SET event_sequence = event_sequence + 1,"
+                " version = version + 1, updated_at_ms = %(now)s WHERE run_id = %(run_id)s",
+                values,
+            )
+        await append_events(tx, row.run_id, row.event_sequence, EXPIRY, now_ms, events)
+        return 1

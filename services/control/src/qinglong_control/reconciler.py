@@ -1,0 +1,67 @@
+"""The convergence coordinator: one bounded cycle of lease expiry, then convergence.
+
+It owns no timer, connection or queue (SPEC R-CONV-1): the service's single cadence calls
+`cycle()`, which borrows one pooled connection for its duration. Overlapping calls are
+coalesced: a caller that arrives while a cycle runs waits for that cycle's report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from qinglong_control.db.convergence import converge_page, expire_leases
+
+
+@dataclass(frozen=True)
+class ReconcilerLimits:
+    page_size: int = 128
+    max_pages: int = 64
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.page_size <= 128 or not 1 <= self.max_pages <= 64:
+            raise ValueError("page_size must be 1..128 and max_pages 1..64")
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    expired: int
+    converged: int
+    blocked: int
+    pages: int
+
+
+class Reconciler:
+    def __init__(
+        self, pool: AsyncConnectionPool[AsyncConnection[Any]], limits: ReconcilerLimits
+    ) -> None:
+        self._pool = pool
+        self._limits = limits
+        self._running: asyncio.Task[CycleReport] | None = None
+
+    async def cycle(self) -> CycleReport:
+        if self._running is None or self._running.done():
+            self._running = asyncio.create_task(self._cycle())
+        return await asyncio.shield(self._running)
+
+    async def _cycle(self) -> CycleReport:
+        limits = self._limits
+        expired = converged = blocked = pages = 0
+        async with self._pool.connection() as conn:
+            for _ in range(limits.max_pages):
+                count = await expire_leases(conn, limits.page_size)
+                expired += count
+                if count < limits.page_size:
+                    break
+            for _ in range(limits.max_pages):
+                page = await converge_page(conn, limits.page_size)
+                pages += 1
+                converged += page.converged
+                blocked += page.blocked
+                if page.candidates < limits.page_size:
+                    break
+        return CycleReport(expired, converged, blocked, pages)

@@ -1,0 +1,182 @@
+"""Convergence (SPEC R-CONV-*, §7.13) and lease expiry (B-EXP), on rows and Events."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from qinglong_control.db.convergence import converge_page, expire_leases
+from qinglong_control.db.pool import open_runtime_pool
+from qinglong_control.db.start_facts import acknowledge_starting
+from qinglong_control.domain.convergence import derived_event_id
+from qinglong_control.domain.timings import Timings
+from qinglong_control.reconciler import Reconciler, ReconcilerLimits
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.seed import FAR_FUTURE_MS, seed_claimed_attempt, seed_identity
+from tests.support.world import World, enroll
+
+
+async def intend(world: World, run_id: uuid.UUID, reason: str = "user") -> None:
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
+        " cancel_reason = %s WHERE run_id = %s",
+        (reason, run_id),
+    )
+
+
+async def state_of(world: World, run_id: uuid.UUID) -> tuple[Any, ...]:
+    cursor = await world.conn.execute(
+        "SELECT r.state, r.error_code, a.state"
+        " FROM qinglong.runs r LEFT JOIN qinglong.attempts a ON a.run_id = r.run_id"
+        " WHERE r.run_id = %s",
+        (run_id,),
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return row
+
+
+async def reconciler_events(world: World, run_id: uuid.UUID) -> list[tuple[Any, ...]]:
+    cursor = await world.conn.execute(
+        "SELECT sequence, event_type, event_id FROM qinglong.run_events"
+        " WHERE run_id = %s AND actor_kind = 'reconciler' ORDER BY sequence",
+        (run_id,),
+    )
+    return list(await cursor.fetchall())
+
+
+async def test_queued_run_with_intent_converges_once_with_a_derived_event(world: World) -> None:
+    run_id = await world.queued_run()
+    await intend(world, run_id)
+    page = await converge_page(world.conn, 128)
+    assert (page.candidates, page.converged, page.blocked) == (1, 1, 0)
+    assert await state_of(world, run_id) == ("cancelled", "EXECUTION_CANCELLED", None)
+    [(sequence, event_type, event_id)] = await reconciler_events(world, run_id)
+    assert (sequence, event_type) == (2, "run.cancelled")
+    cursor = await world.conn.execute(
+        "SELECT cancel_requested_at_ms FROM qinglong.runs WHERE run_id = %s", (run_id,)
+    )
+    intent_row = await cursor.fetchone()
+    assert intent_row is not None
+    assert event_id == derived_event_id("qinglong.converge.run", run_id, intent_row[0])
+    assert (await converge_page(world.conn, 128)).candidates == 0
+
+
+async def test_timeout_intent_converges_to_timed_out(world: World) -> None:
+    run_id = await world.queued_run()
+    await intend(world, run_id, "timeout")
+    await converge_page(world.conn, 128)
+    assert await state_of(world, run_id) == ("timed_out", "EXECUTION_TIMED_OUT", None)
+
+
+async def test_queued_run_with_claimed_attempt_converges_attempt_then_run(
+    database: MigratedDatabase, world: World
+) -> None:
+    """A claimed Attempt whose lease is no longer active: two consecutive Events."""
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        seed_identity(admin, "proj-q", "worker-q")
+    with psycopg.connect(database.urls.runtime, autocommit=True) as runtime:
+        seeded = seed_claimed_attempt(runtime, "proj-q", "worker-q", run_state="queued")
+    await intend(world, seeded.run_id)
+    page = await converge_page(world.conn, 128)
+    assert page.converged == 1
+    assert await state_of(world, seeded.run_id) == ("cancelled", "EXECUTION_CANCELLED", "cancelled")
+    events = await reconciler_events(world, seeded.run_id)
+    assert [(s, t) for s, t, _ in events] == [(1, "attempt.cancelled"), (2, "run.cancelled")]
+    cursor = await world.conn.execute(
+        "SELECT status FROM qinglong.run_leases WHERE attempt_id = %s", (seeded.attempt_id,)
+    )
+    assert await cursor.fetchone() == ("expired",)
+
+
+async def test_active_lease_or_started_attempt_is_blocked_never_forged(
+    database: MigratedDatabase, world: World
+) -> None:
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        seed_identity(admin, "proj-q", "worker-q")
+    with psycopg.connect(database.urls.runtime, autocommit=True) as runtime:
+        active = seed_claimed_attempt(
+            runtime, "proj-q", "worker-q", run_state="queued", lease_expires_at_ms=FAR_FUTURE_MS
+        )
+    await intend(world, active.run_id)
+    page = await converge_page(world.conn, 128)
+    assert (page.converged, page.blocked) == (0, 1)
+    assert await state_of(world, active.run_id) == ("queued", None, "claimed")
+    assert await reconciler_events(world, active.run_id) == []
+
+
+async def test_expiry_makes_the_attempt_and_run_lost_then_convergence_ends_the_run(
+    database: MigratedDatabase,
+) -> None:
+    enroll(database, "worker-a")
+    conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
+    try:
+        world = World(conn, Timings(lease_ttl_ms=1_000))
+        work = await world.claimed()
+        await acknowledge_starting(conn, work.fence)
+        await asyncio.sleep(1.2)
+        assert await expire_leases(conn, 128) == 1
+        assert await state_of(world, work.fence.run_id) == ("lost", None, "lost")
+        assert [t for _, t, _ in await reconciler_events(world, work.fence.run_id)] == [
+            "attempt.lost",
+            "run.lost",
+        ]
+        assert await expire_leases(conn, 128) == 0  # nothing twice
+        # lost is not terminal: a cancel intent now converges it, with only the Run Event.
+        await intend(world, work.fence.run_id)
+        await converge_page(conn, 128)
+        assert await state_of(world, work.fence.run_id) == (
+            "cancelled",
+            "EXECUTION_CANCELLED",
+            "lost",
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def runtime_pool(database: MigratedDatabase) -> AsyncIterator[Any]:
+    pool = await open_runtime_pool(database.urls.runtime, min_size=1, max_size=4)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def test_cycles_are_paged_and_coalesced(world: World, runtime_pool: Any) -> None:
+    runs = [await world.queued_run() for _ in range(5)]
+    for run_id in runs:
+        await intend(world, run_id)
+    reconciler = Reconciler(runtime_pool, ReconcilerLimits(page_size=2, max_pages=2))
+    first, joined = await asyncio.gather(reconciler.cycle(), reconciler.cycle())
+    assert first is joined  # the second caller waited for the same cycle
+    assert (first.converged, first.pages) == (4, 2)
+    second = await reconciler.cycle()
+    assert second.converged == 1
+
+
+async def test_replicas_share_candidates_without_double_work(
+    world: World, database: MigratedDatabase
+) -> None:
+    runs = [await world.queued_run() for _ in range(12)]
+    for run_id in runs:
+        await intend(world, run_id)
+    replicas = [
+        await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
+        for _ in range(3)
+    ]
+    try:
+        pages = await asyncio.gather(*(converge_page(conn, 5) for conn in replicas))
+        while sum(p.converged for p in pages) < 12:
+            pages += [await converge_page(replicas[0], 5)]
+    finally:
+        for conn in replicas:
+            await conn.close()
+    assert sum(p.converged for p in pages) == 12
+    for run_id in runs:
+        assert len(await reconciler_events(world, run_id)) == 1
