@@ -64,7 +64,7 @@ async def control(
             tls=pki.control_server,
             allowed_caller_uris=frozenset({service_uri(pki.trust_domain, "ingress")}),
         ),
-        runtime_servicer=RuntimeServicer(pool, Timings()),  # type: ignore[abstract]
+        runtime_servicer=RuntimeServicer(pool, Timings()),
     )
     await server.start()
     address = f"127.0.0.1:{port}"

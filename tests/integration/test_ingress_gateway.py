@@ -7,6 +7,7 @@ never called" is asserted on control's side, by counting what reaches its runtim
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import uuid
@@ -515,3 +516,43 @@ async def test_storage_trouble_during_admission_is_unavailable_audited_and_leaks
     assert stack.control_calls.methods == []
     [row] = stack.audit_rows()
     assert (row["outcome"], row["reason"]) == ("unavailable", "STORAGE_UNAVAILABLE")
+
+
+async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) -> None:
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        fence = await running_attempt(stack, worker)
+        async with stack.channel(stack.operator_identity("ops")) as operator_channel:
+            runs = run_service_pb2_grpc.RunServiceStub(operator_channel)
+            watch = runs.WatchRunEvents(
+                run_service_pb2.WatchRunEventsRequest(project_id=PROJECT, run_id=fence.run_id),
+                metadata=bearer(stack, "vera"),
+                timeout=20,
+            )
+            seen: list[str] = []
+
+            async def read_all() -> None:
+                async for item in watch:
+                    seen.append(item.event.type)
+
+            reader = asyncio.ensure_future(read_all())
+            await asyncio.sleep(0.5)  # the watcher is live before the Run ends
+            await worker.CompleteAttempt(
+                ws.CompleteAttemptRequest(
+                    fence=fence,
+                    callback_sequence=1,
+                    outcome=worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED,
+                    exit_code=0,
+                )
+            )
+            await asyncio.wait_for(reader, timeout=15)
+    assert seen == [
+        "run.queued",
+        "attempt.claimed",
+        "run.dispatching",
+        "attempt.starting",
+        "attempt.running",
+        "run.running",
+        "attempt.succeeded",
+        "run.succeeded",
+    ]

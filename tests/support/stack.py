@@ -145,7 +145,7 @@ async def running_stack(database: MigratedDatabase, pki_dir: Path) -> AsyncItera
             tls=pki.control_server,
             allowed_caller_uris=frozenset({service_uri(pki.trust_domain, "ingress")}),
         ),
-        runtime_servicer=RuntimeServicer(runtime_pool, Timings()),  # type: ignore[abstract]
+        runtime_servicer=RuntimeServicer(runtime_pool, Timings()),
         interceptors=[counter],
     )
     await control.start()

@@ -36,9 +36,7 @@ async def serve(settings: ControlSettings) -> None:
         raise SystemExit("qinglong-control needs the runtime role's --database-url")
     pool = await open_runtime_pool(settings.database_url)
     try:
-        # WatchRunEvents is not built yet;
-        # the generated base class answers them UNIMPLEMENTED.
-        servicer = RuntimeServicer(pool, Timings())  # type: ignore[abstract]
+        servicer = RuntimeServicer(pool, Timings())
         server, port = await create_server(settings, runtime_servicer=servicer)
         await server.start()
         announce_listening(SERVICE, port, settings.listen_address)

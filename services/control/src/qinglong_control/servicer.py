@@ -7,6 +7,8 @@ answer. Fencing, state and time are decided in the repository's transaction.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -37,7 +39,7 @@ from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.timings import Timings
-from qinglong_control.errors import translated
+from qinglong_control.errors import abort_for, translated
 
 Context = grpc.aio.ServicerContext[Any, Any]
 rt = runtime_service_pb2
@@ -56,6 +58,8 @@ _RUNNING = {
     "already_running": worker_pb2.RUNNING_OUTCOME_ALREADY_RUNNING,
 }
 _MAX_EVENTS_PAGE = 500
+# A watcher sees a new Event within this long; each poll is one short query.
+_WATCH_POLL_SECONDS = 0.2
 _CANCEL_OUTCOMES = {
     "accepted": run_service_pb2.CANCEL_RUN_OUTCOME_ACCEPTED,
     "already_requested": run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_REQUESTED,
@@ -479,6 +483,43 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 next_page_token=wire.page_token(page.next_cursor),
             )
         )
+
+    async def WatchRunEvents(
+        self, request: rt.WatchRunEventsRequest, context: Context
+    ) -> AsyncIterator[rt.WatchRunEventsResponse]:
+        """Stream a Run's Events from `after_sequence`, live, until the Run is terminal.
+
+        Polls with a short pause instead of holding a connection or a LISTEN per watcher:
+        each poll borrows a pooled connection for one query. Operators only (ingress
+        refuses Workers), so this stream is not a Worker mailbox (R-ING-4).
+        """
+        try:
+            public = request.request
+            operator_of(request.caller)
+            project_id = wire.parse_slug(public.project_id, "project_id")
+            run_id = wire.parse_uuid(public.run_id, "run_id")
+            if not bounds.is_safe_non_negative(public.after_sequence):
+                raise Refused(Reason.FIELD_INVALID, "after_sequence must not be negative")
+            after = public.after_sequence
+            while True:
+                async with self._pool.connection() as conn:
+                    events = await runs.list_events(
+                        conn, project_id, run_id, after_sequence=after, limit=_MAX_EVENTS_PAGE
+                    )
+                    run = await runs.get_run(conn, project_id, run_id)
+                for event in events:
+                    yield rt.WatchRunEventsResponse(
+                        response=run_service_pb2.WatchRunEventsResponse(event=wire.event(event))
+                    )
+                    after = event.sequence
+                if run.finished_at_ms is not None and after >= run.event_sequence:
+                    return
+                if not events:
+                    await asyncio.sleep(_WATCH_POLL_SECONDS)
+        except Exception as error:  # every failure leaves as a typed status
+            if isinstance(error, grpc.aio.AbortError | asyncio.CancelledError):
+                raise
+            await abort_for(context, error)
 
     @translated
     async def ListRunEvents(self, request: rt.ListRunEventsRequest, context: Context) -> Any:
