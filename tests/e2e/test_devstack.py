@@ -92,6 +92,18 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
         raise
 
 
+def _operator(stack_path: Path, *args: str) -> str:
+    completed = subprocess.run(
+        [str(QINGLONG), *args[:2], "--stack", str(stack_path), *args[2:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
 def _probe(service: str, stack: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
@@ -161,6 +173,20 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
         )
         assert worker_check.returncode == 0, worker_check.stdout + worker_check.stderr
         assert "SERVING" in worker_check.stdout
+
+        # The operator CLI through ingress: create, trigger, cancel, and watch the
+        # control plane's convergence end the queued Run (nobody is pulling work).
+        created = _operator(stack_path, "task", "create", "--name", "e2e", "--", "echo", "hi")
+        task_id = json.loads(created)["taskId"]
+        run = json.loads(_operator(stack_path, "run", "trigger", "--task", task_id))
+        assert run["state"] == "RUN_STATE_QUEUED"
+        assert run["runId"] in _operator(stack_path, "run", "list")
+        cancel = json.loads(_operator(stack_path, "run", "cancel", run["runId"]))
+        assert cancel["outcome"] == "CANCEL_RUN_OUTCOME_ACCEPTED"
+        timeline = _operator(stack_path, "run", "watch", run["runId"])
+        types = [json.loads(line)["type"] for line in timeline.splitlines()]
+        assert types == ["run.queued", "run.cancel_requested", "run.cancelled"]
+        assert token not in created + timeline
 
         # The Kubernetes probe command of each service (mTLS; kubelet's gRPC probe can't).
         for service in ("control", "ingress"):

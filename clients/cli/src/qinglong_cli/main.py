@@ -1,4 +1,5 @@
-"""`qinglong`: the operator CLI. Subcommands: `up` (the embedded dev stack), `health`."""
+"""`qinglong`: the operator CLI. Subcommands: `up` (the embedded dev stack), `health`,
+`task` and `run` (operator commands through ingress)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from qinglong_cli.devstack import (
     run_up,
 )
 from qinglong_cli.embedded_postgres import SUPPORTED_VERSIONS
+from qinglong_cli.operator import add_operator_commands, run_operator_command
 from qinglong_cli.pki import DEFAULT_TRUST_DOMAIN, check_identity_name, check_trust_domain
 
 
@@ -62,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--stack", type=Path, default=DEFAULT_DATA_DIR / STACK_FILE_NAME)
     health.add_argument("--timeout", type=float, default=5.0, help="seconds per endpoint")
+    add_operator_commands(commands, DEFAULT_DATA_DIR / STACK_FILE_NAME)
     return parser
 
 
@@ -111,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_timeout_seconds=args.stop_timeout,
         )
         return asyncio.run(run_up(options, sys.stdout))
-    return asyncio.run(run_health(args.stack, args.timeout, sys.stdout))
+    if args.command == "health":
+        return asyncio.run(run_health(args.stack, args.timeout, sys.stdout))
+    return asyncio.run(run_operator_command(args, sys.stdout))
 
 
 if __name__ == "__main__":
