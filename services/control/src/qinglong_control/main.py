@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from qinglong_protocol.probe import run_probe
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
+from qinglong_protocol.telemetry import configure_telemetry
 
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.domain.timings import Timings
@@ -91,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     settings = parse_control_settings(arguments)
     configure_logging()
+    configure_telemetry("qinglong-control")
     asyncio.run(serve(settings))
 
 

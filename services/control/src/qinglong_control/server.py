@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
 from qinglong_protocol.errors import status_for
+from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import mutual_tls_server_credentials, peer_uris
 
 from qinglong_control.settings import ControlSettings
@@ -47,6 +48,7 @@ async def create_server(
     """
     server = grpc.aio.server(
         interceptors=[
+            *server_interceptors(),
             AllowedCallerInterceptor(settings.allowed_caller_uris, _OPEN_TO_ANY_CLIENT),
             *interceptors,
         ]

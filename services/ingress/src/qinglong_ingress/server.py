@@ -18,6 +18,7 @@ from qinglong.control.v1 import (
     task_service_pb2,
 )
 from qinglong.worker.v1 import worker_service_pb2
+from qinglong_protocol.telemetry import client_interceptors, server_interceptors
 from qinglong_protocol.tls import mutual_tls_channel_credentials, mutual_tls_server_credentials
 
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
@@ -40,7 +41,8 @@ async def create_server(
     byte cap are refused by the transport before any handler runs.
     """
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)]
+        interceptors=server_interceptors(),
+        options=[("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)],
     )
     server.add_generic_rpc_handlers(tuple(handlers))
 
@@ -62,4 +64,8 @@ async def create_server(
 def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
     """The internal channel to control, with ingress's client identity. It connects
     lazily, on the first call; the caller closes it."""
-    return grpc.aio.secure_channel(settings.address, mutual_tls_channel_credentials(settings.tls))
+    return grpc.aio.secure_channel(
+        settings.address,
+        mutual_tls_channel_credentials(settings.tls),
+        interceptors=client_interceptors(),
+    )

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from qinglong_protocol.probe import run_probe
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
+from qinglong_protocol.telemetry import configure_telemetry
 
 from qinglong_ingress.directory import Directory
 from qinglong_ingress.gateway import Gateway
@@ -59,4 +60,5 @@ def run(arguments: Sequence[str]) -> None:
         )
     settings = parse_ingress_settings(arguments)
     configure_logging()
+    configure_telemetry("qinglong-ingress")
     asyncio.run(serve(settings))

@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar, overload
 
 import psycopg
+from opentelemetry import trace
 from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg.rows import AsyncRowFactory
 
 Row = TypeVar("Row")
+
+_tracer = trace.get_tracer("qinglong.control.db")
 
 
 class InjectedFault(Exception):
@@ -91,12 +94,19 @@ async def command_transaction(
     pipeline would add a sync (a round trip) at each edge. So BEGIN travels with the
     first batch, and COMMIT with the last; a cursor's rows may be read after the block.
     """
+    # A child of the calling RPC's span; it ends when the transaction does.
+    span = _tracer.start_span(
+        "qinglong.db.transaction",
+        kind=trace.SpanKind.CLIENT,
+        attributes={"db.system": "postgresql"},
+    )
+    tx = CommandTx(conn, fault)
     try:
         async with conn.pipeline() as pipeline:
             begin = "BEGIN ISOLATION LEVEL SERIALIZABLE" if serializable else "BEGIN"
             await conn.execute(begin, prepare=False)
             try:
-                yield CommandTx(conn, fault)
+                yield tx
             except psycopg.Error:
                 # The pipeline is aborted up to the next sync; the first error is the one
                 # that matters, whatever the sync reports about the statements it skipped.
@@ -116,3 +126,6 @@ async def command_transaction(
         # connection goes back to its pool idle.
         if conn.info.transaction_status == pq.TransactionStatus.INERROR:
             await conn.execute("ROLLBACK", prepare=False)
+        # Statement labels only (e.g. "lock.run"): never parameters, never SQL values.
+        span.set_attribute("qinglong.db.statements", ",".join(tx.labels))
+        span.end()

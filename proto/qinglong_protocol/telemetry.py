@@ -1,0 +1,64 @@
+"""OpenTelemetry for every QingLong process: one trace across worker -> ingress -> control.
+
+`configure_telemetry` installs the process's tracer and meter providers. Export follows
+the standard variables: with `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_TRACES_EXPORTER` /
+`OTEL_METRICS_EXPORTER` = `otlp`) spans and metrics go to that collector; without them
+they stay in-process, so a laptop without a collector sees no connection errors.
+`OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` are honoured; `OTEL_SDK_DISABLED=true`
+turns everything off.
+
+Attributes are low-cardinality on metrics (method, outcome) and never carry a secret:
+the gRPC instrumentation records method names and status codes, not message bodies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import grpc
+from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+
+def _wants(environ: Mapping[str, str], signal: str) -> bool:
+    chosen = environ.get(f"OTEL_{signal}_EXPORTER")
+    if chosen is not None:
+        return "otlp" in chosen.split(",")
+    return bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def configure_telemetry(service_name: str, environ: Mapping[str, str] | None = None) -> None:
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
+    tracer_provider = TracerProvider(resource=resource)
+    if _wants(env, "TRACES"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(tracer_provider)
+    readers: list[MetricReader] = []
+    if _wants(env, "METRICS"):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+
+
+def server_interceptors() -> Sequence[grpc.aio.ServerInterceptor]:
+    """A server span per call, continuing the caller's trace (W3C traceparent)."""
+    interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor()  # type: ignore[no-untyped-call]
+    return [interceptor]
+
+
+def client_interceptors() -> Sequence[grpc.aio.ClientInterceptor]:
+    """A client span per call, propagating its context to the server."""
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = aio_client_interceptors()  # type: ignore[no-untyped-call]
+    return list(interceptors)

@@ -1,0 +1,133 @@
+"""SPEC B-OBS: one trace per call across worker -> ingress -> control -> database, and a
+latency histogram with low-cardinality attributes. In-memory exporters, real servers."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from qinglong.rpc.v1 import execution_pb2
+from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong_protocol.bounds import encode_lease_capability
+from qinglong_protocol.telemetry import client_interceptors
+from qinglong_protocol.tls import mutual_tls_channel_credentials
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.stack import PROJECT, Stack, running_stack
+
+
+@pytest.fixture(scope="module")
+def telemetry() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    trace.set_tracer_provider(tracer_provider)
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return spans, reader
+
+
+@pytest.fixture
+async def stack(
+    telemetry: Any, database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
+        yield running
+
+
+def traced_channel(stack: Stack, worker_id: str) -> grpc.aio.Channel:
+    return grpc.aio.secure_channel(
+        stack.ingress_address,
+        mutual_tls_channel_credentials(stack.worker_identity(worker_id)),
+        interceptors=client_interceptors(),
+    )
+
+
+def _by_name(spans: list[ReadableSpan], fragment: str) -> list[ReadableSpan]:
+    return [span for span in spans if fragment in span.name]
+
+
+async def test_one_trace_from_worker_to_database(
+    stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    exporter, reader = telemetry
+    exporter.clear()
+    async with traced_channel(stack, "worker-a") as channel:
+        await worker_service_pb2_grpc.WorkerServiceStub(channel).OpenSession(
+            worker_service_pb2.OpenSessionRequest(
+                request_id=uuid.uuid4().hex,
+                worker_id="worker-a",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            )
+        )
+    spans = list(exporter.get_finished_spans())
+    public = _by_name(spans, "qinglong.worker.v1.WorkerService/OpenSession")
+    internal = _by_name(spans, "qinglong.runtime.v1.RuntimeService/OpenSession")
+    database = _by_name(spans, "qinglong.db.transaction")
+    assert len(public) == 2  # the worker's client span and ingress's server span
+    assert len(internal) == 2  # ingress's client span and control's server span
+    assert len(database) == 1
+    chain = [*public, *internal, *database]
+    assert len({span.context.trace_id for span in chain}) == 1, "one propagated trace"
+    ids = {span.context.span_id for span in chain}
+    roots = [span for span in chain if span.parent is None]
+    assert [root.kind for root in roots] == [trace.SpanKind.CLIENT], "the worker's call is the root"
+    assert all(span.parent.span_id in ids for span in chain if span.parent is not None)
+    assert "lock.worker" in str(database[0].attributes.get("qinglong.db.statements"))
+
+    points = [
+        point
+        for resource in reader.get_metrics_data().resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "qinglong.control.command.duration"
+        for point in metric.data.data_points
+    ]
+    assert any(dict(p.attributes) == {"rpc.method": "OpenSession", "outcome": "ok"} for p in points)
+    assert all(set(p.attributes) == {"rpc.method", "outcome"} for p in points)
+
+
+async def test_spans_carry_no_secret(
+    stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    exporter, _ = telemetry
+    exporter.clear()
+    capability = encode_lease_capability(secrets.token_bytes(32))
+    async with traced_channel(stack, "worker-a") as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        session = await worker.OpenSession(
+            worker_service_pb2.OpenSessionRequest(
+                request_id=uuid.uuid4().hex,
+                worker_id="worker-a",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            )
+        )
+        with pytest.raises(grpc.aio.AioRpcError):
+            await worker.ClaimOffer(
+                worker_service_pb2.ClaimOfferRequest(
+                    worker_id="worker-a",
+                    session_id=session.session_id,
+                    worker_generation=session.worker_generation,
+                    offer_id=str(uuid.uuid4()),
+                    project_id=PROJECT,
+                    run_id=str(uuid.uuid4()),
+                    lease_token=capability,
+                )
+            )
+    exported = repr(
+        [(s.name, s.attributes, s.events, s.status) for s in exporter.get_finished_spans()]
+    )
+    assert "ClaimOffer" in exported
+    assert capability not in exported
