@@ -9,9 +9,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from qinglong_protocol import bounds
 from qinglong_protocol.tls import TlsFiles
 
 ENV_PREFIX = "QINGLONG_WORKER_"
+DEFAULT_TICK_SECONDS = 0.5
+DEFAULT_MAX_CONCURRENCY = 4
+DEFAULT_LEASE_CONTROL_SECONDS = 2.0
+DEFAULT_STOP_GRACE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """What `qinglong-worker run` needs beyond the connection."""
+
+    inbox: Path
+    log_dir: Path
+    tick_seconds: float = DEFAULT_TICK_SECONDS
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    lease_control_seconds: float = DEFAULT_LEASE_CONTROL_SECONDS
+    stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -19,6 +36,11 @@ class WorkerSettings:
     worker_id: str
     ingress_address: str
     tls: TlsFiles
+    daemon: DaemonSettings | None = None
+
+
+def _variable(name: str) -> str:
+    return ENV_PREFIX + name.upper().replace("-", "_")
 
 
 def parse_worker_settings(
@@ -29,11 +51,52 @@ def parse_worker_settings(
     parser = argparse.ArgumentParser(
         prog="qinglong-worker", description="QingLong Worker: pulls, starts and reports Runs."
     )
-    parser.add_argument("command", choices=["check"], help="check: is ingress serving us?")
+    parser.add_argument(
+        "command",
+        choices=["check", "run"],
+        help="check: is ingress serving us? run: the Worker daemon (until SIGTERM/SIGINT)",
+    )
     parser.add_argument("--stack", type=Path, help="read everything below from a stack.json")
     for name in ("worker-id", "ingress-address", "tls-ca", "tls-cert", "tls-key"):
-        variable = ENV_PREFIX + name.upper().replace("-", "_")
+        variable = _variable(name)
         parser.add_argument(f"--{name}", default=env.get(variable), help=f"or ${variable}")
+    daemon = parser.add_argument_group("run")
+    daemon.add_argument(
+        "--inbox",
+        type=Path,
+        default=env.get(_variable("inbox")),
+        help=f"the durable inbox (SQLite, created 0600) [${_variable('inbox')}]",
+    )
+    daemon.add_argument(
+        "--log-dir",
+        type=Path,
+        default=env.get(_variable("log-dir")),
+        help="where executor output goes, one file per offer [default: <inbox dir>/logs]",
+    )
+    daemon.add_argument(
+        "--tick-seconds",
+        type=float,
+        default=env.get(_variable("tick-seconds"), str(DEFAULT_TICK_SECONDS)),
+        help="interval of the one lifecycle loop",
+    )
+    daemon.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=env.get(_variable("max-concurrency"), str(DEFAULT_MAX_CONCURRENCY)),
+        help="Attempts this Worker runs at once (1..64)",
+    )
+    daemon.add_argument(
+        "--lease-control-seconds",
+        type=float,
+        default=env.get(_variable("lease-control-seconds"), str(DEFAULT_LEASE_CONTROL_SECONDS)),
+        help="how often a running Attempt's lease is renewed (cancel/timeout reach it then)",
+    )
+    daemon.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=env.get(_variable("stop-grace-seconds"), str(DEFAULT_STOP_GRACE_SECONDS)),
+        help="time between SIGTERM and SIGKILL when a Run must stop",
+    )
     args = parser.parse_args(argv)
     if args.stack is not None:
         stack = json.loads(args.stack.read_text())
@@ -50,4 +113,28 @@ def parse_worker_settings(
     if missing:
         parser.error("missing " + ", ".join("--" + m.replace("_", "-") for m in missing))
     tls = TlsFiles(ca_cert=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key))
-    return args.command, WorkerSettings(args.worker_id, args.ingress_address, tls)
+    daemon_settings = None
+    if args.command == "run":
+        if args.inbox is None:
+            parser.error("run needs --inbox")
+        if not args.tick_seconds > 0:
+            parser.error("--tick-seconds must be positive")
+        if not (
+            bounds.MAX_CONCURRENT_ATTEMPTS_MIN
+            <= args.max_concurrency
+            <= bounds.MAX_CONCURRENT_ATTEMPTS_MAX
+        ):
+            parser.error("--max-concurrency must be 1..64")
+        if not args.lease_control_seconds > 0:
+            parser.error("--lease-control-seconds must be positive")
+        if args.stop_grace_seconds < 0:
+            parser.error("--stop-grace-seconds must not be negative")
+        daemon_settings = DaemonSettings(
+            inbox=args.inbox,
+            log_dir=args.log_dir or args.inbox.parent / "logs",
+            tick_seconds=args.tick_seconds,
+            max_concurrency=args.max_concurrency,
+            lease_control_seconds=args.lease_control_seconds,
+            stop_grace_seconds=args.stop_grace_seconds,
+        )
+    return args.command, WorkerSettings(args.worker_id, args.ingress_address, tls, daemon_settings)

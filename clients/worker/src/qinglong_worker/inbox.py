@@ -1,0 +1,508 @@
+"""The Worker's durable local inbox (SPEC R-W-1): one SQLite record per offer.
+
+A record carries everything the fence and crash recovery need: the run/project/attempt
+ids, the session that claimed it, the lease generation and capability, the newest
+persisted lease version with a local expiry estimate, the plan, the activation, the
+executor's identity, the callback fields, the stop reason and the exit status.
+
+Every change is a compare-and-set on the record's ``revision``
+(``UPDATE … WHERE offer_id = ? AND revision = ?``); zero rows raise
+:class:`InboxConflict` and change nothing. The file is opened in WAL mode with
+``synchronous=FULL`` (a committed change survives power loss) and created ``0600``,
+because it holds two secrets in plaintext: the lease capability and the callback token.
+Neither ever reaches a log line or a ``repr``.
+
+One process uses an inbox at a time: :meth:`Inbox.open` takes an exclusive ``flock`` on
+``<file>.lock`` and refuses a second opener with :class:`InboxLocked`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, Self
+
+SCHEMA_VERSION: Final = 1
+_FILE_MODE: Final = 0o600
+_DIRECTORY_MODE: Final = 0o700
+
+
+class RecordState(StrEnum):
+    """Where an offer stands locally. The first seven follow the three start facts."""
+
+    CLAIMING = "claiming"
+    """The capability is persisted; ClaimOffer has not answered yet."""
+    CLAIMED = "claimed"
+    """ClaimOffer answered: attempt id, lease generation and version are persisted."""
+    LAUNCHING = "launching"
+    """`starting` is acknowledged and the activation persisted; the spawn is under way
+    (or, after a crash, its outcome is unknown)."""
+    STARTED = "started"
+    """The executor runs and its identity (PID + start time) is persisted."""
+    RUNNING_ACKNOWLEDGED = "running_acknowledged"
+    """`running` is a durable fact in the control plane."""
+    EXITED = "exited"
+    """The process ended and its outcome is persisted; completion is not yet acknowledged."""
+    COMPLETION_ACKNOWLEDGED = "completion_acknowledged"
+    """CompleteAttempt answered: nothing is left to do."""
+    QUARANTINED = "quarantined"
+    """The record is closed without completion; ``quarantine_reason`` says why."""
+    ABANDONED = "abandoned"
+    """The claim was refused: this Worker never owned the Run."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_STATES
+
+
+_TERMINAL_STATES: Final = frozenset(
+    {RecordState.COMPLETION_ACKNOWLEDGED, RecordState.QUARANTINED, RecordState.ABANDONED}
+)
+
+#: States that still need the Worker's attention (supervision or recovery).
+OPEN_STATES: Final = tuple(state for state in RecordState if not state.is_terminal)
+
+
+class QuarantineReason(StrEnum):
+    CONTROL_PLANE_TERMINAL = "control_plane_terminal"
+    LEASE_LOST_LOCAL_EXECUTION_STOPPED = "lease_lost_local_execution_stopped"
+    LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED = "lease_lost_local_execution_unverified"
+    START_FAILED = "start_failed"
+
+
+#: Allowed state changes; a state may always "change" to itself (field updates such as a
+#: renewed lease version). Terminal states never change again.
+_TRANSITIONS: Final[Mapping[RecordState, frozenset[RecordState]]] = {
+    RecordState.CLAIMING: frozenset({RecordState.CLAIMED, RecordState.ABANDONED}),
+    RecordState.CLAIMED: frozenset({RecordState.LAUNCHING, RecordState.QUARANTINED}),
+    RecordState.LAUNCHING: frozenset({RecordState.STARTED, RecordState.QUARANTINED}),
+    RecordState.STARTED: frozenset({RecordState.RUNNING_ACKNOWLEDGED, RecordState.QUARANTINED}),
+    RecordState.RUNNING_ACKNOWLEDGED: frozenset({RecordState.EXITED, RecordState.QUARANTINED}),
+    RecordState.EXITED: frozenset({RecordState.COMPLETION_ACKNOWLEDGED, RecordState.QUARANTINED}),
+    RecordState.COMPLETION_ACKNOWLEDGED: frozenset(),
+    RecordState.QUARANTINED: frozenset(),
+    RecordState.ABANDONED: frozenset(),
+}
+
+
+class InboxError(Exception):
+    """Base of the inbox's typed failures."""
+
+
+class InboxConflict(InboxError):
+    """A compare-and-set found another revision (or no record): nothing was written."""
+
+    def __init__(self, offer_id: str, expected_revision: int) -> None:
+        super().__init__(f"offer {offer_id}: revision {expected_revision} is not current")
+        self.offer_id = offer_id
+        self.expected_revision = expected_revision
+
+
+class InvalidTransition(InboxError):
+    """A change the record's state machine does not allow."""
+
+
+class InboxLocked(InboxError):
+    """Another process holds this inbox."""
+
+
+@dataclass(frozen=True)
+class InboxRecord:
+    """One offer, as durable facts. ``repr`` never shows the two secrets."""
+
+    offer_id: str
+    revision: int
+    state: RecordState
+    worker_id: str
+    session_id: str
+    worker_generation: int
+    project_id: str
+    run_id: str
+    capability: str = field(repr=False)
+    argv: tuple[str, ...]
+    timeout_ms: int | None
+    created_unix_ms: int
+    updated_unix_ms: int
+    attempt_id: str | None = None
+    lease_generation: int | None = None
+    lease_version: int | None = None
+    # The local lease estimate: the Worker's wall clock when the request that earned
+    # the answer was sent, plus the remaining time the server answered. Used only to
+    # decide "lease lost locally"; never sent anywhere.
+    lease_observed_unix_ms: int | None = None
+    lease_remaining_ms: int | None = None
+    # The activation fixed by `starting` (DB time, as the server sent it).
+    deadline_unix_ms: int | None = None
+    deadline_remaining_ms: int | None = None
+    executor_pid: int | None = None
+    executor_start_ticks: int | None = None
+    callback_sequence: int | None = None
+    callback_token: str | None = field(default=None, repr=False)
+    stop_reason: str | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    completion_outcome: str | None = None
+    start_failure: str | None = None
+    quarantine_reason: QuarantineReason | None = None
+    detail: str | None = None
+
+    @property
+    def lease_expires_unix_ms(self) -> int | None:
+        if self.lease_observed_unix_ms is None or self.lease_remaining_ms is None:
+            return None
+        return self.lease_observed_unix_ms + self.lease_remaining_ms
+
+    def lease_lost_locally(self, now_unix_ms: int) -> bool:
+        """True once the local estimate says the lease has run out (or there is none
+        although the claim answered)."""
+        expires = self.lease_expires_unix_ms
+        if expires is None:
+            return self.state is not RecordState.CLAIMING
+        return now_unix_ms >= expires
+
+    @property
+    def has_executor(self) -> bool:
+        return self.executor_pid is not None and self.executor_start_ticks is not None
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """The Worker's present session, kept so a restarted daemon can resume it.
+
+    ``open_request_id`` is persisted before OpenSession is sent, so a retry after a lost
+    answer returns the same session (AIP-155) instead of opening another one.
+    """
+
+    revision: int
+    worker_id: str
+    open_request_id: str
+    session_id: str | None = None
+    worker_generation: int | None = None
+
+
+# The `offers` columns, one per InboxRecord field, written out so that every statement
+# is constant text with bound parameters. `_check_columns` keeps them in step.
+_COLUMN_LIST: Final = """
+    offer_id, revision, state, worker_id, session_id, worker_generation, project_id, run_id,
+    capability, argv, timeout_ms, created_unix_ms, updated_unix_ms, attempt_id,
+    lease_generation, lease_version, lease_observed_unix_ms, lease_remaining_ms,
+    deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
+    callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
+    start_failure, quarantine_reason, detail
+"""
+# Rows are read with `SELECT *` and mapped by column name (the extra `seq` is the cursor).
+
+_INSERT: Final = """
+INSERT INTO offers (seq,
+    offer_id, revision, state, worker_id, session_id, worker_generation, project_id, run_id,
+    capability, argv, timeout_ms, created_unix_ms, updated_unix_ms, attempt_id,
+    lease_generation, lease_version, lease_observed_unix_ms, lease_remaining_ms,
+    deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
+    callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
+    start_failure, quarantine_reason, detail
+) SELECT (SELECT coalesce(max(seq), 0) + 1 FROM offers),
+    :offer_id, :revision, :state, :worker_id, :session_id, :worker_generation, :project_id,
+    :run_id, :capability, :argv, :timeout_ms, :created_unix_ms, :updated_unix_ms, :attempt_id,
+    :lease_generation, :lease_version, :lease_observed_unix_ms, :lease_remaining_ms,
+    :deadline_unix_ms, :deadline_remaining_ms, :executor_pid, :executor_start_ticks,
+    :callback_sequence, :callback_token, :stop_reason, :exit_code, :exit_signal,
+    :completion_outcome, :start_failure, :quarantine_reason, :detail
+    WHERE NOT EXISTS (SELECT 1 FROM offers WHERE offer_id = :offer_id)
+"""
+_UPDATE: Final = """
+UPDATE offers SET revision = :revision,
+    state = :state, worker_id = :worker_id, session_id = :session_id,
+    worker_generation = :worker_generation, project_id = :project_id, run_id = :run_id,
+    capability = :capability, argv = :argv, timeout_ms = :timeout_ms,
+    created_unix_ms = :created_unix_ms, updated_unix_ms = :updated_unix_ms,
+    attempt_id = :attempt_id, lease_generation = :lease_generation,
+    lease_version = :lease_version, lease_observed_unix_ms = :lease_observed_unix_ms,
+    lease_remaining_ms = :lease_remaining_ms, deadline_unix_ms = :deadline_unix_ms,
+    deadline_remaining_ms = :deadline_remaining_ms, executor_pid = :executor_pid,
+    executor_start_ticks = :executor_start_ticks, callback_sequence = :callback_sequence,
+    callback_token = :callback_token, stop_reason = :stop_reason, exit_code = :exit_code,
+    exit_signal = :exit_signal, completion_outcome = :completion_outcome,
+    start_failure = :start_failure, quarantine_reason = :quarantine_reason, detail = :detail
+ WHERE offer_id = :offer_id AND revision = :expected_revision
+"""
+_COLUMNS: Final = tuple(f.name for f in dataclasses.fields(InboxRecord))
+#: Fixed at admission, never changed by a compare-and-set.
+_IMMUTABLE: Final = (
+    "offer_id",
+    "worker_id",
+    "session_id",
+    "worker_generation",
+    "project_id",
+    "run_id",
+    "capability",
+    "created_unix_ms",
+)
+#: Fixed once the claim answered.
+_SET_ONCE: Final = ("attempt_id", "lease_generation", "callback_token", "executor_pid")
+
+
+def _check_columns() -> None:
+    listed = tuple(name.strip() for name in _COLUMN_LIST.split(","))
+    if listed != _COLUMNS:
+        raise RuntimeError("inbox columns drifted from InboxRecord")
+
+
+_check_columns()
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS offers (
+    offer_id               TEXT PRIMARY KEY,
+    seq                    INTEGER NOT NULL UNIQUE,
+    revision               INTEGER NOT NULL CHECK (revision >= 1),
+    state                  TEXT NOT NULL,
+    worker_id              TEXT NOT NULL,
+    session_id             TEXT NOT NULL,
+    worker_generation      INTEGER NOT NULL,
+    project_id             TEXT NOT NULL,
+    run_id                 TEXT NOT NULL,
+    capability             TEXT NOT NULL,
+    argv                   TEXT NOT NULL,
+    timeout_ms             INTEGER,
+    created_unix_ms        INTEGER NOT NULL,
+    updated_unix_ms        INTEGER NOT NULL,
+    attempt_id             TEXT,
+    lease_generation       INTEGER,
+    lease_version          INTEGER,
+    lease_observed_unix_ms INTEGER,
+    lease_remaining_ms     INTEGER,
+    deadline_unix_ms       INTEGER,
+    deadline_remaining_ms  INTEGER,
+    executor_pid           INTEGER,
+    executor_start_ticks   INTEGER,
+    callback_sequence      INTEGER,
+    callback_token         TEXT,
+    stop_reason            TEXT,
+    exit_code              INTEGER,
+    exit_signal            INTEGER,
+    completion_outcome     TEXT,
+    start_failure          TEXT,
+    quarantine_reason      TEXT,
+    detail                 TEXT
+);
+CREATE INDEX IF NOT EXISTS offers_by_state ON offers (state, seq);
+CREATE TABLE IF NOT EXISTS session (
+    slot              INTEGER PRIMARY KEY CHECK (slot = 1),
+    revision          INTEGER NOT NULL CHECK (revision >= 1),
+    worker_id         TEXT NOT NULL,
+    open_request_id   TEXT NOT NULL,
+    session_id        TEXT,
+    worker_generation INTEGER
+);
+"""
+
+
+def _create_private_file(path: Path) -> None:
+    """Create ``path`` as 0600 (or tighten it); never follow a symlink."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, _FILE_MODE)
+    try:
+        os.fchmod(descriptor, _FILE_MODE)
+    finally:
+        os.close(descriptor)
+
+
+class Inbox:
+    """The durable inbox. Not thread-safe: one event loop owns it."""
+
+    def __init__(self, path: Path, connection: sqlite3.Connection, lock_descriptor: int) -> None:
+        self.path = path
+        self._db = connection
+        self._lock_descriptor = lock_descriptor
+
+    @classmethod
+    def open(cls, path: Path) -> Self:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=_DIRECTORY_MODE)
+        lock_path = path.with_name(path.name + ".lock")
+        _create_private_file(lock_path)
+        lock_descriptor = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(lock_descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_descriptor)
+            raise InboxLocked(f"{path} is in use by another process") from None
+        try:
+            _create_private_file(path)
+            # SQLite creates the -wal and -shm files with the database file's mode.
+            connection = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+            connection.row_factory = sqlite3.Row
+            mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise InboxError(f"{path}: WAL journal mode is not available")
+            connection.execute("PRAGMA synchronous=FULL")
+            connection.execute("PRAGMA busy_timeout=5000")
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise InboxError(f"{path}: unsupported inbox schema version {version}")
+            connection.executescript(_SCHEMA)
+            connection.execute(f"PRAGMA user_version={SCHEMA_VERSION:d}")
+        except BaseException:
+            os.close(lock_descriptor)
+            raise
+        return cls(path, connection, lock_descriptor)
+
+    def close(self) -> None:
+        try:
+            self._db.close()
+        finally:
+            os.close(self._lock_descriptor)
+
+    # --- records --------------------------------------------------------------------
+
+    def get(self, offer_id: str) -> InboxRecord | None:
+        row = self._db.execute("SELECT * FROM offers WHERE offer_id = ?", (offer_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def admit(self, record: InboxRecord) -> bool:
+        """Insert a new record (revision 1, state ``claiming``); False if the offer is known."""
+        if record.revision != 1 or record.state is not RecordState.CLAIMING:
+            raise InvalidTransition("a new record starts in claiming at revision 1")
+        cursor = self._db.execute(_INSERT, _row_values(record))
+        return cursor.rowcount == 1
+
+    def compare_and_set(self, current: InboxRecord, updated: InboxRecord) -> InboxRecord:
+        """Write ``updated`` if the stored revision is still ``current.revision``.
+
+        ``updated`` is usually ``dataclasses.replace(current, …)``; its revision is set
+        here to ``current.revision + 1``. Raises :class:`InboxConflict` when the stored
+        record moved on, :class:`InvalidTransition` for a change the states forbid.
+        """
+        for name in _IMMUTABLE:
+            if getattr(updated, name) != getattr(current, name):
+                raise InvalidTransition(f"{name} is fixed at admission")
+        for name in _SET_ONCE:
+            before = getattr(current, name)
+            if before is not None and getattr(updated, name) != before:
+                raise InvalidTransition(f"{name} is fixed once set")
+        if updated.state is not current.state and (
+            updated.state not in _TRANSITIONS[current.state]
+        ):
+            raise InvalidTransition(f"{current.state} -> {updated.state} is not allowed")
+        if current.state.is_terminal:
+            raise InvalidTransition(f"{current.state} is terminal")
+        written = dataclasses.replace(updated, revision=current.revision + 1)
+        values = _row_values(written)
+        values["expected_revision"] = current.revision
+        cursor = self._db.execute(_UPDATE, values)
+        if cursor.rowcount != 1:
+            raise InboxConflict(current.offer_id, current.revision)
+        return written
+
+    def open_records(self, *, after_seq: int, limit: int) -> list[tuple[int, InboxRecord]]:
+        """Up to ``limit`` records in :data:`OPEN_STATES` after the cursor ``after_seq``,
+        oldest first, with their sequence numbers (the stable cursor of R-W-4)."""
+        return self._in_states(OPEN_STATES, after_seq=after_seq, limit=limit)
+
+    def records(self, states: Iterable[RecordState] = tuple(RecordState)) -> list[InboxRecord]:
+        return [record for _, record in self._in_states(tuple(states), after_seq=0, limit=-1)]
+
+    def quarantined(self, reason: QuarantineReason) -> list[InboxRecord]:
+        rows = self._db.execute(
+            "SELECT * FROM offers WHERE state = ? AND quarantine_reason = ? ORDER BY seq",
+            (str(RecordState.QUARANTINED), str(reason)),
+        ).fetchall()
+        return [_record(row) for row in rows]
+
+    def count(self, states: Iterable[RecordState]) -> int:
+        row = self._db.execute(
+            "SELECT count(*) FROM offers WHERE state IN (SELECT value FROM json_each(?))",
+            (_state_list(states),),
+        ).fetchone()
+        return int(row[0])
+
+    def _in_states(
+        self, states: Sequence[RecordState], *, after_seq: int, limit: int
+    ) -> list[tuple[int, InboxRecord]]:
+        rows = self._db.execute(
+            "SELECT * FROM offers WHERE state IN (SELECT value FROM json_each(?))"
+            " AND seq > ? ORDER BY seq LIMIT ?",
+            (_state_list(states), after_seq, limit),
+        ).fetchall()
+        return [(int(row["seq"]), _record(row)) for row in rows]
+
+    # --- the session ----------------------------------------------------------------
+
+    def session(self) -> SessionRecord | None:
+        row = self._db.execute(
+            "SELECT revision, worker_id, open_request_id, session_id, worker_generation"
+            " FROM session WHERE slot = 1"
+        ).fetchone()
+        if row is None:
+            return None
+        return SessionRecord(
+            revision=int(row["revision"]),
+            worker_id=str(row["worker_id"]),
+            open_request_id=str(row["open_request_id"]),
+            session_id=row["session_id"],
+            worker_generation=row["worker_generation"],
+        )
+
+    def save_session(self, current: SessionRecord | None, updated: SessionRecord) -> SessionRecord:
+        """Compare-and-set of the one session row (``current`` None: it must not exist)."""
+        if current is None:
+            written = dataclasses.replace(updated, revision=1)
+            cursor = self._db.execute(
+                "INSERT INTO session (slot, revision, worker_id, open_request_id, session_id,"
+                " worker_generation) SELECT 1, 1, ?, ?, ?, ?"
+                " WHERE NOT EXISTS (SELECT 1 FROM session)",
+                (
+                    written.worker_id,
+                    written.open_request_id,
+                    written.session_id,
+                    written.worker_generation,
+                ),
+            )
+            if cursor.rowcount != 1:
+                raise InboxConflict("session", 0)
+            return written
+        written = dataclasses.replace(updated, revision=current.revision + 1)
+        cursor = self._db.execute(
+            "UPDATE session SET revision = ?, worker_id = ?, open_request_id = ?,"
+            " session_id = ?, worker_generation = ? WHERE slot = 1 AND revision = ?",
+            (
+                written.revision,
+                written.worker_id,
+                written.open_request_id,
+                written.session_id,
+                written.worker_generation,
+                current.revision,
+            ),
+        )
+        if cursor.rowcount != 1:
+            raise InboxConflict("session", current.revision)
+        return written
+
+
+def _state_list(states: Iterable[RecordState]) -> str:
+    return json.dumps([str(state) for state in states])
+
+
+def _row_values(record: InboxRecord) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in _COLUMNS:
+        value = getattr(record, name)
+        if name == "argv":
+            value = json.dumps(list(value))
+        elif isinstance(value, StrEnum):
+            value = str(value)
+        values[name] = value
+    return values
+
+
+def _record(row: sqlite3.Row) -> InboxRecord:
+    values = {name: row[name] for name in _COLUMNS}
+    values["state"] = RecordState(values["state"])
+    values["argv"] = tuple(str(item) for item in json.loads(values["argv"]))
+    if values["quarantine_reason"] is not None:
+        values["quarantine_reason"] = QuarantineReason(values["quarantine_reason"])
+    return InboxRecord(**values)

@@ -1,0 +1,659 @@
+"""`reconcile(offer_id)`: bring one inbox record one step closer to done (SPEC R-W-2).
+
+Single-item, timer-free and coalesced per offer: a call while the same offer is being
+reconciled joins that run instead of starting another. Each pass re-reads the record,
+so every fence carries the newest *persisted* lease version, and goes, in order:
+
+1. done if completion was acknowledged (or the record is otherwise closed);
+2. completion first: a process that exited is persisted as ``exited`` with its outcome
+   (fixed once, from the exit status and any stop reason) and reported with
+   CompleteAttempt — before anything else is asked of the control plane;
+3. if the local lease estimate ran out, the control plane is not called: the process
+   is stopped by its durable identity and the record quarantined
+   ``lease_lost_local_execution_stopped`` or ``…_unverified``;
+4. otherwise ControlLease with the full fence; on ``renewed``/``stop_requested`` the
+   new version is persisted (compare-and-set) *before* anything is stopped;
+5. on ``terminal`` the exact process is stopped and the record quarantined
+   ``control_plane_terminal``; nothing terminal is written to the control plane.
+
+The start path of a claimed record runs here too: the capability is persisted before
+ClaimOffer (``claiming``), then AcknowledgeStarting, the R-TO-2 check of the activation
+against the plan, ``launching`` persisted, spawn, identity persisted (``started``),
+AcknowledgeRunning (``running_acknowledged``). A start that cannot be established is
+reported with ReportStartFailure.
+
+A fenced refusal (the session, lease or version is no longer ours) means the authority
+is lost: the process is stopped like in step 3 and the reason kept in ``detail``. A
+transient failure changes nothing; the next tick tries again, and step 3 ends the
+wait once the lease has run out locally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+from qinglong.rpc.v1 import fence_pb2, lifecycle_pb2
+from qinglong.worker.v1 import worker_pb2
+from qinglong.worker.v1 import worker_service_pb2 as ws
+from qinglong_protocol import bounds
+
+from qinglong_worker.client import CallFailed, WorkerClient
+from qinglong_worker.inbox import (
+    Inbox,
+    InboxRecord,
+    QuarantineReason,
+    RecordState,
+)
+from qinglong_worker.process import (
+    UNOBSERVED_EXIT,
+    ExecutorRefused,
+    ExitStatus,
+    ProcessController,
+    ProcessIdentity,
+    StopResult,
+)
+
+log = logging.getLogger(__name__)
+
+#: The callback sequence `running` stores; completion presents it.
+FIRST_CALLBACK_SEQUENCE: Final = 1
+#: Passes of one reconcile before it yields to the next tick (a start takes four).
+_MAX_PASSES: Final = 8
+_RESTARTED_WHILE_LAUNCHING: Final = "worker restarted before the executor identity was recorded"
+#: Refusals of CompleteAttempt that mean the control plane decided otherwise (as opposed
+#: to this Worker's authority having lapsed).
+_COMPLETION_CONFLICTS: Final = frozenset(
+    {"REPLAY_MISMATCH", "STATE_CONFLICT", "CALLBACK_SEQUENCE_FENCED"}
+)
+
+
+class Outcome(StrEnum):
+    """What one reconcile achieved, for the lifecycle's pull decision and for tests."""
+
+    MISSING = "missing"
+    DONE = "done"
+    RUNNING = "running"
+    WAITING = "waiting"
+    """A transient failure: nothing changed; try again at the next tick."""
+    STOP_PENDING = "stop_pending"
+    """A stop was requested but the process could not be confirmed stopped yet."""
+    COMPLETED = "completed"
+    START_FAILED = "start_failed"
+    ABANDONED = "abandoned"
+    LEASE_LOST = "lease_lost"
+    TERMINAL = "terminal"
+
+    @property
+    def stops_pulling(self) -> bool:
+        """Lease loss or a control-plane terminal answer: take no new work this tick."""
+        return self in (Outcome.LEASE_LOST, Outcome.TERMINAL, Outcome.STOP_PENDING)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def fence_of(record: InboxRecord) -> fence_pb2.Fence:
+    """The full fence from the persisted record (never from anything in memory)."""
+    if (
+        record.attempt_id is None
+        or record.lease_generation is None
+        or (record.lease_version is None)
+    ):
+        raise ValueError(f"offer {record.offer_id} has no lease authority yet")
+    return fence_pb2.Fence(
+        worker_id=record.worker_id,
+        session_id=record.session_id,
+        worker_generation=record.worker_generation,
+        project_id=record.project_id,
+        run_id=record.run_id,
+        attempt_id=record.attempt_id,
+        offer_id=record.offer_id,
+        lease_generation=record.lease_generation,
+        lease_token=record.capability,
+        expected_lease_version=record.lease_version,
+    )
+
+
+def new_capability() -> str:
+    """A fresh lease capability: 32 random bytes, never a weak one (R-CLAIM-2)."""
+    while True:
+        capability = bounds.encode_lease_capability(secrets.token_bytes(32))
+        if bounds.is_acceptable_lease_capability(capability):
+            return capability
+
+
+def callback_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("ascii")).hexdigest()
+
+
+def activation_problem(timeout_ms: int | None, activation: worker_pb2.ActivationSnapshot) -> str:
+    """Empty when the activation's deadline presence agrees with the plan (R-TO-2)."""
+    present = (
+        activation.HasField("timeout_ms"),
+        activation.HasField("deadline"),
+        activation.HasField("deadline_remaining"),
+    )
+    if timeout_ms is None:
+        if any(present):
+            return "activation has a deadline but the plan has no timeout"
+        return ""
+    if not all(present):
+        return "activation lacks the deadline the plan's timeout requires"
+    if activation.timeout_ms != timeout_ms:
+        return "activation timeout differs from the plan"
+    return ""
+
+
+def completion_outcome(stop_reason: str | None, status: ExitStatus) -> str:
+    """succeeded | failed | cancelled | timed_out, fixed when the exit is persisted."""
+    if stop_reason == "timeout":
+        return "timed_out"
+    if stop_reason is not None:
+        return "cancelled"
+    return "succeeded" if status.exit_code == 0 else "failed"
+
+
+def exit_summary(record: InboxRecord) -> str:
+    if record.exit_code is not None:
+        ending = f"exit code {record.exit_code}"
+    elif record.exit_signal is not None:
+        ending = f"terminated by signal {record.exit_signal}"
+    else:
+        ending = "exit status not observable"
+    if record.stop_reason is not None:
+        return f"stopped on request ({record.stop_reason}); {ending}"
+    return ending
+
+
+_OUTCOMES: Final = {
+    "succeeded": worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED,
+    "failed": worker_pb2.ATTEMPT_OUTCOME_FAILED,
+    "cancelled": worker_pb2.ATTEMPT_OUTCOME_CANCELLED,
+    "timed_out": worker_pb2.ATTEMPT_OUTCOME_TIMED_OUT,
+}
+
+
+def _cancel_reason_name(reason: lifecycle_pb2.CancelReason.ValueType) -> str:
+    return lifecycle_pb2.CancelReason.Name(reason).removeprefix("CANCEL_REASON_").lower()
+
+
+def identity_of(record: InboxRecord) -> ProcessIdentity | None:
+    if record.executor_pid is None or record.executor_start_ticks is None:
+        return None
+    return ProcessIdentity(record.executor_pid, record.executor_start_ticks)
+
+
+class Reconciler:
+    """Reconciles inbox records against the control plane and the local process."""
+
+    def __init__(
+        self,
+        *,
+        inbox: Inbox,
+        client: WorkerClient,
+        processes: ProcessController,
+        clock: Callable[[], int] = wall_clock_ms,
+        stop_grace_seconds: float = 5.0,
+        log_dir: Path | None = None,
+    ) -> None:
+        self._inbox = inbox
+        self._client = client
+        self._processes = processes
+        self._clock = clock
+        self._grace = stop_grace_seconds
+        self._log_dir = log_dir
+        self._inflight: dict[str, asyncio.Task[Outcome]] = {}
+
+    # --- entry points ---------------------------------------------------------------------
+
+    def admit(
+        self,
+        *,
+        offer: worker_pb2.Offer,
+        worker_id: str,
+        session_id: str,
+        worker_generation: int,
+    ) -> bool:
+        """Persist a pulled offer with a fresh capability (state ``claiming``) before
+        anything is claimed. False if the offer is already in the inbox."""
+        now = self._clock()
+        plan = offer.spec.plan
+        record = InboxRecord(
+            offer_id=offer.offer_id,
+            revision=1,
+            state=RecordState.CLAIMING,
+            worker_id=worker_id,
+            session_id=session_id,
+            worker_generation=worker_generation,
+            project_id=offer.project_id,
+            run_id=offer.run_id,
+            capability=new_capability(),
+            argv=tuple(plan.command),
+            timeout_ms=plan.timeout_ms if plan.HasField("timeout_ms") else None,
+            created_unix_ms=now,
+            updated_unix_ms=now,
+        )
+        admitted = self._inbox.admit(record)
+        if admitted:
+            log.info("offer %s run %s: admitted", record.offer_id, record.run_id)
+        return admitted
+
+    async def reconcile(self, offer_id: str) -> Outcome:
+        """Reconcile one offer; joins a reconcile of the same offer already in flight."""
+        task = self._inflight.get(offer_id)
+        if task is None:
+            task = asyncio.create_task(self._reconcile(offer_id), name=f"reconcile {offer_id}")
+            self._inflight[offer_id] = task
+            task.add_done_callback(functools.partial(self._forget, offer_id))
+        # A cancelled caller does not cancel the shared work; abort() does.
+        return await asyncio.shield(task)
+
+    async def abort(self) -> None:
+        """Cancel every reconcile in flight (shutdown aborts in-flight requests)."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _forget(self, offer_id: str, task: asyncio.Task[Outcome]) -> None:
+        if self._inflight.get(offer_id) is task:
+            del self._inflight[offer_id]
+
+    # --- the passes -----------------------------------------------------------------------
+
+    async def _reconcile(self, offer_id: str) -> Outcome:
+        for _ in range(_MAX_PASSES):
+            record = self._inbox.get(offer_id)
+            if record is None:
+                return Outcome.MISSING
+            outcome = await self._pass(record)
+            if outcome is not None:
+                return outcome
+        return Outcome.WAITING
+
+    async def _pass(self, record: InboxRecord) -> Outcome | None:
+        """One step; None means "re-read the record and continue"."""
+        state = record.state
+        if state.is_terminal:
+            return Outcome.DONE
+        if state is RecordState.CLAIMING:
+            return await self._claim(record)
+        if state is RecordState.EXITED:  # (2) completion first
+            return await self._complete(record)
+        if state is RecordState.RUNNING_ACKNOWLEDGED:
+            identity = identity_of(record)
+            status = None if identity is None else self._processes.poll(identity)
+            if status is not None:
+                self._persist_exit(record, status)
+                return None
+        if record.lease_lost_locally(self._clock()):  # (3) no control call
+            return await self._lease_lost(record, "local lease estimate expired")
+        if state is RecordState.CLAIMED:
+            return await self._start(record)
+        if state is RecordState.LAUNCHING:
+            return await self._report_start_failure(record)
+        if state is RecordState.STARTED:
+            return await self._acknowledge_running(record)
+        return await self._control(record)  # (4) and (5)
+
+    async def _claim(self, record: InboxRecord) -> Outcome | None:
+        sent = self._clock()
+        try:
+            claimed = await self._client.claim_offer(
+                ws.ClaimOfferRequest(
+                    worker_id=record.worker_id,
+                    session_id=record.session_id,
+                    worker_generation=record.worker_generation,
+                    offer_id=record.offer_id,
+                    project_id=record.project_id,
+                    run_id=record.run_id,
+                    lease_token=record.capability,
+                )
+            )
+        except CallFailed as failure:
+            if failure.transient:
+                return self._waiting(record, failure)
+            self._save(record, state=RecordState.ABANDONED, detail=failure.label)
+            return Outcome.ABANDONED
+        plan = claimed.spec.plan
+        self._save(
+            record,
+            state=RecordState.CLAIMED,
+            attempt_id=claimed.attempt_id,
+            lease_generation=claimed.lease_generation,
+            lease_version=claimed.lease_version,
+            lease_observed_unix_ms=sent,
+            lease_remaining_ms=claimed.lease_remaining.ToMilliseconds(),
+            argv=tuple(plan.command),
+            timeout_ms=plan.timeout_ms if plan.HasField("timeout_ms") else None,
+        )
+        return None
+
+    async def _start(self, record: InboxRecord) -> Outcome | None:
+        """AcknowledgeStarting, check the activation, persist, spawn, persist identity."""
+        try:
+            starting = await self._client.acknowledge_starting(
+                ws.AcknowledgeStartingRequest(fence=fence_of(record))
+            )
+        except CallFailed as failure:
+            if failure.transient:
+                return self._waiting(record, failure)
+            return await self._lease_lost(record, failure.label)
+        activation = starting.activation
+        problem = activation_problem(record.timeout_ms, activation)
+        has_deadline = not problem and activation.HasField("deadline")
+        record = self._save(
+            record,
+            state=RecordState.LAUNCHING,
+            deadline_unix_ms=activation.deadline.ToMilliseconds() if has_deadline else None,
+            deadline_remaining_ms=(
+                activation.deadline_remaining.ToMilliseconds() if has_deadline else None
+            ),
+            callback_sequence=FIRST_CALLBACK_SEQUENCE,
+            callback_token=secrets.token_urlsafe(32),
+            start_failure=problem or None,
+        )
+        if problem:
+            return None  # the next pass reports the start failure
+        try:
+            identity = self._processes.spawn(
+                record.argv,
+                timeout_ms=record.timeout_ms,
+                deadline_unix_ms=record.deadline_unix_ms,
+                extra_environment={
+                    "QINGLONG_PROJECT_ID": record.project_id,
+                    "QINGLONG_RUN_ID": record.run_id,
+                    "QINGLONG_ATTEMPT_ID": record.attempt_id or "",
+                },
+                log_path=self._log_path(record),
+            )
+        except (ExecutorRefused, OSError) as error:
+            self._save(record, start_failure=_spawn_failure_summary(error))
+            return None
+        try:
+            self._save(
+                record,
+                state=RecordState.STARTED,
+                executor_pid=identity.pid,
+                executor_start_ticks=identity.start_ticks,
+            )
+        except BaseException:
+            # An identity that cannot be made durable must not leave an orphan behind.
+            await self._processes.stop(identity, grace_seconds=0.0)
+            raise
+        log.info("offer %s run %s: started %s", record.offer_id, record.run_id, identity.handle)
+        return None
+
+    async def _acknowledge_running(self, record: InboxRecord) -> Outcome | None:
+        identity = identity_of(record)
+        if identity is None or record.callback_token is None or record.callback_sequence is None:
+            return await self._lease_lost(record, "executor identity missing")
+        try:
+            await self._client.acknowledge_running(
+                ws.AcknowledgeRunningRequest(
+                    fence=fence_of(record),
+                    executor_handle=identity.handle,
+                    callback_sequence=record.callback_sequence,
+                    callback_token_digest=callback_digest(record.callback_token),
+                )
+            )
+        except CallFailed as failure:
+            if failure.transient:
+                return self._waiting(record, failure)
+            return await self._lease_lost(record, failure.label)
+        self._save(record, state=RecordState.RUNNING_ACKNOWLEDGED)
+        # A short process may already be done: recover its completion right away.
+        return None if self._processes.poll(identity) is not None else Outcome.RUNNING
+
+    async def _report_start_failure(self, record: InboxRecord) -> Outcome:
+        if record.start_failure is None:
+            record = self._save(record, start_failure=_RESTARTED_WHILE_LAUNCHING)
+        summary = record.start_failure or _RESTARTED_WHILE_LAUNCHING
+        try:
+            failed = await self._client.report_start_failure(
+                ws.ReportStartFailureRequest(fence=fence_of(record), error_summary=summary)
+            )
+        except CallFailed as failure:
+            if failure.transient:
+                return self._waiting(record, failure)
+            self._quarantine(record, QuarantineReason.START_FAILED, failure.label)
+            return Outcome.START_FAILED
+        self._quarantine(
+            record,
+            QuarantineReason.START_FAILED,
+            failed.error_code,
+            lease_version=failed.completed_lease_version,
+        )
+        return Outcome.START_FAILED
+
+    async def _control(self, record: InboxRecord) -> Outcome | None:
+        sent = self._clock()
+        try:
+            answer = await self._client.control_lease(
+                ws.ControlLeaseRequest(fence=fence_of(record))
+            )
+        except CallFailed as failure:
+            if failure.transient:
+                return self._waiting(record, failure)
+            return await self._lease_lost(record, failure.label)
+        result = answer.WhichOneof("result")
+        if result == "renewed":
+            self._save(
+                record,
+                lease_version=answer.renewed.lease_version,
+                lease_observed_unix_ms=sent,
+                lease_remaining_ms=answer.renewed.lease_remaining.ToMilliseconds(),
+            )
+            return Outcome.RUNNING
+        if result == "stop_requested":
+            stop = answer.stop_requested
+            # Persist the new version (and why) BEFORE stopping: completion uses it.
+            record = self._save(
+                record,
+                lease_version=stop.lease_version,
+                lease_observed_unix_ms=sent,
+                lease_remaining_ms=stop.lease_remaining.ToMilliseconds(),
+                stop_reason=_cancel_reason_name(stop.cancel_reason),
+            )
+            log.info(
+                "offer %s run %s: stop requested (%s)",
+                record.offer_id,
+                record.run_id,
+                record.stop_reason,
+            )
+            return await self._stop_for_completion(record)
+        if result == "terminal":
+            run_state = lifecycle_pb2.RunState.Name(answer.terminal.run_state)
+            result_of_stop, status = await self._stop_exact(record)
+            self._quarantine(
+                record,
+                QuarantineReason.CONTROL_PLANE_TERMINAL,
+                f"{run_state}; local process {result_of_stop}",
+                status=status,
+            )
+            return Outcome.TERMINAL
+        log.warning("offer %s: lease control answered nothing recognisable", record.offer_id)
+        return Outcome.WAITING
+
+    async def _stop_for_completion(self, record: InboxRecord) -> Outcome | None:
+        identity = identity_of(record)
+        if identity is None:
+            return await self._lease_lost(record, "executor identity missing")
+        stopped = await self._processes.stop(identity, grace_seconds=self._grace)
+        status = self._processes.poll(identity)
+        if stopped is StopResult.UNVERIFIED or status is None:
+            log.warning("offer %s: stop not confirmed; will retry", record.offer_id)
+            return Outcome.STOP_PENDING
+        self._persist_exit(record, status)
+        return None  # the next pass completes
+
+    async def _complete(self, record: InboxRecord) -> Outcome:
+        outcome = record.completion_outcome or "failed"
+        request = ws.CompleteAttemptRequest(
+            fence=fence_of(record),
+            callback_sequence=record.callback_sequence or FIRST_CALLBACK_SEQUENCE,
+            outcome=_OUTCOMES[outcome],
+            summary=exit_summary(record),
+        )
+        if record.exit_code is not None:
+            request.exit_code = record.exit_code
+        try:
+            done = await self._client.complete_attempt(request)
+        except CallFailed as failure:
+            if failure.transient:
+                if record.lease_lost_locally(self._clock()):
+                    self._quarantine(
+                        record,
+                        QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+                        f"completion not delivered ({failure.label}); local lease expired",
+                    )
+                    return Outcome.LEASE_LOST
+                return self._waiting(record, failure)
+            if failure.reason in _COMPLETION_CONFLICTS:
+                self._quarantine(record, QuarantineReason.CONTROL_PLANE_TERMINAL, failure.label)
+                return Outcome.TERMINAL
+            self._quarantine(
+                record, QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED, failure.label
+            )
+            return Outcome.LEASE_LOST
+        self._save(
+            record,
+            state=RecordState.COMPLETION_ACKNOWLEDGED,
+            lease_version=done.completed_lease_version,
+            detail=done.error_code or None,
+        )
+        log.info(
+            "offer %s run %s: completed %s (%s)",
+            record.offer_id,
+            record.run_id,
+            outcome,
+            lifecycle_pb2.RunState.Name(done.run_state),
+        )
+        return Outcome.COMPLETED
+
+    async def _lease_lost(self, record: InboxRecord, detail: str) -> Outcome:
+        """Stop the local process by its durable identity and quarantine the record."""
+        if record.has_executor:
+            stopped, status = await self._stop_exact(record)
+            unverified = stopped is StopResult.UNVERIFIED
+        else:
+            # Nothing was spawned, unless a spawn's outcome was lost in a crash.
+            stopped, status = None, None
+            unverified = record.state is RecordState.LAUNCHING and record.start_failure is None
+        reason = (
+            QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
+            if unverified
+            else QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+        )
+        suffix = "" if stopped is None else f"; local process {stopped}"
+        self._quarantine(record, reason, detail + suffix, status=status)
+        return Outcome.LEASE_LOST
+
+    async def _stop_exact(self, record: InboxRecord) -> tuple[StopResult, ExitStatus | None]:
+        identity = identity_of(record)
+        if identity is None:
+            return StopResult.ALREADY_EXITED, None
+        stopped = await self._processes.stop(identity, grace_seconds=self._grace)
+        status = self._processes.poll(identity)
+        return stopped, status
+
+    # --- persistence ----------------------------------------------------------------------
+
+    def _persist_exit(self, record: InboxRecord, status: ExitStatus) -> InboxRecord:
+        outcome = completion_outcome(record.stop_reason, status)
+        written = self._save(
+            record,
+            state=RecordState.EXITED,
+            exit_code=status.exit_code,
+            exit_signal=status.signal,
+            completion_outcome=outcome,
+        )
+        identity = identity_of(record)
+        if identity is not None:
+            self._processes.release(identity)
+        log.info("offer %s run %s: exited (%s)", record.offer_id, record.run_id, outcome)
+        return written
+
+    def _quarantine(
+        self,
+        record: InboxRecord,
+        reason: QuarantineReason,
+        detail: str,
+        *,
+        status: ExitStatus | None = None,
+        **changes: Any,
+    ) -> InboxRecord:
+        exit_fields: dict[str, Any] = {}
+        if status is not None and status is not UNOBSERVED_EXIT:
+            exit_fields = {"exit_code": status.exit_code, "exit_signal": status.signal}
+        written = self._save(
+            record,
+            state=RecordState.QUARANTINED,
+            quarantine_reason=reason,
+            detail=detail[:256],
+            **exit_fields,
+            **changes,
+        )
+        identity = identity_of(record)
+        if identity is not None and status is not None:
+            self._processes.release(identity)
+        log.warning(
+            "offer %s run %s: quarantined %s (%s)", record.offer_id, record.run_id, reason, detail
+        )
+        return written
+
+    def _save(self, record: InboxRecord, **changes: Any) -> InboxRecord:
+        updated = dataclasses.replace(record, updated_unix_ms=self._clock(), **changes)
+        written = self._inbox.compare_and_set(record, updated)
+        if written.state is not record.state:
+            log.info(
+                "offer %s run %s: %s -> %s",
+                record.offer_id,
+                record.run_id,
+                record.state,
+                written.state,
+            )
+        return written
+
+    def _log_path(self, record: InboxRecord) -> Path | None:
+        return None if self._log_dir is None else self._log_dir / f"{record.offer_id}.log"
+
+    def _waiting(self, record: InboxRecord, failure: CallFailed) -> Outcome:
+        log.info("offer %s: %s; will retry", record.offer_id, failure)
+        return Outcome.WAITING
+
+
+def _spawn_failure_summary(error: Exception) -> str:
+    """Low-sensitivity: the kind of failure, never paths, argv or environment values."""
+    if isinstance(error, ExecutorRefused):
+        return f"executor refused to start: {error}"[: bounds.ERROR_SUMMARY_MAX_CHARS]
+    if isinstance(error, FileNotFoundError):
+        return "executable not found"
+    if isinstance(error, PermissionError):
+        return "permission denied starting the executable"
+    return f"could not start the executable ({type(error).__name__})"
+
+
+__all__ = [
+    "FIRST_CALLBACK_SEQUENCE",
+    "Outcome",
+    "Reconciler",
+    "activation_problem",
+    "callback_digest",
+    "completion_outcome",
+    "fence_of",
+    "identity_of",
+    "new_capability",
+    "wall_clock_ms",
+]

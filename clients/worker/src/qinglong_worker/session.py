@@ -1,0 +1,182 @@
+"""The Worker's session: open it, renew it on the server's cadence, resume it after a restart.
+
+The session is persisted in the inbox, so a restarted daemon first tries to *renew* the
+session it had. If that still works (the restart was shorter than the session's
+lifetime), every inbox record keeps a valid fence and running executors are simply
+supervised again. If the session was fenced or expired, a new one is opened: records of
+the old session will then be refused as fenced and handled as a lost lease.
+
+OpenSession is idempotent by request id (AIP-155); the id is persisted before the call,
+so a retry after a lost answer returns the same session instead of a second one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Final
+
+from qinglong.rpc.v1 import execution_pb2
+from qinglong.worker.v1 import worker_pb2
+from qinglong.worker.v1 import worker_service_pb2 as ws
+
+from qinglong_worker.client import CallFailed, WorkerClient
+from qinglong_worker.inbox import Inbox, SessionRecord
+
+log = logging.getLogger(__name__)
+
+#: Renew after this fraction of the remaining lifetime when the server suggests nothing.
+_RENEW_FRACTION: Final = 1 / 3
+
+
+def agent_version() -> str:
+    try:
+        return f"qinglong-worker/{metadata.version('qinglong-worker')}"
+    except metadata.PackageNotFoundError:
+        return "qinglong-worker"
+
+
+@dataclass(frozen=True)
+class ActiveSession:
+    session_id: str
+    worker_generation: int
+    state: worker_pb2.SessionState.ValueType
+    renew_at: float
+    """Monotonic time of the next renewal (in-memory only; never a durable fact)."""
+    expires_at: float
+    """Monotonic time after which the session must be presumed expired."""
+
+    @property
+    def online(self) -> bool:
+        return self.state == worker_pb2.SESSION_STATE_ONLINE
+
+
+class SessionKeeper:
+    def __init__(
+        self,
+        *,
+        inbox: Inbox,
+        client: WorkerClient,
+        worker_id: str,
+        max_concurrency: int,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._inbox = inbox
+        self._client = client
+        self._worker_id = worker_id
+        self._max_concurrency = max_concurrency
+        self._monotonic = monotonic
+        self._active: ActiveSession | None = None
+        self._renew_interval: float | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    @property
+    def active(self) -> ActiveSession | None:
+        return self._active
+
+    async def ensure(self) -> ActiveSession | None:
+        """The live session, renewed or (re)opened when due; None while unreachable."""
+        now = self._monotonic()
+        active = self._active
+        if active is not None and now < active.renew_at:
+            return active
+        stored = self._inbox.session()
+        if (
+            stored is not None
+            and stored.worker_id == self._worker_id
+            and stored.session_id is not None
+            and stored.worker_generation is not None
+        ):
+            try:
+                return await self._renew(stored.session_id, stored.worker_generation)
+            except CallFailed as failure:
+                if failure.transient:
+                    log.info("session renewal failed: %s", failure)
+                    return self._still_valid(now)
+                log.warning("session %s is gone (%s); opening another", stored.session_id, failure)
+                self._active = None
+        return await self._open(stored)
+
+    async def _renew(self, session_id: str, generation: int) -> ActiveSession:
+        sent = self._monotonic()
+        renewed = await self._client.renew_session(
+            ws.RenewSessionRequest(
+                worker_id=self._worker_id, session_id=session_id, worker_generation=generation
+            )
+        )
+        remaining = renewed.session_remaining.ToMilliseconds() / 1000
+        if self._active is None:
+            log.info("session %s (generation %d) resumed", session_id, generation)
+        self._active = ActiveSession(
+            session_id,
+            generation,
+            renewed.session_state,
+            renew_at=sent + self._interval(remaining),
+            expires_at=sent + remaining,
+        )
+        return self._active
+
+    async def _open(self, stored: SessionRecord | None) -> ActiveSession | None:
+        if stored is None or stored.session_id is not None or stored.worker_id != self._worker_id:
+            # A new incarnation: a new idempotency key, persisted before the call.
+            stored = self._inbox.save_session(
+                stored,
+                SessionRecord(
+                    revision=0, worker_id=self._worker_id, open_request_id=uuid.uuid4().hex
+                ),
+            )
+        sent = self._monotonic()
+        try:
+            opened = await self._client.open_session(
+                ws.OpenSessionRequest(
+                    request_id=stored.open_request_id,
+                    worker_id=self._worker_id,
+                    agent_version=agent_version(),
+                    executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                    max_concurrent_attempts=self._max_concurrency,
+                )
+            )
+        except CallFailed as failure:
+            log.warning("opening a session failed: %s", failure)
+            return None
+        self._inbox.save_session(
+            stored,
+            SessionRecord(
+                revision=stored.revision,
+                worker_id=self._worker_id,
+                open_request_id=stored.open_request_id,
+                session_id=opened.session_id,
+                worker_generation=opened.worker_generation,
+            ),
+        )
+        remaining = opened.session_remaining.ToMilliseconds() / 1000
+        interval = opened.renew_interval.ToMilliseconds() / 1000
+        self._renew_interval = interval if interval > 0 else None
+        self._active = ActiveSession(
+            opened.session_id,
+            opened.worker_generation,
+            opened.session_state,
+            renew_at=sent + self._interval(remaining),
+            expires_at=sent + remaining,
+        )
+        log.info("session %s opened (generation %d)", opened.session_id, opened.worker_generation)
+        return self._active
+
+    def _interval(self, remaining_seconds: float) -> float:
+        fallback = remaining_seconds * _RENEW_FRACTION
+        if self._renew_interval is None:
+            return fallback
+        return min(self._renew_interval, fallback) if fallback > 0 else self._renew_interval
+
+    def _still_valid(self, now: float) -> ActiveSession | None:
+        if self._active is not None and now < self._active.expires_at:
+            return self._active
+        self._active = None
+        return None

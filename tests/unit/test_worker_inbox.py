@@ -1,0 +1,231 @@
+"""The Worker's durable inbox (SPEC R-W-1) on a real SQLite file: compare-and-set on every
+change, durability across reopen, a private file, and no secret in any repr or log."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import stat
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from qinglong_worker.inbox import (
+    Inbox,
+    InboxConflict,
+    InboxLocked,
+    InboxRecord,
+    InvalidTransition,
+    QuarantineReason,
+    RecordState,
+    SessionRecord,
+)
+from qinglong_worker.reconcile import new_capability
+
+
+def _record(offer_id: str | None = None) -> InboxRecord:
+    return InboxRecord(
+        offer_id=offer_id or str(uuid.uuid4()),
+        revision=1,
+        state=RecordState.CLAIMING,
+        worker_id="worker-a",
+        session_id=str(uuid.uuid4()),
+        worker_generation=3,
+        project_id="default",
+        run_id=str(uuid.uuid4()),
+        capability=new_capability(),
+        argv=("sh", "-c", "echo hi"),
+        timeout_ms=60_000,
+        created_unix_ms=1_000,
+        updated_unix_ms=1_000,
+    )
+
+
+@pytest.fixture
+def inbox_path(tmp_path: Path) -> Path:
+    return tmp_path / "worker" / "inbox.db"
+
+
+def test_every_change_is_a_compare_and_set_on_revision(inbox_path: Path) -> None:
+    inbox = Inbox.open(inbox_path)
+    try:
+        admitted = _record()
+        assert inbox.admit(admitted)
+        assert not inbox.admit(_record(admitted.offer_id)), "one record per offer"
+        claimed = inbox.compare_and_set(
+            admitted,
+            dataclasses.replace(
+                admitted,
+                state=RecordState.CLAIMED,
+                attempt_id=str(uuid.uuid4()),
+                lease_generation=1,
+                lease_version=1,
+            ),
+        )
+        assert claimed.revision == 2
+        # A writer holding the old revision loses, and nothing changes.
+        with pytest.raises(InboxConflict):
+            inbox.compare_and_set(
+                admitted, dataclasses.replace(admitted, state=RecordState.ABANDONED)
+            )
+        # So does a second writer racing on the same revision: only the first wins.
+        renewed = inbox.compare_and_set(claimed, dataclasses.replace(claimed, lease_version=2))
+        with pytest.raises(InboxConflict):
+            inbox.compare_and_set(claimed, dataclasses.replace(claimed, lease_version=7))
+        assert inbox.get(admitted.offer_id) == renewed
+        assert renewed.revision == 3
+        assert renewed.lease_version == 2
+        # The state machine and the fixed identity are guarded too.
+        with pytest.raises(InvalidTransition):
+            inbox.compare_and_set(
+                renewed, dataclasses.replace(renewed, state=RecordState.COMPLETION_ACKNOWLEDGED)
+            )
+        with pytest.raises(InvalidTransition):
+            inbox.compare_and_set(
+                renewed, dataclasses.replace(renewed, capability=new_capability())
+            )
+        with pytest.raises(InvalidTransition):
+            inbox.compare_and_set(renewed, dataclasses.replace(renewed, attempt_id="other"))
+        closed = inbox.compare_and_set(
+            renewed,
+            dataclasses.replace(
+                renewed,
+                state=RecordState.QUARANTINED,
+                quarantine_reason=QuarantineReason.CONTROL_PLANE_TERMINAL,
+            ),
+        )
+        with pytest.raises(InvalidTransition):
+            inbox.compare_and_set(closed, dataclasses.replace(closed, detail="again"))
+        assert inbox.get(admitted.offer_id) == closed
+    finally:
+        inbox.close()
+
+
+def test_records_and_session_survive_a_restart(inbox_path: Path) -> None:
+    inbox = Inbox.open(inbox_path)
+    first, second = _record(), _record()
+    inbox.admit(first)
+    inbox.admit(second)
+    running = inbox.compare_and_set(
+        first,
+        dataclasses.replace(
+            first,
+            state=RecordState.CLAIMED,
+            attempt_id=str(uuid.uuid4()),
+            lease_generation=1,
+            lease_version=4,
+            lease_observed_unix_ms=10_000,
+            lease_remaining_ms=30_000,
+        ),
+    )
+    session = inbox.save_session(
+        None, SessionRecord(revision=0, worker_id="worker-a", open_request_id="req-1")
+    )
+    with pytest.raises(InboxConflict):
+        inbox.save_session(None, session)
+    inbox.save_session(
+        session, dataclasses.replace(session, session_id=first.session_id, worker_generation=3)
+    )
+    # The journal is held exclusively while open.
+    with pytest.raises(InboxLocked):
+        Inbox.open(inbox_path)
+    inbox.close()
+
+    # A different process reads what this one committed (nothing lives only in memory).
+    probe = (
+        "import sys; from pathlib import Path; from qinglong_worker.inbox import Inbox;"
+        "i = Inbox.open(Path(sys.argv[1])); r = i.get(sys.argv[2]);"
+        "print(r.state, r.revision, r.lease_version, r.lease_expires_unix_ms); i.close()"
+    )
+    seen = subprocess.run(
+        [sys.executable, "-c", probe, str(inbox_path), first.offer_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert seen.stdout.split() == ["claimed", "2", "4", "40000"]
+
+    reopened = Inbox.open(inbox_path)
+    try:
+        assert reopened.get(first.offer_id) == running
+        assert running.capability == first.capability  # the capability is durable
+        assert [r.offer_id for _, r in reopened.open_records(after_seq=0, limit=10)] == [
+            first.offer_id,
+            second.offer_id,
+        ]
+        # The cursor is stable: continue after the first.
+        [(_, after)] = reopened.open_records(after_seq=1, limit=10)
+        assert after.offer_id == second.offer_id
+        restored = reopened.session()
+        assert restored is not None
+        assert (restored.session_id, restored.worker_generation, restored.revision) == (
+            first.session_id,
+            3,
+            2,
+        )
+        assert running.lease_lost_locally(39_999) is False
+        assert running.lease_lost_locally(40_000) is True
+    finally:
+        reopened.close()
+
+
+def test_the_inbox_file_is_private(inbox_path: Path) -> None:
+    inbox = Inbox.open(inbox_path)
+    try:
+        inbox.admit(_record())
+        for path in (inbox_path, inbox_path.with_name(inbox_path.name + "-wal")):
+            assert path.exists()
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        assert stat.S_IMODE(inbox_path.parent.stat().st_mode) == 0o700
+        mode = inbox._db.execute("PRAGMA journal_mode").fetchone()[0]
+        synchronous = inbox._db.execute("PRAGMA synchronous").fetchone()[0]
+        assert (mode, synchronous) == ("wal", 2)  # 2 = FULL
+    finally:
+        inbox.close()
+    # A file that already exists with a loose mode is tightened on open.
+    inbox_path.chmod(0o644)
+    Inbox.open(inbox_path).close()
+    assert stat.S_IMODE(inbox_path.stat().st_mode) == 0o600
+
+
+def test_no_secret_in_repr_errors_or_logs(
+    inbox_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    token = secrets.token_urlsafe(32)
+    inbox = Inbox.open(inbox_path)
+    try:
+        record = _record()
+        inbox.admit(record)
+        claimed = inbox.compare_and_set(
+            record,
+            dataclasses.replace(
+                record,
+                state=RecordState.CLAIMED,
+                attempt_id=str(uuid.uuid4()),
+                lease_generation=1,
+                lease_version=1,
+            ),
+        )
+        launching = inbox.compare_and_set(
+            claimed,
+            dataclasses.replace(
+                claimed, state=RecordState.LAUNCHING, callback_token=token, callback_sequence=1
+            ),
+        )
+        with pytest.raises(InboxConflict) as conflict:
+            inbox.compare_and_set(claimed, launching)
+        logging.getLogger("test").info("record %r", launching)
+        rendered = "\n".join([repr(launching), str(launching), str(conflict.value), caplog.text])
+        assert record.capability not in rendered
+        assert token not in rendered
+        assert launching.offer_id in rendered  # ids are fine to show
+        # The secrets are durable all the same: they are what recovery needs.
+        stored = inbox.get(record.offer_id)
+        assert stored is not None
+        assert (stored.capability, stored.callback_token) == (record.capability, token)
+    finally:
+        inbox.close()
