@@ -6,7 +6,10 @@ errors loudly. A skipped test fails the run (see pytest_sessionfinish).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,10 +19,16 @@ SUPPORTED_POSTGRES_VERSIONS = (16, 18)
 
 
 @pytest.fixture(scope="session")
-def postgres_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
-    clusters = Clusters(tmp_path_factory.mktemp("postgres"))
-    yield clusters
-    clusters.stop_all()
+def postgres_clusters() -> Iterator[Clusters]:
+    # Not under pytest's basetemp: pytest deletes all but its three newest basetemp
+    # directories, so a second pytest run on the machine could delete a live cluster.
+    root = Path(tempfile.mkdtemp(prefix="qinglong-pg-"))
+    clusters = Clusters(root)
+    try:
+        yield clusters
+    finally:
+        clusters.stop_all()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(
