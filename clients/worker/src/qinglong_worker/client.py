@@ -16,7 +16,7 @@ expected version stale.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -79,12 +79,21 @@ class ClientSettings:
 class WorkerClient:
     """Typed WorkerService calls on one channel."""
 
-    def __init__(self, settings: ClientSettings) -> None:
+    def __init__(
+        self,
+        settings: ClientSettings,
+        *,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:
+        """``interceptors``: e.g. the OpenTelemetry client span of
+        :func:`qinglong_protocol.telemetry.client_interceptors` (method and status only,
+        never a message body)."""
         self._settings = settings
         self._channel = grpc.aio.secure_channel(
             settings.ingress_address,
             mutual_tls_channel_credentials(settings.tls),
             options=list(_CHANNEL_OPTIONS),
+            interceptors=list(interceptors) or None,
         )
         self._stub = worker_service_pb2_grpc.WorkerServiceStub(self._channel)
 

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from qinglong_protocol.health import health_status
+from qinglong_protocol.telemetry import client_interceptors, configure_telemetry
 
 from qinglong_worker.client import ClientSettings, WorkerClient
 from qinglong_worker.inbox import Inbox, InboxLocked
@@ -61,7 +62,11 @@ async def run_daemon(settings: WorkerSettings) -> int:
         return 2
     try:
         daemon.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        client = WorkerClient(ClientSettings(settings.ingress_address, settings.tls))
+        configure_telemetry("qinglong-worker")
+        client = WorkerClient(
+            ClientSettings(settings.ingress_address, settings.tls),
+            interceptors=client_interceptors(),
+        )
         try:
             processes = ProcessController(base_environment=os.environ)
             reconciler = Reconciler(
