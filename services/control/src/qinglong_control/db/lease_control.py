@@ -9,6 +9,7 @@ from psycopg import AsyncConnection
 from qinglong_control.db.authority import lock_authority
 from qinglong_control.db.command_tx import FaultPlan, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.db.start_facts import COMPLETE_LEASE
 from qinglong_control.domain.completion import (
     CompletionDecision,
     CompletionReport,
@@ -53,12 +54,6 @@ UPDATE qinglong.runs
        error_summary = %(summary)s, version = version + 1,
        event_sequence = event_sequence + 2, updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
-"""
-
-_COMPLETE_LEASE = """
-UPDATE qinglong.run_leases
-   SET status = 'completed', version = %(version)s, ended_at_ms = %(now)s
- WHERE attempt_id = %(attempt_id)s
 """
 
 
@@ -150,5 +145,5 @@ async def complete_attempt(
                 ),
             ],
         )
-        await tx.execute("lease.complete", _COMPLETE_LEASE, values)
+        await tx.execute("lease.complete", COMPLETE_LEASE, values)
         return decision

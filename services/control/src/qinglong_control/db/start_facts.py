@@ -73,7 +73,8 @@ UPDATE qinglong.runs
  WHERE run_id = %(run_id)s
 """
 
-_COMPLETE_LEASE = """
+# Shared with completion: the lease ends at the version the terminal command chose.
+COMPLETE_LEASE = """
 UPDATE qinglong.run_leases
    SET status = 'completed', version = %(version)s, ended_at_ms = %(now)s
  WHERE attempt_id = %(attempt_id)s
@@ -216,5 +217,5 @@ async def report_start_failure(
                 ),
             ],
         )
-        await tx.execute("lease.complete", _COMPLETE_LEASE, lease_values)
+        await tx.execute("lease.complete", COMPLETE_LEASE, lease_values)
         return decision
