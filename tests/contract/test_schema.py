@@ -240,3 +240,39 @@ def test_contract_suite_runs_on_every_supported_version(database: MigratedDataba
     assert version is not None
     assert int(version[0]) // 10_000 == database.version
     assert database.version in (16, 18)
+
+
+def test_cancel_intent_and_attempt_authority_are_final(
+    claimed: tuple[psycopg.Connection[tuple[object, ...]], SeededAttempt],
+) -> None:
+    runtime, seeded = claimed
+    runtime.execute(
+        "UPDATE qinglong.runs SET cancel_requested_at_ms = %s, cancel_reason = 'user'"
+        " WHERE run_id = %s",
+        (NOW_MS, seeded.run_id),
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.runs SET cancel_reason = 'timeout' WHERE run_id = %s",
+        (seeded.run_id,),
+        "runs_cancel_intent_final",
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.runs SET cancel_requested_at_ms = NULL, cancel_reason = NULL"
+        b" WHERE run_id = %s",
+        (seeded.run_id,),
+        "runs_cancel_intent_final",
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.attempts SET lease_token_digest = %s WHERE attempt_id = %s",
+        (digest("another"), seeded.attempt_id),
+        "attempts_authority_fixed",
+    )
+    _rejected(
+        runtime,
+        b"UPDATE qinglong.attempts SET worker_generation = 2 WHERE attempt_id = %s",
+        (seeded.attempt_id,),
+        "attempts_authority_fixed",
+    )

@@ -348,6 +348,14 @@ BEGIN
         RAISE EXCEPTION 'run % is terminal (%)', OLD.run_id, OLD.state
             USING ERRCODE = 'check_violation', CONSTRAINT = 'runs_terminal_immutable';
     END IF;
+    -- A durable cancel intent is a fact: once written it is neither withdrawn nor changed.
+    IF OLD.cancel_requested_at_ms IS NOT NULL
+       AND (NEW.cancel_requested_at_ms, NEW.cancel_reason, NEW.cancel_requested_by)
+           IS DISTINCT FROM
+           (OLD.cancel_requested_at_ms, OLD.cancel_reason, OLD.cancel_requested_by) THEN
+        RAISE EXCEPTION 'cancel intent of run % is final', OLD.run_id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'runs_cancel_intent_final';
+    END IF;
     IF NEW.state IS DISTINCT FROM OLD.state AND NOT (
            (OLD.state = 'created' AND NEW.state IN ('queued', 'cancelled', 'timed_out'))
         OR (OLD.state = 'queued' AND NEW.state IN ('dispatching', 'cancelled', 'timed_out'))
@@ -374,6 +382,17 @@ BEGIN
     IF OLD.state IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost') THEN
         RAISE EXCEPTION 'attempt % is terminal (%)', OLD.attempt_id, OLD.state
             USING ERRCODE = 'check_violation', CONSTRAINT = 'attempts_terminal_immutable';
+    END IF;
+    -- Who owns the Attempt under which authority never changes: only its progress does.
+    IF (NEW.run_id, NEW.attempt_number, NEW.executor_type, NEW.worker_id, NEW.session_id,
+        NEW.worker_generation, NEW.offer_id, NEW.lease_generation, NEW.lease_token_digest,
+        NEW.claimed_at_ms)
+       IS DISTINCT FROM
+       (OLD.run_id, OLD.attempt_number, OLD.executor_type, OLD.worker_id, OLD.session_id,
+        OLD.worker_generation, OLD.offer_id, OLD.lease_generation, OLD.lease_token_digest,
+        OLD.claimed_at_ms) THEN
+        RAISE EXCEPTION 'the authority of attempt % is fixed at claim', OLD.attempt_id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'attempts_authority_fixed';
     END IF;
     IF NEW.state IS DISTINCT FROM OLD.state AND NOT (
            (OLD.state = 'claimed' AND NEW.state IN ('starting', 'cancelled', 'timed_out', 'lost'))
