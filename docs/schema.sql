@@ -102,10 +102,13 @@ BEGIN
            (OLD.state = 'created' AND NEW.state IN ('queued', 'cancelled', 'timed_out'))
         OR (OLD.state = 'queued' AND NEW.state IN ('dispatching', 'cancelled', 'timed_out'))
         OR (OLD.state = 'waiting_approval' AND NEW.state IN ('queued', 'cancelled', 'timed_out'))
-        OR (OLD.state = 'dispatching' AND NEW.state IN ('running', 'failed', 'cancelled', 'timed_out', 'lost'))
-        OR (OLD.state = 'running' AND NEW.state IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost'))
-        OR (OLD.state = 'retry_wait' AND NEW.state IN ('queued', 'cancelled', 'timed_out'))
-        OR (OLD.state = 'lost' AND NEW.state IN ('retry_wait', 'queued', 'cancelled', 'timed_out'))
+        OR (OLD.state = 'dispatching' AND NEW.state IN (
+                'queued', 'running', 'retry_wait', 'failed', 'cancelled', 'timed_out', 'lost'))
+        OR (OLD.state = 'running' AND NEW.state IN (
+                'retry_wait', 'succeeded', 'failed', 'cancelled', 'timed_out', 'lost'))
+        OR (OLD.state = 'retry_wait' AND NEW.state IN ('queued', 'failed', 'cancelled', 'timed_out'))
+        OR (OLD.state = 'lost' AND NEW.state IN (
+                'retry_wait', 'queued', 'failed', 'cancelled', 'timed_out'))
     ) THEN
         RAISE EXCEPTION 'illegal run transition % -> %', OLD.state, NEW.state
             USING ERRCODE = 'check_violation', CONSTRAINT = 'runs_legal_transition';
@@ -291,6 +294,7 @@ CREATE TABLE qinglong.runs (
     finished_at_ms qinglong.epoch_ms,
     error_code text,
     error_summary text,
+    retry_at_ms qinglong.epoch_ms,
     CONSTRAINT runs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text]))),
     CONSTRAINT runs_cancel_requested_by_check CHECK (((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))),
@@ -301,6 +305,7 @@ CREATE TABLE qinglong.runs (
     CONSTRAINT runs_event_sequence_check CHECK ((event_sequence >= 0)),
     CONSTRAINT runs_executor_type_check CHECK ((executor_type = 'remote_worker'::text)),
     CONSTRAINT runs_owner_check CHECK ((owner = 'runtime'::text)),
+    CONSTRAINT runs_retry_at_only_waiting CHECK (((state = 'retry_wait'::text) = (retry_at_ms IS NOT NULL))),
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['created'::text, 'queued'::text, 'waiting_approval'::text, 'dispatching'::text, 'running'::text, 'retry_wait'::text, 'lost'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text]))),
     CONSTRAINT runs_trigger_request_id_check CHECK ((trigger_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT runs_triggered_by_check CHECK (((length(triggered_by) >= 1) AND (length(triggered_by) <= 200))),
@@ -343,10 +348,21 @@ CREATE TABLE qinglong.task_revisions (
     create_request_id text NOT NULL,
     created_by text NOT NULL,
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    retry_max_attempts integer DEFAULT 1 NOT NULL,
+    retry_initial_backoff_ms bigint DEFAULT 1000 NOT NULL,
+    retry_max_backoff_ms bigint DEFAULT 1000 NOT NULL,
+    retry_multiplier_percent integer DEFAULT 200 NOT NULL,
+    retry_on text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT task_revisions_command_check CHECK (((jsonb_typeof(command) = 'array'::text) AND ((jsonb_array_length(command) >= 1) AND (jsonb_array_length(command) <= 64)))),
     CONSTRAINT task_revisions_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT task_revisions_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200))),
     CONSTRAINT task_revisions_executor_type_check CHECK ((executor_type = 'remote_worker'::text)),
+    CONSTRAINT task_revisions_retry_backoff_ordered CHECK ((retry_max_backoff_ms >= retry_initial_backoff_ms)),
+    CONSTRAINT task_revisions_retry_initial_backoff_ms_check CHECK (((retry_initial_backoff_ms >= 1) AND (retry_initial_backoff_ms <= 86400000))),
+    CONSTRAINT task_revisions_retry_max_attempts_check CHECK (((retry_max_attempts >= 1) AND (retry_max_attempts <= 100))),
+    CONSTRAINT task_revisions_retry_max_backoff_ms_check CHECK (((retry_max_backoff_ms >= 1) AND (retry_max_backoff_ms <= 86400000))),
+    CONSTRAINT task_revisions_retry_multiplier_percent_check CHECK (((retry_multiplier_percent >= 100) AND (retry_multiplier_percent <= 1000))),
+    CONSTRAINT task_revisions_retry_on_check CHECK ((retry_on <@ ARRAY['failed'::text, 'start_failed'::text])),
     CONSTRAINT task_revisions_revision_number_check CHECK ((revision_number >= 1)),
     CONSTRAINT task_revisions_timeout_ms_check CHECK (((timeout_ms >= 1) AND (timeout_ms <= 604800000)))
 );
@@ -520,7 +536,11 @@ CREATE INDEX runs_by_project ON qinglong.runs USING btree (project_id, created_a
 
 CREATE INDEX runs_cancel_pending ON qinglong.runs USING btree (cancel_requested_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NOT NULL) AND (state = ANY (ARRAY['created'::text, 'queued'::text, 'waiting_approval'::text, 'retry_wait'::text, 'lost'::text])));
 
+CREATE INDEX runs_lost_unretried ON qinglong.runs USING btree (updated_at_ms, run_id) WHERE ((state = 'lost'::text) AND (cancel_requested_at_ms IS NULL));
+
 CREATE INDEX runs_queued_by_age ON qinglong.runs USING btree (created_at_ms, run_id) WHERE (state = 'queued'::text);
+
+CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) WHERE ((state = 'retry_wait'::text) AND (cancel_requested_at_ms IS NULL));
 
 CREATE INDEX security_audit_by_time ON qinglong.security_audit USING btree (occurred_at_ms);
 

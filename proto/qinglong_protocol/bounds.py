@@ -34,6 +34,14 @@ MAX_OFFERS_MIN: Final = 1
 MAX_OFFERS_MAX: Final = 64
 MAX_CONCURRENT_ATTEMPTS_MIN: Final = 1
 MAX_CONCURRENT_ATTEMPTS_MAX: Final = 64
+#: RetryPolicy (R-RETRY-2): attempts in total, backoff in ms, growth in percent.
+RETRY_MAX_ATTEMPTS_MIN: Final = 1
+RETRY_MAX_ATTEMPTS_MAX: Final = 100
+RETRY_BACKOFF_MS_MIN: Final = 1
+RETRY_BACKOFF_MS_MAX: Final = 86_400_000  # 1 day
+RETRY_MULTIPLIER_PERCENT_MIN: Final = 100
+RETRY_MULTIPLIER_PERCENT_MAX: Final = 1000
+RETRY_ON_MAX_ITEMS: Final = 2
 PAGE_SIZE_MAX: Final = 500
 PAGE_SIZE_DEFAULT: Final = 50  # what page_size == 0 means
 

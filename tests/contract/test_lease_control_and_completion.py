@@ -60,13 +60,62 @@ async def test_renewal_advances_version_and_fences_the_old_one(world: World) -> 
     assert decision.new_lease_version == 2
     version, status, ttl, projected, *_ = await lease_row(world, work)
     assert (version, status, ttl, projected) == (2, "leased", world.timings.lease_ttl_ms, 2)
-    before = await lease_row(world, work)
-    with pytest.raises(Refused) as fenced:
-        await control_lease(world.conn, work.fence, world.timings)  # still version 1
-    assert fenced.value.reason is Reason.LEASE_VERSION_FENCED
-    assert await lease_row(world, work) == before
     again = await control_lease(world.conn, with_version(work.fence, 2), world.timings)
     assert again.new_lease_version == 3
+    before = await lease_row(world, work)
+    for stale in (1, 4):  # two renewals behind, or ahead of the present
+        with pytest.raises(Refused) as fenced:
+            await control_lease(world.conn, with_version(work.fence, stale), world.timings)
+        assert fenced.value.reason is Reason.LEASE_VERSION_FENCED
+    assert await lease_row(world, work) == before
+
+
+async def test_lost_renewal_answer_is_replayed_without_advancing(world: World) -> None:
+    """R-LC-8: the same request again after its answer was lost gets the same version."""
+    work = await running(world)
+    first = await control_lease(world.conn, work.fence, world.timings)
+    after_first = await lease_row(world, work)
+    history = await events(world, work)
+    replayed = await control_lease(world.conn, work.fence, world.timings)  # still expects 1
+    assert (replayed.answer, replayed.new_lease_version) == (LeaseAnswer.RENEWED, 2)
+    assert replayed.replayed
+    assert not first.replayed
+    assert replayed.lease_expires_at_ms is not None
+    assert await lease_row(world, work) == after_first  # no second renewal, no drift
+    assert await events(world, work) == history
+    # A cancel that arrived meanwhile is part of the present projection.
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
+        " cancel_reason = 'user' WHERE run_id = %s",
+        (work.fence.run_id,),
+    )
+    stop = await control_lease(world.conn, work.fence, world.timings)
+    assert (stop.answer, stop.new_lease_version, stop.cancel_reason) == (
+        LeaseAnswer.STOP_REQUESTED,
+        2,
+        "user",
+    )
+    assert (await lease_row(world, work))[0] == 2
+
+
+async def test_renewal_replay_needs_the_same_authority_and_a_live_lease(world: World) -> None:
+    work = await running(world)
+    await control_lease(world.conn, work.fence, world.timings)
+    forged = replace(work.fence, token_digest=parse_digest("cd" * 32))
+    with pytest.raises(Refused) as wrong_token:
+        await control_lease(world.conn, forged, world.timings)
+    assert wrong_token.value.reason is Reason.LEASE_TOKEN_MISMATCH
+    # The lease ran out: the replay is not answered as a renewal.
+    await world.conn.execute(
+        "UPDATE qinglong.run_leases SET expires_at_ms = qinglong.db_now_ms() - 1,"
+        " renewed_at_ms = qinglong.db_now_ms() - 1 WHERE attempt_id = %s",
+        (work.fence.attempt_id,),
+    )
+    before = await lease_row(world, work)
+    with pytest.raises(Refused) as expired:
+        await control_lease(world.conn, work.fence, world.timings)
+    assert expired.value.reason is Reason.LEASE_VERSION_FENCED
+    assert await lease_row(world, work) == before
 
 
 async def test_existing_cancel_intent_renews_and_asks_to_stop(world: World) -> None:

@@ -19,6 +19,7 @@ from qinglong_control.db.identities import enroll_worker, ensure_project
 from qinglong_control.domain.capability import digest_of_capability
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.fence import Fence
+from qinglong_control.domain.retry import NO_RETRY, RetryPolicy
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.timings import Timings
 from qinglong_protocol.bounds import encode_lease_capability
@@ -48,21 +49,31 @@ class World:
         self.conn = conn
         self.timings = timings or Timings()
 
-    async def task(self, timeout_ms: int | None = 60_000) -> uuid.UUID:
+    async def task(
+        self, timeout_ms: int | None = 60_000, retry_policy: RetryPolicy = NO_RETRY
+    ) -> uuid.UUID:
         task = await definitions.create_task(
             self.conn, PROJECT, "sample", {}, f"task-{uuid.uuid4().hex[:12]}", OPERATOR.id
         )
         await definitions.create_revision(
             self.conn,
             definitions.NewRevision(
-                PROJECT, task.task_id, "rev-1", "remote_worker", ["echo", "hi"], timeout_ms
+                PROJECT,
+                task.task_id,
+                "rev-1",
+                "remote_worker",
+                ["echo", "hi"],
+                timeout_ms,
+                retry_policy,
             ),
             OPERATOR.id,
         )
         return task.task_id
 
-    async def queued_run(self, timeout_ms: int | None = 60_000) -> uuid.UUID:
-        task_id = await self.task(timeout_ms)
+    async def queued_run(
+        self, timeout_ms: int | None = 60_000, retry_policy: RetryPolicy = NO_RETRY
+    ) -> uuid.UUID:
+        task_id = await self.task(timeout_ms, retry_policy)
         run = await runs.trigger_run(
             self.conn,
             runs.TriggerRun(PROJECT, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}"),
@@ -81,10 +92,17 @@ class World:
         return SessionClaim(worker_id, opened.session_id, opened.worker_generation)
 
     async def claimed(
-        self, worker_id: str = "worker-a", timeout_ms: int | None = 60_000
+        self,
+        worker_id: str = "worker-a",
+        timeout_ms: int | None = 60_000,
+        retry_policy: RetryPolicy = NO_RETRY,
     ) -> ClaimedWork:
-        run_id = await self.queued_run(timeout_ms)
-        session = await self.session(worker_id)
+        run_id = await self.queued_run(timeout_ms, retry_policy)
+        return await self.claim(run_id, await self.session(worker_id))
+
+    async def claim(self, run_id: uuid.UUID, session: SessionClaim) -> ClaimedWork:
+        """Pull and claim the queued Run `run_id` on `session` with a fresh capability."""
+        worker_id = session.worker_id
         offers = await placement.pull_offers(self.conn, session, 8, self.timings)
         offer = next(o for o in offers.offers if o.run_id == run_id)
         capability = encode_lease_capability(secrets.token_bytes(32))

@@ -730,7 +730,8 @@ def test_every_field_of_every_public_request_has_a_fitting_rule() -> None:
     reachable = _reachable_messages(public_services())
     assert "qinglong.rpc.v1.Fence" in reachable
     assert "qinglong.rpc.v1.ExecutionPlan" in reachable
-    assert len(reachable) == 22  # 20 requests + Fence + ExecutionPlan
+    assert "qinglong.rpc.v1.RetryPolicy" in reachable
+    assert len(reachable) == 23  # 20 requests + Fence + ExecutionPlan + RetryPolicy
     assert _coverage_problems(public_services()) == []
 
 

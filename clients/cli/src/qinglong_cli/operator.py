@@ -28,6 +28,11 @@ from qinglong.rpc.v1 import execution_pb2
 from qinglong_protocol.errors import error_reason_of
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
+#: `--retry-on` names: the endings a retry policy may opt into.
+_RETRYABLE = {
+    "failed": execution_pb2.RETRYABLE_OUTCOME_FAILED,
+    "start-failed": execution_pb2.RETRYABLE_OUTCOME_START_FAILED,
+}
 _TIMEOUT_SECONDS = 10.0
 
 
@@ -66,6 +71,36 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
     common(create)
     create.add_argument("--name", required=True, help="display name")
     create.add_argument("--timeout-ms", type=int, help="durable execution timeout")
+    create.add_argument(
+        "--max-attempts",
+        type=int,
+        help="attempts in total, the first included (1..100; default 1: no retry)",
+    )
+    create.add_argument(
+        "--retry-backoff-ms",
+        type=int,
+        default=1_000,
+        help="delay before the second attempt (default 1000)",
+    )
+    create.add_argument(
+        "--retry-max-backoff-ms",
+        type=int,
+        default=60_000,
+        help="upper bound of the delay (default 60000)",
+    )
+    create.add_argument(
+        "--retry-multiplier-percent",
+        type=int,
+        default=200,
+        help="growth of the delay per attempt in percent (default 200: doubles)",
+    )
+    create.add_argument(
+        "--retry-on",
+        action="append",
+        choices=sorted(_RETRYABLE),
+        default=[],
+        help="also retry these endings (lost attempts always retry); repeatable",
+    )
     create.add_argument("argv", nargs="+", help="the command, after --")
 
     run = commands.add_parser("run", help="trigger, read, watch and cancel runs").add_subparsers(
@@ -121,6 +156,16 @@ async def _dispatch(
         )
         if args.timeout_ms is not None:
             plan.timeout_ms = args.timeout_ms
+        if args.max_attempts is not None:
+            plan.retry_policy.CopyFrom(
+                execution_pb2.RetryPolicy(
+                    max_attempts=args.max_attempts,
+                    initial_backoff_ms=args.retry_backoff_ms,
+                    max_backoff_ms=max(args.retry_max_backoff_ms, args.retry_backoff_ms),
+                    backoff_multiplier_percent=args.retry_multiplier_percent,
+                    retry_on=sorted({_RETRYABLE[name] for name in args.retry_on}),
+                )
+            )
         revision = await tasks.CreateTaskRevision(
             task_service_pb2.CreateTaskRevisionRequest(
                 project_id=project,

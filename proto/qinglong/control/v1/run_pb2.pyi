@@ -44,6 +44,8 @@ class Run(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
+    RETRY_AT_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Server-generated id.
     Bound: UUID, 36 chars, lowercase canonical form.
@@ -89,6 +91,10 @@ class Run(_message.Message):
     (e.g. EXECUTOR_START_FAILED); empty otherwise.
     Bound: 0..63 chars matching ^[A-Z][A-Z0-9_]{0,62}$ when non-empty.
     """
+    max_attempts: _builtins.int
+    """The pinned revision's attempt budget (1 without a retry policy).
+    Range: 1..100.
+    """
     @_builtins.property
     def cancel_intent(self) -> Global___CancelIntent:
         """The durable cancel intent; unset when none exists."""
@@ -111,6 +117,10 @@ class Run(_message.Message):
     def finished_at(self) -> _timestamp_pb2.Timestamp:
         """DB time the Run became terminal; unset before."""
 
+    @_builtins.property
+    def retry_at(self) -> _timestamp_pb2.Timestamp:
+        """DB time a RETRY_WAIT Run becomes QUEUED again; unset in other states."""
+
     def __init__(
         self,
         *,
@@ -131,10 +141,12 @@ class Run(_message.Message):
         started_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         error_code: _builtins.str = ...,
+        retry_at: _timestamp_pb2.Timestamp | None = ...,
+        max_attempts: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "retry_at", b"retry_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_count", b"attempt_count", "cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "event_sequence", b"event_sequence", "finished_at", b"finished_at", "latest_attempt_id", b"latest_attempt_id", "latest_attempt_state", b"latest_attempt_state", "project_id", b"project_id", "revision_number", b"revision_number", "run_id", b"run_id", "started_at", b"started_at", "state", b"state", "task_id", b"task_id", "task_revision_id", b"task_revision_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_count", b"attempt_count", "cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "event_sequence", b"event_sequence", "finished_at", b"finished_at", "latest_attempt_id", b"latest_attempt_id", "latest_attempt_state", b"latest_attempt_state", "max_attempts", b"max_attempts", "project_id", b"project_id", "retry_at", b"retry_at", "revision_number", b"revision_number", "run_id", b"run_id", "started_at", b"started_at", "state", b"state", "task_id", b"task_id", "task_revision_id", b"task_revision_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -294,6 +306,8 @@ class RunStateChanged(_message.Message):
     FROM_STATE_FIELD_NUMBER: _builtins.int
     TO_STATE_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
+    RETRY_AT_FIELD_NUMBER: _builtins.int
+    ATTEMPT_NUMBER_FIELD_NUMBER: _builtins.int
     from_state: _lifecycle_pb2.RunState.ValueType
     """The state before."""
     to_state: _lifecycle_pb2.RunState.ValueType
@@ -302,16 +316,26 @@ class RunStateChanged(_message.Message):
     """The fixed error code for failed/cancelled/timed-out; empty otherwise.
     Bound: 0..63 chars matching ^[A-Z][A-Z0-9_]{0,62}$ when non-empty.
     """
+    attempt_number: _builtins.int
+    """The number of the Attempt the transition concerns (0 when none).
+    Range: 0..100.
+    """
+    @_builtins.property
+    def retry_at(self) -> _timestamp_pb2.Timestamp:
+        """For a Run entering RETRY_WAIT: when it is queued again."""
+
     def __init__(
         self,
         *,
         from_state: _lifecycle_pb2.RunState.ValueType = ...,
         to_state: _lifecycle_pb2.RunState.ValueType = ...,
         error_code: _builtins.str = ...,
+        retry_at: _timestamp_pb2.Timestamp | None = ...,
+        attempt_number: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retry_at", b"retry_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "from_state", b"from_state", "to_state", b"to_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_number", b"attempt_number", "error_code", b"error_code", "from_state", b"from_state", "retry_at", b"retry_at", "to_state", b"to_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -327,6 +351,7 @@ class AttemptClaimed(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     OFFER_ID_FIELD_NUMBER: _builtins.int
     LEASE_GENERATION_FIELD_NUMBER: _builtins.int
+    ATTEMPT_NUMBER_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The claiming worker.
     Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
@@ -343,6 +368,10 @@ class AttemptClaimed(_message.Message):
     """The Run Lease generation.
     Range: 1..9007199254740991 (2^53-1).
     """
+    attempt_number: _builtins.int
+    """The Attempt's number within its Run, from 1.
+    Range: 1..100.
+    """
     def __init__(
         self,
         *,
@@ -350,10 +379,11 @@ class AttemptClaimed(_message.Message):
         session_id: _builtins.str = ...,
         offer_id: _builtins.str = ...,
         lease_generation: _builtins.int = ...,
+        attempt_number: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_generation", b"lease_generation", "offer_id", b"offer_id", "session_id", b"session_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_number", b"attempt_number", "lease_generation", b"lease_generation", "offer_id", b"offer_id", "session_id", b"session_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

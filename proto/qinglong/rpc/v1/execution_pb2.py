@@ -24,15 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fqinglong/rpc/v1/execution.proto\x12\x0fqinglong.rpc.v1\"~\n\rExecutionPlan\x12\x34\n\rexecutor_type\x18\x01 \x01(\x0e\x32\x1d.qinglong.rpc.v1.ExecutorType\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x17\n\ntimeout_ms\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\r\n\x0b_timeout_ms*N\n\x0c\x45xecutorType\x12\x1d\n\x19\x45XECUTOR_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45XECUTOR_TYPE_REMOTE_WORKER\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fqinglong/rpc/v1/execution.proto\x12\x0fqinglong.rpc.v1\"\xb2\x01\n\rExecutionPlan\x12\x34\n\rexecutor_type\x18\x01 \x01(\x0e\x32\x1d.qinglong.rpc.v1.ExecutorType\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x17\n\ntimeout_ms\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x32\n\x0cretry_policy\x18\x04 \x01(\x0b\x32\x1c.qinglong.rpc.v1.RetryPolicyB\r\n\x0b_timeout_ms\"\xb0\x01\n\x0bRetryPolicy\x12\x14\n\x0cmax_attempts\x18\x01 \x01(\x05\x12\x1a\n\x12initial_backoff_ms\x18\x02 \x01(\x03\x12\x16\n\x0emax_backoff_ms\x18\x03 \x01(\x03\x12\"\n\x1a\x62\x61\x63koff_multiplier_percent\x18\x04 \x01(\x05\x12\x33\n\x08retry_on\x18\x05 \x03(\x0e\x32!.qinglong.rpc.v1.RetryableOutcome*N\n\x0c\x45xecutorType\x12\x1d\n\x19\x45XECUTOR_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45XECUTOR_TYPE_REMOTE_WORKER\x10\x01*w\n\x10RetryableOutcome\x12!\n\x1dRETRYABLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RETRYABLE_OUTCOME_FAILED\x10\x01\x12\"\n\x1eRETRYABLE_OUTCOME_START_FAILED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qinglong.rpc.v1.execution_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXECUTORTYPE']._serialized_start=180
-  _globals['_EXECUTORTYPE']._serialized_end=258
-  _globals['_EXECUTIONPLAN']._serialized_start=52
-  _globals['_EXECUTIONPLAN']._serialized_end=178
+  _globals['_EXECUTORTYPE']._serialized_start=412
+  _globals['_EXECUTORTYPE']._serialized_end=490
+  _globals['_RETRYABLEOUTCOME']._serialized_start=492
+  _globals['_RETRYABLEOUTCOME']._serialized_end=611
+  _globals['_EXECUTIONPLAN']._serialized_start=53
+  _globals['_EXECUTIONPLAN']._serialized_end=231
+  _globals['_RETRYPOLICY']._serialized_start=234
+  _globals['_RETRYPOLICY']._serialized_end=410
 # @@protoc_insertion_point(module_scope)

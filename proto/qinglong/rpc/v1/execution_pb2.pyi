@@ -12,10 +12,10 @@ import builtins as _builtins
 import sys
 import typing as _typing
 
-if sys.version_info >= (3, 10):
-    from typing import TypeAlias as _TypeAlias
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -41,6 +41,32 @@ EXECUTOR_TYPE_REMOTE_WORKER: ExecutorType.ValueType  # 1
 """A remote Worker that pulls offers and reports through WorkerService."""
 Global___ExecutorType: _TypeAlias = ExecutorType  # noqa: Y015
 
+class _RetryableOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RetryableOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RetryableOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RETRYABLE_OUTCOME_UNSPECIFIED: _RetryableOutcome.ValueType  # 0
+    """Never stored; the proto3 zero value. Rejected as FIELD_INVALID."""
+    RETRYABLE_OUTCOME_FAILED: _RetryableOutcome.ValueType  # 1
+    """The executor ran and reported failure (a non-zero exit)."""
+    RETRYABLE_OUTCOME_START_FAILED: _RetryableOutcome.ValueType  # 2
+    """The executor could not be started (ReportStartFailure)."""
+
+class RetryableOutcome(_RetryableOutcome, metaclass=_RetryableOutcomeEnumTypeWrapper):
+    """RetryableOutcome names an Attempt ending that may be retried besides LOST,
+    which is always retried while attempts remain.
+    """
+
+RETRYABLE_OUTCOME_UNSPECIFIED: RetryableOutcome.ValueType  # 0
+"""Never stored; the proto3 zero value. Rejected as FIELD_INVALID."""
+RETRYABLE_OUTCOME_FAILED: RetryableOutcome.ValueType  # 1
+"""The executor ran and reported failure (a non-zero exit)."""
+RETRYABLE_OUTCOME_START_FAILED: RetryableOutcome.ValueType  # 2
+"""The executor could not be started (ReportStartFailure)."""
+Global___RetryableOutcome: _TypeAlias = RetryableOutcome  # noqa: Y015
+
 @_typing.final
 class ExecutionPlan(_message.Message):
     """ExecutionPlan is the immutable execution part of a task revision. It is
@@ -53,6 +79,7 @@ class ExecutionPlan(_message.Message):
     EXECUTOR_TYPE_FIELD_NUMBER: _builtins.int
     COMMAND_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    RETRY_POLICY_FIELD_NUMBER: _builtins.int
     executor_type: Global___ExecutorType.ValueType
     """Which executor kind runs the command."""
     timeout_ms: _builtins.int
@@ -66,19 +93,81 @@ class ExecutionPlan(_message.Message):
         Bound: 1..64 items; each 1..4096 bytes (UTF-8) with no NUL; all items together ≤ 65536 bytes.
         """
 
+    @_builtins.property
+    def retry_policy(self) -> Global___RetryPolicy:
+        """How the Run is retried when an Attempt ends without success (R-RETRY-2).
+        Absent => one Attempt only (a lost Attempt then ends the Run FAILED with
+        ATTEMPTS_EXHAUSTED).
+        """
+
     def __init__(
         self,
         *,
         executor_type: Global___ExecutorType.ValueType = ...,
         command: _abc.Iterable[_builtins.str] | None = ...,
         timeout_ms: _builtins.int | None = ...,
+        retry_policy: Global___RetryPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "command", b"command", "executor_type", b"executor_type", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "command", b"command", "executor_type", b"executor_type", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__timeout_ms: _TypeAlias = _typing.Literal["timeout_ms"]  # noqa: Y015
     _WhichOneofArgType__timeout_ms: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_ms) -> _WhichOneofReturnType__timeout_ms | None: ...
 
 Global___ExecutionPlan: _TypeAlias = ExecutionPlan  # noqa: Y015
+
+@_typing.final
+class RetryPolicy(_message.Message):
+    """RetryPolicy is part of the immutable plan: the delay before Attempt n+1 is
+    min(initial_backoff_ms * (backoff_multiplier_percent / 100)^(n-1),
+    max_backoff_ms), and after a LOST Attempt never less than one lease lifetime
+    after that lease expired. A cancel intent always wins over a retry.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    INITIAL_BACKOFF_MS_FIELD_NUMBER: _builtins.int
+    MAX_BACKOFF_MS_FIELD_NUMBER: _builtins.int
+    BACKOFF_MULTIPLIER_PERCENT_FIELD_NUMBER: _builtins.int
+    RETRY_ON_FIELD_NUMBER: _builtins.int
+    max_attempts: _builtins.int
+    """Attempts in total, the first one included.
+    Range: 1..100.
+    """
+    initial_backoff_ms: _builtins.int
+    """Delay before the second Attempt.
+    Range: 1..86400000 (1 day).
+    """
+    max_backoff_ms: _builtins.int
+    """Upper bound of the delay; at least initial_backoff_ms.
+    Range: 1..86400000 (1 day).
+    """
+    backoff_multiplier_percent: _builtins.int
+    """Growth of the delay per Attempt, in percent (200 doubles it).
+    Range: 100..1000.
+    """
+    @_builtins.property
+    def retry_on(self) -> _containers.RepeatedScalarFieldContainer[Global___RetryableOutcome.ValueType]:
+        """Endings retried besides LOST.
+        Bound: 0..2 distinct values, none UNSPECIFIED.
+        """
+
+    def __init__(
+        self,
+        *,
+        max_attempts: _builtins.int = ...,
+        initial_backoff_ms: _builtins.int = ...,
+        max_backoff_ms: _builtins.int = ...,
+        backoff_multiplier_percent: _builtins.int = ...,
+        retry_on: _abc.Iterable[Global___RetryableOutcome.ValueType] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_multiplier_percent", b"backoff_multiplier_percent", "initial_backoff_ms", b"initial_backoff_ms", "max_attempts", b"max_attempts", "max_backoff_ms", b"max_backoff_ms", "retry_on", b"retry_on"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryPolicy: _TypeAlias = RetryPolicy  # noqa: Y015

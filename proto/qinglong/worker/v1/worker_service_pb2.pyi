@@ -735,6 +735,7 @@ class CompleteAttemptRequest(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
     callback_sequence: _builtins.int
     """The callback sequence stored by AcknowledgeRunning; a closed sequence
     fails CALLBACK_SEQUENCE_FENCED.
@@ -751,6 +752,13 @@ class CompleteAttemptRequest(_message.Message):
     """Short, low-sensitivity summary; never secrets or output excerpts.
     Bound: 0..256 Unicode code points (≤ 1024 bytes UTF-8), no control characters.
     """
+    stop_reason: _lifecycle_pb2.CancelReason.ValueType
+    """Why the Worker stopped the execution itself: only SHUTDOWN (a draining
+    Worker stopped it when its grace ran out), and only with outcome
+    CANCELLED; the control plane then records the shutdown intent and the
+    cancellation in one transaction. UNSPECIFIED when the stop followed the
+    control plane's own intent, or for any other outcome.
+    """
     @_builtins.property
     def fence(self) -> _fence_pb2.Fence:
         """The full fence (expected_lease_version is the newest persisted version)."""
@@ -763,10 +771,11 @@ class CompleteAttemptRequest(_message.Message):
         outcome: _worker_pb2.AttemptOutcome.ValueType = ...,
         exit_code: _builtins.int | None = ...,
         summary: _builtins.str = ...,
+        stop_reason: _lifecycle_pb2.CancelReason.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "fence", b"fence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "callback_sequence", b"callback_sequence", "exit_code", b"exit_code", "fence", b"fence", "outcome", b"outcome", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "callback_sequence", b"callback_sequence", "exit_code", b"exit_code", "fence", b"fence", "outcome", b"outcome", "stop_reason", b"stop_reason", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015

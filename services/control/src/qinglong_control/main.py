@@ -35,15 +35,16 @@ _log = logging.getLogger(__name__)
 async def serve(settings: ControlSettings) -> None:
     if settings.database_url is None:
         raise SystemExit("qinglong-control needs the runtime role's --database-url")
-    pool = await open_runtime_pool(settings.database_url)
+    pool = await open_runtime_pool(settings.database_url, bounds=settings.storage)
     try:
-        servicer = RuntimeServicer(pool, Timings())
+        timings = Timings()
+        servicer = RuntimeServicer(pool, timings)
         server, port = await create_server(settings, runtime_servicer=servicer)
         await server.start()
         announce_listening(SERVICE, port, settings.listen_address)
         cadence = None
         if settings.reconcile_interval_seconds > 0:
-            reconciler = Reconciler(pool, ReconcilerLimits())
+            reconciler = Reconciler(pool, ReconcilerLimits(), timings)
             cadence = asyncio.create_task(
                 drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"
             )
@@ -67,12 +68,16 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
         except Exception:  # a failed cycle is retried at the next tick
             _log.exception("reconcile cycle failed")
             continue
-        if report.expired or report.converged:
+        if report.expired or report.converged or report.retries_scheduled or report.requeued:
             _log.info(
-                "reconciled: %d leases expired, %d runs converged, %d blocked",
+                "reconciled: %d leases expired, %d runs converged, %d blocked, "
+                "%d retries scheduled, %d exhausted, %d requeued",
                 report.expired,
                 report.converged,
                 report.blocked,
+                report.retries_scheduled,
+                report.retries_exhausted,
+                report.requeued,
             )
 
 

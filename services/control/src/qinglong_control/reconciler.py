@@ -1,4 +1,4 @@
-"""The convergence coordinator: one bounded cycle of lease expiry, then convergence.
+"""The convergence coordinator: one bounded cycle of lease expiry, convergence, retries.
 
 It owns no timer, connection or queue (SPEC R-CONV-1): the service's single cadence calls
 `cycle()`, which borrows one pooled connection for its duration. Overlapping calls are
@@ -15,6 +15,8 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from qinglong_control.db.convergence import converge_page, expire_leases
+from qinglong_control.db.retries import retry_page
+from qinglong_control.domain.timings import Timings
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,21 @@ class CycleReport:
     converged: int
     blocked: int
     pages: int
+    retries_scheduled: int = 0
+    retries_exhausted: int = 0
+    requeued: int = 0
 
 
 class Reconciler:
     def __init__(
-        self, pool: AsyncConnectionPool[AsyncConnection[Any]], limits: ReconcilerLimits
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        limits: ReconcilerLimits,
+        timings: Timings | None = None,
     ) -> None:
         self._pool = pool
         self._limits = limits
+        self._timings = timings or Timings()
         self._running: asyncio.Task[CycleReport] | None = None
 
     async def cycle(self) -> CycleReport:
@@ -64,4 +73,12 @@ class Reconciler:
                 blocked += page.blocked
                 if page.candidates < limits.page_size:
                     break
-        return CycleReport(expired, converged, blocked, pages)
+            scheduled = exhausted = requeued = 0
+            for _ in range(limits.max_pages):
+                retry = await retry_page(conn, limits.page_size, self._timings)
+                scheduled += retry.scheduled
+                exhausted += retry.exhausted
+                requeued += retry.requeued
+                if retry.candidates < limits.page_size:
+                    break
+        return CycleReport(expired, converged, blocked, pages, scheduled, exhausted, requeued)

@@ -65,6 +65,12 @@ _CANCEL_OUTCOMES = {
     "already_requested": run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_REQUESTED,
     "already_terminal": run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_TERMINAL,
 }
+# What a Worker may say about why it stopped an execution itself (CompleteAttempt);
+# UNSPECIFIED is None ("the control plane asked"), anything unlisted is refused.
+_STOP_REASONS: dict[int, str | None] = {
+    lifecycle_pb2.CANCEL_REASON_UNSPECIFIED: None,
+    lifecycle_pb2.CANCEL_REASON_SHUTDOWN: "shutdown",
+}
 _OUTCOMES = {
     worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED: "succeeded",
     worker_pb2.ATTEMPT_OUTCOME_FAILED: "failed",
@@ -293,11 +299,17 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             raise Refused(Reason.FIELD_INVALID, "callback_sequence must not be negative")
         if not bounds.is_error_summary(public.summary, allow_empty=True):
             raise Refused(Reason.FIELD_INVALID, "summary must be at most 256 characters")
+        stop_reason = _STOP_REASONS.get(public.stop_reason, "")
+        if stop_reason == "" or (stop_reason and outcome != "cancelled"):
+            raise Refused(
+                Reason.FIELD_INVALID, "stop_reason may only be SHUTDOWN, with outcome CANCELLED"
+            )
         report = CompletionReport(
             callback_sequence=public.callback_sequence,
             outcome=outcome,
             exit_code=public.exit_code if public.HasField("exit_code") else None,
             summary=public.summary,
+            stop_reason=stop_reason,
         )
         async with self._pool.connection() as conn:
             decision = await lease_control.complete_attempt(conn, fence, report)
@@ -371,6 +383,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             executor_type,
             list(plan.command),
             timeout_ms,
+            wire.parse_retry_policy(plan),
         )
         async with self._pool.connection() as conn:
             view = await definitions.create_revision(conn, revision, actor.id)

@@ -13,6 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qinglong_protocol.storage import (
+    StorageBounds,
+    add_storage_timeout_argument,
+    storage_bounds_of,
+)
 from qinglong_protocol.tls import TlsFiles
 
 DEFAULT_LISTEN_ADDRESS = "[::]:50052"
@@ -41,6 +46,8 @@ class ControlSettings:
     # libpq URL of the runtime role; optional until the runtime repository lands.
     database_url: str | None = field(default=None, repr=False)
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    # How long a call may wait for PostgreSQL before it answers UNAVAILABLE (R-ERR-2).
+    storage: StorageBounds = field(default_factory=StorageBounds)
     # The one cadence of lease expiry and convergence; 0 turns both off on this replica.
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
 
@@ -95,6 +102,7 @@ def parse_control_settings(
         default=env.get(ENV_RECONCILE_INTERVAL_SECONDS, str(DEFAULT_RECONCILE_INTERVAL_SECONDS)),
         help=f"cadence of lease expiry and convergence; 0 = off [{ENV_RECONCILE_INTERVAL_SECONDS}]",
     )
+    add_storage_timeout_argument(parser, env)
     args = parser.parse_args(argv)
 
     missing = [flag for flag in ("tls_ca", "tls_cert", "tls_key") if not getattr(args, flag)]
@@ -115,6 +123,7 @@ def parse_control_settings(
         allowed_caller_uris=frozenset(allowed),
         database_url=args.database_url or None,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
+        storage=storage_bounds_of(parser, args),
         reconcile_interval_seconds=args.reconcile_interval_seconds,
     )
 

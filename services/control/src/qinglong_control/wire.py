@@ -26,10 +26,16 @@ from qinglong_control.domain.capability import digest_of_capability
 from qinglong_control.domain.fence import Fence
 from qinglong_control.domain.lease_control import LeaseAnswer, LeaseDecision
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.retry import NO_RETRY, Ending, RetryPolicy
 from qinglong_control.domain.timings import Timings
 
 EXECUTOR_TYPES = {execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER: "remote_worker"}
 EXECUTOR_TYPE_VALUES = {name: value for value, name in EXECUTOR_TYPES.items()}
+RETRYABLE_ENDINGS = {
+    execution_pb2.RETRYABLE_OUTCOME_FAILED: Ending.FAILED,
+    execution_pb2.RETRYABLE_OUTCOME_START_FAILED: Ending.START_FAILED,
+}
+RETRYABLE_OUTCOMES = {ending: value for value, ending in RETRYABLE_ENDINGS.items()}
 
 
 def parse_uuid(value: str, field: str) -> uuid.UUID:
@@ -129,12 +135,64 @@ def cancel_reason(name: str | None) -> lifecycle_pb2.CancelReason.ValueType:
     )
 
 
-def execution_plan(executor_type: str, command: list[str], timeout_ms: int | None) -> Any:
+def parse_retry_policy(plan: execution_pb2.ExecutionPlan) -> RetryPolicy:
+    """The plan's retry policy; absent means one Attempt (R-RETRY-2)."""
+    if not plan.HasField("retry_policy"):
+        return NO_RETRY
+    wire_policy = plan.retry_policy
+    endings = [RETRYABLE_ENDINGS.get(value) for value in wire_policy.retry_on]
+    if None in endings or len(set(endings)) != len(endings):
+        raise Refused(
+            Reason.FIELD_INVALID, "plan.retry_policy.retry_on must name distinct known endings"
+        )
+    checks = (
+        ("max_attempts", bounds.RETRY_MAX_ATTEMPTS_MIN, bounds.RETRY_MAX_ATTEMPTS_MAX),
+        ("initial_backoff_ms", bounds.RETRY_BACKOFF_MS_MIN, bounds.RETRY_BACKOFF_MS_MAX),
+        ("max_backoff_ms", bounds.RETRY_BACKOFF_MS_MIN, bounds.RETRY_BACKOFF_MS_MAX),
+        (
+            "backoff_multiplier_percent",
+            bounds.RETRY_MULTIPLIER_PERCENT_MIN,
+            bounds.RETRY_MULTIPLIER_PERCENT_MAX,
+        ),
+    )
+    for name, low, high in checks:
+        if not low <= getattr(wire_policy, name) <= high:
+            raise Refused(Reason.FIELD_INVALID, f"plan.retry_policy.{name} must be {low}..{high}")
+    if wire_policy.max_backoff_ms < wire_policy.initial_backoff_ms:
+        raise Refused(
+            Reason.FIELD_INVALID,
+            "plan.retry_policy.max_backoff_ms must be at least initial_backoff_ms",
+        )
+    return RetryPolicy(
+        max_attempts=wire_policy.max_attempts,
+        initial_backoff_ms=wire_policy.initial_backoff_ms,
+        max_backoff_ms=wire_policy.max_backoff_ms,
+        multiplier_percent=wire_policy.backoff_multiplier_percent,
+        retry_on=frozenset(ending for ending in endings if ending is not None),
+    )
+
+
+def execution_plan(
+    executor_type: str,
+    command: list[str],
+    timeout_ms: int | None,
+    retry: RetryPolicy | None = None,
+) -> Any:
     plan = execution_pb2.ExecutionPlan(
         executor_type=EXECUTOR_TYPE_VALUES[executor_type], command=command
     )
     if timeout_ms is not None:
         plan.timeout_ms = timeout_ms
+    if retry is not None and retry != NO_RETRY:
+        plan.retry_policy.CopyFrom(
+            execution_pb2.RetryPolicy(
+                max_attempts=retry.max_attempts,
+                initial_backoff_ms=retry.initial_backoff_ms,
+                max_backoff_ms=retry.max_backoff_ms,
+                backoff_multiplier_percent=retry.multiplier_percent,
+                retry_on=sorted(RETRYABLE_OUTCOMES[ending] for ending in retry.retry_on),
+            )
+        )
     return plan
 
 
@@ -179,7 +237,7 @@ def revision(view: RevisionView) -> task_pb2.TaskRevision:
         task_id=str(view.task_id),
         project_id=view.project_id,
         revision_number=view.revision_number,
-        plan=execution_plan(view.executor_type, view.command, view.timeout_ms),
+        plan=execution_plan(view.executor_type, view.command, view.timeout_ms, view.retry_policy),
         created_at=timestamp(view.created_at_ms),
     )
 
@@ -199,6 +257,7 @@ def run(view: RunView) -> run_pb2.Run:
         event_sequence=view.event_sequence,
         created_at=timestamp(view.created_at_ms),
         error_code=view.error_code or "",
+        max_attempts=view.max_attempts,
     )
     if view.cancel_reason is not None and view.cancel_requested_at_ms is not None:
         message.cancel_intent.reason = cancel_reason(view.cancel_reason)
@@ -207,6 +266,7 @@ def run(view: RunView) -> run_pb2.Run:
         ("deadline", view.deadline_at_ms),
         ("started_at", view.started_at_ms),
         ("finished_at", view.finished_at_ms),
+        ("retry_at", view.retry_at_ms),
     ):
         if value is not None:
             getattr(message, field).CopyFrom(timestamp(value))
@@ -246,12 +306,16 @@ def _fill_payload(message: run_pb2.RunEvent, event_type: str, payload: Mapping[s
         changed.from_state = run_state(payload.get("from_state"))
         changed.to_state = run_state(payload.get("to_state"))
         changed.error_code = payload.get("error_code") or ""
+        changed.attempt_number = payload.get("attempt_number") or 0
+        if payload.get("retry_at_ms") is not None:
+            changed.retry_at.CopyFrom(timestamp(payload["retry_at_ms"]))
     elif event_type == "attempt.claimed":
         claimed = message.attempt_claimed
         claimed.worker_id = payload.get("worker_id", "")
         claimed.session_id = payload.get("session_id", "")
         claimed.offer_id = payload.get("offer_id", "")
         claimed.lease_generation = payload.get("lease_generation", 0)
+        claimed.attempt_number = payload.get("attempt_number", 0)
     elif event_type == "attempt.starting":
         starting = message.attempt_starting
         if payload.get("timeout_ms") is not None:
@@ -291,7 +355,12 @@ def lease_answer(
     target = response.renewed if decision.answer is LeaseAnswer.RENEWED else response.stop_requested
     assert decision.new_lease_version is not None
     target.lease_version = decision.new_lease_version
-    target.lease_remaining.CopyFrom(duration(timings.lease_ttl_ms))
+    remaining = (
+        timings.lease_ttl_ms
+        if decision.lease_expires_at_ms is None
+        else decision.lease_expires_at_ms - decision.now_ms
+    )
+    target.lease_remaining.CopyFrom(duration(remaining))
     if decision.deadline_at_ms is not None:
         target.deadline_remaining.CopyFrom(duration(decision.deadline_at_ms - decision.now_ms))
     if decision.answer is LeaseAnswer.STOP_REQUESTED:

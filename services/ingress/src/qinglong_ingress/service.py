@@ -34,7 +34,7 @@ _log = logging.getLogger(__name__)
 async def serve(settings: IngressSettings) -> None:
     if settings.database_url is None:
         raise SystemExit("qinglong-ingress needs the worker-ingress role's --database-url")
-    pool = await open_ingress_pool(settings.database_url)
+    pool = await open_ingress_pool(settings.database_url, bounds=settings.storage)
     try:
         async with open_control_channel(settings.control) as control_channel:
             gateway = Gateway(Directory(pool), control_channel, settings.trust_domain)

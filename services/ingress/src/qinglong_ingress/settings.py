@@ -14,6 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qinglong_protocol.storage import (
+    StorageBounds,
+    add_storage_timeout_argument,
+    storage_bounds_of,
+)
 from qinglong_protocol.tls import TlsFiles
 
 DEFAULT_LISTEN_ADDRESS = "[::]:50051"
@@ -50,6 +55,8 @@ class IngressSettings:
     # libpq URL of the worker-ingress role (audit rows, credential lookups).
     database_url: str | None = field(default=None, repr=False)
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    # How long a call may wait for PostgreSQL before it answers UNAVAILABLE (R-ERR-2).
+    storage: StorageBounds = field(default_factory=StorageBounds)
     # Certificates name workers and operators as spiffe://<trust domain>/worker/<id> etc.
     trust_domain: str = DEFAULT_TRUST_DOMAIN
 
@@ -118,6 +125,7 @@ def parse_ingress_settings(
         default=env.get(ENV_TRUST_DOMAIN, DEFAULT_TRUST_DOMAIN),
         help=f"SPIFFE trust domain of worker and operator identities [{ENV_TRUST_DOMAIN}]",
     )
+    add_storage_timeout_argument(parser, env)
     args = parser.parse_args(argv)
 
     required = (
@@ -146,5 +154,6 @@ def parse_ingress_settings(
         ),
         database_url=args.database_url or None,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
+        storage=storage_bounds_of(parser, args),
         trust_domain=args.trust_domain,
     )

@@ -474,6 +474,9 @@ RUN_STATES: Final = EnumSet(0, bounds.RUN_STATE_FILTER_MAX_ITEMS)
 COMMAND_ARGV: Final = CommandArgv()
 LABELS: Final = Labels()
 REQUIRED_MESSAGE: Final = Nested(required=True)
+OPTIONAL_MESSAGE: Final = Nested(required=False)
+OPTIONAL_ENUM: Final = Enum(required=False)
+RETRY_BACKOFF_MS: Final = Int(bounds.RETRY_BACKOFF_MS_MIN, bounds.RETRY_BACKOFF_MS_MAX)
 
 #: Message full name -> field name -> rule, for every message reachable from the inputs of
 #: WorkerService, TaskService and RunService. Mirrors the ``Bound:``/``Range:`` comments
@@ -498,6 +501,16 @@ REQUEST_RULES: Final[Mapping[str, Mapping[str, Rule]]] = {
         "executor_type": REQUIRED_ENUM,
         "command": COMMAND_ARGV,
         "timeout_ms": TIMEOUT_MS,  # optional: absent means no deadline
+        "retry_policy": OPTIONAL_MESSAGE,  # absent: one Attempt
+    },
+    "qinglong.rpc.v1.RetryPolicy": {
+        "max_attempts": Int(bounds.RETRY_MAX_ATTEMPTS_MIN, bounds.RETRY_MAX_ATTEMPTS_MAX),
+        "initial_backoff_ms": RETRY_BACKOFF_MS,
+        "max_backoff_ms": RETRY_BACKOFF_MS,
+        "backoff_multiplier_percent": Int(
+            bounds.RETRY_MULTIPLIER_PERCENT_MIN, bounds.RETRY_MULTIPLIER_PERCENT_MAX
+        ),
+        "retry_on": EnumSet(0, bounds.RETRY_ON_MAX_ITEMS),
     },
     # --- WorkerService ---
     "qinglong.worker.v1.OpenSessionRequest": {
@@ -555,6 +568,7 @@ REQUEST_RULES: Final[Mapping[str, Mapping[str, Rule]]] = {
         "outcome": REQUIRED_ENUM,
         "exit_code": ANY_INT32,  # optional: absent after a signal
         "summary": SUMMARY,
+        "stop_reason": OPTIONAL_ENUM,  # SHUTDOWN with CANCELLED; control decides the rest
     },
     # --- TaskService ---
     "qinglong.control.v1.CreateTaskRequest": {

@@ -18,6 +18,7 @@ from typing import Any
 from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.command_tx import CommandTx
+from qinglong_control.db.retry_policy import retry_policy_of
 from qinglong_control.domain.fence import (
     AttemptRow,
     Authority,
@@ -39,7 +40,11 @@ SELECT session_id, worker_id, generation, status, expires_at_ms
 
 _LOCK_RUN = """
 SELECT r.run_id, r.project_id, r.revision_id, r.state, r.owner, r.version, r.event_sequence,
-       r.cancel_reason, r.cancel_requested_at_ms, tr.timeout_ms, r.deadline_at_ms
+       r.cancel_reason, r.cancel_requested_at_ms, tr.timeout_ms, r.deadline_at_ms, r.error_code,
+       tr.retry_max_attempts, tr.retry_initial_backoff_ms, tr.retry_max_backoff_ms,
+       tr.retry_multiplier_percent, tr.retry_on,
+       (SELECT count(*) FROM qinglong.attempts sa
+         WHERE sa.run_id = r.run_id AND sa.starting_at_ms IS NOT NULL) AS started_attempts
   FROM qinglong.runs r
   JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
  WHERE r.run_id = %s
@@ -48,7 +53,8 @@ SELECT r.run_id, r.project_id, r.revision_id, r.state, r.owner, r.version, r.eve
 
 _LOCK_ATTEMPT = """
 SELECT attempt_id, run_id, state, executor_type, worker_id, session_id, worker_generation,
-       offer_id, lease_generation, lease_version, lease_token_digest, starting_at_ms,
+       offer_id, lease_generation, lease_version, lease_token_digest, attempt_number,
+       starting_at_ms,
        started_at_ms, deadline_at_ms, executor_handle, log_artifact_id, callback_sequence,
        callback_token_digest, error_code, exit_code, finished_at_ms
   FROM qinglong.attempts
@@ -91,7 +97,8 @@ async def lock_authority(tx: CommandTx, fence: Fence) -> Authority:
 
 
 def _run_row(**columns: Any) -> RunRow:
-    return RunRow(**{**columns, "state": RunState(columns["state"])})
+    policy = retry_policy_of(columns)
+    return RunRow(**{**columns, "state": RunState(columns["state"]), "retry_policy": policy})
 
 
 def _attempt_row(**columns: Any) -> AttemptRow:

@@ -9,11 +9,13 @@ rows, hence the advisory lock; SERIALIZABLE makes the reads and the write one de
 
 from __future__ import annotations
 
+import asyncio
+import random
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, errors
 from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.command_tx import command_transaction
@@ -75,7 +77,26 @@ class CancelRequest:
     snapshot: BindingSnapshot
 
 
+#: Attempts of one cancellation when concurrent ones collide (SQLSTATE 40001/40P01).
+SERIALIZATION_ATTEMPTS = 8
+
+
 async def cancel_run(conn: AsyncConnection[Any], request: CancelRequest) -> CancelOutcome:
+    """Record the intent, retrying a serialization conflict a bounded number of times
+    (R-CAN-6): the retry re-reads everything, so it answers as what it then is — the
+    first commit `accepted`, every other `already_requested`."""
+    for attempt in range(1, SERIALIZATION_ATTEMPTS + 1):
+        try:
+            return await _cancel_once(conn, request)
+        except (errors.SerializationFailure, errors.DeadlockDetected):
+            if attempt == SERIALIZATION_ATTEMPTS:
+                raise
+            # Spread the retries so that the colliding transactions do not meet again.
+            await asyncio.sleep(random.uniform(0, 0.005 * attempt))  # noqa: S311 - jitter
+    raise AssertionError("unreachable")
+
+
+async def _cancel_once(conn: AsyncConnection[Any], request: CancelRequest) -> CancelOutcome:
     values = {
         "project_id": request.project_id,
         "run_id": request.run_id,

@@ -25,6 +25,7 @@ from qinglong_control.domain.convergence import (
     NewestAttempt,
     derived_event_id,
     plan_convergence,
+    plan_expiry,
 )
 from qinglong_control.domain.states import AttemptState, RunState
 
@@ -65,6 +66,7 @@ UPDATE qinglong.run_leases SET status = 'expired', ended_at_ms = %(now)s
 _END_RUN = """
 UPDATE qinglong.runs
    SET state = %(run_state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
+       retry_at_ms = NULL,
        version = version + 1, event_sequence = event_sequence + %(events)s,
        updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
@@ -179,8 +181,8 @@ SELECT attempt_id FROM qinglong.run_leases
 _TRY_ADVISORY = "SELECT pg_try_advisory_xact_lock(hashtextextended('qinglong.attempt:' || %s, 0))"
 
 _LOCK_FOR_EXPIRY = """
-SELECT r.run_id, r.state AS run_state, r.event_sequence, a.state AS attempt_state,
-       l.status AS lease_status, l.expires_at_ms
+SELECT r.run_id, r.state AS run_state, r.event_sequence, r.cancel_reason,
+       a.state AS attempt_state, l.status AS lease_status, l.expires_at_ms
   FROM qinglong.run_leases l
   JOIN qinglong.attempts a ON a.attempt_id = l.attempt_id
   JOIN qinglong.runs r ON r.run_id = l.run_id
@@ -194,9 +196,12 @@ UPDATE qinglong.attempts SET state = 'lost', finished_at_ms = %(now)s,
  WHERE attempt_id = %(attempt_id)s
 """
 
-_RUN_LOST = """
-UPDATE qinglong.runs SET state = 'lost', version = version + 1,
-       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+# The Run follows its expired Attempt: `lost` (retry or convergence decide next), or back
+# to `queued` when the Attempt was only `claimed` (R-RETRY-1); the next claim makes a new
+# Attempt. Any other state already moved on and only records the Attempt's Event.
+_RUN_AFTER_EXPIRY = """
+UPDATE qinglong.runs SET state = %(run_state)s, version = version + 1,
+       event_sequence = event_sequence + %(events)s, updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
@@ -206,13 +211,14 @@ class _Expiring:
     run_id: uuid.UUID
     run_state: str
     event_sequence: int
+    cancel_reason: str | None
     attempt_state: str
     lease_status: str
     expires_at_ms: int
 
 
 async def expire_leases(conn: AsyncConnection[Any], limit: int) -> int:
-    """Turn at most `limit` expired leases' Attempts (and Runs) into `lost`."""
+    """Expire at most `limit` leases past their expiry, one Attempt per transaction."""
     cursor = await conn.execute(_EXPIRED_LEASES, (limit,))
     expired = 0
     for (attempt_id,) in await cursor.fetchall():
@@ -233,34 +239,39 @@ async def _expire_one(conn: AsyncConnection[Any], attempt_id: uuid.UUID) -> int:
         now_ms: int = await now.fetchone() or 0
         if row is None or row.lease_status != "leased" or row.expires_at_ms > now_ms:
             return 0  # renewed or ended since it was listed
+        plan = plan_expiry(
+            RunState(row.run_state), AttemptState(row.attempt_state), row.cancel_reason
+        )
         values = {"attempt_id": attempt_id, "run_id": row.run_id, "now": now_ms}
         await tx.execute("lease.expire", _EXPIRE_LEASE, values)
-        await tx.execute("attempt.lost", _ATTEMPT_LOST, values)
-        events = [
-            NewEvent(
-                "attempt.lost",
-                attempt_id,
-                {"state": "lost", "error_code": "LEASE_EXPIRED"},
-                event_id=derived_event_id("qinglong.expiry.attempt", attempt_id, row.expires_at_ms),
-            )
-        ]
-        if row.run_state in (RunState.DISPATCHING.value, RunState.RUNNING.value):
-            await tx.execute("run.lost", _RUN_LOST, values)
+        events: list[NewEvent] = []
+        if plan.attempt_lost:
+            await tx.execute("attempt.lost", _ATTEMPT_LOST, values)
             events.append(
                 NewEvent(
-                    "run.lost",
+                    "attempt.lost",
                     attempt_id,
-                    {"from_state": row.run_state, "to_state": "lost"},
+                    {"state": "lost", "error_code": "LEASE_EXPIRED"},
+                    event_id=derived_event_id(
+                        "qinglong.expiry.attempt", attempt_id, row.expires_at_ms
+                    ),
+                )
+            )
+        run_state = plan.run_state or RunState(row.run_state)
+        if plan.run_state is not None:
+            events.append(
+                NewEvent(
+                    f"run.{plan.run_state.value}",
+                    attempt_id,
+                    {"from_state": row.run_state, "to_state": plan.run_state.value},
                     event_id=derived_event_id("qinglong.expiry.run", attempt_id, row.expires_at_ms),
                 )
             )
-        else:
-            # The Run moved on already (e.g. converged); only the Attempt's fact is new.
+        if events or run_state.value != row.run_state:
             await tx.execute(
-                "run.sequence",
-                "UPDATE qinglong.runs SET event_sequence = event_sequence + 1,"
-                " version = version + 1, updated_at_ms = %(now)s WHERE run_id = %(run_id)s",
-                values,
+                "run.after_expiry",
+                _RUN_AFTER_EXPIRY,
+                {**values, "run_state": run_state.value, "events": len(events)},
             )
-        await append_events(tx, row.run_id, row.event_sequence, EXPIRY, now_ms, events)
+            await append_events(tx, row.run_id, row.event_sequence, EXPIRY, now_ms, events)
         return 1

@@ -11,7 +11,9 @@ from psycopg.rows import kwargs_row, scalar_row
 from psycopg.types.json import Jsonb
 
 from qinglong_control.db.command_tx import command_transaction
+from qinglong_control.db.retry_policy import retry_on_names, retry_policy_of
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.retry import NO_RETRY, RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,12 @@ class RevisionView:
     command: list[str]
     timeout_ms: int | None
     created_at_ms: int
+    retry_policy: RetryPolicy = NO_RETRY
+
+
+def _revision_view(**columns: Any) -> RevisionView:
+    policy = retry_policy_of(columns)  # pops the policy columns first
+    return RevisionView(**columns, retry_policy=policy)
 
 
 # Serialises retries of one create request: the second waits, then finds the first's task.
@@ -76,11 +84,14 @@ SELECT revision_id FROM qinglong.task_revisions
 _INSERT_REVISION = """
 INSERT INTO qinglong.task_revisions
        (revision_id, project_id, task_id, revision_number, executor_type, command, timeout_ms,
-        create_request_id, created_by)
+        retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
+        retry_multiplier_percent, retry_on, create_request_id, created_by)
 SELECT %(revision_id)s, t.project_id, t.task_id,
        coalesce((SELECT max(revision_number) FROM qinglong.task_revisions
                   WHERE task_id = t.task_id), 0) + 1,
-       %(executor_type)s, %(command)s, %(timeout_ms)s, %(request_id)s, %(actor)s
+       %(executor_type)s, %(command)s, %(timeout_ms)s,
+       %(retry_max_attempts)s, %(retry_initial_backoff_ms)s, %(retry_max_backoff_ms)s,
+       %(retry_multiplier_percent)s, %(retry_on)s, %(request_id)s, %(actor)s
   FROM qinglong.tasks t
  WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
 RETURNING revision_id
@@ -88,7 +99,8 @@ RETURNING revision_id
 
 _GET_REVISION = """
 SELECT revision_id, task_id, project_id, revision_number, executor_type, command, timeout_ms,
-       created_at_ms
+       created_at_ms, retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
+       retry_multiplier_percent, retry_on
   FROM qinglong.task_revisions
  WHERE project_id = %(project_id)s AND task_id = %(task_id)s
    AND (revision_number = %(revision_number)s OR revision_id = %(revision_id)s)
@@ -103,6 +115,7 @@ class NewRevision:
     executor_type: str
     command: list[str]
     timeout_ms: int | None
+    retry_policy: RetryPolicy = NO_RETRY
 
 
 async def create_task(
@@ -157,6 +170,11 @@ async def create_revision(
         "executor_type": revision.executor_type,
         "command": Jsonb(revision.command),
         "timeout_ms": revision.timeout_ms,
+        "retry_max_attempts": revision.retry_policy.max_attempts,
+        "retry_initial_backoff_ms": revision.retry_policy.initial_backoff_ms,
+        "retry_max_backoff_ms": revision.retry_policy.max_backoff_ms,
+        "retry_multiplier_percent": revision.retry_policy.multiplier_percent,
+        "retry_on": retry_on_names(revision.retry_policy),
         "actor": actor,
     }
     async with command_transaction(conn) as tx:
@@ -182,7 +200,7 @@ async def get_revision(
     revision_number: int | None = None,
     revision_id: uuid.UUID | None = None,
 ) -> RevisionView:
-    cursor = conn.cursor(row_factory=kwargs_row(RevisionView))
+    cursor = conn.cursor(row_factory=kwargs_row(_revision_view))
     await cursor.execute(
         _GET_REVISION,
         {

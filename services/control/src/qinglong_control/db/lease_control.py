@@ -9,14 +9,19 @@ from psycopg import AsyncConnection
 from qinglong_control.db.authority import lock_authority
 from qinglong_control.db.command_tx import FaultPlan, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
-from qinglong_control.db.start_facts import COMPLETE_LEASE
+from qinglong_control.db.start_facts import (
+    COMPLETE_LEASE,
+    RUN_AFTER_ATTEMPT,
+    run_after_attempt,
+    run_changed_event,
+)
 from qinglong_control.domain.completion import (
     CompletionDecision,
     CompletionReport,
     decide_completion,
 )
 from qinglong_control.domain.fence import Fence, check_identity
-from qinglong_control.domain.lease_control import LeaseAnswer, LeaseDecision, decide_lease_control
+from qinglong_control.domain.lease_control import LeaseDecision, decide_lease_control
 from qinglong_control.domain.states import RunState
 from qinglong_control.domain.timings import Timings
 
@@ -48,11 +53,12 @@ UPDATE qinglong.attempts
  WHERE attempt_id = %(attempt_id)s
 """
 
-_RUN_COMPLETED = """
+# A draining Worker's own stop becomes the Run's durable intent (reason `shutdown`),
+# in the transaction that records the stop: the intent is never left implied.
+_SHUTDOWN_INTENT = """
 UPDATE qinglong.runs
-   SET state = %(run_state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
-       error_summary = %(summary)s, version = version + 1,
-       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+   SET cancel_requested_at_ms = %(now)s, cancel_reason = 'shutdown',
+       cancel_requested_by = %(worker_id)s
  WHERE run_id = %(run_id)s
 """
 
@@ -63,7 +69,7 @@ async def control_lease(
     async with command_transaction(conn, fault) as tx:
         present = check_identity(fence, await lock_authority(tx, fence))
         decision = decide_lease_control(fence, present)
-        if decision.answer is LeaseAnswer.TERMINAL:
+        if not decision.writes:
             return decision
         values = {
             "version": decision.new_lease_version,
@@ -106,7 +112,6 @@ async def complete_attempt(
             return decision
         values = {
             "attempt_state": decision.attempt_state.value,
-            "run_state": decision.run_state.value,
             "error_code": decision.error_code,
             "exit_code": report.exit_code,
             "summary": report.summary or None,
@@ -114,36 +119,50 @@ async def complete_attempt(
             "now": present.now_ms,
             "attempt_id": fence.attempt_id,
             "run_id": fence.run_id,
+            "worker_id": fence.worker_id,
+            **run_after_attempt(
+                decision.run_state, decision.run_error_code, decision.retry_at_ms, present.now_ms
+            ),
         }
+        events = [
+            NewEvent(
+                f"attempt.{decision.attempt_state.value}",
+                fence.attempt_id,
+                {
+                    "state": decision.attempt_state.value,
+                    "error_code": decision.error_code,
+                    "summary": report.summary,
+                    "exit_code": report.exit_code,
+                },
+            ),
+            run_changed_event(
+                fence.attempt_id,
+                RunState.RUNNING,
+                decision.run_state,
+                decision.run_error_code,
+                decision.retry_at_ms,
+                present.attempt.attempt_number,
+            ),
+        ]
+        if decision.writes_shutdown_intent:
+            await tx.execute("run.shutdown_intent", _SHUTDOWN_INTENT, values)
+            events.insert(
+                0,
+                NewEvent(
+                    "run.cancel_requested",
+                    fence.attempt_id,
+                    {"reason": "shutdown", "requested_at_ms": present.now_ms},
+                ),
+            )
         await tx.execute("attempt.completed", _ATTEMPT_COMPLETED, values)
-        await tx.execute("run.completed", _RUN_COMPLETED, values)
+        await tx.execute("run.completed", RUN_AFTER_ATTEMPT, {**values, "events": len(events)})
         await append_events(
             tx,
             fence.run_id,
             present.run.event_sequence,
             Actor("worker", fence.worker_id),
             present.now_ms,
-            [
-                NewEvent(
-                    f"attempt.{decision.attempt_state.value}",
-                    fence.attempt_id,
-                    {
-                        "state": decision.attempt_state.value,
-                        "error_code": decision.error_code,
-                        "summary": report.summary,
-                        "exit_code": report.exit_code,
-                    },
-                ),
-                NewEvent(
-                    f"run.{decision.run_state.value}",
-                    fence.attempt_id,
-                    {
-                        "from_state": RunState.RUNNING.value,
-                        "to_state": decision.run_state.value,
-                        "error_code": decision.error_code,
-                    },
-                ),
-            ],
+            events,
         )
         await tx.execute("lease.complete", COMPLETE_LEASE, values)
         return decision

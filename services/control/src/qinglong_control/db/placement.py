@@ -335,6 +335,7 @@ async def _create_claim(
                     "session_id": str(request.session_id),
                     "offer_id": str(request.offer_id),
                     "lease_generation": decision.lease_generation,
+                    "attempt_number": decision.attempt_number,
                 },
             ),
             NewEvent(

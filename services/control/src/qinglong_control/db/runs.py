@@ -34,6 +34,8 @@ class RunView:
     started_at_ms: int | None
     finished_at_ms: int | None
     error_code: str | None
+    retry_at_ms: int | None
+    max_attempts: int
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ _RUN_COLUMNS = """
 r.run_id, r.project_id, r.task_id, r.revision_id, tr.revision_number, r.state,
 r.attempt_count, a.attempt_id AS latest_attempt_id, a.state AS latest_attempt_state,
 r.version, r.event_sequence, r.cancel_reason, r.cancel_requested_at_ms, r.deadline_at_ms,
-r.created_at_ms, r.started_at_ms, r.finished_at_ms, r.error_code
+r.created_at_ms, r.started_at_ms, r.finished_at_ms, r.error_code, r.retry_at_ms,
+tr.retry_max_attempts AS max_attempts
 """
 
 _RUN_FROM = """

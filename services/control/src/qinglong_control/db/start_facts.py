@@ -7,6 +7,7 @@ A replay writes nothing. A refusal writes nothing.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -65,13 +66,48 @@ UPDATE qinglong.attempts
  WHERE attempt_id = %(attempt_id)s
 """
 
-_RUN_START_FAILED = """
+# Shared with completion: after an Attempt's terminal fact the Run either ends (then
+# `finished` is DB time) or waits for a retry (`retry_at` set, R-RETRY-2).
+RUN_AFTER_ATTEMPT = """
 UPDATE qinglong.runs
-   SET state = %(state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
-       error_summary = %(summary)s, version = version + 1,
-       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+   SET state = %(run_state)s, finished_at_ms = %(finished)s, error_code = %(run_error_code)s,
+       error_summary = %(summary)s, retry_at_ms = %(retry_at)s, version = version + 1,
+       event_sequence = event_sequence + %(events)s, updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
+
+
+def run_after_attempt(
+    run_state: RunState, run_error_code: str | None, retry_at_ms: int | None, now_ms: int
+) -> dict[str, object]:
+    """The Run's part of RUN_AFTER_ATTEMPT's parameters."""
+    return {
+        "run_state": run_state.value,
+        "finished": now_ms if run_state.is_terminal else None,
+        "run_error_code": run_error_code,
+        "retry_at": retry_at_ms,
+    }
+
+
+def run_changed_event(
+    attempt_id: uuid.UUID,
+    from_state: RunState,
+    to_state: RunState,
+    error_code: str | None,
+    retry_at_ms: int | None,
+    attempt_number: int,
+) -> NewEvent:
+    """`run.<state>` after an Attempt ended; a wait for a retry says until when."""
+    payload: dict[str, object] = {
+        "from_state": from_state.value,
+        "to_state": to_state.value,
+        "error_code": error_code,
+        "attempt_number": attempt_number,
+    }
+    if retry_at_ms is not None:
+        payload["retry_at_ms"] = retry_at_ms
+    return NewEvent(f"run.{to_state.value}", attempt_id, payload)
+
 
 # Shared with completion: the lease ends at the version the terminal command chose.
 COMPLETE_LEASE = """
@@ -182,40 +218,41 @@ async def report_start_failure(
             "attempt_id": fence.attempt_id,
             "run_id": fence.run_id,
         }
-        run_values = {**attempt_values, "state": decision.run_state.value}
         lease_values = {
             "now": present.now_ms,
             "version": decision.completed_lease_version,
             "attempt_id": fence.attempt_id,
         }
+        events = [
+            NewEvent(
+                f"attempt.{decision.attempt_state.value}",
+                fence.attempt_id,
+                {
+                    "state": decision.attempt_state.value,
+                    "error_code": decision.error_code,
+                    "summary": error_summary,
+                },
+            ),
+            run_changed_event(
+                fence.attempt_id,
+                RunState.DISPATCHING,
+                decision.run_state,
+                decision.run_error_code,
+                decision.retry_at_ms,
+                present.attempt.attempt_number,
+            ),
+        ]
+        run_values = {
+            **attempt_values,
+            **run_after_attempt(
+                decision.run_state, decision.run_error_code, decision.retry_at_ms, present.now_ms
+            ),
+            "events": len(events),
+        }
         await tx.execute("attempt.start_failed", _ATTEMPT_START_FAILED, attempt_values)
-        await tx.execute("run.start_failed", _RUN_START_FAILED, run_values)
+        await tx.execute("run.start_failed", RUN_AFTER_ATTEMPT, run_values)
         await append_events(
-            tx,
-            fence.run_id,
-            present.run.event_sequence,
-            _worker(fence),
-            present.now_ms,
-            [
-                NewEvent(
-                    f"attempt.{decision.attempt_state.value}",
-                    fence.attempt_id,
-                    {
-                        "state": decision.attempt_state.value,
-                        "error_code": decision.error_code,
-                        "summary": error_summary,
-                    },
-                ),
-                NewEvent(
-                    f"run.{decision.run_state.value}",
-                    fence.attempt_id,
-                    {
-                        "from_state": RunState.DISPATCHING.value,
-                        "to_state": decision.run_state.value,
-                        "error_code": decision.error_code,
-                    },
-                ),
-            ],
+            tx, fence.run_id, present.run.event_sequence, _worker(fence), present.now_ms, events
         )
         await tx.execute("lease.complete", COMPLETE_LEASE, lease_values)
         return decision

@@ -86,3 +86,30 @@ def plan_convergence(
         newest.attempt_id,
         error_code,
     )
+
+
+@dataclass(frozen=True)
+class ExpiryPlan:
+    attempt_lost: bool
+    """The Attempt ends `lost`; False leaves a `claimed` Attempt for convergence."""
+    run_state: RunState | None
+    """Where the Run goes; None when it already moved on (only the Attempt's fact is new)."""
+
+
+def plan_expiry(
+    run_state: RunState, attempt_state: AttemptState, cancel_reason: str | None
+) -> ExpiryPlan:
+    """What an expired lease changes (B-EXP, R-RETRY-1).
+
+    A `claimed` Attempt never started an executor: its Run goes back to `queued`. Without
+    a cancel intent the Attempt ends `lost`; with one it stays `claimed` without an active
+    lease, and convergence ends Attempt and Run with their own Events (R-CONV-2). A
+    `starting`/`running` Attempt may have an executor: it is `lost`, and so is its Run.
+    """
+    live_run = run_state in (RunState.DISPATCHING, RunState.RUNNING)
+    if attempt_state is AttemptState.CLAIMED:
+        return ExpiryPlan(
+            attempt_lost=cancel_reason is None,
+            run_state=RunState.QUEUED if run_state is RunState.DISPATCHING else None,
+        )
+    return ExpiryPlan(attempt_lost=True, run_state=RunState.LOST if live_run else None)

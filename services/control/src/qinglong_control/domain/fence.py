@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from qinglong_control.domain.capability import TokenDigest
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.retry import NO_RETRY, RetryPolicy
 from qinglong_control.domain.sessions import SessionClaim, SessionRow, check_session
 from qinglong_control.domain.states import AttemptState, RunState
 
@@ -46,6 +47,10 @@ class RunRow:
     cancel_requested_at_ms: int | None
     timeout_ms: int | None
     deadline_at_ms: int | None
+    retry_policy: RetryPolicy = NO_RETRY
+    started_attempts: int = 0
+    """Attempts of this Run that reached `starting` (the retry budget counts these)."""
+    error_code: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class AttemptRow:
     lease_generation: int
     lease_version: int
     lease_token_digest: str
+    attempt_number: int
     starting_at_ms: int | None
     started_at_ms: int | None
     deadline_at_ms: int | None

@@ -14,6 +14,7 @@ from enum import StrEnum
 from qinglong_control.domain.capability import TokenDigest
 from qinglong_control.domain.fence import Fence, Present, check_live_lease
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.retry import Ending, decide_retry
 from qinglong_control.domain.states import AttemptState, RunState
 
 EXECUTOR_START_FAILED = "EXECUTOR_START_FAILED"
@@ -128,8 +129,12 @@ class StartFailureDecision:
     attempt_state: AttemptState
     run_state: RunState
     error_code: str
+    """The Attempt's code."""
     completed_lease_version: int
     replayed: bool
+    run_error_code: str | None = None
+    retry_at_ms: int | None = None
+    """Set when the Run waits for another Attempt (R-RETRY-2)."""
 
     @property
     def writes(self) -> bool:
@@ -148,21 +153,50 @@ def terminal_mapping(cancel_reason: str | None) -> tuple[AttemptState, RunState,
 def decide_start_failure(fence: Fence, present: Present) -> StartFailureDecision:
     """starting → terminal with the lease completed (R-FAIL-1), or its replay (R-FAIL-2)."""
     attempt, run, lease = present.attempt, present.run, present.lease
-    attempt_state, run_state, error_code = terminal_mapping(run.cancel_reason)
     if lease.status == "completed":
-        # A retry after a lost answer presents the version it held before the commit.
+        # A retry after a lost answer presents the version it held before the commit. The
+        # mapping it was given is the one of the intent that existed when it committed (a
+        # Run waiting for a retry may have gained an intent since).
+        finished = attempt.finished_at_ms
+        intent_then = (
+            run.cancel_reason
+            if run.cancel_requested_at_ms is not None
+            and finished is not None
+            and run.cancel_requested_at_ms <= finished
+            else None
+        )
+        attempt_state, _, error_code = terminal_mapping(intent_then)
         replay = (
             lease.version == fence.expected_lease_version + 1
+            and attempt.started_at_ms is None
             and attempt.state is attempt_state
-            and run.state is run_state
             and attempt.error_code == error_code
         )
         if not replay:
             raise Refused(Reason.REPLAY_MISMATCH, "lease was completed by another outcome")
-        return StartFailureDecision(attempt_state, run_state, error_code, lease.version, True)
+        return StartFailureDecision(
+            attempt_state, run.state, error_code, lease.version, True, run.error_code
+        )
+    attempt_state, run_state, error_code = terminal_mapping(run.cancel_reason)
     check_live_lease(fence, present)
     if attempt.state is not AttemptState.STARTING or run.state is not RunState.DISPATCHING:
         raise Refused(Reason.STATE_CONFLICT, f"attempt is {attempt.state}, run is {run.state}")
+    run_error_code: str | None = error_code
+    retry_at_ms = None
+    if run.cancel_reason is None:
+        retry = decide_retry(
+            run.retry_policy, Ending.START_FAILED, run.started_attempts, present.now_ms
+        )
+        if retry.retries:
+            run_state, run_error_code, retry_at_ms = RunState.RETRY_WAIT, None, retry.retry_at_ms
+        elif retry.error_code is not None:
+            run_error_code = retry.error_code
     return StartFailureDecision(
-        attempt_state, run_state, error_code, fence.expected_lease_version + 1, False
+        attempt_state,
+        run_state,
+        error_code,
+        fence.expected_lease_version + 1,
+        False,
+        run_error_code,
+        retry_at_ms,
     )

@@ -61,12 +61,20 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.CREATED: frozenset({RunState.QUEUED}) | _CONVERGED,
     RunState.QUEUED: frozenset({RunState.DISPATCHING}) | _CONVERGED,
     RunState.WAITING_APPROVAL: frozenset({RunState.QUEUED}) | _CONVERGED,
-    RunState.DISPATCHING: frozenset({RunState.RUNNING, RunState.FAILED, RunState.LOST})
+    # -> queued: the lease of a `claimed` Attempt expired (R-RETRY-1);
+    # -> retry_wait: a start failure the policy retries (R-RETRY-2).
+    RunState.DISPATCHING: frozenset(
+        {RunState.QUEUED, RunState.RUNNING, RunState.RETRY_WAIT, RunState.FAILED, RunState.LOST}
+    )
     | _CONVERGED,
-    RunState.RUNNING: frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.LOST}) | _CONVERGED,
-    RunState.RETRY_WAIT: frozenset({RunState.QUEUED}) | _CONVERGED,
-    # `lost` is not terminal: the retry authority may queue the Run again.
-    RunState.LOST: frozenset({RunState.RETRY_WAIT, RunState.QUEUED}) | _CONVERGED,
+    RunState.RUNNING: frozenset(
+        {RunState.RETRY_WAIT, RunState.SUCCEEDED, RunState.FAILED, RunState.LOST}
+    )
+    | _CONVERGED,
+    RunState.RETRY_WAIT: frozenset({RunState.QUEUED, RunState.FAILED}) | _CONVERGED,
+    # `lost` is not terminal: the retry authority queues the Run again or, with the
+    # policy exhausted, fails it.
+    RunState.LOST: frozenset({RunState.RETRY_WAIT, RunState.QUEUED, RunState.FAILED}) | _CONVERGED,
     RunState.SUCCEEDED: frozenset(),
     RunState.FAILED: frozenset(),
     RunState.CANCELLED: frozenset(),
