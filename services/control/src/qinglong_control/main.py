@@ -16,7 +16,6 @@ from qinglong_protocol.serving import announce_listening, configure_logging, wai
 from qinglong_protocol.telemetry import configure_telemetry
 
 from qinglong_control.db.pool import open_runtime_pool
-from qinglong_control.domain.timings import Timings
 from qinglong_control.migrate_command import migrate_main
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_control.server import create_server
@@ -37,7 +36,7 @@ async def serve(settings: ControlSettings) -> None:
         raise SystemExit("qinglong-control needs the runtime role's --database-url")
     pool = await open_runtime_pool(settings.database_url, bounds=settings.storage)
     try:
-        timings = Timings()
+        timings = settings.timings
         servicer = RuntimeServicer(pool, timings)
         server, port = await create_server(settings, runtime_servicer=servicer)
         await server.start()

@@ -20,6 +20,8 @@ from qinglong_protocol.storage import (
 )
 from qinglong_protocol.tls import TlsFiles
 
+from qinglong_control.domain.timings import Timings
+
 DEFAULT_LISTEN_ADDRESS = "[::]:50052"
 DEFAULT_ALLOWED_CALLER_URI = "spiffe://qinglong.local/service/ingress"
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
@@ -33,6 +35,12 @@ ENV_DATABASE_URL = "QINGLONG_DATABASE_URL"  # the runtime role
 ENV_SHUTDOWN_GRACE_SECONDS = "QINGLONG_CONTROL_SHUTDOWN_GRACE_SECONDS"
 ENV_RECONCILE_INTERVAL_SECONDS = "QINGLONG_CONTROL_RECONCILE_INTERVAL_SECONDS"
 DEFAULT_RECONCILE_INTERVAL_SECONDS = 2.0
+#: How long durable promises last (Timings), in milliseconds of DB time.
+ENV_TIMINGS_MS = {
+    "session_ttl_ms": "QINGLONG_CONTROL_SESSION_TTL_MS",
+    "lease_ttl_ms": "QINGLONG_CONTROL_LEASE_TTL_MS",
+    "offer_ttl_ms": "QINGLONG_CONTROL_OFFER_TTL_MS",
+}
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class ControlSettings:
     storage: StorageBounds = field(default_factory=StorageBounds)
     # The one cadence of lease expiry and convergence; 0 turns both off on this replica.
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
+    timings: Timings = field(default_factory=Timings)
 
 
 def parse_control_settings(
@@ -103,6 +112,13 @@ def parse_control_settings(
         help=f"cadence of lease expiry and convergence; 0 = off [{ENV_RECONCILE_INTERVAL_SECONDS}]",
     )
     add_storage_timeout_argument(parser, env)
+    for name, variable in ENV_TIMINGS_MS.items():
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=env.get(variable, str(getattr(Timings(), name))),
+            help=f"{name.removesuffix('_ms').replace('_', ' ')} in ms, 1000..3600000 [{variable}]",
+        )
     args = parser.parse_args(argv)
 
     missing = [flag for flag in ("tls_ca", "tls_cert", "tls_key") if not getattr(args, flag)]
@@ -124,8 +140,16 @@ def parse_control_settings(
         database_url=args.database_url or None,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         storage=storage_bounds_of(parser, args),
+        timings=_timings(parser, args),
         reconcile_interval_seconds=args.reconcile_interval_seconds,
     )
+
+
+def _timings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Timings:
+    try:
+        return Timings(**{name: getattr(args, name) for name in ENV_TIMINGS_MS})
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def _split_list(value: str) -> list[str]:

@@ -1,0 +1,60 @@
+"""Settings of control and ingress that bound waiting (R-ERR-2) and durable promises."""
+
+from __future__ import annotations
+
+import pytest
+from qinglong_control.settings import parse_control_settings
+from qinglong_ingress.settings import parse_ingress_settings
+from qinglong_protocol.storage import DEFAULT_STORAGE_TIMEOUT_SECONDS, StorageBounds
+
+TLS = ["--tls-ca", "ca.pem", "--tls-cert", "cert.pem", "--tls-key", "key.pem"]
+INGRESS_TLS = [
+    *TLS,
+    *("--control-address", "127.0.0.1:1", "--control-tls-cert", "c.pem"),
+    *("--control-tls-key", "k.pem"),
+]
+
+
+def test_storage_timeout_defaults_to_two_seconds_and_bounds_every_wait() -> None:
+    settings = parse_control_settings(TLS, environ={})
+    assert settings.storage.timeout_seconds == DEFAULT_STORAGE_TIMEOUT_SECONDS == 2.0
+    bounds = settings.storage
+    assert bounds.acquire_timeout_seconds < bounds.timeout_seconds
+    kwargs = bounds.connection_kwargs("qinglong-control")
+    assert kwargs["connect_timeout"] == 2
+    assert kwargs["autocommit"] is True
+    assert kwargs["options"] == "-c statement_timeout=10000"
+
+
+def test_storage_timeout_comes_from_flag_or_environment() -> None:
+    from_env = parse_control_settings(TLS, environ={"QINGLONG_STORAGE_TIMEOUT_SECONDS": "0.5"})
+    assert from_env.storage == StorageBounds(0.5)
+    flag = parse_control_settings(
+        [*TLS, "--storage-timeout-seconds", "3"],
+        environ={"QINGLONG_STORAGE_TIMEOUT_SECONDS": "0.5"},
+    )
+    assert flag.storage.timeout_seconds == 3.0
+    assert flag.storage.connection_kwargs("x")["connect_timeout"] == 3
+
+
+def test_a_nonsensical_storage_timeout_is_a_usage_error() -> None:
+    for value in ("0", "-1", "1e9"):
+        with pytest.raises(SystemExit):
+            parse_control_settings([*TLS, "--storage-timeout-seconds", value], environ={})
+
+
+def test_control_timings_from_flags_and_environment() -> None:
+    settings = parse_control_settings(
+        [*TLS, "--lease-ttl-ms", "4000"], environ={"QINGLONG_CONTROL_OFFER_TTL_MS": "2000"}
+    )
+    assert (settings.timings.lease_ttl_ms, settings.timings.offer_ttl_ms) == (4000, 2000)
+    assert settings.timings.session_ttl_ms == 30_000
+    with pytest.raises(SystemExit):
+        parse_control_settings([*TLS, "--lease-ttl-ms", "10"], environ={})
+
+
+def test_ingress_takes_the_same_storage_bound() -> None:
+    settings = parse_ingress_settings(
+        INGRESS_TLS, environ={"QINGLONG_STORAGE_TIMEOUT_SECONDS": "1.5"}
+    )
+    assert settings.storage == StorageBounds(1.5)
