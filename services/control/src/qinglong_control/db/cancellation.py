@@ -55,7 +55,7 @@ _WRITE_INTENT = """
 UPDATE qinglong.runs
    SET cancel_requested_at_ms = %(now)s, cancel_reason = 'user',
        cancel_requested_by = %(actor_id)s, version = version + 1,
-       event_sequence = event_sequence + 1, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 

@@ -67,8 +67,7 @@ _END_RUN = """
 UPDATE qinglong.runs
    SET state = %(run_state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
        retry_at_ms = NULL,
-       version = version + 1, event_sequence = event_sequence + %(events)s,
-       updated_at_ms = %(now)s
+       version = version + 1, updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
@@ -164,9 +163,8 @@ async def _converge(
             event_id=derived_event_id("qinglong.converge.run", candidate.run_id, intent_at),
         )
     )
-    values["events"] = len(events)
-    await tx.execute("run.converge", _END_RUN, values)
     await append_events(tx, candidate.run_id, candidate.event_sequence, RECONCILER, now_ms, events)
+    await tx.execute("run.converge", _END_RUN, values)
 
 
 # --- lease expiry -------------------------------------------------------------------------
@@ -201,7 +199,7 @@ UPDATE qinglong.attempts SET state = 'lost', finished_at_ms = %(now)s,
 # Attempt. Any other state already moved on and only records the Attempt's Event.
 _RUN_AFTER_EXPIRY = """
 UPDATE qinglong.runs SET state = %(run_state)s, version = version + 1,
-       event_sequence = event_sequence + %(events)s, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
@@ -268,10 +266,10 @@ async def _expire_one(conn: AsyncConnection[Any], attempt_id: uuid.UUID) -> int:
                 )
             )
         if events or run_state.value != row.run_state:
+            await append_events(tx, row.run_id, row.event_sequence, EXPIRY, now_ms, events)
             await tx.execute(
                 "run.after_expiry",
                 _RUN_AFTER_EXPIRY,
-                {**values, "run_state": run_state.value, "events": len(events)},
+                {**values, "run_state": run_state.value},
             )
-            await append_events(tx, row.run_id, row.event_sequence, EXPIRY, now_ms, events)
         return 1

@@ -1,4 +1,11 @@
-"""Appending Run Events: server-generated ids, the next gapless sequence, no secrets."""
+"""Appending Run Events: server-generated ids, the next gapless sequence, no secrets.
+
+This is the one place that advances a Run's `event_sequence`: by exactly the number of
+Events it appends, in the same transaction, guarded by the sequence the caller read
+under the Run's row lock. The database's trigger checks each Event against it, so a
+caller can neither skip a number nor append beyond it. Commands queue their Events
+before the Run's own UPDATE: a Run that becomes terminal accepts no later write.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,11 @@ from dataclasses import dataclass
 from psycopg.types.json import Jsonb
 
 from qinglong_control.db.command_tx import CommandTx
+
+_ADVANCE_SEQUENCE = """
+UPDATE qinglong.runs SET event_sequence = event_sequence + %(count)s
+ WHERE run_id = %(run_id)s AND event_sequence = %(after)s
+"""
 
 _APPEND_EVENT = """
 INSERT INTO qinglong.run_events
@@ -41,7 +53,14 @@ async def append_events(
     occurred_at_ms: int,
     events: list[NewEvent],
 ) -> None:
-    """Queue `events` with sequences after_sequence+1, +2, … (the Run row was advanced)."""
+    """Advance the Run's sequence by len(events) and queue the Events after_sequence+1, …"""
+    if not events:
+        return
+    await tx.execute(
+        "run.event_sequence",
+        _ADVANCE_SEQUENCE,
+        {"count": len(events), "run_id": run_id, "after": after_sequence},
+    )
     for offset, event in enumerate(events, start=1):
         await tx.execute(
             f"event.{event.event_type}",

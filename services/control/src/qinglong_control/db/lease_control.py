@@ -41,7 +41,7 @@ _TIMEOUT_INTENT = """
 UPDATE qinglong.runs
    SET cancel_requested_at_ms = %(now)s, cancel_reason = 'timeout',
        cancel_requested_by = 'deadline', version = version + 1,
-       event_sequence = event_sequence + 1, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
@@ -81,7 +81,6 @@ async def control_lease(
         await tx.execute("lease.renew", _RENEW_LEASE, values)
         await tx.execute("attempt.lease_version", _PROJECT_LEASE_VERSION, values)
         if decision.writes_timeout_intent:
-            await tx.execute("run.timeout_intent", _TIMEOUT_INTENT, values)
             await append_events(
                 tx,
                 fence.run_id,
@@ -96,6 +95,7 @@ async def control_lease(
                     )
                 ],
             )
+            await tx.execute("run.timeout_intent", _TIMEOUT_INTENT, values)
         return decision
 
 
@@ -155,7 +155,6 @@ async def complete_attempt(
                 ),
             )
         await tx.execute("attempt.completed", _ATTEMPT_COMPLETED, values)
-        await tx.execute("run.completed", RUN_AFTER_ATTEMPT, {**values, "events": len(events)})
         await append_events(
             tx,
             fence.run_id,
@@ -164,5 +163,6 @@ async def complete_attempt(
             present.now_ms,
             events,
         )
+        await tx.execute("run.completed", RUN_AFTER_ATTEMPT, values)
         await tx.execute("lease.complete", COMPLETE_LEASE, values)
         return decision

@@ -192,7 +192,7 @@ UPDATE qinglong.offers SET state = 'claimed', claimed_at_ms = %(now)s
 _RUN_DISPATCHING = """
 UPDATE qinglong.runs
    SET state = 'dispatching', attempt_count = %(attempt_number)s, version = version + 1,
-       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 

@@ -64,22 +64,21 @@ SELECT r.run_id, r.event_sequence, r.attempt_count, r.retry_at_ms
 _RUN_WAITS = """
 UPDATE qinglong.runs
    SET state = 'retry_wait', retry_at_ms = %(retry_at)s, version = version + 1,
-       event_sequence = event_sequence + 1, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
 _RUN_EXHAUSTED = """
 UPDATE qinglong.runs
    SET state = 'failed', finished_at_ms = %(now)s, error_code = %(error_code)s,
-       retry_at_ms = NULL, version = version + 1, event_sequence = event_sequence + 1,
-       updated_at_ms = %(now)s
+       retry_at_ms = NULL, version = version + 1, updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
 _RUN_REQUEUED = """
 UPDATE qinglong.runs
    SET state = 'queued', retry_at_ms = NULL, version = version + 1,
-       event_sequence = event_sequence + 1, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
@@ -166,16 +165,16 @@ async def _after_lost(tx: CommandTx, run: _Lost, now_ms: int, timings: Timings) 
     }
     if decision.retries:
         payload["retry_at_ms"] = decision.retry_at_ms
+    event = NewEvent(f"run.{to_state.value}", run.attempt_id, payload)
+    await append_events(tx, run.run_id, run.event_sequence, RETRY, now_ms, [event])
+    if decision.retries:
         await tx.execute("run.retry_wait", _RUN_WAITS, values)
     else:
         await tx.execute("run.exhausted", _RUN_EXHAUSTED, values)
-    event = NewEvent(f"run.{to_state.value}", run.attempt_id, payload)
-    await append_events(tx, run.run_id, run.event_sequence, RETRY, now_ms, [event])
     return decision.retries
 
 
 async def _requeue(tx: CommandTx, run: _Due, now_ms: int) -> None:
-    await tx.execute("run.requeue", _RUN_REQUEUED, {"run_id": run.run_id, "now": now_ms})
     event = NewEvent(
         "run.queued",
         None,
@@ -186,3 +185,4 @@ async def _requeue(tx: CommandTx, run: _Due, now_ms: int) -> None:
         },
     )
     await append_events(tx, run.run_id, run.event_sequence, RETRY, now_ms, [event])
+    await tx.execute("run.requeue", _RUN_REQUEUED, {"run_id": run.run_id, "now": now_ms})

@@ -109,10 +109,10 @@ _DB_NOW = "SELECT qinglong.db_now_ms()"
 # A Run is created straight into `queued` with its first Event; the revision is pinned.
 _INSERT_RUN = """
 INSERT INTO qinglong.runs
-       (run_id, project_id, task_id, revision_id, state, executor_type, event_sequence,
+       (run_id, project_id, task_id, revision_id, state, executor_type,
         trigger_request_id, triggered_by, created_at_ms, updated_at_ms)
 VALUES (%(run_id)s, %(project_id)s, %(task_id)s, %(revision_id)s, 'queued', %(executor_type)s,
-        1, %(request_id)s, %(actor_id)s, %(now)s, %(now)s)
+        %(request_id)s, %(actor_id)s, %(now)s, %(now)s)
 """
 
 _LIST_EVENTS = """

@@ -36,7 +36,7 @@ UPDATE qinglong.attempts
 _RUN_STARTING = """
 UPDATE qinglong.runs
    SET deadline_at_ms = %(deadline)s, version = version + 1,
-       event_sequence = event_sequence + 1, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
@@ -51,7 +51,7 @@ UPDATE qinglong.attempts
 _RUN_RUNNING = """
 UPDATE qinglong.runs
    SET state = 'running', started_at_ms = %(now)s, version = version + 1,
-       event_sequence = event_sequence + 2, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
@@ -72,7 +72,7 @@ RUN_AFTER_ATTEMPT = """
 UPDATE qinglong.runs
    SET state = %(run_state)s, finished_at_ms = %(finished)s, error_code = %(run_error_code)s,
        error_summary = %(summary)s, retry_at_ms = %(retry_at)s, version = version + 1,
-       event_sequence = event_sequence + %(events)s, updated_at_ms = %(now)s
+       updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 """
 
@@ -136,7 +136,6 @@ async def acknowledge_starting(
             "run_id": fence.run_id,
         }
         await tx.execute("attempt.starting", _ATTEMPT_STARTING, values)
-        await tx.execute("run.starting", _RUN_STARTING, values)
         await append_events(
             tx,
             fence.run_id,
@@ -151,6 +150,7 @@ async def acknowledge_starting(
                 )
             ],
         )
+        await tx.execute("run.starting", _RUN_STARTING, values)
         return decision
 
 
@@ -175,7 +175,6 @@ async def acknowledge_running(
             "run_id": fence.run_id,
         }
         await tx.execute("attempt.running", _ATTEMPT_RUNNING, values)
-        await tx.execute("run.running", _RUN_RUNNING, values)
         await append_events(
             tx,
             fence.run_id,
@@ -195,6 +194,7 @@ async def acknowledge_running(
                 ),
             ],
         )
+        await tx.execute("run.running", _RUN_RUNNING, values)
         return decision
 
 
@@ -247,12 +247,11 @@ async def report_start_failure(
             **run_after_attempt(
                 decision.run_state, decision.run_error_code, decision.retry_at_ms, present.now_ms
             ),
-            "events": len(events),
         }
         await tx.execute("attempt.start_failed", _ATTEMPT_START_FAILED, attempt_values)
-        await tx.execute("run.start_failed", RUN_AFTER_ATTEMPT, run_values)
         await append_events(
             tx, fence.run_id, present.run.event_sequence, _worker(fence), present.now_ms, events
         )
+        await tx.execute("run.start_failed", RUN_AFTER_ATTEMPT, run_values)
         await tx.execute("lease.complete", COMPLETE_LEASE, lease_values)
         return decision
