@@ -312,31 +312,6 @@ CREATE TABLE qinglong.runs (
     CONSTRAINT runs_version_check CHECK ((version >= 1))
 );
 
-CREATE TABLE qinglong.security_audit (
-    audit_id uuid NOT NULL,
-    occurred_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
-    principal_kind text,
-    principal_id text,
-    operation text NOT NULL,
-    outcome text NOT NULL,
-    reason text,
-    project_id text,
-    run_id uuid,
-    worker_id text,
-    session_id uuid,
-    request_id text,
-    peer text,
-    CONSTRAINT security_audit_operation_check CHECK (((length(operation) >= 1) AND (length(operation) <= 200))),
-    CONSTRAINT security_audit_outcome_check CHECK ((outcome = ANY (ARRAY['admitted'::text, 'require_approval'::text, 'unauthenticated'::text, 'permission_denied'::text, 'invalid_argument'::text, 'unavailable'::text]))),
-    CONSTRAINT security_audit_peer_check CHECK ((length(peer) <= 256)),
-    CONSTRAINT security_audit_principal_id_check CHECK (((length(principal_id) >= 1) AND (length(principal_id) <= 512))),
-    CONSTRAINT security_audit_principal_kind_check CHECK ((principal_kind = ANY (ARRAY['worker'::text, 'user'::text, 'agent'::text, 'service'::text, 'anonymous'::text]))),
-    CONSTRAINT security_audit_project_id_check CHECK ((length(project_id) <= 64)),
-    CONSTRAINT security_audit_reason_check CHECK ((reason ~ '^[A-Z][A-Z0-9_]{0,62}$'::text)),
-    CONSTRAINT security_audit_request_id_check CHECK ((length(request_id) <= 64)),
-    CONSTRAINT security_audit_worker_id_check CHECK ((length(worker_id) <= 64))
-);
-
 CREATE TABLE qinglong.task_revisions (
     revision_id uuid NOT NULL,
     project_id qinglong.slug NOT NULL,
@@ -365,6 +340,56 @@ CREATE TABLE qinglong.task_revisions (
     CONSTRAINT task_revisions_retry_on_check CHECK ((retry_on <@ ARRAY['failed'::text, 'start_failed'::text])),
     CONSTRAINT task_revisions_revision_number_check CHECK ((revision_number >= 1)),
     CONSTRAINT task_revisions_timeout_ms_check CHECK (((timeout_ms >= 1) AND (timeout_ms <= 604800000)))
+);
+
+CREATE VIEW qinglong.run_projection AS
+ SELECT r.run_id,
+    r.project_id,
+    r.task_id,
+    r.revision_id,
+    tr.revision_number,
+    r.state,
+    r.attempt_count,
+    a.attempt_id AS latest_attempt_id,
+    a.state AS latest_attempt_state,
+    r.version,
+    r.event_sequence,
+    r.cancel_reason,
+    r.cancel_requested_at_ms,
+    r.deadline_at_ms,
+    r.created_at_ms,
+    r.started_at_ms,
+    r.finished_at_ms,
+    r.error_code,
+    r.retry_at_ms,
+    tr.retry_max_attempts AS max_attempts
+   FROM ((qinglong.runs r
+     JOIN qinglong.task_revisions tr ON ((tr.revision_id = r.revision_id)))
+     LEFT JOIN qinglong.attempts a ON (((a.run_id = r.run_id) AND (a.attempt_number = r.attempt_count))));
+
+CREATE TABLE qinglong.security_audit (
+    audit_id uuid NOT NULL,
+    occurred_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    principal_kind text,
+    principal_id text,
+    operation text NOT NULL,
+    outcome text NOT NULL,
+    reason text,
+    project_id text,
+    run_id uuid,
+    worker_id text,
+    session_id uuid,
+    request_id text,
+    peer text,
+    CONSTRAINT security_audit_operation_check CHECK (((length(operation) >= 1) AND (length(operation) <= 200))),
+    CONSTRAINT security_audit_outcome_check CHECK ((outcome = ANY (ARRAY['admitted'::text, 'require_approval'::text, 'unauthenticated'::text, 'permission_denied'::text, 'invalid_argument'::text, 'unavailable'::text]))),
+    CONSTRAINT security_audit_peer_check CHECK ((length(peer) <= 256)),
+    CONSTRAINT security_audit_principal_id_check CHECK (((length(principal_id) >= 1) AND (length(principal_id) <= 512))),
+    CONSTRAINT security_audit_principal_kind_check CHECK ((principal_kind = ANY (ARRAY['worker'::text, 'user'::text, 'agent'::text, 'service'::text, 'anonymous'::text]))),
+    CONSTRAINT security_audit_project_id_check CHECK ((length(project_id) <= 64)),
+    CONSTRAINT security_audit_reason_check CHECK ((reason ~ '^[A-Z][A-Z0-9_]{0,62}$'::text)),
+    CONSTRAINT security_audit_request_id_check CHECK ((length(request_id) <= 64)),
+    CONSTRAINT security_audit_worker_id_check CHECK ((length(worker_id) <= 64))
 );
 
 CREATE TABLE qinglong.tasks (
@@ -647,9 +672,11 @@ GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.run_leases TO qinglong_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.runs TO qinglong_runtime;
 
-GRANT INSERT ON TABLE qinglong.security_audit TO qinglong_ingress;
-
 GRANT SELECT,INSERT ON TABLE qinglong.task_revisions TO qinglong_runtime;
+
+GRANT SELECT ON TABLE qinglong.run_projection TO qinglong_runtime;
+
+GRANT INSERT ON TABLE qinglong.security_audit TO qinglong_ingress;
 
 GRANT SELECT,INSERT ON TABLE qinglong.tasks TO qinglong_runtime;
 

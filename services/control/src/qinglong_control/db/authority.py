@@ -19,6 +19,7 @@ from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.command_tx import CommandTx
 from qinglong_control.db.retry_policy import retry_policy_of
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.fence import (
     AttemptRow,
     Authority,
@@ -29,48 +30,17 @@ from qinglong_control.domain.fence import (
 from qinglong_control.domain.sessions import SessionRow
 from qinglong_control.domain.states import AttemptState, RunState
 
-_ADVISORY_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.attempt:' || %s, 0))"
+_ADVISORY_LOCK = SQL["authority.advisory_lock"]
 
-_LOCK_SESSION = """
-SELECT session_id, worker_id, generation, status, expires_at_ms
-  FROM qinglong.worker_sessions
- WHERE session_id = %s
-   FOR SHARE
-"""
+_LOCK_SESSION = SQL["authority.lock_session"]
 
-_LOCK_RUN = """
-SELECT r.run_id, r.project_id, r.revision_id, r.state, r.owner, r.version, r.event_sequence,
-       r.cancel_reason, r.cancel_requested_at_ms, tr.timeout_ms, r.deadline_at_ms, r.error_code,
-       tr.retry_max_attempts, tr.retry_initial_backoff_ms, tr.retry_max_backoff_ms,
-       tr.retry_multiplier_percent, tr.retry_on,
-       (SELECT count(*) FROM qinglong.attempts sa
-         WHERE sa.run_id = r.run_id AND sa.starting_at_ms IS NOT NULL) AS started_attempts
-  FROM qinglong.runs r
-  JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
- WHERE r.run_id = %s
-   FOR UPDATE OF r
-"""
+_LOCK_RUN = SQL["authority.lock_run"]
 
-_LOCK_ATTEMPT = """
-SELECT attempt_id, run_id, state, executor_type, worker_id, session_id, worker_generation,
-       offer_id, lease_generation, lease_version, lease_token_digest, attempt_number,
-       starting_at_ms,
-       started_at_ms, deadline_at_ms, executor_handle, log_artifact_id, callback_sequence,
-       callback_token_digest, error_code, exit_code, finished_at_ms
-  FROM qinglong.attempts
- WHERE attempt_id = %s
-   FOR UPDATE
-"""
+_LOCK_ATTEMPT = SQL["authority.lock_attempt"]
 
-_LOCK_LEASE = """
-SELECT attempt_id, run_id, worker_id, session_id, worker_generation, offer_id,
-       lease_generation, token_digest, version, status, expires_at_ms
-  FROM qinglong.run_leases
- WHERE attempt_id = %s
-   FOR UPDATE
-"""
+_LOCK_LEASE = SQL["authority.lock_lease"]
 
-_DB_NOW = "SELECT qinglong.db_now_ms() AS now_ms"
+_DB_NOW = SQL["clock.db_now"]
 
 
 async def lock_authority(tx: CommandTx, fence: Fence) -> Authority:

@@ -21,6 +21,7 @@ from psycopg.rows import kwargs_row, scalar_row
 from qinglong_control.db.command_tx import command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.identities import PROJECT_LOCK
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.cancellation import (
     BindingSnapshot,
     CancelOutcome,
@@ -31,33 +32,15 @@ from qinglong_control.domain.cancellation import (
 )
 from qinglong_control.domain.states import RunState
 
-_LOCK_PROJECT_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s || %s, 0))"
+_LOCK_PROJECT_SHARED = SQL["cancellation.lock_project_shared"]
 
-_POLICY_NOW = """
-SELECT p.status AS project_status, p.version AS project_version,
-       rb.status AS binding_status, rb.version AS binding_version, rb.role
-  FROM qinglong.projects p
-  LEFT JOIN qinglong.role_bindings rb
-         ON rb.project_id = p.project_id AND rb.principal_id = %(principal_id)s
- WHERE p.project_id = %(project_id)s
-"""
+_POLICY_NOW = SQL["cancellation.policy_now"]
 
-_LOCK_RUN = """
-SELECT state, cancel_reason, event_sequence
-  FROM qinglong.runs
- WHERE project_id = %(project_id)s AND run_id = %(run_id)s
-   FOR UPDATE
-"""
+_LOCK_RUN = SQL["cancellation.lock_run"]
 
-_DB_NOW = "SELECT qinglong.db_now_ms()"
+_DB_NOW = SQL["clock.db_now"]
 
-_WRITE_INTENT = """
-UPDATE qinglong.runs
-   SET cancel_requested_at_ms = %(now)s, cancel_reason = 'user',
-       cancel_requested_by = %(actor_id)s, version = version + 1,
-       updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_WRITE_INTENT = SQL["cancellation.write_intent"]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.command_tx import CommandTx, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.convergence import (
     Convergence,
     ConvergencePlan,
@@ -32,44 +33,17 @@ from qinglong_control.domain.states import AttemptState, RunState
 RECONCILER = Actor("reconciler", "convergence")
 EXPIRY = Actor("reconciler", "lease-expiry")
 
-_LOCK_CANDIDATES = """
-SELECT r.run_id, r.state, r.cancel_reason, r.cancel_requested_at_ms, r.event_sequence,
-       a.attempt_id, a.state AS attempt_state, l.status AS lease_status,
-       l.expires_at_ms AS lease_expires_at_ms
-  FROM qinglong.runs r
-  LEFT JOIN qinglong.attempts a
-         ON a.run_id = r.run_id AND a.attempt_number = r.attempt_count
-  LEFT JOIN qinglong.run_leases l ON l.attempt_id = a.attempt_id
- WHERE r.owner = 'runtime'
-   AND r.cancel_requested_at_ms IS NOT NULL
-   AND r.state IN ('created', 'queued', 'waiting_approval', 'retry_wait', 'lost')
- ORDER BY r.cancel_requested_at_ms, r.run_id
- LIMIT %(limit)s
-   FOR UPDATE OF r SKIP LOCKED
-"""
+_LOCK_CANDIDATES = SQL["convergence.lock_candidates"]
 
-_DB_NOW = "SELECT qinglong.db_now_ms()"
+_DB_NOW = SQL["clock.db_now"]
 
-_LOCK_ATTEMPT = "SELECT 1 FROM qinglong.attempts WHERE attempt_id = %s FOR UPDATE"
+_LOCK_ATTEMPT = SQL["convergence.lock_attempt"]
 
-_END_ATTEMPT = """
-UPDATE qinglong.attempts
-   SET state = %(attempt_state)s, finished_at_ms = %(now)s, error_code = %(error_code)s
- WHERE attempt_id = %(attempt_id)s
-"""
+_END_ATTEMPT = SQL["convergence.end_attempt"]
 
-_EXPIRE_LEASE = """
-UPDATE qinglong.run_leases SET status = 'expired', ended_at_ms = %(now)s
- WHERE attempt_id = %(attempt_id)s AND status = 'leased'
-"""
+_EXPIRE_LEASE = SQL["convergence.expire_lease"]
 
-_END_RUN = """
-UPDATE qinglong.runs
-   SET state = %(run_state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
-       retry_at_ms = NULL,
-       version = version + 1, updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_END_RUN = SQL["convergence.end_run"]
 
 
 @dataclass(frozen=True)
@@ -169,39 +143,15 @@ async def _converge(
 
 # --- lease expiry -------------------------------------------------------------------------
 
-_EXPIRED_LEASES = """
-SELECT attempt_id FROM qinglong.run_leases
- WHERE status = 'leased' AND expires_at_ms <= qinglong.db_now_ms()
- ORDER BY expires_at_ms, attempt_id
- LIMIT %s
-"""
+_EXPIRED_LEASES = SQL["convergence.expired_leases"]
 
-_TRY_ADVISORY = "SELECT pg_try_advisory_xact_lock(hashtextextended('qinglong.attempt:' || %s, 0))"
+_TRY_ADVISORY = SQL["convergence.try_advisory"]
 
-_LOCK_FOR_EXPIRY = """
-SELECT r.run_id, r.state AS run_state, r.event_sequence, r.cancel_reason,
-       a.state AS attempt_state, l.status AS lease_status, l.expires_at_ms
-  FROM qinglong.run_leases l
-  JOIN qinglong.attempts a ON a.attempt_id = l.attempt_id
-  JOIN qinglong.runs r ON r.run_id = l.run_id
- WHERE l.attempt_id = %s
-   FOR UPDATE OF r, a, l
-"""
+_LOCK_FOR_EXPIRY = SQL["convergence.lock_for_expiry"]
 
-_ATTEMPT_LOST = """
-UPDATE qinglong.attempts SET state = 'lost', finished_at_ms = %(now)s,
-       error_code = 'LEASE_EXPIRED'
- WHERE attempt_id = %(attempt_id)s
-"""
+_ATTEMPT_LOST = SQL["convergence.attempt_lost"]
 
-# The Run follows its expired Attempt: `lost` (retry or convergence decide next), or back
-# to `queued` when the Attempt was only `claimed` (R-RETRY-1); the next claim makes a new
-# Attempt. Any other state already moved on and only records the Attempt's Event.
-_RUN_AFTER_EXPIRY = """
-UPDATE qinglong.runs SET state = %(run_state)s, version = version + 1,
-       updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_RUN_AFTER_EXPIRY = SQL["convergence.run_after_expiry"]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from qinglong_control.db.command_tx import command_transaction
 from qinglong_control.db.retry_policy import retry_on_names, retry_policy_of
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.retry import NO_RETRY, RetryPolicy
 
@@ -44,67 +45,23 @@ def _revision_view(**columns: Any) -> RevisionView:
     return RevisionView(**columns, retry_policy=policy)
 
 
-# Serialises retries of one create request: the second waits, then finds the first's task.
-_LOCK_CREATE_TASK = """
-SELECT pg_advisory_xact_lock(
-    hashtextextended('qinglong.create-task:' || %(project_id)s || ':' || %(request_id)s, 0))
-"""
+_LOCK_CREATE_TASK = SQL["definitions.lock_create_task"]
 
-_EXISTING_TASK = """
-SELECT task_id FROM qinglong.tasks
- WHERE project_id = %(project_id)s AND create_request_id = %(request_id)s
-"""
+_EXISTING_TASK = SQL["definitions.existing_task"]
 
-_ACTIVE_PROJECT = """
-SELECT 1 FROM qinglong.projects WHERE project_id = %(project_id)s AND status = 'active'
-"""
+_ACTIVE_PROJECT = SQL["definitions.active_project"]
 
-_INSERT_TASK = """
-INSERT INTO qinglong.tasks (task_id, project_id, display_name, labels, create_request_id,
-                            created_by)
-VALUES (%(task_id)s, %(project_id)s, %(display_name)s, %(labels)s, %(request_id)s, %(actor)s)
-"""
+_INSERT_TASK = SQL["definitions.insert_task"]
 
-_GET_TASK = """
-SELECT t.task_id, t.project_id, t.display_name, t.labels,
-       coalesce((SELECT max(revision_number) FROM qinglong.task_revisions tr
-                  WHERE tr.task_id = t.task_id), 0) AS latest_revision_number,
-       t.created_at_ms
-  FROM qinglong.tasks t
- WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
-"""
+_GET_TASK = SQL["definitions.get_task"]
 
-_LOCK_TASK = "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.task:' || %s, 0))"
+_LOCK_TASK = SQL["definitions.lock_task"]
 
-_EXISTING_REVISION = """
-SELECT revision_id FROM qinglong.task_revisions
- WHERE task_id = %(task_id)s AND create_request_id = %(request_id)s
-"""
+_EXISTING_REVISION = SQL["definitions.existing_revision"]
 
-_INSERT_REVISION = """
-INSERT INTO qinglong.task_revisions
-       (revision_id, project_id, task_id, revision_number, executor_type, command, timeout_ms,
-        retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
-        retry_multiplier_percent, retry_on, create_request_id, created_by)
-SELECT %(revision_id)s, t.project_id, t.task_id,
-       coalesce((SELECT max(revision_number) FROM qinglong.task_revisions
-                  WHERE task_id = t.task_id), 0) + 1,
-       %(executor_type)s, %(command)s, %(timeout_ms)s,
-       %(retry_max_attempts)s, %(retry_initial_backoff_ms)s, %(retry_max_backoff_ms)s,
-       %(retry_multiplier_percent)s, %(retry_on)s, %(request_id)s, %(actor)s
-  FROM qinglong.tasks t
- WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
-RETURNING revision_id
-"""
+_INSERT_REVISION = SQL["definitions.insert_revision"]
 
-_GET_REVISION = """
-SELECT revision_id, task_id, project_id, revision_number, executor_type, command, timeout_ms,
-       created_at_ms, retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
-       retry_multiplier_percent, retry_on
-  FROM qinglong.task_revisions
- WHERE project_id = %(project_id)s AND task_id = %(task_id)s
-   AND (revision_number = %(revision_number)s OR revision_id = %(revision_id)s)
-"""
+_GET_REVISION = SQL["definitions.get_revision"]
 
 
 @dataclass(frozen=True)

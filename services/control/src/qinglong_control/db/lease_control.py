@@ -9,6 +9,7 @@ from psycopg import AsyncConnection
 from qinglong_control.db.authority import lock_authority
 from qinglong_control.db.command_tx import FaultPlan, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import (
     COMPLETE_LEASE,
     RUN_AFTER_ATTEMPT,
@@ -25,42 +26,15 @@ from qinglong_control.domain.lease_control import LeaseDecision, decide_lease_co
 from qinglong_control.domain.states import RunState
 from qinglong_control.domain.timings import Timings
 
-# Renewal is the only non-terminal advancer of the lease version (R-ACK-7, R-LC-4).
-_RENEW_LEASE = """
-UPDATE qinglong.run_leases
-   SET version = %(version)s, renewed_at_ms = %(now)s, expires_at_ms = %(expires)s
- WHERE attempt_id = %(attempt_id)s
-"""
+_RENEW_LEASE = SQL["lease_control.renew_lease"]
 
-_PROJECT_LEASE_VERSION = """
-UPDATE qinglong.attempts SET lease_version = %(version)s WHERE attempt_id = %(attempt_id)s
-"""
+_PROJECT_LEASE_VERSION = SQL["lease_control.project_lease_version"]
 
-# R-LC-6: the deadline passed with no intent; the timeout becomes a durable intent.
-_TIMEOUT_INTENT = """
-UPDATE qinglong.runs
-   SET cancel_requested_at_ms = %(now)s, cancel_reason = 'timeout',
-       cancel_requested_by = 'deadline', version = version + 1,
-       updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_TIMEOUT_INTENT = SQL["lease_control.timeout_intent"]
 
-_ATTEMPT_COMPLETED = """
-UPDATE qinglong.attempts
-   SET state = %(attempt_state)s, finished_at_ms = %(now)s, exit_code = %(exit_code)s,
-       error_code = %(error_code)s, error_summary = %(summary)s,
-       lease_version = %(version)s
- WHERE attempt_id = %(attempt_id)s
-"""
+_ATTEMPT_COMPLETED = SQL["lease_control.attempt_completed"]
 
-# A draining Worker's own stop becomes the Run's durable intent (reason `shutdown`),
-# in the transaction that records the stop: the intent is never left implied.
-_SHUTDOWN_INTENT = """
-UPDATE qinglong.runs
-   SET cancel_requested_at_ms = %(now)s, cancel_reason = 'shutdown',
-       cancel_requested_by = %(worker_id)s
- WHERE run_id = %(run_id)s
-"""
+_SHUTDOWN_INTENT = SQL["lease_control.shutdown_intent"]
 
 
 async def control_lease(

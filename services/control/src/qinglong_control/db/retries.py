@@ -26,61 +26,24 @@ from psycopg.rows import kwargs_row, scalar_row
 from qinglong_control.db.command_tx import CommandTx, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.retry_policy import retry_policy_of
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.retry import Ending, RetryPolicy, decide_retry
 from qinglong_control.domain.states import RunState
 from qinglong_control.domain.timings import Timings
 
 RETRY = Actor("reconciler", "retry")
 
-_DB_NOW = "SELECT qinglong.db_now_ms()"
+_DB_NOW = SQL["clock.db_now"]
 
-_LOCK_LOST = """
-SELECT r.run_id, r.state, r.event_sequence, a.attempt_id, a.attempt_number,
-       l.expires_at_ms AS lease_expired_at_ms,
-       (SELECT count(*) FROM qinglong.attempts sa
-         WHERE sa.run_id = r.run_id AND sa.starting_at_ms IS NOT NULL) AS started_attempts,
-       tr.retry_max_attempts, tr.retry_initial_backoff_ms, tr.retry_max_backoff_ms,
-       tr.retry_multiplier_percent, tr.retry_on
-  FROM qinglong.runs r
-  JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
-  LEFT JOIN qinglong.attempts a ON a.run_id = r.run_id AND a.attempt_number = r.attempt_count
-  LEFT JOIN qinglong.run_leases l ON l.attempt_id = a.attempt_id
- WHERE r.state = 'lost' AND r.cancel_requested_at_ms IS NULL AND r.owner = 'runtime'
- ORDER BY r.updated_at_ms, r.run_id
- LIMIT %(limit)s
-   FOR UPDATE OF r SKIP LOCKED
-"""
+_LOCK_LOST = SQL["retries.lock_lost"]
 
-_LOCK_DUE = """
-SELECT r.run_id, r.event_sequence, r.attempt_count, r.retry_at_ms
-  FROM qinglong.runs r
- WHERE r.state = 'retry_wait' AND r.cancel_requested_at_ms IS NULL AND r.owner = 'runtime'
-   AND r.retry_at_ms <= qinglong.db_now_ms()
- ORDER BY r.retry_at_ms, r.run_id
- LIMIT %(limit)s
-   FOR UPDATE OF r SKIP LOCKED
-"""
+_LOCK_DUE = SQL["retries.lock_due"]
 
-_RUN_WAITS = """
-UPDATE qinglong.runs
-   SET state = 'retry_wait', retry_at_ms = %(retry_at)s, version = version + 1,
-       updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_RUN_WAITS = SQL["retries.run_waits"]
 
-_RUN_EXHAUSTED = """
-UPDATE qinglong.runs
-   SET state = 'failed', finished_at_ms = %(now)s, error_code = %(error_code)s,
-       retry_at_ms = NULL, version = version + 1, updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_RUN_EXHAUSTED = SQL["retries.run_exhausted"]
 
-_RUN_REQUEUED = """
-UPDATE qinglong.runs
-   SET state = 'queued', retry_at_ms = NULL, version = version + 1,
-       updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_RUN_REQUEUED = SQL["retries.run_requeued"]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from psycopg.rows import kwargs_row
 
 from qinglong_control.db.command_tx import command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
 
 
@@ -52,78 +53,21 @@ class EventView:
     payload: dict[str, Any]
 
 
-_RUN_COLUMNS = """
-r.run_id, r.project_id, r.task_id, r.revision_id, tr.revision_number, r.state,
-r.attempt_count, a.attempt_id AS latest_attempt_id, a.state AS latest_attempt_state,
-r.version, r.event_sequence, r.cancel_reason, r.cancel_requested_at_ms, r.deadline_at_ms,
-r.created_at_ms, r.started_at_ms, r.finished_at_ms, r.error_code, r.retry_at_ms,
-tr.retry_max_attempts AS max_attempts
-"""
+_GET_RUN = SQL["runs.get_run"]
 
-_RUN_FROM = """
-FROM qinglong.runs r
-JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
-LEFT JOIN qinglong.attempts a ON a.run_id = r.run_id AND a.attempt_number = r.attempt_count
-"""
+_LIST_RUNS = SQL["runs.list_runs"]
 
-_GET_RUN = (
-    "SELECT " + _RUN_COLUMNS + _RUN_FROM + " WHERE r.project_id = %(project_id)s"
-    " AND r.run_id = %(run_id)s"
-)
+_LOCK_TRIGGER = SQL["runs.lock_trigger"]
 
-_LIST_RUNS = (
-    "SELECT "
-    + _RUN_COLUMNS
-    + _RUN_FROM
-    + """
- WHERE r.project_id = %(project_id)s
-   AND (%(task_id)s::uuid IS NULL OR r.task_id = %(task_id)s)
-   AND (cardinality(%(states)s::text[]) = 0 OR r.state = ANY(%(states)s))
-   AND (%(before_created)s::bigint IS NULL
-        OR (r.created_at_ms, r.run_id) < (%(before_created)s, %(before_run)s::uuid))
- ORDER BY r.created_at_ms DESC, r.run_id DESC
- LIMIT %(limit)s
-"""
-)
+_EXISTING_TRIGGER = SQL["runs.existing_trigger"]
 
-# Serialises retries of one trigger request: the second waits, then finds the first's Run.
-_LOCK_TRIGGER = """
-SELECT pg_advisory_xact_lock(
-    hashtextextended('qinglong.trigger:' || %(project_id)s || ':' || %(request_id)s, 0))
-"""
+_PICK_REVISION = SQL["runs.pick_revision"]
 
-_EXISTING_TRIGGER = """
-SELECT run_id FROM qinglong.runs
- WHERE project_id = %(project_id)s AND trigger_request_id = %(request_id)s
-"""
+_DB_NOW = SQL["clock.db_now"]
 
-_PICK_REVISION = """
-SELECT revision_id, executor_type FROM qinglong.task_revisions
- WHERE project_id = %(project_id)s AND task_id = %(task_id)s
-   AND revision_number = coalesce(%(revision_number)s,
-       (SELECT max(revision_number) FROM qinglong.task_revisions WHERE task_id = %(task_id)s))
-"""
+_INSERT_RUN = SQL["runs.insert_run"]
 
-_DB_NOW = "SELECT qinglong.db_now_ms()"
-
-# A Run is created straight into `queued` with its first Event; the revision is pinned.
-_INSERT_RUN = """
-INSERT INTO qinglong.runs
-       (run_id, project_id, task_id, revision_id, state, executor_type,
-        trigger_request_id, triggered_by, created_at_ms, updated_at_ms)
-VALUES (%(run_id)s, %(project_id)s, %(task_id)s, %(revision_id)s, 'queued', %(executor_type)s,
-        %(request_id)s, %(actor_id)s, %(now)s, %(now)s)
-"""
-
-_LIST_EVENTS = """
-SELECT e.event_id, e.run_id, r.project_id, e.sequence, e.event_type, e.attempt_id,
-       e.actor_kind, e.actor_id, e.occurred_at_ms, e.payload
-  FROM qinglong.run_events e JOIN qinglong.runs r ON r.run_id = e.run_id
- WHERE r.project_id = %(project_id)s AND e.run_id = %(run_id)s
-   AND e.sequence > %(after_sequence)s
- ORDER BY e.sequence
- LIMIT %(limit)s
-"""
+_LIST_EVENTS = SQL["runs.list_events"]
 
 
 @dataclass(frozen=True)

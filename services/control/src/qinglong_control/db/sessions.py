@@ -10,6 +10,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.command_tx import CommandTx, command_transaction
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import (
     LIVE_SESSION_STATES,
@@ -19,66 +20,29 @@ from qinglong_control.domain.sessions import (
 )
 from qinglong_control.domain.timings import Timings
 
-# Serialises every open of one Worker; the runtime role cannot lock identity rows.
-_LOCK_WORKER = "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.worker:' || %s, 0))"
+_LOCK_WORKER = SQL["sessions.lock_worker"]
 
-_KNOWN_WORKER = """
-SELECT status FROM qinglong.worker_identities WHERE worker_id = %s
-"""
+_KNOWN_WORKER = SQL["sessions.known_worker"]
 
-_SESSION_BY_REQUEST = """
-SELECT session_id, generation, status, expires_at_ms
-  FROM qinglong.worker_sessions
- WHERE worker_id = %s AND open_request_id = %s
-"""
+_SESSION_BY_REQUEST = SQL["sessions.session_by_request"]
 
-_LOCK_LIVE_SESSION = """
-SELECT session_id FROM qinglong.worker_sessions
- WHERE worker_id = %s AND status IN ('online', 'draining')
-   FOR UPDATE
-"""
+_LOCK_LIVE_SESSION = SQL["sessions.lock_live_session"]
 
-_LAST_GENERATION = """
-SELECT coalesce(max(generation), 0) FROM qinglong.worker_sessions WHERE worker_id = %s
-"""
+_LAST_GENERATION = SQL["sessions.last_generation"]
 
-_DB_NOW = "SELECT qinglong.db_now_ms()"
+_DB_NOW = SQL["clock.db_now"]
 
-_REPLACE_LIVE_SESSION = """
-UPDATE qinglong.worker_sessions
-   SET status = 'replaced', closed_at_ms = %(now)s
- WHERE worker_id = %(worker_id)s AND status IN ('online', 'draining')
-"""
+_REPLACE_LIVE_SESSION = SQL["sessions.replace_live_session"]
 
-# Offers of a replaced or draining session go back to the pool at once.
-_WITHDRAW_OPEN_OFFERS = """
-UPDATE qinglong.offers SET state = 'withdrawn'
- WHERE worker_id = %(worker_id)s AND state = 'open'
-"""
+_WITHDRAW_OPEN_OFFERS = SQL["sessions.withdraw_open_offers"]
 
-_INSERT_SESSION = """
-INSERT INTO qinglong.worker_sessions
-       (session_id, worker_id, generation, status, executor_types, max_concurrency,
-        agent_version, open_request_id, opened_at_ms, renewed_at_ms, expires_at_ms)
-VALUES (%(session_id)s, %(worker_id)s, %(generation)s, 'online', %(executor_types)s,
-        %(max_concurrency)s, %(agent_version)s, %(request_id)s, %(now)s, %(now)s, %(expires)s)
-"""
+_INSERT_SESSION = SQL["sessions.insert_session"]
 
-_LOCK_SESSION = """
-SELECT session_id, worker_id, generation, status, expires_at_ms
-  FROM qinglong.worker_sessions WHERE session_id = %s FOR UPDATE
-"""
+_LOCK_SESSION = SQL["sessions.lock_session"]
 
-_RENEW_SESSION = """
-UPDATE qinglong.worker_sessions SET renewed_at_ms = %(now)s, expires_at_ms = %(expires)s
- WHERE session_id = %(session_id)s
-"""
+_RENEW_SESSION = SQL["sessions.renew_session"]
 
-_DRAIN_SESSION = """
-UPDATE qinglong.worker_sessions
-   SET status = 'draining', renewed_at_ms = %(now)s, expires_at_ms = %(expires)s
- WHERE session_id = %(session_id)s
-"""
+_DRAIN_SESSION = SQL["sessions.drain_session"]
 
 
 @dataclass(frozen=True)

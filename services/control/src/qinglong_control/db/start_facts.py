@@ -15,6 +15,7 @@ from psycopg import AsyncConnection
 from qinglong_control.db.authority import lock_authority
 from qinglong_control.db.command_tx import FaultPlan, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.fence import Fence, check_identity
 from qinglong_control.domain.start_facts import (
     RunningDecision,
@@ -27,54 +28,17 @@ from qinglong_control.domain.start_facts import (
 )
 from qinglong_control.domain.states import RunState
 
-_ATTEMPT_STARTING = """
-UPDATE qinglong.attempts
-   SET state = 'starting', starting_at_ms = %(now)s, deadline_at_ms = %(deadline)s
- WHERE attempt_id = %(attempt_id)s
-"""
+_ATTEMPT_STARTING = SQL["start_facts.attempt_starting"]
 
-_RUN_STARTING = """
-UPDATE qinglong.runs
-   SET deadline_at_ms = %(deadline)s, version = version + 1,
-       updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_RUN_STARTING = SQL["start_facts.run_starting"]
 
-_ATTEMPT_RUNNING = """
-UPDATE qinglong.attempts
-   SET state = 'running', started_at_ms = %(now)s, executor_handle = %(handle)s,
-       log_artifact_id = %(log_artifact_id)s, callback_sequence = %(callback_sequence)s,
-       callback_token_digest = %(callback_token_digest)s
- WHERE attempt_id = %(attempt_id)s
-"""
+_ATTEMPT_RUNNING = SQL["start_facts.attempt_running"]
 
-_RUN_RUNNING = """
-UPDATE qinglong.runs
-   SET state = 'running', started_at_ms = %(now)s, version = version + 1,
-       updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+_RUN_RUNNING = SQL["start_facts.run_running"]
 
-# The callback sequence advances so that a late completion receipt is closed, and the
-# lease-version projection moves with the lease it mirrors (R-FAIL-1). Both are written
-# with the terminal state because a terminal Attempt never changes again.
-_ATTEMPT_START_FAILED = """
-UPDATE qinglong.attempts
-   SET state = %(state)s, finished_at_ms = %(now)s, error_code = %(error_code)s,
-       error_summary = %(summary)s, callback_sequence = coalesce(callback_sequence, 0) + 1,
-       lease_version = %(lease_version)s
- WHERE attempt_id = %(attempt_id)s
-"""
+_ATTEMPT_START_FAILED = SQL["start_facts.attempt_start_failed"]
 
-# Shared with completion: after an Attempt's terminal fact the Run either ends (then
-# `finished` is DB time) or waits for a retry (`retry_at` set, R-RETRY-2).
-RUN_AFTER_ATTEMPT = """
-UPDATE qinglong.runs
-   SET state = %(run_state)s, finished_at_ms = %(finished)s, error_code = %(run_error_code)s,
-       error_summary = %(summary)s, retry_at_ms = %(retry_at)s, version = version + 1,
-       updated_at_ms = %(now)s
- WHERE run_id = %(run_id)s
-"""
+RUN_AFTER_ATTEMPT = SQL["start_facts.run_after_attempt"]
 
 
 def run_after_attempt(
@@ -109,12 +73,7 @@ def run_changed_event(
     return NewEvent(f"run.{to_state.value}", attempt_id, payload)
 
 
-# Shared with completion: the lease ends at the version the terminal command chose.
-COMPLETE_LEASE = """
-UPDATE qinglong.run_leases
-   SET status = 'completed', version = %(version)s, ended_at_ms = %(now)s
- WHERE attempt_id = %(attempt_id)s
-"""
+COMPLETE_LEASE = SQL["start_facts.complete_lease"]
 
 
 def _worker(fence: Fence) -> Actor:

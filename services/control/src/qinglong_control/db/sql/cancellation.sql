@@ -1,0 +1,25 @@
+-- Statements of db/cancellation.py.
+
+-- name: lock_project_shared
+SELECT pg_advisory_xact_lock_shared(hashtextextended(%s || %s, 0))
+
+-- name: policy_now
+SELECT p.status AS project_status, p.version AS project_version,
+       rb.status AS binding_status, rb.version AS binding_version, rb.role
+  FROM qinglong.projects p
+  LEFT JOIN qinglong.role_bindings rb
+         ON rb.project_id = p.project_id AND rb.principal_id = %(principal_id)s
+ WHERE p.project_id = %(project_id)s
+
+-- name: lock_run
+SELECT state, cancel_reason, event_sequence
+  FROM qinglong.runs
+ WHERE project_id = %(project_id)s AND run_id = %(run_id)s
+   FOR UPDATE
+
+-- name: write_intent
+UPDATE qinglong.runs
+   SET cancel_requested_at_ms = %(now)s, cancel_reason = 'user',
+       cancel_requested_by = %(actor_id)s, version = version + 1,
+       updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s

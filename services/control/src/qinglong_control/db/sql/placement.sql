@@ -1,0 +1,124 @@
+-- Statements of db/placement.py.
+
+-- name: lock_session_shared
+SELECT session_id, worker_id, generation, status, expires_at_ms
+  FROM qinglong.worker_sessions WHERE session_id = %s FOR SHARE
+
+-- name: lock_session_pull
+-- Pulls of one session take turns, so concurrent pulls cannot each see the same free room
+-- and together place more offers than the session may run. (ACKs do not take it.)
+SELECT pg_advisory_xact_lock(hashtextextended('qinglong.pull:' || %s, 0))
+
+-- name: session_room
+SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
+                              WHERE a.session_id = s.session_id
+                                AND a.state IN ('claimed', 'starting', 'running'))
+  FROM qinglong.worker_sessions s WHERE s.session_id = %s
+
+-- name: lock_candidates
+-- Oldest queued Runs of an executor type this session runs, with no intent to cancel and
+-- no live offer elsewhere. SKIP LOCKED lets many sessions pull at once without waiting or
+-- ever taking the same Run. The session's room is computed in the same statement, so the
+-- whole read side is one round trip: new placements never exceed what the answer carries
+-- (max_offers minus offers already open) nor what the session may run (max_concurrency
+-- minus live Attempts and open offers). A session that is not the caller's live, online,
+-- unexpired incarnation has no room at all; the caller is then refused in Python.
+WITH session AS (
+    SELECT s.session_id, s.executor_types, s.max_concurrency,
+           (SELECT count(*) FROM qinglong.attempts a
+             WHERE a.session_id = s.session_id
+               AND a.state IN ('claimed', 'starting', 'running')) AS live_attempts,
+           (SELECT count(*) FROM qinglong.offers o
+             WHERE o.session_id = s.session_id AND o.state = 'open'
+               AND o.expires_at_ms > qinglong.db_now_ms()) AS open_offers
+      FROM qinglong.worker_sessions s
+     WHERE s.session_id = %(session_id)s AND s.worker_id = %(worker_id)s
+       AND s.generation = %(generation)s AND s.status = 'online'
+       AND s.expires_at_ms > qinglong.db_now_ms()
+)
+SELECT r.run_id
+  FROM qinglong.runs r, session
+ WHERE r.state = 'queued'
+   AND r.cancel_requested_at_ms IS NULL
+   AND r.executor_type = ANY(session.executor_types)
+   AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
+                    WHERE o.run_id = r.run_id AND o.state = 'open'
+                      AND o.expires_at_ms > qinglong.db_now_ms())
+ ORDER BY r.created_at_ms, r.run_id
+ LIMIT coalesce((SELECT greatest(0, least(%(max_offers)s - open_offers,
+                                          max_concurrency - live_attempts - open_offers))
+                   FROM session), 0)
+   FOR UPDATE OF r SKIP LOCKED
+
+-- name: expire_stale_offers
+UPDATE qinglong.offers SET state = 'expired'
+ WHERE run_id = ANY(%(run_ids)s) AND state = 'open' AND expires_at_ms <= %(now)s
+
+-- name: insert_offers
+INSERT INTO qinglong.offers
+       (offer_id, run_id, session_id, worker_id, worker_generation, state,
+        created_at_ms, expires_at_ms)
+SELECT gen_random_uuid(), run_id, %(session_id)s, %(worker_id)s, %(generation)s, 'open',
+       %(now)s, %(expires)s
+  FROM unnest(%(run_ids)s::uuid[]) AS run_id
+-- A concurrent pull may have committed an offer for the same Run after this statement's
+-- candidate snapshot; that Run is simply not ours.
+ON CONFLICT (run_id) WHERE state = 'open' DO NOTHING
+
+-- name: open_offers
+-- Everything the session holds open, with the pinned plan (stable offer ids on re-pull).
+SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revision_number,
+       tr.executor_type, tr.command, tr.timeout_ms, o.expires_at_ms
+  FROM qinglong.offers o
+  JOIN qinglong.runs r ON r.run_id = o.run_id
+  JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
+ WHERE o.session_id = %(session_id)s AND o.state = 'open' AND o.expires_at_ms > %(now)s
+ ORDER BY o.created_at_ms, r.created_at_ms, r.run_id
+
+-- name: lock_claim_run
+SELECT run_id, project_id, state, attempt_count, event_sequence, cancel_requested_at_ms
+  FROM qinglong.runs WHERE run_id = %s FOR UPDATE
+
+-- name: lock_offer
+SELECT offer_id, run_id, session_id, worker_id, worker_generation, state, expires_at_ms
+  FROM qinglong.offers WHERE offer_id = %s FOR UPDATE
+
+-- name: existing_claim
+SELECT a.attempt_id, l.lease_generation, l.version AS lease_version, l.status AS lease_status,
+       l.token_digest, l.expires_at_ms
+  FROM qinglong.attempts a JOIN qinglong.run_leases l ON l.attempt_id = a.attempt_id
+ WHERE a.offer_id = %s
+
+-- name: plan
+SELECT tr.executor_type, tr.command, tr.timeout_ms, tr.revision_id, tr.revision_number,
+       r.task_id
+  FROM qinglong.runs r JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
+ WHERE r.run_id = %s
+
+-- name: claim_offer
+UPDATE qinglong.offers SET state = 'claimed', claimed_at_ms = %(now)s
+ WHERE offer_id = %(offer_id)s
+
+-- name: run_dispatching
+UPDATE qinglong.runs
+   SET state = 'dispatching', attempt_count = %(attempt_number)s, version = version + 1,
+       updated_at_ms = %(now)s
+ WHERE run_id = %(run_id)s
+
+-- name: insert_attempt
+INSERT INTO qinglong.attempts
+       (attempt_id, run_id, attempt_number, state, executor_type, worker_id, session_id,
+        worker_generation, offer_id, lease_generation, lease_version, lease_token_digest,
+        claimed_at_ms)
+VALUES (%(attempt_id)s, %(run_id)s, %(attempt_number)s, 'claimed', %(executor_type)s,
+        %(worker_id)s, %(session_id)s, %(generation)s, %(offer_id)s, %(lease_generation)s, 1,
+        %(token_digest)s, %(now)s)
+
+-- name: insert_lease
+INSERT INTO qinglong.run_leases
+       (attempt_id, run_id, worker_id, session_id, worker_generation, offer_id,
+        lease_generation, token_digest, version, status, acquired_at_ms, renewed_at_ms,
+        expires_at_ms)
+VALUES (%(attempt_id)s, %(run_id)s, %(worker_id)s, %(session_id)s, %(generation)s,
+        %(offer_id)s, %(lease_generation)s, %(token_digest)s, 1, 'leased', %(now)s, %(now)s,
+        %(lease_expires)s)

@@ -1,0 +1,49 @@
+-- Statements of db/runs.py.
+
+-- name: get_run
+-- A Run as operators see it (the view of migration 0003).
+SELECT * FROM qinglong.run_projection
+ WHERE project_id = %(project_id)s AND run_id = %(run_id)s
+
+-- name: list_runs
+-- Newest first, keyset-paginated by (created_at_ms, run_id).
+SELECT * FROM qinglong.run_projection
+ WHERE project_id = %(project_id)s
+   AND (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s)
+   AND (cardinality(%(states)s::text[]) = 0 OR state = ANY(%(states)s))
+   AND (%(before_created)s::bigint IS NULL
+        OR (created_at_ms, run_id) < (%(before_created)s, %(before_run)s::uuid))
+ ORDER BY created_at_ms DESC, run_id DESC
+ LIMIT %(limit)s
+
+-- name: lock_trigger
+-- Serialises retries of one trigger request: the second waits, then finds the first's Run.
+SELECT pg_advisory_xact_lock(
+    hashtextextended('qinglong.trigger:' || %(project_id)s || ':' || %(request_id)s, 0))
+
+-- name: existing_trigger
+SELECT run_id FROM qinglong.runs
+ WHERE project_id = %(project_id)s AND trigger_request_id = %(request_id)s
+
+-- name: pick_revision
+SELECT revision_id, executor_type FROM qinglong.task_revisions
+ WHERE project_id = %(project_id)s AND task_id = %(task_id)s
+   AND revision_number = coalesce(%(revision_number)s,
+       (SELECT max(revision_number) FROM qinglong.task_revisions WHERE task_id = %(task_id)s))
+
+-- name: insert_run
+-- A Run is created straight into `queued` with its first Event; the revision is pinned.
+INSERT INTO qinglong.runs
+       (run_id, project_id, task_id, revision_id, state, executor_type,
+        trigger_request_id, triggered_by, created_at_ms, updated_at_ms)
+VALUES (%(run_id)s, %(project_id)s, %(task_id)s, %(revision_id)s, 'queued', %(executor_type)s,
+        %(request_id)s, %(actor_id)s, %(now)s, %(now)s)
+
+-- name: list_events
+SELECT e.event_id, e.run_id, r.project_id, e.sequence, e.event_type, e.attempt_id,
+       e.actor_kind, e.actor_id, e.occurred_at_ms, e.payload
+  FROM qinglong.run_events e JOIN qinglong.runs r ON r.run_id = e.run_id
+ WHERE r.project_id = %(project_id)s AND e.run_id = %(run_id)s
+   AND e.sequence > %(after_sequence)s
+ ORDER BY e.sequence
+ LIMIT %(limit)s

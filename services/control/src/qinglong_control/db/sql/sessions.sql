@@ -1,0 +1,51 @@
+-- Statements of db/sessions.py.
+
+-- name: lock_worker
+-- Serialises every open of one Worker; the runtime role cannot lock identity rows.
+SELECT pg_advisory_xact_lock(hashtextextended('qinglong.worker:' || %s, 0))
+
+-- name: known_worker
+SELECT status FROM qinglong.worker_identities WHERE worker_id = %s
+
+-- name: session_by_request
+SELECT session_id, generation, status, expires_at_ms
+  FROM qinglong.worker_sessions
+ WHERE worker_id = %s AND open_request_id = %s
+
+-- name: lock_live_session
+SELECT session_id FROM qinglong.worker_sessions
+ WHERE worker_id = %s AND status IN ('online', 'draining')
+   FOR UPDATE
+
+-- name: last_generation
+SELECT coalesce(max(generation), 0) FROM qinglong.worker_sessions WHERE worker_id = %s
+
+-- name: replace_live_session
+UPDATE qinglong.worker_sessions
+   SET status = 'replaced', closed_at_ms = %(now)s
+ WHERE worker_id = %(worker_id)s AND status IN ('online', 'draining')
+
+-- name: withdraw_open_offers
+-- Offers of a replaced or draining session go back to the pool at once.
+UPDATE qinglong.offers SET state = 'withdrawn'
+ WHERE worker_id = %(worker_id)s AND state = 'open'
+
+-- name: insert_session
+INSERT INTO qinglong.worker_sessions
+       (session_id, worker_id, generation, status, executor_types, max_concurrency,
+        agent_version, open_request_id, opened_at_ms, renewed_at_ms, expires_at_ms)
+VALUES (%(session_id)s, %(worker_id)s, %(generation)s, 'online', %(executor_types)s,
+        %(max_concurrency)s, %(agent_version)s, %(request_id)s, %(now)s, %(now)s, %(expires)s)
+
+-- name: lock_session
+SELECT session_id, worker_id, generation, status, expires_at_ms
+  FROM qinglong.worker_sessions WHERE session_id = %s FOR UPDATE
+
+-- name: renew_session
+UPDATE qinglong.worker_sessions SET renewed_at_ms = %(now)s, expires_at_ms = %(expires)s
+ WHERE session_id = %(session_id)s
+
+-- name: drain_session
+UPDATE qinglong.worker_sessions
+   SET status = 'draining', renewed_at_ms = %(now)s, expires_at_ms = %(expires)s
+ WHERE session_id = %(session_id)s
