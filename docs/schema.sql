@@ -403,7 +403,7 @@ CREATE TABLE qinglong.tasks (
     CONSTRAINT tasks_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT tasks_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200))),
     CONSTRAINT tasks_display_name_check CHECK (((length(display_name) >= 1) AND (length(display_name) <= 200))),
-    CONSTRAINT tasks_labels_check CHECK (((jsonb_typeof(labels) = 'object'::text) AND (octet_length((labels)::text) <= 8192)))
+    CONSTRAINT tasks_labels_check CHECK (((jsonb_typeof(labels) = 'object'::text) AND (octet_length((labels)::text) <= 16384)))
 );
 
 CREATE TABLE qinglong.worker_identities (

@@ -32,7 +32,6 @@ from qinglong_control.db import (
 )
 from qinglong_control.db.events import Actor
 from qinglong_control.domain.cancellation import BindingSnapshot
-from qinglong_control.domain.capability import digest_of_capability, parse_digest
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.completion import CompletionReport
 from qinglong_control.domain.refusals import Reason, Refused
@@ -110,6 +109,41 @@ def session_response(view: sessions.SessionView, renew_interval_ms: int) -> Any:
     }
 
 
+def _callback_sequence(value: int) -> int:
+    if not bounds.is_safe_non_negative(value):
+        raise Refused(
+            Reason.FIELD_INVALID,
+            "callback_sequence must be an integer in 0..2^53-1",
+            field="callback_sequence",
+        )
+    return value
+
+
+def _after_sequence(value: int) -> int:
+    if not bounds.is_safe_non_negative(value):
+        raise Refused(
+            Reason.FIELD_INVALID,
+            "after_sequence must be an integer in 0..2^53-1",
+            field="after_sequence",
+        )
+    return value
+
+
+def _run_states(numbers: Any) -> tuple[str, ...]:
+    """The filter's state names; UNSPECIFIED is ignored, a number this server does not
+    know is refused (ingress refuses it first; this keeps control from ever failing on it)."""
+    names = []
+    for index, number in enumerate(numbers):
+        if number == lifecycle_pb2.RUN_STATE_UNSPECIFIED:
+            continue
+        if number not in lifecycle_pb2.RunState.values():
+            raise Refused(
+                Reason.FIELD_INVALID, "states must be known run states", field=f"states[{index}]"
+            )
+        names.append(lifecycle_pb2.RunState.Name(number).removeprefix("RUN_STATE_").lower())
+    return tuple(names)
+
+
 class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], timings: Timings) -> None:
         self._pool = pool
@@ -123,9 +157,27 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         worker_id = worker_of(request.caller, public.worker_id)
         types = tuple(wire.EXECUTOR_TYPES.get(t, "") for t in public.executor_types)
         if not types or "" in types or len(set(types)) != len(types):
-            raise Refused(Reason.FIELD_INVALID, "executor_types must be known and distinct")
-        if not 1 <= public.max_concurrent_attempts <= 64:
-            raise Refused(Reason.FIELD_INVALID, "max_concurrent_attempts must be 1..64")
+            raise Refused(
+                Reason.FIELD_INVALID,
+                "executor_types must be known and distinct",
+                field="executor_types",
+            )
+        if not (
+            bounds.MAX_CONCURRENT_ATTEMPTS_MIN
+            <= public.max_concurrent_attempts
+            <= bounds.MAX_CONCURRENT_ATTEMPTS_MAX
+        ):
+            raise Refused(
+                Reason.FIELD_INVALID,
+                "max_concurrent_attempts must be 1..64",
+                field="max_concurrent_attempts",
+            )
+        if not bounds.is_bounded_text(
+            public.agent_version, max_bytes=bounds.AGENT_VERSION_MAX_BYTES, min_bytes=0
+        ):
+            raise Refused(
+                Reason.FIELD_INVALID, "agent_version must be 0..64 bytes", field="agent_version"
+            )
         command = sessions.OpenSession(
             worker_id,
             wire.parse_request_id(public.request_id),
@@ -167,7 +219,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         public = request.request
         worker_of(request.caller, public.worker_id)
         if not bounds.is_max_offers(public.max_offers):
-            raise Refused(Reason.FIELD_INVALID, "max_offers must be 1..64")
+            raise Refused(Reason.FIELD_INVALID, "max_offers must be 1..64", field="max_offers")
         async with self._pool.connection() as conn:
             placed = await placement.pull_offers(
                 conn, session_claim(public), public.max_offers, self._timings
@@ -189,7 +241,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             offer_id=wire.parse_uuid(public.offer_id, "offer_id"),
             project_id=wire.parse_slug(public.project_id, "project_id"),
             run_id=wire.parse_uuid(public.run_id, "run_id"),
-            token_digest=digest_of_capability(public.lease_token),
+            token_digest=wire.parse_capability(public.lease_token, "lease_token"),
         )
         async with self._pool.connection() as conn:
             claimed = await placement.claim_offer(conn, claim, self._timings)
@@ -234,17 +286,24 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         fence = wire.parse_fence(public.fence)
         worker_of(request.caller, fence.worker_id)
         if not bounds.is_executor_handle(public.executor_handle):
-            raise Refused(Reason.FIELD_INVALID, "executor_handle must be 1..512 bytes")
+            raise Refused(
+                Reason.FIELD_INVALID,
+                "executor_handle must be 1..512 bytes",
+                field="executor_handle",
+            )
         log_artifact = public.log_artifact_id if public.HasField("log_artifact_id") else None
         if log_artifact is not None and not bounds.is_log_artifact_id(log_artifact):
-            raise Refused(Reason.FIELD_INVALID, "log_artifact_id must be 1..256 bytes")
-        if not bounds.is_safe_non_negative(public.callback_sequence):
-            raise Refused(Reason.FIELD_INVALID, "callback_sequence must not be negative")
+            raise Refused(
+                Reason.FIELD_INVALID,
+                "log_artifact_id must be 1..256 bytes",
+                field="log_artifact_id",
+            )
+        callback_sequence = _callback_sequence(public.callback_sequence)
         report = RunningReport(
             public.executor_handle,
             log_artifact,
-            public.callback_sequence,
-            parse_digest(public.callback_token_digest),
+            callback_sequence,
+            wire.parse_wire_digest(public.callback_token_digest, "callback_token_digest"),
         )
         async with self._pool.connection() as conn:
             decision = await start_facts.acknowledge_running(conn, fence, report)
@@ -264,7 +323,11 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         fence = wire.parse_fence(public.fence)
         worker_of(request.caller, fence.worker_id)
         if not bounds.is_error_summary(public.error_summary):
-            raise Refused(Reason.FIELD_INVALID, "error_summary must be 1..256 characters")
+            raise Refused(
+                Reason.FIELD_INVALID,
+                "error_summary must be 1..256 characters",
+                field="error_summary",
+            )
         async with self._pool.connection() as conn:
             decision = await start_facts.report_start_failure(conn, fence, public.error_summary)
         return rt.ReportStartFailureResponse(
@@ -294,18 +357,21 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         worker_of(request.caller, fence.worker_id)
         outcome = _OUTCOMES.get(public.outcome)
         if outcome is None:
-            raise Refused(Reason.FIELD_INVALID, "outcome is required")
-        if not bounds.is_safe_non_negative(public.callback_sequence):
-            raise Refused(Reason.FIELD_INVALID, "callback_sequence must not be negative")
+            raise Refused(Reason.FIELD_INVALID, "outcome is required", field="outcome")
+        callback_sequence = _callback_sequence(public.callback_sequence)
         if not bounds.is_error_summary(public.summary, allow_empty=True):
-            raise Refused(Reason.FIELD_INVALID, "summary must be at most 256 characters")
+            raise Refused(
+                Reason.FIELD_INVALID, "summary must be at most 256 characters", field="summary"
+            )
         stop_reason = _STOP_REASONS.get(public.stop_reason, "")
         if stop_reason == "" or (stop_reason and outcome != "cancelled"):
             raise Refused(
-                Reason.FIELD_INVALID, "stop_reason may only be SHUTDOWN, with outcome CANCELLED"
+                Reason.FIELD_INVALID,
+                "stop_reason may only be SHUTDOWN, with outcome CANCELLED",
+                field="stop_reason",
             )
         report = CompletionReport(
-            callback_sequence=public.callback_sequence,
+            callback_sequence=callback_sequence,
             outcome=outcome,
             exit_code=public.exit_code if public.HasField("exit_code") else None,
             summary=public.summary,
@@ -333,9 +399,13 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         public = request.request
         actor = operator_of(request.caller)
         if not bounds.is_display_name(public.display_name):
-            raise Refused(Reason.FIELD_INVALID, "display_name must be 1..200 characters")
+            raise Refused(
+                Reason.FIELD_INVALID,
+                "display_name must be 1..200 characters",
+                field="display_name",
+            )
         if not bounds.is_labels(public.labels.items()):
-            raise Refused(Reason.FIELD_INVALID, "labels are out of bounds")
+            raise Refused(Reason.FIELD_INVALID, "labels are out of bounds", field="labels")
         async with self._pool.connection() as conn:
             view = await definitions.create_task(
                 conn,
@@ -370,12 +440,20 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         plan = public.plan
         executor_type = wire.EXECUTOR_TYPES.get(plan.executor_type)
         if executor_type is None:
-            raise Refused(Reason.FIELD_INVALID, "plan.executor_type is not supported")
+            raise Refused(
+                Reason.FIELD_INVALID,
+                "plan.executor_type is not supported",
+                field="plan.executor_type",
+            )
         if not bounds.is_command_argv(plan.command):
-            raise Refused(Reason.FIELD_INVALID, "plan.command is out of bounds")
+            raise Refused(
+                Reason.FIELD_INVALID, "plan.command is out of bounds", field="plan.command"
+            )
         timeout_ms = plan.timeout_ms if plan.HasField("timeout_ms") else None
         if timeout_ms is not None and not bounds.is_timeout_ms(timeout_ms):
-            raise Refused(Reason.FIELD_INVALID, "plan.timeout_ms is out of range")
+            raise Refused(
+                Reason.FIELD_INVALID, "plan.timeout_ms is out of range", field="plan.timeout_ms"
+            )
         revision = definitions.NewRevision(
             wire.parse_slug(public.project_id, "project_id"),
             wire.parse_uuid(public.task_id, "task_id"),
@@ -472,15 +550,16 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
     async def ListRuns(self, request: rt.ListRunsRequest, context: Context) -> Any:
         public = request.request
         operator_of(request.caller)
-        limit = public.page_size or 50
-        if not bounds.is_page_size(limit) or not bounds.is_page_token(public.page_token):
-            raise Refused(Reason.FIELD_INVALID, "page_size or page_token is out of bounds")
+        limit = public.page_size or bounds.PAGE_SIZE_DEFAULT
+        if not bounds.is_page_size(limit):
+            raise Refused(
+                Reason.FIELD_INVALID,
+                f"page_size must be 0..{bounds.PAGE_SIZE_MAX}",
+                field="page_size",
+            )
+        before = wire.parse_page_token(public.page_token)
         task_id = wire.parse_uuid(public.task_id, "task_id") if public.task_id else None
-        states = tuple(
-            lifecycle_pb2.RunState.Name(s).removeprefix("RUN_STATE_").lower()
-            for s in public.states
-            if s != lifecycle_pb2.RUN_STATE_UNSPECIFIED
-        )
+        states = _run_states(public.states)
         async with self._pool.connection() as conn:
             page = await runs.list_runs(
                 conn,
@@ -488,7 +567,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 limit=limit,
                 task_id=task_id,
                 states=states,
-                before=wire.parse_page_token(public.page_token),
+                before=before,
             )
         return rt.ListRunsResponse(
             response=run_service_pb2.ListRunsResponse(
@@ -511,9 +590,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             operator_of(request.caller)
             project_id = wire.parse_slug(public.project_id, "project_id")
             run_id = wire.parse_uuid(public.run_id, "run_id")
-            if not bounds.is_safe_non_negative(public.after_sequence):
-                raise Refused(Reason.FIELD_INVALID, "after_sequence must not be negative")
-            after = public.after_sequence
+            after = _after_sequence(public.after_sequence)
             while True:
                 async with self._pool.connection() as conn:
                     events = await runs.list_events(
@@ -532,17 +609,16 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         except Exception as error:  # every failure leaves as a typed status
             if isinstance(error, grpc.aio.AbortError | asyncio.CancelledError):
                 raise
-            await abort_for(context, error)
+            await abort_for(context, error, request)
 
     @translated
     async def ListRunEvents(self, request: rt.ListRunEventsRequest, context: Context) -> Any:
         public = request.request
         operator_of(request.caller)
-        if not bounds.is_safe_non_negative(public.after_sequence):
-            raise Refused(Reason.FIELD_INVALID, "after_sequence must not be negative")
+        _after_sequence(public.after_sequence)
         limit = public.page_size or 100
         if not 1 <= limit <= _MAX_EVENTS_PAGE:
-            raise Refused(Reason.FIELD_INVALID, "page_size must be 1..500")
+            raise Refused(Reason.FIELD_INVALID, "page_size must be 0..500", field="page_size")
         project_id = wire.parse_slug(public.project_id, "project_id")
         run_id = wire.parse_uuid(public.run_id, "run_id")
         async with self._pool.connection() as conn:

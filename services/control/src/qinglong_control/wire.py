@@ -22,7 +22,7 @@ from qinglong_protocol import bounds
 from qinglong_control.db.definitions import RevisionView, TaskView
 from qinglong_control.db.placement import PlacedOffer, Plan
 from qinglong_control.db.runs import EventView, RunView
-from qinglong_control.domain.capability import digest_of_capability
+from qinglong_control.domain.capability import TokenDigest, digest_of_capability, parse_digest
 from qinglong_control.domain.fence import Fence
 from qinglong_control.domain.lease_control import LeaseAnswer, LeaseDecision
 from qinglong_control.domain.refusals import Reason, Refused
@@ -40,42 +40,59 @@ RETRYABLE_OUTCOMES = {ending: value for value, ending in RETRYABLE_ENDINGS.items
 
 def parse_uuid(value: str, field: str) -> uuid.UUID:
     if not bounds.is_uuid(value):
-        raise Refused(Reason.FIELD_INVALID, f"{field} must be a canonical lowercase UUID")
+        raise Refused(
+            Reason.FIELD_INVALID, f"{field} must be a canonical lowercase UUID", field=field
+        )
     return uuid.UUID(value)
 
 
 def parse_slug(value: str, field: str) -> str:
     if not bounds.is_slug(value):
-        raise Refused(Reason.FIELD_INVALID, f"{field} must be a slug")
+        raise Refused(Reason.FIELD_INVALID, f"{field} must be a slug", field=field)
     return value
 
 
 def parse_positive(value: int, field: str) -> int:
     if not bounds.is_safe_positive(value):
-        raise Refused(Reason.FIELD_INVALID, f"{field} must be a positive integer")
+        raise Refused(Reason.FIELD_INVALID, f"{field} must be an integer in 1..2^53-1", field=field)
     return value
 
 
 def parse_request_id(value: str, field: str = "request_id") -> str:
     if not bounds.is_request_id(value):
-        raise Refused(Reason.FIELD_INVALID, f"{field} is missing or malformed")
+        raise Refused(Reason.FIELD_INVALID, f"{field} is missing or malformed", field=field)
     return value
 
 
-def parse_fence(fence: fence_pb2.Fence) -> Fence:
+def parse_capability(value: str, field: str) -> TokenDigest:
+    """A lease capability's digest; its refusal names the field it came in."""
+    try:
+        return digest_of_capability(value)
+    except Refused as refused:
+        raise refused.at(field) from None
+
+
+def parse_wire_digest(value: str, field: str) -> TokenDigest:
+    try:
+        return parse_digest(value)
+    except Refused as refused:
+        raise refused.at(field) from None
+
+
+def parse_fence(fence: fence_pb2.Fence, prefix: str = "fence.") -> Fence:
     """The wire fence as a domain Fence; the raw token becomes a digest right here."""
     return Fence(
-        worker_id=parse_slug(fence.worker_id, "fence.worker_id"),
-        session_id=parse_uuid(fence.session_id, "fence.session_id"),
-        worker_generation=parse_positive(fence.worker_generation, "fence.worker_generation"),
-        project_id=parse_slug(fence.project_id, "fence.project_id"),
-        run_id=parse_uuid(fence.run_id, "fence.run_id"),
-        attempt_id=parse_uuid(fence.attempt_id, "fence.attempt_id"),
-        offer_id=parse_uuid(fence.offer_id, "fence.offer_id"),
-        lease_generation=parse_positive(fence.lease_generation, "fence.lease_generation"),
-        token_digest=digest_of_capability(fence.lease_token),
+        worker_id=parse_slug(fence.worker_id, prefix + "worker_id"),
+        session_id=parse_uuid(fence.session_id, prefix + "session_id"),
+        worker_generation=parse_positive(fence.worker_generation, prefix + "worker_generation"),
+        project_id=parse_slug(fence.project_id, prefix + "project_id"),
+        run_id=parse_uuid(fence.run_id, prefix + "run_id"),
+        attempt_id=parse_uuid(fence.attempt_id, prefix + "attempt_id"),
+        offer_id=parse_uuid(fence.offer_id, prefix + "offer_id"),
+        lease_generation=parse_positive(fence.lease_generation, prefix + "lease_generation"),
+        token_digest=parse_capability(fence.lease_token, prefix + "lease_token"),
         expected_lease_version=parse_positive(
-            fence.expected_lease_version, "fence.expected_lease_version"
+            fence.expected_lease_version, prefix + "expected_lease_version"
         ),
     )
 
@@ -88,15 +105,28 @@ def page_token(cursor: tuple[int, uuid.UUID] | None) -> str:
     return base64.urlsafe_b64encode(text).decode("ascii").rstrip("=")
 
 
-def parse_page_token(token: str) -> tuple[int, uuid.UUID] | None:
+def parse_page_token(token: str, field: str = "page_token") -> tuple[int, uuid.UUID] | None:
+    """The cursor of a token this server issued; anything else is FIELD_INVALID.
+
+    Only the exact spelling `page_token` produces is accepted: one cursor has one token,
+    and a cursor no server could have issued (outside 0..2^53-1 ms, which would overflow
+    the query's bigint; a run id spelled another way) is refused here, never by the
+    database.
+    """
     if not token:
         return None
+    refused = Refused(Reason.FIELD_INVALID, f"{field} is not one this server issued", field=field)
+    if not bounds.is_page_token(token):
+        raise refused
     try:
         text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
-        created, run_id = text.split(":", 1)
-        return int(created), uuid.UUID(run_id)
-    except (ValueError, UnicodeDecodeError):
-        raise Refused(Reason.FIELD_INVALID, "page_token is not one this server issued") from None
+        created_text, run_text = text.split(":", 1)
+        cursor = (int(created_text), uuid.UUID(run_text))
+    except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+        raise refused from None
+    if not bounds.is_safe_non_negative(cursor[0]) or page_token(cursor) != token:
+        raise refused
+    return cursor
 
 
 def timestamp(epoch_ms: int) -> Timestamp:
@@ -143,7 +173,9 @@ def parse_retry_policy(plan: execution_pb2.ExecutionPlan) -> RetryPolicy:
     endings = [RETRYABLE_ENDINGS.get(value) for value in wire_policy.retry_on]
     if None in endings or len(set(endings)) != len(endings):
         raise Refused(
-            Reason.FIELD_INVALID, "plan.retry_policy.retry_on must name distinct known endings"
+            Reason.FIELD_INVALID,
+            "plan.retry_policy.retry_on must name distinct known endings",
+            field="plan.retry_policy.retry_on",
         )
     checks = (
         ("max_attempts", bounds.RETRY_MAX_ATTEMPTS_MIN, bounds.RETRY_MAX_ATTEMPTS_MAX),
@@ -157,11 +189,13 @@ def parse_retry_policy(plan: execution_pb2.ExecutionPlan) -> RetryPolicy:
     )
     for name, low, high in checks:
         if not low <= getattr(wire_policy, name) <= high:
-            raise Refused(Reason.FIELD_INVALID, f"plan.retry_policy.{name} must be {low}..{high}")
+            path = f"plan.retry_policy.{name}"
+            raise Refused(Reason.FIELD_INVALID, f"{path} must be {low}..{high}", field=path)
     if wire_policy.max_backoff_ms < wire_policy.initial_backoff_ms:
         raise Refused(
             Reason.FIELD_INVALID,
             "plan.retry_policy.max_backoff_ms must be at least initial_backoff_ms",
+            field="plan.retry_policy.max_backoff_ms",
         )
     return RetryPolicy(
         max_attempts=wire_policy.max_attempts,

@@ -19,6 +19,7 @@ tokens, operator tokens) never reach a log line, an audit row or an error messag
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -34,6 +35,7 @@ from qinglong.control.v1 import run_service_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.runtime.v1 import caller_pb2
 from qinglong_protocol.errors import rich_status_of, status_for
+from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.tls import peer_tls
 
 from qinglong_ingress.admission import Decision, decide
@@ -101,10 +103,12 @@ class Refusal(Exception):
 
 @dataclass(frozen=True)
 class Received:
-    """A request as it arrived: the parsed message (None if it did not parse) and its size."""
+    """A request as it arrived: the parsed message (None if it did not parse), its size,
+    and for bytes that did not parse, the violation that says where (R-ERR-1)."""
 
     message: Message | None
     size: int
+    undecodable: FieldViolation | None = None
 
 
 @dataclass(frozen=True)
@@ -122,10 +126,20 @@ class Admitted:
 
 
 class Gateway:
-    def __init__(self, directory: Directory, runtime: grpc.aio.Channel, trust_domain: str) -> None:
+    def __init__(
+        self,
+        directory: Directory,
+        runtime: grpc.aio.Channel,
+        trust_domain: str,
+        storage: StorageBounds | None = None,
+    ) -> None:
         self._directory = directory
         self._runtime = runtime
         self._trust_domain = trust_domain
+        # All of a call's database work (identity, binding, audit — also the audit of a
+        # refusal) shares one budget, so an outage answers within the storage bound
+        # (R-ERR-2) rather than once per pool checkout.
+        self._admission_budget_s = (storage or StorageBounds()).timeout_seconds * 0.9
 
     # --- the two call shapes ----------------------------------------------------------
 
@@ -174,6 +188,19 @@ class Gateway:
     # --- admission --------------------------------------------------------------------
 
     async def _admit(
+        self, route: Route, received: Received, context: Context
+    ) -> tuple[Message, Admitted | None]:
+        try:
+            async with asyncio.timeout(self._admission_budget_s):
+                return await self._admit_unbounded(route, received, context)
+        except TimeoutError:
+            _log.warning("storage unavailable during admission: no answer within the bound")
+            await context.abort_with_status(
+                status_for(ErrorReason.ERROR_REASON_STORAGE_UNAVAILABLE, "storage unavailable")
+            )
+            raise AssertionError("abort_with_status always raises") from None
+
+    async def _admit_unbounded(
         self, route: Route, received: Received, context: Context
     ) -> tuple[Message, Admitted | None]:
         request = received.message or route.request_type()
@@ -235,9 +262,14 @@ class Gateway:
         principal = await self._authenticate(route, peer.uris, context)
         try:
             if received.message is None:
-                raise Refusal(
-                    "invalid_argument",
-                    ErrorReason.ERROR_REASON_FIELD_INVALID,
+                raise _invalid(
+                    [
+                        received.undecodable
+                        or FieldViolation(
+                            request.DESCRIPTOR.full_name,
+                            "the request bytes are not a well-formed message of this type",
+                        )
+                    ],
                     "the request is not a well-formed message",
                 )
             violations = validate_request(request, serialized_size=received.size)
@@ -351,11 +383,13 @@ class Gateway:
         return wrapped
 
 
-def _invalid(violations: Sequence[FieldViolation]) -> Refusal:
+def _invalid(
+    violations: Sequence[FieldViolation], message: str = "request is out of bounds"
+) -> Refusal:
     return Refusal(
         "invalid_argument",
         primary_reason(violations),
-        "request is out of bounds",
+        message,
         [(v.field, v.description) for v in violations],
     )
 

@@ -6,28 +6,36 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong_protocol.errors import status_for
 
 from qinglong_ingress.gateway import Context, Gateway, Received
 from qinglong_ingress.routes import ROUTES, Route
+from qinglong_ingress.validation import undecodable_violation
 
 _log = logging.getLogger(__name__)
 
 
 def _parser(route: Route) -> Callable[[bytes], Received]:
     """Keep the size as received (a parsed message can be much smaller than its bytes)
-    and turn unparseable bytes into a refusal the gateway audits, not a transport error."""
+    and turn unparseable bytes into a refusal the gateway audits, not a transport error:
+    an exception escaping a deserializer would reach the caller as INTERNAL."""
+    # The stubs type DESCRIPTOR as the pure-Python or the upb class; both have this API.
+    descriptor = cast(Descriptor, route.request_type.DESCRIPTOR)
 
     def parse(raw: bytes) -> Received:
         try:
             return Received(route.request_type.FromString(raw), len(raw))
         except DecodeError:
-            return Received(None, len(raw))
+            return Received(None, len(raw), undecodable_violation(descriptor, raw))
+        except Exception:  # any other parser failure is still a malformed request
+            _log.warning("request of %s did not parse", descriptor.full_name, exc_info=True)
+            return Received(None, len(raw), undecodable_violation(descriptor, raw))
 
     return parse
 

@@ -37,7 +37,9 @@ async def serve(settings: IngressSettings) -> None:
     pool = await open_ingress_pool(settings.database_url, bounds=settings.storage)
     try:
         async with open_control_channel(settings.control) as control_channel:
-            gateway = Gateway(Directory(pool), control_channel, settings.trust_domain)
+            gateway = Gateway(
+                Directory(pool), control_channel, settings.trust_domain, settings.storage
+            )
             server, port = await create_server(settings, public_handlers(gateway))
             await server.start()
             announce_listening(SERVICE, port, settings.listen_address)

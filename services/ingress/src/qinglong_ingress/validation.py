@@ -52,6 +52,7 @@ __all__ = [
     "Rule",
     "primary_reason",
     "request_size_violation",
+    "undecodable_violation",
     "unknown_field_paths",
     "validate_request",
 ]
@@ -698,6 +699,98 @@ def _all_violations(request: Message) -> Iterator[FieldViolation]:
             _REASON.ERROR_REASON_UNKNOWN_FIELD,
         )
     yield from _message_violations(request, "")
+
+
+# --- Bytes that do not decode ----------------------------------------------------------
+
+#: Wire types (protobuf encoding).
+_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
+#: Requests nest a few levels (request -> plan -> retry_policy); deeper is not worth a walk.
+_SCAN_MAX_DEPTH: Final = 8
+
+
+class _Unreadable(Exception):
+    """The wire structure itself is broken at this point (or is a group): stop looking."""
+
+
+def _read_varint(data: bytes, position: int) -> tuple[int, int]:
+    value = 0
+    for shift in range(0, 70, 7):
+        if position >= len(data):
+            raise _Unreadable
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+    raise _Unreadable
+
+
+def _invalid_utf8_path(descriptor: Descriptor, data: bytes, prefix: str, depth: int) -> str | None:
+    """The path of the first string field whose bytes are not UTF-8, walking the wire as a
+    parser would; ``None`` when there is none before the structure breaks."""
+    seen: dict[int, int] = {}
+    position = 0
+    while position < len(data):
+        key, position = _read_varint(data, position)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == _VARINT:
+            _, position = _read_varint(data, position)
+            continue
+        if wire_type in (_FIXED64, _FIXED32):
+            position += 8 if wire_type == _FIXED64 else 4
+            continue
+        if wire_type != _LENGTH_DELIMITED:
+            raise _Unreadable  # groups and the unused wire types 6 and 7
+        length, position = _read_varint(data, position)
+        chunk = data[position : position + length]
+        if len(chunk) != length:
+            raise _Unreadable
+        position += length
+        field = descriptor.fields_by_number.get(number)
+        if field is None:
+            continue
+        index = seen.get(number, 0)
+        seen[number] = index + 1
+        path = prefix + field.name
+        if _is_map(field):
+            # A map key is caller data and never part of a path (see Labels).
+            entry = field.message_type
+            assert entry is not None
+            if depth < _SCAN_MAX_DEPTH and _invalid_utf8_path(entry, chunk, "", depth + 1):
+                return path
+            continue
+        if field.is_repeated:
+            path += f"[{index}]"
+        if field.type == FieldDescriptor.TYPE_STRING:
+            try:
+                chunk.decode("utf-8")
+            except UnicodeDecodeError:
+                return path
+        elif field.message_type is not None and depth < _SCAN_MAX_DEPTH:
+            found = _invalid_utf8_path(field.message_type, chunk, path + ".", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def undecodable_violation(descriptor: Descriptor, raw: bytes) -> FieldViolation:
+    """The violation for request bytes that did not parse as ``descriptor`` (SPEC R-ERR-1).
+
+    The parser rejects invalid UTF-8 in a string field and a broken wire structure alike;
+    the first names the field (``fence.lease_token``, ``plan.command[2]``), the second can
+    only name the message, by its full name. Never raises: it runs inside the transport's
+    deserializer, where an exception would become an INTERNAL status.
+    """
+    try:
+        path = _invalid_utf8_path(descriptor, raw, "", 0)
+    except Exception:  # _Unreadable, or anything else a hostile body provokes
+        path = None
+    if path is not None:
+        return FieldViolation(path, "must be valid UTF-8")
+    return FieldViolation(
+        descriptor.full_name, "the request bytes are not a well-formed message of this type"
+    )
 
 
 def validate_request(

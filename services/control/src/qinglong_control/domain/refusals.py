@@ -41,9 +41,21 @@ class Reason(StrEnum):
 
 
 class Refused(Exception):
-    """A command that changed nothing, and why. Its text is safe to show a caller."""
+    """A command that changed nothing, and why. Its text is safe to show a caller.
 
-    def __init__(self, reason: Reason, detail: str = "") -> None:
+    ``field`` is the path of the request field at fault (``fence.session_id``,
+    ``plan.retry_policy.max_backoff_ms``) when one is: the wire answer then carries a
+    ``google.rpc.BadRequest`` naming it (SPEC R-ERR-1). Like ``detail``, it never holds
+    the offending value.
+    """
+
+    def __init__(self, reason: Reason, detail: str = "", *, field: str | None = None) -> None:
         super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
         self.reason = reason
         self.detail = detail
+        self.field = field
+
+    def at(self, field: str) -> Refused:
+        """The same refusal, about ``field``: for checks that do not know where their
+        value came from (a capability is one shape wherever a request carries it)."""
+        return Refused(self.reason, self.detail, field=field)
