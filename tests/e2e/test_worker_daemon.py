@@ -1,17 +1,26 @@
 """`qinglong-worker run` as a real process against `qinglong up`: a Run goes to `succeeded`,
 a user cancel stops the running executor and ends the Run `cancelled`, and a restarted
 Worker resumes its session from the durable inbox and stops an executor it did not spawn.
-Both the stack and the Worker stop cleanly on SIGINT; no secret reaches the Worker's log."""
+Both the stack and the Worker stop cleanly on SIGINT; no secret reaches the Worker's log.
+
+Issue 7 ("Nothing lost"): `kill -9` of the Worker while its executor runs keeps the
+executor's real exit status (its supervisor records it), so the restarted Worker reports
+`succeeded` or `failed` with the real exit code; a corrupt inbox is one clear error at
+start, and while running it stops the executor and exits non-zero; SIGTERM drains —
+a short job finishes, a long one is stopped when the grace runs out and its Run ends
+`cancelled` for `shutdown`, a second signal stops at once."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -111,18 +120,41 @@ class Operator:
             timeout=10,
         )
 
+    def events(self, run_id: str) -> list[Any]:
+        return list(
+            self.runs.ListRunEvents(
+                run_service_pb2.ListRunEventsRequest(project_id=self.project_id, run_id=run_id),
+                metadata=self.metadata,
+                timeout=10,
+            ).events
+        )
+
     def event_types(self, run_id: str) -> list[str]:
-        events = self.runs.ListRunEvents(
-            run_service_pb2.ListRunEventsRequest(project_id=self.project_id, run_id=run_id),
-            metadata=self.metadata,
-            timeout=10,
-        ).events
-        return [event.type for event in events]
+        return [event.type for event in self.events(run_id)]
+
+    def finished_exit_codes(self, run_id: str) -> list[int | None]:
+        """The exit code of each attempt.* terminal Event (None when none was reported)."""
+        return [
+            event.attempt_finished.exit_code
+            if event.attempt_finished.HasField("exit_code")
+            else None
+            for event in self.events(run_id)
+            if event.HasField("attempt_finished")
+        ]
 
 
 @pytest.fixture(scope="module")
-def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
-    data_dir = tmp_path_factory.mktemp("worker-e2e") / "stack"
+def dev_stack() -> Iterator[DevStack]:
+    # Not under pytest's basetemp: another pytest session on the machine may prune it
+    # while this module's cluster still runs.
+    root = Path(tempfile.mkdtemp(prefix="qinglong-worker-e2e-"))
+    try:
+        yield from _dev_stack(root / "stack")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _dev_stack(data_dir: Path) -> Iterator[DevStack]:
     stack_path = data_dir / "stack.json"
     process = subprocess.Popen(
         [str(QINGLONG), "up", "--data-dir", str(data_dir)],
@@ -178,7 +210,7 @@ class Worker:
     """One `qinglong-worker run` process; its log goes to a file (never a pipe that could
     fill up), appended to across restarts."""
 
-    def __init__(self, stack_path: Path, inbox: Path) -> None:
+    def __init__(self, stack_path: Path, inbox: Path, *extra_flags: str) -> None:
         self.inbox = inbox
         self.log = inbox.with_name("worker.log")
         inbox.parent.mkdir(parents=True, exist_ok=True)
@@ -197,6 +229,9 @@ class Worker:
                     "1",
                     "--max-concurrency",
                     "2",
+                    "--stop-grace-seconds",
+                    "2",
+                    *extra_flags,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -212,6 +247,17 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+            raise
+
+    def kill9(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def wait(self, seconds: float = STOP_TIMEOUT_SECONDS) -> int:
+        try:
+            return self.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.kill9()
             raise
 
     def record(self, run_id: str) -> dict[str, Any]:
@@ -296,8 +342,10 @@ def test_user_cancel_stops_the_running_process(
         # `running` commits before the Worker persists the answer; wait for the inbox too.
         record = worker.wait_for_record(run_id, "running_acknowledged")
         assert _executor_alive(record)
+        # The recorded identity is the executor's supervisor; the executor is its child.
+        (executor,) = _supervised(record)
         # R-TO-2: the executor got timeout and the durable deadline; never the capability.
-        environ = Path(f"/proc/{record['executor_pid']}/environ").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{executor}/environ").read_bytes().split(b"\0")
         assert b"QINGLONG_TIMEOUT_MS=60000" in environ
         deadline = [v for v in environ if v.startswith(b"QINGLONG_DEADLINE_UNIX_MS=")]
         assert len(deadline) == 1
@@ -311,6 +359,7 @@ def test_user_cancel_stops_the_running_process(
         assert worker.stop() == 0, worker.log.read_text()
     assert run.error_code == "EXECUTION_CANCELLED"
     assert not _executor_alive(record), "the executor was stopped"
+    assert not _alive(executor)
     assert (stopped["stop_reason"], stopped["exit_signal"]) == ("user", signal.SIGTERM)
     assert operator.event_types(run_id)[-3:] == [
         "run.cancel_requested",
@@ -330,8 +379,8 @@ def test_a_restarted_worker_resumes_and_stops_its_executor_on_cancel(
         operator.wait_for(run_id, RUN_STATE.RUN_STATE_RUNNING)
         record = first.wait_for_record(run_id, "running_acknowledged")
     finally:
-        assert first.stop() == 0, first.log.read_text()
-    # The daemon's exit leaves the executor running: it is owned by the durable inbox.
+        first.kill9()
+    # A crashed daemon leaves the executor running: it is owned by the durable inbox.
     assert _executor_alive(record)
 
     second = Worker(dev_stack.path, inbox)
@@ -346,8 +395,223 @@ def test_a_restarted_worker_resumes_and_stops_its_executor_on_cancel(
     log = second.log.read_text()
     assert "resumed" in log, "the session was resumed, not replaced"
     assert stopped["completion_outcome"] == "cancelled"
-    # Not the daemon's child any more: its exit status could not be observed.
-    assert stopped["exit_code"] is None
-    assert stopped["exit_signal"] is None
+    # Not the daemon's child any more, yet its supervisor recorded how it ended.
+    assert (stopped["exit_code"], stopped["exit_signal"]) == (None, signal.SIGTERM)
     second.assert_log_holds_no_secret()
     assert os.stat(inbox).st_mode & 0o077 == 0
+
+
+# --- issue 7: nothing lost --------------------------------------------------------------------
+
+
+def _supervised(record: dict[str, Any], seconds: float = 5.0) -> list[int]:
+    """The processes the recorded identity (the executor's supervisor) runs: the executor."""
+    pid = record["executor_pid"]
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except FileNotFoundError:
+            children = []
+        if children or time.monotonic() > deadline:
+            return [int(child) for child in children]
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    return _start_ticks(pid) is not None
+
+
+def _wait_until_gone(record: dict[str, Any], seconds: float = RUN_TIMEOUT_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while _executor_alive(record):
+        if time.monotonic() > deadline:
+            pytest.fail("the executor did not end")
+        time.sleep(0.05)
+
+
+def _garble(inbox: Path) -> None:
+    """Overwrite the inbox (and its WAL and index) in place with garbage."""
+    for path in (inbox, Path(f"{inbox}-wal"), Path(f"{inbox}-shm")):
+        if path.exists():
+            size = max(path.stat().st_size, 4096)
+            with path.open("r+b") as stream:
+                stream.write(b"garbage!" * (size // 8))
+
+
+def _error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if " ERROR " in line]
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "ends_while_down"),
+    [(0, True), (3, False)],
+    ids=["exit-0-while-no-worker-runs", "exit-3-under-the-restarted-worker"],
+)
+def test_kill_9_of_the_worker_keeps_the_executors_real_exit_status(
+    dev_stack: DevStack,
+    operator: Operator,
+    tmp_path: Path,
+    exit_code: int,
+    ends_while_down: bool,
+) -> None:
+    inbox = tmp_path / "worker" / "inbox.db"
+    run_id = operator.trigger(["sh", "-c", f"sleep 3; exit {exit_code}"])
+    first = Worker(dev_stack.path, inbox)
+    try:
+        operator.wait_for(run_id, RUN_STATE.RUN_STATE_RUNNING)
+        record = first.wait_for_record(run_id, "running_acknowledged")
+    finally:
+        first.kill9()
+    assert _executor_alive(record), "the executor outlived its Worker"
+    if ends_while_down:
+        _wait_until_gone(record)
+
+    second = Worker(dev_stack.path, inbox)
+    try:
+        expected = RUN_STATE.RUN_STATE_SUCCEEDED if exit_code == 0 else RUN_STATE.RUN_STATE_FAILED
+        run = operator.wait_for(run_id, expected)
+        done = second.wait_for_record(run_id, "completion_acknowledged")
+    finally:
+        assert second.stop() == 0, second.log.read_text()
+    assert run.attempt_count == 1, "no duplicate Attempt"
+    assert (done["exit_code"], done["exit_signal"]) == (exit_code, None)
+    assert operator.finished_exit_codes(run_id) == [exit_code]
+    ending = "succeeded" if exit_code == 0 else "failed"
+    assert operator.event_types(run_id) == [
+        "run.queued",
+        "attempt.claimed",
+        "run.dispatching",
+        "attempt.starting",
+        "attempt.running",
+        "run.running",
+        f"attempt.{ending}",
+        f"run.{ending}",
+    ]
+    assert "not observable" not in second.log.read_text()
+    second.assert_log_holds_no_secret()
+
+
+def test_a_corrupt_inbox_at_start_is_one_clear_error(dev_stack: DevStack, tmp_path: Path) -> None:
+    inbox = tmp_path / "worker" / "inbox.db"
+    inbox.parent.mkdir(parents=True)
+    inbox.write_bytes(b"garbage!" * 1024)
+    result = subprocess.run(
+        [str(QINGLONG_WORKER), "run", "--stack", str(dev_stack.path), "--inbox", str(inbox)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = _error_lines(result.stderr)
+    assert len(errors) == 1, result.stderr
+    assert errors[0].endswith(f"inbox {inbox} is unreadable: file is not a database")
+
+
+def test_an_inbox_corrupted_while_running_stops_the_executor_and_the_worker(
+    dev_stack: DevStack, operator: Operator, tmp_path: Path
+) -> None:
+    inbox = tmp_path / "worker" / "inbox.db"
+    run_id = operator.trigger(["sleep", "60"])
+    worker = Worker(dev_stack.path, inbox)
+    try:
+        operator.wait_for(run_id, RUN_STATE.RUN_STATE_RUNNING)
+        record = worker.wait_for_record(run_id, "running_acknowledged")
+        executors = _supervised(record)
+        assert executors
+        _garble(inbox)
+        status = worker.wait(30)
+    finally:
+        if worker.process.poll() is None:
+            worker.kill9()
+        operator.cancel(run_id)  # nobody reports it now; control converges it
+    assert status == 3
+    log = worker.log.read_text()
+    assert "Traceback" not in log
+    assert "tick failed" not in log
+    errors = _error_lines(log)
+    assert len(errors) == 1, log
+    assert f"inbox {inbox} is unreadable" in errors[0]
+    assert "stopped 1 executor(s)" in errors[0]
+    assert not _executor_alive(record), "the supervisor is gone"
+    assert not any(_alive(pid) for pid in executors), "no executor runs without a lease"
+
+
+def test_sigterm_lets_a_short_job_finish_and_exits_0(
+    dev_stack: DevStack, operator: Operator, tmp_path: Path
+) -> None:
+    run_id = operator.trigger(["sh", "-c", "sleep 2; exit 0"])
+    worker = Worker(dev_stack.path, tmp_path / "worker" / "inbox.db", "--drain-grace-seconds", "20")
+    try:
+        operator.wait_for(run_id, RUN_STATE.RUN_STATE_RUNNING)
+        worker.wait_for_record(run_id, "running_acknowledged")
+        signalled = time.monotonic()
+        worker.process.send_signal(signal.SIGTERM)
+        status = worker.wait(30)
+    finally:
+        if worker.process.poll() is None:
+            worker.kill9()
+    assert status == 0, worker.log.read_text()
+    assert time.monotonic() - signalled < 15, "it left when the job was done, not at the grace"
+    run = operator.run(run_id)
+    assert run.state == RUN_STATE.RUN_STATE_SUCCEEDED
+    record = worker.record(run_id)
+    assert (record["state"], record["exit_code"]) == ("completion_acknowledged", 0)
+    log = worker.log.read_text()
+    assert "draining" in log
+    worker.assert_log_holds_no_secret()
+
+
+@pytest.mark.parametrize("second_signal", [False, True], ids=["grace-runs-out", "second-signal"])
+def test_sigterm_stops_a_long_job_and_its_run_ends_cancelled_for_shutdown(
+    dev_stack: DevStack, operator: Operator, tmp_path: Path, second_signal: bool
+) -> None:
+    grace = "60" if second_signal else "1"
+    run_id = operator.trigger(["sleep", "60"])
+    worker = Worker(
+        dev_stack.path, tmp_path / "worker" / "inbox.db", "--drain-grace-seconds", grace
+    )
+    try:
+        operator.wait_for(run_id, RUN_STATE.RUN_STATE_RUNNING)
+        record = worker.wait_for_record(run_id, "running_acknowledged")
+        executors = _supervised(record)
+        worker.process.send_signal(signal.SIGTERM)
+        if second_signal:
+            time.sleep(1.0)
+            assert worker.process.poll() is None, "the first signal only drains"
+            assert _executor_alive(record)
+            worker.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        status = worker.wait(30)
+    finally:
+        if worker.process.poll() is None:
+            worker.kill9()
+    assert status == 0, worker.log.read_text()
+    assert time.monotonic() - signalled < 15
+    assert not _executor_alive(record)
+    assert not any(_alive(pid) for pid in executors), "nothing is left running"
+    stopped = worker.record(run_id)
+    assert (stopped["stop_reason"], stopped["exit_signal"]) == ("local_shutdown", signal.SIGTERM)
+    # Needs control's side of issue 7: CANCELLED + stop_reason SHUTDOWN is accepted.
+    run = operator.wait_for(run_id, RUN_STATE.RUN_STATE_CANCELLED, seconds=10)
+    assert run.cancel_intent.reason == lifecycle_pb2.CANCEL_REASON_SHUTDOWN
+    assert stopped["state"] == "completion_acknowledged", worker.log.read_text()
+    assert operator.event_types(run_id)[-2:] == ["attempt.cancelled", "run.cancelled"]
+
+
+def test_a_signal_while_the_worker_starts_is_an_orderly_shutdown(
+    dev_stack: DevStack, tmp_path: Path
+) -> None:
+    """SIGTERM while the daemon still imports and opens its inbox: exit 0, no traceback
+    (it drains an empty Worker)."""
+    worker = Worker(dev_stack.path, tmp_path / "worker" / "inbox.db")
+    time.sleep(0.15)  # the interpreter runs; grpc is still being imported
+    assert worker.process.poll() is None
+    worker.process.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.log.read_text()
+    log = worker.log.read_text()
+    assert "Traceback" not in log
+    assert "SIGTERM received: drain" in log

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import secrets
 import stat
 import subprocess
@@ -18,6 +19,7 @@ from qinglong_worker.inbox import (
     InboxConflict,
     InboxLocked,
     InboxRecord,
+    InboxUnreadable,
     InvalidTransition,
     QuarantineReason,
     RecordState,
@@ -227,5 +229,67 @@ def test_no_secret_in_repr_errors_or_logs(
         stored = inbox.get(record.offer_id)
         assert stored is not None
         assert (stored.capability, stored.callback_token) == (record.capability, token)
+    finally:
+        inbox.close()
+
+
+def _garble(path: Path) -> None:
+    """Overwrite a file's bytes in place (same inode), as a disk or an operator might."""
+    size = max(path.stat().st_size, 4096)
+    with path.open("r+b") as stream:
+        stream.write(os.urandom(size))
+
+
+def test_a_file_that_is_not_a_database_is_refused_naming_it(inbox_path: Path) -> None:
+    inbox_path.parent.mkdir(parents=True)
+    inbox_path.write_bytes(b"this is no database" * 300)
+    with pytest.raises(InboxUnreadable) as refused:
+        Inbox.open(inbox_path)
+    assert str(refused.value) == f"inbox {inbox_path} is unreadable: file is not a database"
+    assert refused.value.path == inbox_path
+    # The refusal released the lock: once the file is fixed, the inbox opens.
+    inbox_path.unlink()
+    Inbox.open(inbox_path).close()
+
+
+def test_verify_notices_a_file_overwritten_underneath_the_connection(inbox_path: Path) -> None:
+    inbox = Inbox.open(inbox_path)
+    try:
+        inbox.admit(_record())
+        inbox.verify()
+        _garble(inbox_path)
+        with pytest.raises(InboxUnreadable, match="file is not a database") as refused:
+            inbox.verify()
+        assert str(inbox_path) in str(refused.value)
+    finally:
+        inbox.close()
+
+
+def test_verify_notices_a_replaced_or_removed_file(inbox_path: Path, tmp_path: Path) -> None:
+    inbox = Inbox.open(inbox_path)
+    try:
+        other = Inbox.open(tmp_path / "other" / "inbox.db")
+        other.close()
+        os.replace(tmp_path / "other" / "inbox.db", inbox_path)  # a valid database, not ours
+        with pytest.raises(InboxUnreadable, match="the file was replaced"):
+            inbox.verify()
+        inbox_path.unlink()
+        with pytest.raises(InboxUnreadable, match="No such file"):
+            inbox.verify()
+    finally:
+        inbox.close()
+
+
+def test_a_statement_sqlite_refuses_is_an_unreadable_inbox(inbox_path: Path) -> None:
+    inbox = Inbox.open(inbox_path)
+    try:
+        record = _record()
+        inbox.admit(record)
+        for path in (inbox_path, Path(f"{inbox_path}-wal"), Path(f"{inbox_path}-shm")):
+            _garble(path)
+        with pytest.raises(InboxUnreadable) as refused:
+            inbox.get(record.offer_id)
+        assert str(inbox_path) in str(refused.value)
+        assert refused.value.__cause__ is None, "SQLite's own exception is not chained"
     finally:
         inbox.close()

@@ -5,9 +5,12 @@ and the executor's fail-closed timing variables."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +26,7 @@ from qinglong_worker.process import (
     ProcessIdentity,
     StopResult,
     check_timing_environment,
+    parse_status_document,
     read_start_ticks,
     timing_environment,
 )
@@ -31,9 +35,10 @@ DEADLINE = 1_900_000_000_000
 
 
 @pytest.fixture
-def controller() -> Iterator[ProcessController]:
+def controller(tmp_path: Path) -> Iterator[ProcessController]:
     processes = ProcessController(
-        base_environment={"PATH": os.environ["PATH"], "QINGLONG_WORKER_TLS_KEY": "/secret"}
+        base_environment={"PATH": os.environ["PATH"], "QINGLONG_WORKER_TLS_KEY": "/secret"},
+        status_dir=tmp_path / "exits",
     )
     spawned: list[ProcessIdentity] = []
     original = processes.spawn
@@ -260,3 +265,176 @@ def test_a_one_sided_or_negative_plan_refuses_to_start(
         controller.spawn([], timeout_ms=None, deadline_unix_ms=None)
     time.sleep(0.1)
     assert not marker.exists(), "nothing was started"
+
+
+# --- the supervisor: exit statuses that outlive the Worker -------------------------------------
+
+#: A stand-in for a Worker process: it spawns one executor and waits to be killed.
+_WORKER_STAND_IN = """
+import sys
+from pathlib import Path
+from qinglong_worker.process import ProcessController
+controller = ProcessController(status_dir=Path(sys.argv[1]))
+identity = controller.spawn(sys.argv[2:], timeout_ms=None, deadline_unix_ms=None)
+print(identity.handle, flush=True)
+sys.stdin.read()
+"""
+
+
+def _spawn_in_a_worker_then_kill_it(status_dir: Path, argv: list[str]) -> ProcessIdentity:
+    """Spawn `argv` from another process, then kill -9 that process: the executor's
+    supervisor is no child of this test, exactly as after a Worker crash."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _WORKER_STAND_IN, str(status_dir), *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as worker:
+        assert worker.stdout is not None
+        handle = worker.stdout.readline().strip()
+        worker.kill()
+        worker.wait()
+    return ProcessIdentity.from_handle(handle)
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _group_members(group: int) -> list[int]:
+    """Live processes whose process group is `group`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _poll_until_ended(processes: ProcessController, identity: ProcessIdentity) -> ExitStatus:
+    status = _wait_for_exit(processes, identity)
+    assert status is not None
+    return status
+
+
+@pytest.fixture
+def status_dir(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "exits"
+    yield directory
+    # Whatever a test left running under this directory's supervisors ends here.
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if str(directory).encode() in (entry / "cmdline").read_bytes():
+                    os.killpg(int(entry.name), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("code", [0, 7])
+def test_an_exit_status_survives_the_worker_that_spawned_it(status_dir: Path, code: int) -> None:
+    identity = _spawn_in_a_worker_then_kill_it(status_dir, ["sh", "-c", f"sleep 0.3; exit {code}"])
+    # A restarted Worker: a new controller, not the supervisor's parent.
+    restarted = ProcessController(status_dir=status_dir)
+    assert restarted.poll(identity) is None, "the supervisor outlived its Worker"
+    assert _poll_until_ended(restarted, identity) == ExitStatus(code, None)
+    status_file = status_dir / f"{identity.pid}-{identity.start_ticks}.json"
+    assert status_file.stat().st_mode & 0o777 == 0o600
+    restarted.release(identity)
+    assert not status_file.exists(), "released once the inbox holds the status"
+
+
+async def test_a_restarted_worker_stops_an_executor_and_learns_how_it_ended(
+    status_dir: Path,
+) -> None:
+    identity = _spawn_in_a_worker_then_kill_it(status_dir, ["sleep", "30"])
+    restarted = ProcessController(status_dir=status_dir)
+    assert await restarted.stop(identity, grace_seconds=5.0) is StopResult.STOPPED
+    assert _poll_until_ended(restarted, identity) == ExitStatus(None, signal.SIGTERM)
+
+
+async def test_term_reaches_each_process_of_the_group_once_and_kill_leaves_none(
+    controller: ProcessController, tmp_path: Path
+) -> None:
+    terms, ready = tmp_path / "terms", tmp_path / "ready"
+    script = f"trap 'echo term >> {terms}' TERM; echo ready > {ready}; while :; do sleep 0.05; done"
+    identity = controller.spawn(["sh", "-c", script], timeout_ms=None, deadline_unix_ms=None)
+    _wait_for_file(ready)
+    assert len(_group_members(identity.pid)) >= 2, "the executor runs in the supervisor's group"
+    # The script survives SIGTERM (its trap only notes it): SIGKILL ends it after the grace,
+    # which leaves the trap time to run even on a loaded machine.
+    assert await controller.stop(identity, grace_seconds=1.5) is StopResult.STOPPED
+    noted = terms.read_text() if terms.exists() else ""
+    assert noted == "term\n", f"SIGTERM was forwarded exactly once, not {noted!r}"
+    assert _group_members(identity.pid) == [], "SIGKILL took the whole group"
+    assert controller.poll(identity) == ExitStatus(None, signal.SIGKILL)
+
+
+def test_killing_the_supervisor_alone_takes_its_executor_with_it(
+    controller: ProcessController,
+) -> None:
+    identity = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    deadline = time.monotonic() + 5
+    while not (executors := _children_of(identity.pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(executors) == 1
+    os.kill(identity.pid, signal.SIGKILL)  # not the group: the supervisor only
+    deadline = time.monotonic() + 5
+    while _alive(executors[0]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _alive(executors[0]), "the executor died with its supervisor (no orphan)"
+    assert _poll_until_ended(controller, identity) == ExitStatus(None, signal.SIGKILL)
+
+
+def test_a_start_that_fails_is_reported_at_once_and_leaves_nothing(
+    controller: ProcessController, tmp_path: Path
+) -> None:
+    with pytest.raises(FileNotFoundError):
+        controller.spawn(["/nonexistent/binary"], timeout_ms=None, deadline_unix_ms=None)
+    not_executable = tmp_path / "script"
+    not_executable.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        controller.spawn([str(not_executable)], timeout_ms=None, deadline_unix_ms=None)
+    assert controller.known() == frozenset()
+
+
+async def test_stop_all_stops_every_remembered_identity(controller: ProcessController) -> None:
+    first = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    second = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    finished = controller.spawn(["true"], timeout_ms=None, deadline_unix_ms=None)
+    _wait_for_exit(controller, finished)
+    results = await controller.stop_all(grace_seconds=2.0)
+    assert results == {first: StopResult.STOPPED, second: StopResult.STOPPED}
+    assert controller.poll(first) == controller.poll(second) == ExitStatus(None, signal.SIGTERM)
+
+
+def test_a_status_document_must_name_its_identity_and_one_ending() -> None:
+    identity = ProcessIdentity(1234, 99)
+
+    def document(**fields: object) -> bytes:
+        return json.dumps({"version": 1, "supervisor": identity.handle, **fields}).encode()
+
+    assert parse_status_document(document(exit_code=3, signal=None), identity) == ExitStatus(
+        3, None
+    )
+    assert parse_status_document(document(exit_code=None, signal=9), identity) == ExitStatus(
+        None, 9
+    )
+    other = ProcessIdentity(1234, 100)
+    assert parse_status_document(document(exit_code=0, signal=None), other) is None
+    for bad in (
+        document(exit_code=3, signal=9),
+        document(exit_code=None, signal=None),
+        document(exit_code=256, signal=None),
+        document(exit_code="0", signal=None),
+        b"not json",
+        b"[]",
+    ):
+        assert parse_status_document(bad, identity) is None

@@ -22,9 +22,11 @@ from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
 from qinglong_worker.client import CallFailed
 from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
-from qinglong_worker.lifecycle import Lifecycle, LifecycleSettings
+from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
 from qinglong_worker.process import ExitStatus, ProcessController, StopResult
 from qinglong_worker.reconcile import (
+    LOCAL_SHUTDOWN,
+    Mode,
     Outcome,
     Reconciler,
     activation_problem,
@@ -62,6 +64,7 @@ class ScriptedClient:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.budgets: list[tuple[str, float | None]] = []
         self.lease_version = 1
         self.activation: worker_pb2.ActivationSnapshot = _activation(60_000)
         self.control_answer: Callable[[ws.ControlLeaseRequest], ws.ControlLeaseResponse] = (
@@ -72,9 +75,11 @@ class ScriptedClient:
         self.seen_versions: list[int] = []
         self.plans: dict[str, execution_pb2.ExecutionPlan] = {}
         self.completed = ws.CompleteAttemptRequest()
+        self.completion_refusals: list[CallFailed] = []
 
-    def _record(self, name: str, request: Any) -> None:
+    def _record(self, name: str, request: Any, budget_seconds: float | None) -> None:
         self.calls.append(name)
+        self.budgets.append((name, budget_seconds))
         if hasattr(request, "fence"):
             self.seen_versions.append(request.fence.expected_lease_version)
 
@@ -86,13 +91,17 @@ class ScriptedClient:
             )
         )
 
-    async def pull_offers(self, request: ws.PullOffersRequest) -> ws.PullOffersResponse:
-        self._record("PullOffers", request)
+    async def pull_offers(
+        self, request: ws.PullOffersRequest, *, budget_seconds: float | None = None
+    ) -> ws.PullOffersResponse:
+        self._record("PullOffers", request, budget_seconds)
         offers, self.offers = self.offers[: request.max_offers], self.offers[request.max_offers :]
         return ws.PullOffersResponse(offers=offers)
 
-    async def claim_offer(self, request: ws.ClaimOfferRequest) -> ws.ClaimOfferResponse:
-        self._record("ClaimOffer", request)
+    async def claim_offer(
+        self, request: ws.ClaimOfferRequest, *, budget_seconds: float | None = None
+    ) -> ws.ClaimOfferResponse:
+        self._record("ClaimOffer", request, budget_seconds)
         assert bounds.is_acceptable_lease_capability(request.lease_token)
         return ws.ClaimOfferResponse(
             attempt_id=str(uuid.uuid4()),
@@ -103,17 +112,17 @@ class ScriptedClient:
         )
 
     async def acknowledge_starting(
-        self, request: ws.AcknowledgeStartingRequest
+        self, request: ws.AcknowledgeStartingRequest, *, budget_seconds: float | None = None
     ) -> ws.AcknowledgeStartingResponse:
-        self._record("AcknowledgeStarting", request)
+        self._record("AcknowledgeStarting", request, budget_seconds)
         return ws.AcknowledgeStartingResponse(
             outcome=worker_pb2.STARTING_OUTCOME_STARTING, activation=self.activation
         )
 
     async def acknowledge_running(
-        self, request: ws.AcknowledgeRunningRequest
+        self, request: ws.AcknowledgeRunningRequest, *, budget_seconds: float | None = None
     ) -> ws.AcknowledgeRunningResponse:
-        self._record("AcknowledgeRunning", request)
+        self._record("AcknowledgeRunning", request, budget_seconds)
         assert bounds.is_sha256_hex(request.callback_token_digest)
         return ws.AcknowledgeRunningResponse(
             outcome=worker_pb2.RUNNING_OUTCOME_RUNNING,
@@ -121,9 +130,9 @@ class ScriptedClient:
         )
 
     async def report_start_failure(
-        self, request: ws.ReportStartFailureRequest
+        self, request: ws.ReportStartFailureRequest, *, budget_seconds: float | None = None
     ) -> ws.ReportStartFailureResponse:
-        self._record("ReportStartFailure", request)
+        self._record("ReportStartFailure", request, budget_seconds)
         return ws.ReportStartFailureResponse(
             attempt_state=lifecycle_pb2.ATTEMPT_STATE_FAILED,
             run_state=lifecycle_pb2.RUN_STATE_FAILED,
@@ -131,17 +140,21 @@ class ScriptedClient:
             completed_lease_version=request.fence.expected_lease_version + 1,
         )
 
-    async def control_lease(self, request: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
-        self._record("ControlLease", request)
+    async def control_lease(
+        self, request: ws.ControlLeaseRequest, *, budget_seconds: float | None = None
+    ) -> ws.ControlLeaseResponse:
+        self._record("ControlLease", request, budget_seconds)
         if self.control_gate is not None:
             await self.control_gate.wait()
         return self.control_answer(request)
 
     async def complete_attempt(
-        self, request: ws.CompleteAttemptRequest
+        self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None
     ) -> ws.CompleteAttemptResponse:
-        self._record("CompleteAttempt", request)
+        self._record("CompleteAttempt", request, budget_seconds)
         self.completed = request
+        if self.completion_refusals:
+            raise self.completion_refusals.pop(0)
         return ws.CompleteAttemptResponse(
             outcome=worker_pb2.COMPLETION_OUTCOME_COMPLETED,
             completed_lease_version=request.fence.expected_lease_version + 1,
@@ -152,14 +165,16 @@ class RecordingProcesses(ProcessController):
     """The real controller; remembers what the inbox said when each stop began."""
 
     def __init__(self, inbox: Inbox) -> None:
-        super().__init__()
+        super().__init__(status_dir=inbox.path.parent / "exits")
         self.inbox = inbox
         self.versions_at_stop: list[int | None] = []
+        self.reasons_at_stop: list[str | None] = []
         self.refuse_signals = False
 
     async def stop(self, identity: Any, **kwargs: Any) -> StopResult:
         records = [r for r in self.inbox.records() if identity_of(r) == identity]
         self.versions_at_stop.extend(r.lease_version for r in records)
+        self.reasons_at_stop.extend(r.stop_reason for r in records)
         if self.refuse_signals:
             return StopResult.UNVERIFIED
         return await super().stop(identity, **kwargs)
@@ -352,7 +367,7 @@ async def test_reconcile_is_coalesced_per_offer(world: World) -> None:
     second = asyncio.create_task(world.reconciler.reconcile(offer_id))
     await asyncio.sleep(0.05)
     world.client.control_gate.set()
-    assert await asyncio.gather(first, second) == [Outcome.RUNNING, Outcome.RUNNING]
+    assert list(await asyncio.gather(first, second)) == [Outcome.RUNNING, Outcome.RUNNING]
     assert world.client.calls.count("ControlLease") == 1
 
 
@@ -411,25 +426,39 @@ class StubSession:
 
     def __init__(self, active: ActiveSession | None) -> None:
         self._active = active
+        self.drained = 0
 
     async def ensure(self) -> ActiveSession | None:
         return self._active
 
+    async def drain(self) -> None:
+        self.drained += 1
 
-def _lifecycle(world: World, *, max_concurrency: int, supervise_limit: int = 0) -> Lifecycle:
+
+def _lifecycle(
+    world: World,
+    *,
+    max_concurrency: int,
+    supervise_limit: int = 0,
+    session: StubSession | None = None,
+    **settings: Any,
+) -> Lifecycle:
     offset = world.clock_offset_ms
-    session = ActiveSession(
+    active = ActiveSession(
         SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18
     )
     return Lifecycle(
         settings=LifecycleSettings(
-            tick_seconds=0.1, max_concurrency=max_concurrency, supervise_limit=supervise_limit
+            tick_seconds=0.1,
+            max_concurrency=max_concurrency,
+            supervise_limit=supervise_limit,
+            **settings,
         ),
         inbox=world.inbox,
         client=world.client,  # type: ignore[arg-type]
         reconciler=world.reconciler,
         processes=world.processes,
-        session=StubSession(session),  # type: ignore[arg-type]
+        session=session or StubSession(active),  # type: ignore[arg-type]
         clock=lambda: wall_clock_ms() + offset[0],
     )
 
@@ -463,3 +492,305 @@ async def test_supervision_is_bounded_with_a_stable_cursor(world: World) -> None
     # Records still claiming are always due: each tick reconciles at most two, in turn.
     seen = [[offer for offer, _ in (await lifecycle.tick()).supervised] for _ in range(2)]
     assert seen == [offers[:2], offers[2:]]
+
+
+# --- retries, fences and the local lease (SPEC R-LC-8, R-W-2) -----------------------------------
+
+
+async def test_lease_holding_calls_may_retry_only_within_the_local_lease(world: World) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    await world.reconciler.reconcile(offer_id)
+    world.clock_offset_ms[0] = 20_000  # 20 of the 30 s the claim answered have passed
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    budgets = dict(world.client.budgets)
+    assert budgets["ClaimOffer"] is None, "no lease yet: the client's default bound"
+    for name in ("AcknowledgeStarting", "AcknowledgeRunning"):
+        budget = budgets[name]
+        assert budget is not None
+        assert 29.0 < budget <= 30.0
+    control = budgets["ControlLease"]
+    assert control is not None
+    assert 9.0 < control <= 10.0, "what is left of the local lease, not more"
+
+
+async def test_a_refusal_without_a_fence_keeps_the_process_until_the_lease_runs_out(
+    world: World,
+) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    await world.reconciler.reconcile(offer_id)
+    before = world.inbox.get(offer_id)
+    assert before is not None
+    identity = identity_of(before)
+    assert identity is not None
+
+    def conflict(_: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
+        raise CallFailed("ControlLease", grpc.StatusCode.ABORTED, "STATE_CONFLICT")
+
+    world.client.control_answer = conflict
+    assert await world.reconciler.reconcile(offer_id) is Outcome.REFUSED
+    assert Outcome.REFUSED.stops_pulling
+    assert world.inbox.get(offer_id) == before, "nothing changed locally"
+    assert world.processes.poll(identity) is None, "the executor still runs"
+    world.clock_offset_ms[0] = 31_000
+    assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    after = world.inbox.get(offer_id)
+    assert after is not None
+    assert (after.quarantine_reason, after.exit_signal) == (
+        QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+        signal.SIGTERM,
+    )
+
+
+async def test_retries_that_outlive_the_local_lease_stop_the_process_at_once(
+    world: World,
+) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    await world.reconciler.reconcile(offer_id)
+
+    def unavailable_until_the_lease_is_gone(_: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
+        world.clock_offset_ms[0] = 31_000  # the client's retries used up the lease
+        raise CallFailed("ControlLease", grpc.StatusCode.UNAVAILABLE, None, tries=9)
+
+    world.client.control_answer = unavailable_until_the_lease_is_gone
+    assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+    assert record.detail is not None
+    assert record.detail.startswith("UNAVAILABLE; local lease expired")
+    assert record.exit_signal == signal.SIGTERM
+
+
+async def test_a_restarted_worker_reports_the_exit_status_the_supervisor_kept(
+    world: World, tmp_path: Path
+) -> None:
+    offer_id = world.admit(["sh", "-c", "sleep 0.3; exit 3"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    identity = identity_of(record)
+    assert identity is not None
+    # Another controller on the same status directory: the supervisor is not its child.
+    restarted = Reconciler(
+        inbox=world.inbox,
+        client=world.client,  # type: ignore[arg-type]
+        processes=ProcessController(status_dir=tmp_path / "exits"),
+        log_dir=tmp_path,
+    )
+    for _ in range(200):
+        outcome = await restarted.reconcile(offer_id)
+        if outcome is Outcome.COMPLETED:
+            break
+        await asyncio.sleep(0.02)
+    assert outcome is Outcome.COMPLETED
+    assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_FAILED
+    assert world.client.completed.exit_code == 3
+    assert world.processes.poll(identity) is not None  # reap the first's child
+
+
+# --- shutdown ---------------------------------------------------------------------------------
+
+
+async def test_draining_takes_no_new_work(world: World) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    world.reconciler.set_mode(Mode.DRAINING)
+    assert await world.reconciler.reconcile(offer_id) is Outcome.HELD
+    assert world.client.calls == []
+    with pytest.raises(ValueError, match="cannot go back"):
+        world.reconciler.set_mode(Mode.NORMAL)
+
+
+async def test_a_shutdown_stop_is_persisted_first_and_reported_as_shutdown(world: World) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    await world.reconciler.reconcile(offer_id)
+    world.reconciler.set_mode(Mode.STOPPING)
+    assert await world.reconciler.reconcile(offer_id) is Outcome.COMPLETED
+    assert world.processes.reasons_at_stop == [LOCAL_SHUTDOWN], "durable before the signal"
+    assert "ControlLease" not in world.client.calls
+    request = world.client.completed
+    assert request.outcome == worker_pb2.ATTEMPT_OUTCOME_CANCELLED
+    assert request.stop_reason == lifecycle_pb2.CANCEL_REASON_SHUTDOWN
+    assert "shutdown" in request.summary
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    assert (record.state, record.exit_signal) == (
+        RecordState.COMPLETION_ACKNOWLEDGED,
+        signal.SIGTERM,
+    )
+
+
+async def test_a_stop_the_control_plane_asked_for_keeps_its_own_reason(world: World) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    await world.reconciler.reconcile(offer_id)
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    # A user cancel was learnt but the stop had not happened yet when the drain ended.
+    world.inbox.compare_and_set(record, dataclasses.replace(record, stop_reason="user"))
+    world.reconciler.set_mode(Mode.STOPPING)
+    assert await world.reconciler.reconcile(offer_id) is Outcome.COMPLETED
+    request = world.client.completed
+    assert request.outcome == worker_pb2.ATTEMPT_OUTCOME_CANCELLED
+    assert request.stop_reason == lifecycle_pb2.CANCEL_REASON_UNSPECIFIED
+
+
+async def test_a_refused_shutdown_report_learns_the_runs_own_intent(world: World) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    await world.reconciler.reconcile(offer_id)
+    world.client.completion_refusals = [
+        CallFailed("CompleteAttempt", grpc.StatusCode.ABORTED, "STATE_CONFLICT")
+    ]
+    world.client.control_answer = lambda request: ws.ControlLeaseResponse(
+        stop_requested=worker_pb2.LeaseStopRequested(
+            lease_version=request.fence.expected_lease_version + 1,
+            lease_remaining=_duration(30_000),
+            cancel_reason=lifecycle_pb2.CANCEL_REASON_TIMEOUT,
+        )
+    )
+    world.reconciler.set_mode(Mode.STOPPING)
+    assert await world.reconciler.reconcile(offer_id) is Outcome.COMPLETED
+    assert world.client.calls[-3:] == ["CompleteAttempt", "ControlLease", "CompleteAttempt"]
+    request = world.client.completed
+    assert request.outcome == worker_pb2.ATTEMPT_OUTCOME_TIMED_OUT
+    assert request.stop_reason == lifecycle_pb2.CANCEL_REASON_UNSPECIFIED
+    assert world.client.seen_versions[-3:] == [1, 1, 2], "the newer version was used"
+
+
+async def test_a_renewal_clears_a_shutdown_stop_that_never_happened(world: World) -> None:
+    """A Worker that crashed between persisting the shutdown stop and signalling: the
+    next incarnation keeps the process, which ends with its own outcome."""
+    offer_id = world.admit(["sh", "-c", "sleep 0.3; exit 0"])
+    await world.reconciler.reconcile(offer_id)
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    world.inbox.compare_and_set(record, dataclasses.replace(record, stop_reason=LOCAL_SHUTDOWN))
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    renewed = world.inbox.get(offer_id)
+    assert renewed is not None
+    assert renewed.stop_reason is None
+    await asyncio.sleep(0.5)
+    assert await world.reconciler.reconcile(offer_id) is Outcome.COMPLETED
+    assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+
+
+async def test_drain_lets_a_short_attempt_finish_and_pulls_nothing(world: World) -> None:
+    session = StubSession(
+        ActiveSession(SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18)
+    )
+    lifecycle = _lifecycle(world, max_concurrency=2, session=session, drain_grace_seconds=10.0)
+    offer_id = world.admit(["sh", "-c", "sleep 0.4"])
+    signals = ShutdownSignals()
+    running = asyncio.create_task(lifecycle.run(signals))
+    await _until(lambda: _state(world, offer_id) is RecordState.RUNNING_ACKNOWLEDGED)
+    started = asyncio.get_running_loop().time()
+    signals.signal()
+    await asyncio.sleep(0.05)  # the loop takes the signal (a tick in progress is cancelled)
+    pulls = world.client.calls.count("PullOffers")
+    world.client.offers = [world.offer(["sleep", "30"])]  # work that comes too late
+    await asyncio.wait_for(running, 5)
+    assert asyncio.get_running_loop().time() - started < 3.0, "it did not wait out the grace"
+    assert session.drained == 1
+    assert world.client.calls.count("PullOffers") == pulls, "nothing pulled while draining"
+    assert _state(world, offer_id) is RecordState.COMPLETION_ACKNOWLEDGED
+    assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+    assert world.client.completed.stop_reason == lifecycle_pb2.CANCEL_REASON_UNSPECIFIED
+
+
+@pytest.mark.parametrize("second_signal", [False, True], ids=["grace-runs-out", "second-signal"])
+async def test_what_outlives_the_drain_is_stopped_and_reported_as_shutdown(
+    world: World, second_signal: bool
+) -> None:
+    grace = 30.0 if second_signal else 0.3
+    lifecycle = _lifecycle(world, max_concurrency=2, drain_grace_seconds=grace)
+    offer_id = world.admit(["sleep", "30"])
+    signals = ShutdownSignals()
+    running = asyncio.create_task(lifecycle.run(signals))
+    await _until(lambda: _state(world, offer_id) is RecordState.RUNNING_ACKNOWLEDGED)
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    identity = identity_of(record)
+    assert identity is not None
+    started = asyncio.get_running_loop().time()
+    signals.signal()
+    if second_signal:
+        await asyncio.sleep(0.3)
+        assert not running.done(), "the first signal only drains"
+        signals.signal()
+    await asyncio.wait_for(running, 10)
+    assert asyncio.get_running_loop().time() - started < 5.0
+    assert world.processes.poll(identity) is not None, "nothing is left running"
+    after = world.inbox.get(offer_id)
+    assert after is not None
+    assert (after.state, after.exit_signal) == (
+        RecordState.COMPLETION_ACKNOWLEDGED,
+        signal.SIGTERM,
+    )
+    assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_CANCELLED
+    assert world.client.completed.stop_reason == lifecycle_pb2.CANCEL_REASON_SHUTDOWN
+
+
+async def test_an_unreported_stop_is_left_exited_for_the_next_start(world: World) -> None:
+    lifecycle = _lifecycle(world, max_concurrency=2, drain_grace_seconds=0.0)
+    offer_id = world.admit(["sleep", "30"])
+    await lifecycle.tick()
+    world.client.completion_refusals = [
+        CallFailed("CompleteAttempt", grpc.StatusCode.UNAVAILABLE, None)
+    ] * 100
+    signals = ShutdownSignals()
+    signals.signal()
+    await asyncio.wait_for(lifecycle.run(signals), 10)
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    assert (record.state, record.stop_reason, record.exit_signal) == (
+        RecordState.EXITED,
+        LOCAL_SHUTDOWN,
+        signal.SIGTERM,
+    )
+
+
+async def test_an_unreadable_inbox_stops_the_executors_and_fails(world: World) -> None:
+    lifecycle = _lifecycle(world, max_concurrency=2)
+    offer_id = world.admit(["sleep", "30"])
+    signals = ShutdownSignals()
+    running = asyncio.create_task(lifecycle.run(signals))
+    await _until(lambda: _state(world, offer_id) is RecordState.RUNNING_ACKNOWLEDGED)
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    identity = identity_of(record)
+    assert identity is not None
+    with world.inbox.path.open("r+b") as stream:
+        stream.write(b"garbage" * 1000)
+    with pytest.raises(InboxFailed) as failed:
+        await asyncio.wait_for(running, 10)
+    assert str(world.inbox.path) in str(failed.value)
+    assert failed.value.stopped == 1
+    assert world.processes.poll(identity) == ExitStatus(None, signal.SIGTERM)
+    world.processes.release(identity)
+
+
+async def test_a_slow_reconcile_does_not_hold_the_tick(world: World) -> None:
+    lifecycle = _lifecycle(world, max_concurrency=2, reconcile_wait_seconds=0.2)
+    offer_id = world.admit(["sleep", "30"])
+    await lifecycle.tick()
+    world.clock_offset_ms[0] = 5_000  # lease control is due
+    world.client.control_gate = asyncio.Event()
+    first = await lifecycle.tick()
+    assert first.supervised == ((offer_id, Outcome.IN_FLIGHT),)
+    assert first.pull.startswith("lease lost, terminal, refused, in flight")
+    second = await lifecycle.tick()  # joins the reconcile still in flight
+    world.client.control_gate.set()
+    assert second.supervised == ((offer_id, Outcome.IN_FLIGHT),)
+    third = await lifecycle.tick()
+    assert world.client.calls.count("ControlLease") == 1
+    assert third.supervised in ((), ((offer_id, Outcome.RUNNING),))
+
+
+def _state(world: World, offer_id: str) -> RecordState | None:
+    record = world.inbox.get(offer_id)
+    return None if record is None else record.state
+
+
+async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)

@@ -8,5 +8,7 @@ One module per job:
 * :mod:`~qinglong_worker.session` — open, renew and resume the Worker session;
 * :mod:`~qinglong_worker.reconcile` — ``reconcile(offer_id)`` and the start path;
 * :mod:`~qinglong_worker.lifecycle` — the headless tick loop (supervise, then pull);
+* :mod:`~qinglong_worker.supervisor` — the executor's supervisor (keeps its exit status);
+* :mod:`~qinglong_worker.daemon` — ``qinglong-worker run``: wiring, signals, exit status;
 * :mod:`~qinglong_worker.main` — ``qinglong-worker check|run``.
 """

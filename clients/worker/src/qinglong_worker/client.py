@@ -5,38 +5,61 @@ One ``grpc.aio`` secure channel per Worker process, mutual TLS from
 raises :class:`CallFailed` carrying only the gRPC code and the ErrorInfo reason —
 never the request, whose fence holds the lease capability.
 
-Retries: a call is repeated only when it failed ``UNAVAILABLE`` (nothing was decided)
-*and* its request is an idempotent command — the fenced start facts, start failure and
-completion (exact replays are answers), ClaimOffer (idempotent by offer + capability),
-OpenSession (by request id), and the harmless session/pull reads. ControlLease is
-never retried: a renewal that committed but lost its answer would make the retry's
-expected version stale.
+Retries (SPEC R-LC-8): every WorkerService command has a replay rule, so every call is
+repeated when nothing was decided *as far as the Worker can tell*: ``UNAVAILABLE``,
+``DEADLINE_EXCEEDED``, and a broken connection (a stream reset surfaces as ``INTERNAL``
+or ``UNKNOWN`` without a QingLong ErrorInfo — the server itself never answers those
+codes without one). The answer to the retry is the answer the lost one would have been:
+
+* OpenSession by its request id (AIP-155); ClaimOffer by offer + capability;
+* AcknowledgeStarting, AcknowledgeRunning, ReportStartFailure and CompleteAttempt are
+  exact replays under the same fence;
+* ControlLease: a renewal that committed but lost its answer leaves the lease at
+  ``expected + 1``; the server answers the retry — same request, same expected version
+  — with the current projection, without advancing again;
+* RenewSession, DrainSession and PullOffers are harmless to repeat.
+
+Everything else is final and raised at once: a fence (``ABORTED`` with a fencing reason,
+see :attr:`CallFailed.fenced`), a state conflict, a refusal of a field, an identity
+problem, and ``CANCELLED`` (our own shutdown closing the channel).
+
+Retries are bounded by a *budget* in seconds: the caller's (for a lease-holding command,
+the time left on the record's local lease — after that SPEC R-W-2 step 3 applies, and
+the process is stopped locally) or :attr:`RetryPolicy.default_budget_seconds`. No try's
+deadline outlives the budget. Between tries the call sleeps a jittered, exponentially
+growing delay; the sleeping happens inside the caller's task (the reconcile), so no
+timer exists per run, and cancelling that task (shutdown) ends the retries at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 import grpc
 from google.protobuf.message import Message
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong.worker.v1 import worker_service_pb2_grpc
-from qinglong_protocol.errors import error_reason_of
+from qinglong_protocol.errors import error_reason_of, reason_name
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
+
+log = logging.getLogger(__name__)
 
 _Response = TypeVar("_Response", bound=Message)
 
-#: Delays before the retries of an idempotent call that failed UNAVAILABLE.
-RETRY_DELAYS_SECONDS: Final = (0.1, 0.4)
 #: Keep-alive pings no more often than grpc servers accept by default (5 minutes).
 _CHANNEL_OPTIONS: Final = (
     ("grpc.keepalive_time_ms", 300_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
 )
+#: Failures after which the same state may simply try again later (at the next tick).
 _TRANSIENT_CODES: Final = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
@@ -47,21 +70,56 @@ _TRANSIENT_CODES: Final = frozenset(
         grpc.StatusCode.CANCELLED,
     }
 )
+#: Always retried within the budget: nothing was decided, or the answer was lost.
+_RETRY_CODES: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+#: Retried only without a QingLong ErrorInfo: then they are a broken stream (e.g. a
+#: RST_STREAM), not an answer — the server never sends these codes without a reason.
+_BROKEN_STREAM_CODES: Final = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+#: The reasons that say this Worker's authority is gone (SPEC §0 "fence"): the only
+#: refusals that make a Worker stop an executor before its local lease runs out.
+FENCE_REASONS: Final = frozenset(
+    reason_name(reason)
+    for reason in (
+        ErrorReason.ERROR_REASON_LEASE_VERSION_FENCED,
+        ErrorReason.ERROR_REASON_LEASE_TOKEN_MISMATCH,
+        ErrorReason.ERROR_REASON_LEASE_EXPIRED,
+        ErrorReason.ERROR_REASON_LEASE_NOT_LEASED,
+        ErrorReason.ERROR_REASON_SESSION_FENCED,
+        ErrorReason.ERROR_REASON_SESSION_EXPIRED,
+        ErrorReason.ERROR_REASON_FENCE_MISMATCH,
+    )
+)
+
+
+def is_retryable(code: grpc.StatusCode, reason: str | None) -> bool:
+    """Whether a failed call is repeated (within its budget) inside the same call."""
+    if code in _RETRY_CODES:
+        return True
+    return code in _BROKEN_STREAM_CODES and reason is None
 
 
 class CallFailed(Exception):
     """A WorkerService call failed; ``reason`` is the ErrorInfo reason, if any."""
 
-    def __init__(self, method: str, code: grpc.StatusCode, reason: str | None) -> None:
-        super().__init__(f"{method} failed: {code.name} {reason or '-'}")
+    def __init__(
+        self, method: str, code: grpc.StatusCode, reason: str | None, *, tries: int = 1
+    ) -> None:
+        super().__init__(f"{method} failed: {code.name} {reason or '-'} (tries: {tries})")
         self.method = method
         self.code = code
         self.reason = reason
+        self.tries = tries
 
     @property
     def transient(self) -> bool:
         """Nothing is known to have been decided: the same state may try again later."""
         return self.code in _TRANSIENT_CODES
+
+    @property
+    def fenced(self) -> bool:
+        """The control plane says this Worker's authority (session, lease, version,
+        capability) is no longer the present one."""
+        return self.code is grpc.StatusCode.ABORTED and self.reason in FENCE_REASONS
 
     @property
     def label(self) -> str:
@@ -70,10 +128,49 @@ class CallFailed(Exception):
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """Jittered exponential backoff between the tries of one call.
+
+    The n-th pause (n from 0) is ``min(max_delay, initial_delay * multiplier**n)``,
+    shortened by a random fraction of at most ``jitter`` — so Workers that lost the
+    same server at the same moment do not come back in step, and no pause is ever
+    shorter than ``(1 - jitter)`` of the nominal one.
+    """
+
+    initial_delay_seconds: float = 0.1
+    max_delay_seconds: float = 2.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    default_budget_seconds: float = 10.0
+    """The bound of a call whose caller names none (a command without a lease)."""
+    min_try_seconds: float = 0.05
+    """No retry is started with less time than this left in the budget."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_delay_seconds <= self.max_delay_seconds:
+            raise ValueError("delays must be positive and initial <= max")
+        if self.multiplier < 1:
+            raise ValueError("multiplier must be at least 1")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("jitter must be in [0, 1)")
+        if not (self.default_budget_seconds > 0 and self.min_try_seconds > 0):
+            raise ValueError("budgets must be positive")
+
+    def nominal_delay(self, retry: int) -> float:
+        exponent = min(retry, 64)  # no overflow; the cap is reached long before
+        return min(self.max_delay_seconds, self.initial_delay_seconds * self.multiplier**exponent)
+
+    def delay(self, retry: int, unit_random: float) -> float:
+        """The pause before retry ``retry + 1``; ``unit_random`` is uniform in [0, 1)."""
+        return self.nominal_delay(retry) * (1 - self.jitter * unit_random)
+
+
+@dataclass(frozen=True)
 class ClientSettings:
     ingress_address: str
     tls: TlsFiles
     call_timeout_seconds: float = 10.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 class WorkerClient:
@@ -84,11 +181,18 @@ class WorkerClient:
         settings: ClientSettings,
         *,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+        unit_random: Callable[[], float] = random.random,
     ) -> None:
         """``interceptors``: e.g. the OpenTelemetry client span of
         :func:`qinglong_protocol.telemetry.client_interceptors` (method and status only,
-        never a message body)."""
+        never a message body). ``sleep``, ``monotonic`` and ``unit_random`` are the
+        retry's clock and dice, replaceable in tests."""
         self._settings = settings
+        self._sleep = sleep
+        self._monotonic = monotonic
+        self._random = unit_random
         self._channel = grpc.aio.secure_channel(
             settings.ingress_address,
             mutual_tls_channel_credentials(settings.tls),
@@ -101,50 +205,62 @@ class WorkerClient:
         """Close the channel; calls still in flight end CANCELLED."""
         await self._channel.close(grace=None)
 
-    async def open_session(self, request: ws.OpenSessionRequest) -> ws.OpenSessionResponse:
-        return await self._call("OpenSession", self._stub.OpenSession, request, idempotent=True)
+    async def open_session(
+        self, request: ws.OpenSessionRequest, *, budget_seconds: float | None = None
+    ) -> ws.OpenSessionResponse:
+        return await self._call("OpenSession", self._stub.OpenSession, request, budget_seconds)
 
-    async def renew_session(self, request: ws.RenewSessionRequest) -> ws.RenewSessionResponse:
-        return await self._call("RenewSession", self._stub.RenewSession, request, idempotent=True)
+    async def renew_session(
+        self, request: ws.RenewSessionRequest, *, budget_seconds: float | None = None
+    ) -> ws.RenewSessionResponse:
+        return await self._call("RenewSession", self._stub.RenewSession, request, budget_seconds)
 
-    async def drain_session(self, request: ws.DrainSessionRequest) -> ws.DrainSessionResponse:
-        return await self._call("DrainSession", self._stub.DrainSession, request, idempotent=True)
+    async def drain_session(
+        self, request: ws.DrainSessionRequest, *, budget_seconds: float | None = None
+    ) -> ws.DrainSessionResponse:
+        return await self._call("DrainSession", self._stub.DrainSession, request, budget_seconds)
 
-    async def pull_offers(self, request: ws.PullOffersRequest) -> ws.PullOffersResponse:
-        return await self._call("PullOffers", self._stub.PullOffers, request, idempotent=True)
+    async def pull_offers(
+        self, request: ws.PullOffersRequest, *, budget_seconds: float | None = None
+    ) -> ws.PullOffersResponse:
+        return await self._call("PullOffers", self._stub.PullOffers, request, budget_seconds)
 
-    async def claim_offer(self, request: ws.ClaimOfferRequest) -> ws.ClaimOfferResponse:
-        return await self._call("ClaimOffer", self._stub.ClaimOffer, request, idempotent=True)
+    async def claim_offer(
+        self, request: ws.ClaimOfferRequest, *, budget_seconds: float | None = None
+    ) -> ws.ClaimOfferResponse:
+        return await self._call("ClaimOffer", self._stub.ClaimOffer, request, budget_seconds)
 
     async def acknowledge_starting(
-        self, request: ws.AcknowledgeStartingRequest
+        self, request: ws.AcknowledgeStartingRequest, *, budget_seconds: float | None = None
     ) -> ws.AcknowledgeStartingResponse:
         return await self._call(
-            "AcknowledgeStarting", self._stub.AcknowledgeStarting, request, idempotent=True
+            "AcknowledgeStarting", self._stub.AcknowledgeStarting, request, budget_seconds
         )
 
     async def acknowledge_running(
-        self, request: ws.AcknowledgeRunningRequest
+        self, request: ws.AcknowledgeRunningRequest, *, budget_seconds: float | None = None
     ) -> ws.AcknowledgeRunningResponse:
         return await self._call(
-            "AcknowledgeRunning", self._stub.AcknowledgeRunning, request, idempotent=True
+            "AcknowledgeRunning", self._stub.AcknowledgeRunning, request, budget_seconds
         )
 
     async def report_start_failure(
-        self, request: ws.ReportStartFailureRequest
+        self, request: ws.ReportStartFailureRequest, *, budget_seconds: float | None = None
     ) -> ws.ReportStartFailureResponse:
         return await self._call(
-            "ReportStartFailure", self._stub.ReportStartFailure, request, idempotent=True
+            "ReportStartFailure", self._stub.ReportStartFailure, request, budget_seconds
         )
 
-    async def control_lease(self, request: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
-        return await self._call("ControlLease", self._stub.ControlLease, request, idempotent=False)
+    async def control_lease(
+        self, request: ws.ControlLeaseRequest, *, budget_seconds: float | None = None
+    ) -> ws.ControlLeaseResponse:
+        return await self._call("ControlLease", self._stub.ControlLease, request, budget_seconds)
 
     async def complete_attempt(
-        self, request: ws.CompleteAttemptRequest
+        self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None
     ) -> ws.CompleteAttemptResponse:
         return await self._call(
-            "CompleteAttempt", self._stub.CompleteAttempt, request, idempotent=True
+            "CompleteAttempt", self._stub.CompleteAttempt, request, budget_seconds
         )
 
     async def _call(
@@ -152,19 +268,34 @@ class WorkerClient:
         method: str,
         call: Callable[..., Awaitable[_Response]],
         request: Message,
-        *,
-        idempotent: bool,
+        budget_seconds: float | None,
     ) -> _Response:
-        delays = RETRY_DELAYS_SECONDS if idempotent else ()
-        attempt = 0
+        """The same request until it is answered, finally refused, or the budget ends."""
+        policy = self._settings.retry
+        budget = policy.default_budget_seconds if budget_seconds is None else budget_seconds
+        deadline = self._monotonic() + budget
+        tries = 0
         while True:
+            remaining = deadline - self._monotonic()
+            if tries == 0 and remaining < policy.min_try_seconds:
+                # No budget at all (e.g. a completion reported after the local lease ran
+                # out): the caller still wants this one answer; one plain try, no retry.
+                timeout = self._settings.call_timeout_seconds
+            else:
+                # No try outlives the budget: a lease-holding command never waits past
+                # the local lease.
+                timeout = min(self._settings.call_timeout_seconds, remaining)
+            tries += 1
             try:
-                return await call(request, timeout=self._settings.call_timeout_seconds)
+                return await call(request, timeout=timeout)
             except grpc.aio.AioRpcError as error:
-                code = error.code()
-                if code is grpc.StatusCode.UNAVAILABLE and attempt < len(delays):
-                    await asyncio.sleep(delays[attempt])
-                    attempt += 1
-                    continue
+                code, reason = error.code(), error_reason_of(error)
                 # `from None`: the original error's text is the server's, not ours to log.
-                raise CallFailed(method, code, error_reason_of(error)) from None
+                failure = CallFailed(method, code, reason, tries=tries)
+                if not is_retryable(code, reason):
+                    raise failure from None
+                pause = policy.delay(tries - 1, self._random())
+                if self._monotonic() + pause + policy.min_try_seconds > deadline:
+                    raise failure from None
+                log.debug("%s: %s; try %d in %.2f s", method, failure.label, tries + 1, pause)
+                await self._sleep(pause)

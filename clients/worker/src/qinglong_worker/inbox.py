@@ -14,6 +14,12 @@ Neither ever reaches a log line or a ``repr``.
 
 One process uses an inbox at a time: :meth:`Inbox.open` takes an exclusive ``flock`` on
 ``<file>.lock`` and refuses a second opener with :class:`InboxLocked`.
+
+A file that is not (or no longer) a readable SQLite database raises
+:class:`InboxUnreadable`, which names the file: at open, from any statement SQLite
+refuses, and from :meth:`Inbox.verify`. The last one matters because SQLite in WAL mode
+serves reads from its cache and the WAL index and does not notice that the database
+file was overwritten underneath an open connection; the daemon verifies every tick.
 """
 
 from __future__ import annotations
@@ -23,15 +29,21 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Self
+from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
 SCHEMA_VERSION: Final = 1
 _FILE_MODE: Final = 0o600
 _DIRECTORY_MODE: Final = 0o700
+#: The first 16 bytes of every SQLite 3 database file.
+_SQLITE_HEADER: Final = b"SQLite format 3\x00"
+#: SQLite result codes that mean "try again", not "this file is broken".
+_BUSY_CODES: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 class RecordState(StrEnum):
@@ -111,6 +123,43 @@ class InvalidTransition(InboxError):
 
 class InboxLocked(InboxError):
     """Another process holds this inbox."""
+
+
+class InboxUnreadable(InboxError):
+    """The inbox file cannot be used as the inbox any more (corrupt, replaced, unreadable).
+
+    Fatal for the daemon: the durable facts are gone, so nothing may continue on them.
+    The message names the file and SQLite's (or the OS's) short reason, never content.
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"inbox {path} is unreadable: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _unreadable(path: Path, error: sqlite3.DatabaseError) -> InboxError | None:
+    """The typed error for a SQLite failure; None for a transient busy/locked one."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF in _BUSY_CODES:
+        return None
+    return InboxUnreadable(path, str(error) or type(error).__name__)
+
+
+def _guarded(method: Callable[Concatenate[Inbox, _P], _T]) -> Callable[Concatenate[Inbox, _P], _T]:
+    """Turn SQLite's "this file is broken" errors into :class:`InboxUnreadable`."""
+
+    def guarded(self: Inbox, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as error:
+            typed = _unreadable(self.path, error)
+            if typed is None:
+                raise
+            raise typed from None
+
+    guarded.__name__, guarded.__doc__ = method.__name__, method.__doc__
+    return guarded
 
 
 @dataclass(frozen=True)
@@ -319,18 +368,25 @@ class Inbox:
         self.path = path
         self._db = connection
         self._lock_descriptor = lock_descriptor
+        # The file this connection uses: verify() notices when the path names another.
+        status = os.stat(path)
+        self._file_id = (status.st_dev, status.st_ino)
 
     @classmethod
     def open(cls, path: Path) -> Self:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=_DIRECTORY_MODE)
         lock_path = path.with_name(path.name + ".lock")
-        _create_private_file(lock_path)
-        lock_descriptor = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=_DIRECTORY_MODE)
+            _create_private_file(lock_path)
+            lock_descriptor = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as error:
+            raise InboxUnreadable(path, error.strerror or type(error).__name__) from None
         try:
             fcntl.flock(lock_descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(lock_descriptor)
             raise InboxLocked(f"{path} is in use by another process") from None
+        connection: sqlite3.Connection | None = None
         try:
             _create_private_file(path)
             # SQLite creates the -wal and -shm files with the database file's mode.
@@ -346,10 +402,31 @@ class Inbox:
                 raise InboxError(f"{path}: unsupported inbox schema version {version}")
             connection.executescript(_SCHEMA)
             connection.execute(f"PRAGMA user_version={SCHEMA_VERSION:d}")
-        except BaseException:
+            return cls(path, connection, lock_descriptor)
+        except BaseException as error:
+            if connection is not None:
+                connection.close()
             os.close(lock_descriptor)
+            if isinstance(error, sqlite3.DatabaseError):
+                raise (_unreadable(path, error) or InboxUnreadable(path, str(error))) from None
+            if isinstance(error, OSError) and not isinstance(error, InboxError):
+                reason = error.strerror or type(error).__name__
+                raise InboxUnreadable(path, reason) from None
             raise
-        return cls(path, connection, lock_descriptor)
+
+    def verify(self) -> None:
+        """Raise :class:`InboxUnreadable` unless the path still names the SQLite database
+        this inbox opened (not removed, replaced, truncated or overwritten)."""
+        try:
+            status = os.stat(self.path)
+            with open(self.path, "rb") as file:
+                header = file.read(len(_SQLITE_HEADER))
+        except OSError as error:
+            raise InboxUnreadable(self.path, error.strerror or type(error).__name__) from None
+        if (status.st_dev, status.st_ino) != self._file_id:
+            raise InboxUnreadable(self.path, "the file was replaced")
+        if header != _SQLITE_HEADER:
+            raise InboxUnreadable(self.path, "file is not a database")
 
     def close(self) -> None:
         try:
@@ -359,10 +436,12 @@ class Inbox:
 
     # --- records --------------------------------------------------------------------
 
+    @_guarded
     def get(self, offer_id: str) -> InboxRecord | None:
         row = self._db.execute("SELECT * FROM offers WHERE offer_id = ?", (offer_id,)).fetchone()
         return None if row is None else _record(row)
 
+    @_guarded
     def admit(self, record: InboxRecord) -> bool:
         """Insert a new record (revision 1, state ``claiming``); False if the offer is known."""
         if record.revision != 1 or record.state is not RecordState.CLAIMING:
@@ -370,6 +449,7 @@ class Inbox:
         cursor = self._db.execute(_INSERT, _row_values(record))
         return cursor.rowcount == 1
 
+    @_guarded
     def compare_and_set(self, current: InboxRecord, updated: InboxRecord) -> InboxRecord:
         """Write ``updated`` if the stored revision is still ``current.revision``.
 
@@ -398,14 +478,17 @@ class Inbox:
             raise InboxConflict(current.offer_id, current.revision)
         return written
 
+    @_guarded
     def open_records(self, *, after_seq: int, limit: int) -> list[tuple[int, InboxRecord]]:
         """Up to ``limit`` records in :data:`OPEN_STATES` after the cursor ``after_seq``,
         oldest first, with their sequence numbers (the stable cursor of R-W-4)."""
         return self._in_states(OPEN_STATES, after_seq=after_seq, limit=limit)
 
+    @_guarded
     def records(self, states: Iterable[RecordState] = tuple(RecordState)) -> list[InboxRecord]:
         return [record for _, record in self._in_states(tuple(states), after_seq=0, limit=-1)]
 
+    @_guarded
     def quarantined(self, reason: QuarantineReason) -> list[InboxRecord]:
         rows = self._db.execute(
             "SELECT * FROM offers WHERE state = ? AND quarantine_reason = ? ORDER BY seq",
@@ -413,6 +496,7 @@ class Inbox:
         ).fetchall()
         return [_record(row) for row in rows]
 
+    @_guarded
     def count(self, states: Iterable[RecordState]) -> int:
         row = self._db.execute(
             "SELECT count(*) FROM offers WHERE state IN (SELECT value FROM json_each(?))",
@@ -432,6 +516,7 @@ class Inbox:
 
     # --- the session ----------------------------------------------------------------
 
+    @_guarded
     def session(self) -> SessionRecord | None:
         row = self._db.execute(
             "SELECT revision, worker_id, open_request_id, session_id, worker_generation"
@@ -447,6 +532,7 @@ class Inbox:
             worker_generation=row["worker_generation"],
         )
 
+    @_guarded
     def save_session(self, current: SessionRecord | None, updated: SessionRecord) -> SessionRecord:
         """Compare-and-set of the one session row (``current`` None: it must not exist)."""
         if current is None:

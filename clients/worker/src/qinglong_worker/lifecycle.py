@@ -2,26 +2,42 @@
 
 Each tick:
 
+0. verifies the inbox file (SQLite does not notice a file overwritten underneath it);
 1. keeps the session (renew when due, reopen when fenced);
 2. supervises at most ``supervise_limit`` (1..64) open inbox records, taken in a stable
    round-robin order by a cursor over the inbox's admission sequence. A record is
    reconciled when it needs it: anything not yet running (recovery: claim, start,
    completion), a process that exited, a lease whose local estimate ran out, or a
    lease due for control (every ``lease_control_seconds``, and always before a third
-   of its remaining time is used up);
+   of its remaining time is used up). The tick waits at most ``reconcile_wait_seconds``
+   for them: a reconcile still retrying goes on and the next tick joins it, so one slow
+   Run does not hold back the session's renewal or the other Runs' leases;
 3. only then decides whether to Pull: not when this tick lost a lease, met a
-   control-plane terminal or could not confirm a stop; not while a durable recovery
-   fact is open (a record other than ``running_acknowledged`` still needs work, or a
-   quarantined process that could not be verified stopped is still alive); not
-   without an online session; and never beyond ``max_concurrency`` open records.
+   control-plane terminal, a refusal, a reconcile still in flight or could not confirm
+   a stop; not while a durable recovery fact is open (a record other than
+   ``running_acknowledged`` still needs work, or a quarantined process that could not
+   be verified stopped is still alive); not without an online session; not while
+   draining; and never beyond ``max_concurrency`` open records.
 
 Open records are the inbox states that still need work: ``claiming`` … ``exited``
 (the start facts and the completion are recovered by the same supervision as
 ``launching|started|running_acknowledged``).
 
-No timer, watcher, queue or connection exists per run; shutdown cancels the tick,
-aborts the reconciles in flight (their RPCs end CANCELLED) and only then returns, so
-the caller can close the channel and the inbox.
+Shutdown (:meth:`Lifecycle.run`): the first SIGTERM/SIGINT starts a *drain*: no more
+pulling and no new start, DrainSession, and the ticks go on supervising (lease control
+keeps renewing) so running Attempts can finish within ``drain_grace_seconds``. When the
+grace runs out — or at a second signal — the in-flight reconciles are aborted and the
+remaining executors are stopped by their verified identities and reported CANCELLED with
+``stop_reason = SHUTDOWN`` within ``shutdown_report_seconds``; whatever still runs after
+that is stopped without reporting (a restarted Worker reports what was persisted).
+
+An inbox that becomes unreadable is fatal: the executors this process remembers are
+stopped (their identities are in memory; the inbox cannot be read), and
+:class:`InboxFailed` is raised.
+
+No timer, watcher, queue or connection exists per run; shutdown aborts the reconciles
+in flight (their RPCs end CANCELLED) before it returns, so the caller can close the
+channel and the inbox.
 """
 
 from __future__ import annotations
@@ -29,9 +45,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
@@ -41,17 +57,26 @@ from qinglong_worker.inbox import (
     OPEN_STATES,
     Inbox,
     InboxRecord,
+    InboxUnreadable,
     QuarantineReason,
     RecordState,
 )
 from qinglong_worker.process import ProcessController
-from qinglong_worker.reconcile import Outcome, Reconciler, identity_of, wall_clock_ms
+from qinglong_worker.reconcile import Mode, Outcome, Reconciler, identity_of, wall_clock_ms
 from qinglong_worker.session import ActiveSession, SessionKeeper
 
 log = logging.getLogger(__name__)
 
 SUPERVISE_LIMIT_MAX: Final = 64
 _NEEDS_RECOVERY: Final = tuple(s for s in OPEN_STATES if s is not RecordState.RUNNING_ACKNOWLEDGED)
+#: Records a drain waits for: an executor may run, or its completion is still unreported.
+#: (`claiming`/`claimed` are held: their leases expire and the Runs return to the queue.)
+_DRAIN_WAITS_FOR: Final = (
+    RecordState.LAUNCHING,
+    RecordState.STARTED,
+    RecordState.RUNNING_ACKNOWLEDGED,
+    RecordState.EXITED,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +88,12 @@ class LifecycleSettings:
     """Records supervised per tick, 1..64; 0 means ``max_concurrency``."""
     lease_control_seconds: float = 2.0
     """How often a running Attempt's lease is controlled (renewal, stop, terminal)."""
+    drain_grace_seconds: float = 30.0
+    """After the first shutdown signal: how long running Attempts may still finish."""
+    reconcile_wait_seconds: float = 2.0
+    """How long a tick waits for its reconciles before it moves on without them."""
+    shutdown_report_seconds: float = 5.0
+    """After the grace: the bound on stopping (beyond the TERM→KILL grace) and reporting."""
 
     def __post_init__(self) -> None:
         if not self.tick_seconds > 0:
@@ -77,6 +108,10 @@ class LifecycleSettings:
             raise ValueError("supervise_limit must be 1..64 (or 0 for max_concurrency)")
         if not self.lease_control_seconds > 0:
             raise ValueError("lease_control_seconds must be positive")
+        if not self.drain_grace_seconds >= 0:
+            raise ValueError("drain_grace_seconds must not be negative")
+        if not (self.reconcile_wait_seconds > 0 and self.shutdown_report_seconds > 0):
+            raise ValueError("reconcile_wait_seconds and shutdown_report_seconds must be positive")
 
     @property
     def effective_supervise_limit(self) -> int:
@@ -90,6 +125,30 @@ class TickReport:
     pull: str
     """Why the tick did or did not pull."""
     admitted: tuple[tuple[str, Outcome | None], ...] = ()
+
+
+class ShutdownSignals:
+    """SIGTERM/SIGINT as the lifecycle sees them: the first asks for a drain, any later
+    one to stop at once."""
+
+    def __init__(self) -> None:
+        self.drain = asyncio.Event()
+        self.now = asyncio.Event()
+
+    def signal(self) -> None:
+        if self.drain.is_set():
+            self.now.set()
+        else:
+            self.drain.set()
+
+
+class InboxFailed(Exception):
+    """The inbox became unreadable; the executors this process knew were stopped."""
+
+    def __init__(self, cause: InboxUnreadable, stopped: int) -> None:
+        super().__init__(f"{cause}; stopped {stopped} executor(s)")
+        self.cause = cause
+        self.stopped = stopped
 
 
 class Lifecycle:
@@ -113,27 +172,26 @@ class Lifecycle:
         self._clock = clock
         self._cursor = 0
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Tick until ``stop`` is set; then abort what is in flight and return."""
-        stopping = asyncio.create_task(stop.wait())
+    async def run(self, signals: ShutdownSignals) -> None:
+        """Tick until the first signal; drain; stop what is left; return. Raises
+        :class:`InboxFailed` (after stopping the executors it knows) if the inbox
+        becomes unreadable."""
         try:
-            while not stop.is_set():
-                tick = asyncio.create_task(self.tick())
-                await asyncio.wait({tick, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not tick.done():
-                    tick.cancel()
-                    await self._reconciler.abort()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await tick
-                    break
-                if tick.exception() is not None:
-                    log.error("tick failed: %s", type(tick.exception()).__name__)
-                await asyncio.wait({stopping}, timeout=self._settings.tick_seconds)
+            await self._tick_until(signals.drain, deadline=None)
+            if not signals.now.is_set():
+                await self._drain(signals)
+            await self._stop_remaining()
+        except InboxUnreadable as error:
+            await self._reconciler.abort()
+            stopped = await self._reconciler.stop_remembered()
+            raise InboxFailed(error, stopped) from None
         finally:
-            stopping.cancel()
             await self._reconciler.abort()
 
     async def tick(self) -> TickReport:
+        self._inbox.verify()
+        if self._reconciler.fatal is not None:
+            raise self._reconciler.fatal
         session = await self._session.ensure()
         supervised = await self._supervise()
         decision = self._pull_decision(supervised, session)
@@ -143,6 +201,96 @@ class Lifecycle:
         if isinstance(admitted, str):
             return TickReport(supervised, admitted)
         return TickReport(supervised, f"pulled {len(admitted)}", admitted)
+
+    # --- the loop and shutdown ----------------------------------------------------------------
+
+    async def _tick_until(self, event: asyncio.Event, *, deadline: float | None) -> None:
+        """Tick every ``tick_seconds`` until ``event`` is set, the loop-time ``deadline``
+        passes or (draining) nothing is left to wait for. A tick still running then is
+        cancelled; the reconciles it started go on (the caller decides about those)."""
+        loop = asyncio.get_running_loop()
+        waiter = asyncio.create_task(event.wait())
+        try:
+            while not event.is_set():
+                if deadline is not None and loop.time() >= deadline:
+                    return
+                if self._reconciler.mode is not Mode.NORMAL and self._drained():
+                    return
+                tick = asyncio.create_task(self.tick())
+                timeout = None if deadline is None else max(0.0, deadline - loop.time())
+                await asyncio.wait(
+                    {tick, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not tick.done():
+                    tick.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await tick
+                    return
+                # Cancelled: a reconcile it waited for was aborted; the next tick goes on.
+                error = None if tick.cancelled() else tick.exception()
+                if isinstance(error, InboxUnreadable):
+                    raise error
+                if error is not None:
+                    log.error("tick failed: %s", type(error).__name__)
+                pause = self._settings.tick_seconds
+                if deadline is not None:
+                    pause = max(0.0, min(pause, deadline - loop.time()))
+                await asyncio.wait({waiter}, timeout=pause)
+        finally:
+            waiter.cancel()
+
+    def _drained(self) -> bool:
+        return self._inbox.count(_DRAIN_WAITS_FOR) == 0
+
+    async def _drain(self, signals: ShutdownSignals) -> None:
+        grace = self._settings.drain_grace_seconds
+        log.info("draining: no new work; running Attempts may finish within %.0f s", grace)
+        self._reconciler.set_mode(Mode.DRAINING)
+        deadline = asyncio.get_running_loop().time() + grace
+        await _until_set(self._session.drain(), signals.now)
+        await self._tick_until(signals.now, deadline=deadline)
+        if signals.now.is_set():
+            log.info("second signal: stopping now")
+        elif not self._drained():
+            log.info("drain grace over")
+
+    async def _stop_remaining(self) -> None:
+        """Stop what still runs, report it within a bound, then stop anything left."""
+        await self._reconciler.abort()
+        self._reconciler.set_mode(Mode.STOPPING)
+        self._inbox.verify()
+        pending = [record.offer_id for record in self._inbox.records(_DRAIN_WAITS_FOR)]
+        if pending:
+            log.info("stopping %d Attempt(s) for shutdown", len(pending))
+            bound = self._reconciler.stop_grace_seconds + self._settings.shutdown_report_seconds
+            round_ = asyncio.create_task(self._reconcile_each(pending))
+            done, _ = await asyncio.wait({round_}, timeout=bound)
+            if round_ in done:
+                error = round_.exception()
+                if isinstance(error, InboxUnreadable):
+                    raise error
+            else:
+                round_.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await round_
+                await self._reconciler.abort()
+        stopped = await self._reconciler.stop_everything()
+        if stopped:
+            log.warning("stopped %d executor(s) whose completion is not yet reported", stopped)
+        left = self._inbox.count(_DRAIN_WAITS_FOR)
+        if left:
+            log.warning("%d record(s) left for the next start to report", left)
+
+    async def _reconcile_each(self, offer_ids: list[str]) -> None:
+        results = await asyncio.gather(
+            *(self._reconciler.reconcile(offer_id) for offer_id in offer_ids),
+            return_exceptions=True,
+        )
+        for offer_id, result in zip(offer_ids, results, strict=True):
+            if isinstance(result, InboxUnreadable):
+                raise result
+            if isinstance(result, BaseException):
+                log.error("offer %s: shutdown stop failed: %s", offer_id, type(result).__name__)
 
     # --- supervision ------------------------------------------------------------------------
 
@@ -172,19 +320,37 @@ class Lifecycle:
         return elapsed >= control_every or record.lease_lost_locally(now)
 
     async def _reconcile_all(self, offer_ids: list[str]) -> tuple[tuple[str, Outcome | None], ...]:
-        results = await asyncio.gather(
-            *(self._reconciler.reconcile(offer_id) for offer_id in offer_ids),
-            return_exceptions=True,
-        )
+        if not offer_ids:
+            return ()
+        waiters = [
+            asyncio.ensure_future(self._reconciler.reconcile(offer_id)) for offer_id in offer_ids
+        ]
+        try:
+            _, pending = await asyncio.wait(waiters, timeout=self._settings.reconcile_wait_seconds)
+        except asyncio.CancelledError:
+            # Only the waiting is cancelled: the shared reconciles go on (abort() ends them).
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            raise
+        for waiter in pending:
+            waiter.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         outcomes: list[tuple[str, Outcome | None]] = []
-        for offer_id, result in zip(offer_ids, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
-                raise result
-            if isinstance(result, BaseException):
-                log.error("offer %s: reconcile failed: %s", offer_id, type(result).__name__)
+        for offer_id, waiter in zip(offer_ids, waiters, strict=True):
+            if waiter in pending:
+                outcomes.append((offer_id, Outcome.IN_FLIGHT))
+                continue
+            if waiter.cancelled():
+                raise asyncio.CancelledError  # the reconcile itself was aborted
+            error = waiter.exception()
+            if isinstance(error, InboxUnreadable):
+                raise error
+            if error is not None:
+                log.error("offer %s: reconcile failed: %s", offer_id, type(error).__name__)
                 outcomes.append((offer_id, None))
             else:
-                outcomes.append((offer_id, result))
+                outcomes.append((offer_id, waiter.result()))
         return tuple(outcomes)
 
     # --- pulling ------------------------------------------------------------------------------
@@ -195,8 +361,10 @@ class Lifecycle:
         session: ActiveSession | None,
     ) -> str:
         """Empty to pull; otherwise why not."""
+        if self._reconciler.mode is not Mode.NORMAL:
+            return "draining"
         if any(outcome is None or outcome.stops_pulling for _, outcome in supervised):
-            return "lease lost, terminal or unconfirmed stop this tick"
+            return "lease lost, terminal, refused, in flight or unconfirmed stop this tick"
         if self._inbox.count(_NEEDS_RECOVERY):
             return "recovery pending"
         if self._unverified_process_alive():
@@ -246,3 +414,17 @@ class Lifecycle:
             )
         ]
         return await self._reconcile_all(fresh)
+
+
+async def _until_set(work: Coroutine[Any, Any, None], event: asyncio.Event) -> None:
+    """Run ``work`` unless or until ``event`` is set (then cancel it)."""
+    task = asyncio.create_task(work)
+    waiter = asyncio.create_task(event.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

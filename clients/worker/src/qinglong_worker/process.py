@@ -4,14 +4,23 @@ A process is known by its *identity*: PID plus the process start time in clock t
 since boot (field 22 of ``/proc/<pid>/stat``). A PID alone could name another process
 after reuse; a PID whose start time differs is not ours and is never signalled.
 
-* :meth:`ProcessController.spawn` runs an argv (never a shell) in a session of its
-  own, hands it ``timeout_ms`` and the durable deadline as environment variables, and
-  returns its identity. The timing variables fail closed: one-sided, negative,
-  out-of-range or non-integer values refuse the start.
+* :meth:`ProcessController.spawn` runs an argv (never a shell) under a small
+  supervisor (:mod:`qinglong_worker.supervisor`) in a session of its own, hands it
+  ``timeout_ms`` and the durable deadline as environment variables, and returns the
+  supervisor's identity — the identity the inbox records and every stop targets. The
+  timing variables fail closed: one-sided, negative, out-of-range or non-integer values
+  refuse the start.
+* The supervisor writes the executor's exit status durably into the status directory
+  (one file per identity) before it exits, so the status survives a Worker crash:
+  :meth:`ProcessController.poll` reads it whether or not the supervisor is this
+  Worker's child.
 * :meth:`ProcessController.stop` signals only a verified identity: SIGTERM, a grace
   period, then SIGKILL, through a pidfd so that the verified process is the one that
-  receives the signal. It reports ``stopped``, ``already_exited`` or ``unverified``.
-* :meth:`ProcessController.poll` reaps a child's exit status without blocking.
+  receives the signal. SIGTERM goes to the supervisor, which forwards it once to the
+  executor's group; SIGKILL goes to the whole group (supervisor, executor and what it
+  started). It reports ``stopped``, ``already_exited`` or ``unverified``.
+* The controller remembers, in memory, every identity it spawned or saw running, so
+  :meth:`ProcessController.stop_all` can stop them even when the inbox cannot be read.
 
 Nothing here keeps a timer: a process is stopped on timeout only when lease control
 answers ``stop_requested(timeout)``.
@@ -21,18 +30,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import json
+import logging
 import os
 import re
+import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Any, Final
 
 from qinglong_protocol import bounds
+
+from qinglong_worker import supervisor
+
+log = logging.getLogger(__name__)
 
 TIMEOUT_ENV: Final = "QINGLONG_TIMEOUT_MS"
 DEADLINE_ENV: Final = "QINGLONG_DEADLINE_UNIX_MS"
@@ -41,6 +59,12 @@ _PRIVATE_ENV_PREFIX: Final = "QINGLONG_"
 _HANDLE_PATTERN: Final = re.compile(r"\Apid:([1-9][0-9]{0,9});start:([0-9]{1,20})\Z")
 _DECIMAL: Final = re.compile(r"\A[0-9]{1,16}\Z")
 _POLL_SECONDS: Final = 0.02
+#: The supervisor runs as a script of this interpreter, isolated (-I: no PYTHON*
+#: variables, no user site, no script directory on the path); it needs only the stdlib.
+SUPERVISOR_SCRIPT: Final = Path(supervisor.__file__)
+#: How long a spawn waits for the supervisor to say whether the executor started.
+_READY_TIMEOUT_SECONDS: Final = 10.0
+_STATUS_DIRECTORY_MODE: Final = 0o700
 
 
 class ExecutorRefused(ValueError):
@@ -185,10 +209,28 @@ def executor_environment(
 class ProcessController:
     """Spawns, observes and stops executor processes by verified identity."""
 
-    def __init__(self, *, base_environment: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        base_environment: Mapping[str, str] | None = None,
+        status_dir: Path | None = None,
+    ) -> None:
+        """``status_dir``: where supervisors leave exit statuses (the daemon uses a
+        directory beside its inbox). Without it nothing can be spawned and the status of
+        a process that is not our child is unobserved."""
         self._base = dict(os.environ if base_environment is None else base_environment)
-        # Our own children, so their exit status can be reaped (and nothing else reaps it).
+        self._status_dir = status_dir
+        # Our own children (supervisors), so their exit is reaped (and nothing else reaps it).
         self._children: dict[ProcessIdentity, subprocess.Popen[bytes]] = {}
+        # Every identity spawned or seen running: what stop_all() stops when the inbox,
+        # which holds the durable identities, can no longer be read.
+        self._known: set[ProcessIdentity] = set()
+        # Identities whose group got SIGKILL from us: the executor died with them.
+        self._killed: set[ProcessIdentity] = set()
+
+    @property
+    def status_dir(self) -> Path | None:
+        return self._status_dir
 
     def spawn(
         self,
@@ -199,13 +241,16 @@ class ProcessController:
         extra_environment: Mapping[str, str] | None = None,
         log_path: Path | None = None,
     ) -> ProcessIdentity:
-        """Start ``argv`` in a new session; raise ExecutorRefused or OSError if it can't."""
+        """Start ``argv`` under a supervisor in a new session; return the supervisor's
+        identity. Raise ExecutorRefused, or an OSError (FileNotFoundError, …) when the
+        executable could not be started."""
         if not bounds.is_command_argv(argv):
             raise ExecutorRefused("argv is empty or out of bounds")
         environment = executor_environment(
             self._base, extra_environment or {}, timing_environment(timeout_ms, deadline_unix_ms)
         )
         check_timing_environment(environment)
+        status_dir = self._ensure_status_dir()
         output: IO[bytes] | int = subprocess.DEVNULL
         if log_path is not None:
             descriptor = os.open(
@@ -214,52 +259,100 @@ class ProcessController:
                 0o600,
             )
             output = os.fdopen(descriptor, "ab")
+        ready_read, ready_write = os.pipe()
         try:
             child = subprocess.Popen(
-                list(argv),
+                [
+                    sys.executable,
+                    "-I",
+                    str(SUPERVISOR_SCRIPT),
+                    "--status-dir",
+                    str(status_dir),
+                    "--ready-fd",
+                    str(ready_write),
+                    "--",
+                    *argv,
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=output,
+                # The executor's environment: the supervisor's isolated interpreter
+                # ignores it, and the executor inherits it unchanged.
                 env=environment,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(ready_write,),
             )
+        except BaseException:
+            os.close(ready_read)
+            raise
         finally:
+            os.close(ready_write)
             if not isinstance(output, int):
                 output.close()
         try:
+            # Read while the child is unreaped: even if it already ended, /proc keeps it.
             identity = ProcessIdentity(child.pid, read_start_ticks(child.pid))
-        except (OSError, ValueError, IndexError):
-            # Unidentifiable (cannot happen for a live child on Linux): do not keep it.
-            child.kill()
-            child.wait()
+            answer = _read_ready(ready_read, _READY_TIMEOUT_SECONDS)
+        except BaseException:
+            _kill_group(child)
             raise
-        self._children[identity] = child
-        return identity
+        finally:
+            os.close(ready_read)
+        if answer.startswith("ok "):
+            self._children[identity] = child
+            self._known.add(identity)
+            return identity
+        _kill_group(child)
+        raise _start_error(answer)
 
     def poll(self, identity: ProcessIdentity) -> ExitStatus | None:
-        """None while the process runs; its exit status once it ended.
+        """None while the process runs; the executor's exit status once it ended.
 
-        A child of this controller is reaped (WNOHANG). Any other process — e.g. one
-        started before the Worker restarted — is observed through /proc only, so its
-        status is unobserved; a PID that now names another process means ours is gone.
+        A child of this controller is reaped (WNOHANG). Any identity — a child or one
+        started before the Worker restarted — that has ended is looked up in the status
+        directory, where its supervisor recorded the executor's status. Without a record
+        the status is unobserved, unless this controller killed the group (SIGKILL).
         """
         child = self._children.get(identity)
         if child is not None:
             code = child.poll()
             if code is None:
                 return None
-            return ExitStatus(None, -code) if code < 0 else ExitStatus(code, None)
+            return self._ended(identity, code)
         probe = _probe(identity)
-        if probe in (_Probe.RUNNING, _Probe.UNKNOWN):
+        if probe is _Probe.RUNNING:
+            self._known.add(identity)
             return None
-        return UNOBSERVED_EXIT
+        if probe is _Probe.UNKNOWN:
+            return None
+        return self._ended(identity, None)
 
     def release(self, identity: ProcessIdentity) -> None:
-        """Forget a reaped child once its exit status is persisted."""
+        """Forget an ended process once its exit status is persisted, and remove the
+        supervisor's status file (the inbox holds the status now)."""
         child = self._children.get(identity)
-        if child is not None and child.returncode is not None:
-            del self._children[identity]
+        if child is not None and child.returncode is None:
+            return
+        self._children.pop(identity, None)
+        self._known.discard(identity)
+        self._killed.discard(identity)
+        path = self._status_path(identity)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def known(self) -> frozenset[ProcessIdentity]:
+        """Identities spawned or seen running and not yet released."""
+        return frozenset(self._known)
+
+    async def stop_all(self, *, grace_seconds: float = 5.0) -> dict[ProcessIdentity, StopResult]:
+        """Stop every remembered identity that still runs (verified, TERM then KILL)."""
+        running = [identity for identity in self._known if self.poll(identity) is None]
+        results = await asyncio.gather(
+            *(self.stop(identity, grace_seconds=grace_seconds) for identity in running)
+        )
+        return dict(zip(running, results, strict=True))
 
     async def stop(
         self,
@@ -268,8 +361,8 @@ class ProcessController:
         grace_seconds: float = 5.0,
         kill_wait_seconds: float = 5.0,
     ) -> StopResult:
-        """SIGTERM the verified identity (and its process group), wait ``grace_seconds``,
-        then SIGKILL; never signal a PID whose start time is not ``identity``'s."""
+        """SIGTERM the verified identity, wait ``grace_seconds``, then SIGKILL it and its
+        process group; never signal a PID whose start time is not ``identity``'s."""
         first = self._observe(identity)
         if first is _Probe.EXITED:
             return StopResult.ALREADY_EXITED
@@ -304,17 +397,27 @@ class ProcessController:
     def _signal(
         self, pidfd: int, identity: ProcessIdentity, signal_number: signal.Signals
     ) -> StopResult | None:
-        """Signal the pinned process, then its group; a result if that already decides."""
+        """Signal the pinned process; a result if that already decides.
+
+        SIGTERM goes to the supervisor alone: it forwards it once to its group (the
+        executor and what that started). SIGKILL cannot be forwarded, so it goes to the
+        whole group first — while the leader is verified alive, the group id (its PID,
+        as it leads its own session) is ours — and then to the pinned process.
+        """
+        if signal_number == signal.SIGKILL:
+            self._killed.add(identity)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if (
+                    self._observe(identity) is _Probe.RUNNING
+                    and os.getpgid(identity.pid) == identity.pid
+                ):
+                    os.killpg(identity.pid, signal_number)
         try:
             signal.pidfd_send_signal(pidfd, signal_number)
         except ProcessLookupError:
             return None  # it ended meanwhile; the wait that follows observes (and reaps) it
         except PermissionError:
             return StopResult.UNVERIFIED
-        # The process leads its own session and group (start_new_session), so the group
-        # id is its PID; reach what it started too. The leader was alive a moment ago.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(identity.pid, signal_number)
         return None
 
     async def _wait_exit(self, identity: ProcessIdentity, seconds: float) -> bool:
@@ -336,3 +439,102 @@ class ProcessController:
         if child is not None and child.poll() is not None:
             return _Probe.EXITED
         return probe
+
+    # --- exit statuses -------------------------------------------------------------------------
+
+    def _ended(self, identity: ProcessIdentity, supervisor_code: int | None) -> ExitStatus:
+        recorded = self._read_status(identity)
+        if recorded is not None:
+            return recorded
+        if identity in self._killed or supervisor_code == -signal.SIGKILL:
+            # The group was killed (by us), or the supervisor alone was: the executor
+            # then got its parent-death SIGKILL. Either way it ended by SIGKILL.
+            return ExitStatus(None, signal.SIGKILL)
+        return UNOBSERVED_EXIT
+
+    def _status_path(self, identity: ProcessIdentity) -> Path | None:
+        if self._status_dir is None:
+            return None
+        return self._status_dir / supervisor.status_file_name(identity.pid, identity.start_ticks)
+
+    def _read_status(self, identity: ProcessIdentity) -> ExitStatus | None:
+        path = self._status_path(identity)
+        if path is None:
+            return None
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            log.warning("exit status of %s unreadable: %s", identity.handle, error.strerror)
+            return None
+        try:
+            raw = os.read(descriptor, 4096)
+        finally:
+            os.close(descriptor)
+        status = parse_status_document(raw, identity)
+        if status is None:
+            log.warning("exit status of %s is malformed; treated as unobserved", identity.handle)
+        return status
+
+    def _ensure_status_dir(self) -> Path:
+        if self._status_dir is None:
+            raise RuntimeError("this ProcessController has no status directory to spawn with")
+        self._status_dir.mkdir(parents=True, exist_ok=True, mode=_STATUS_DIRECTORY_MODE)
+        return self._status_dir
+
+
+def parse_status_document(raw: bytes, identity: ProcessIdentity) -> ExitStatus | None:
+    """The exit status a supervisor recorded for ``identity``; None unless well formed."""
+    try:
+        document: Any = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    if (
+        document.get("version") != supervisor.STATUS_VERSION
+        or document.get("supervisor") != identity.handle
+    ):
+        return None
+    exit_code, signal_number = document.get("exit_code"), document.get("signal")
+    if isinstance(exit_code, int) and signal_number is None and 0 <= exit_code <= 255:
+        return ExitStatus(exit_code, None)
+    if exit_code is None and isinstance(signal_number, int) and 1 <= signal_number <= 64:
+        return ExitStatus(None, signal_number)
+    return None
+
+
+def _read_ready(descriptor: int, timeout_seconds: float) -> str:
+    """The supervisor's one-line answer ('' if it ended without one)."""
+    deadline = time.monotonic() + timeout_seconds
+    received = b""
+    while b"\n" not in received and len(received) < 256:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise OSError(errno.ETIMEDOUT, "the executor supervisor did not report its start")
+        readable, _, _ = select.select([descriptor], [], [], remaining)
+        if not readable:
+            continue
+        chunk = os.read(descriptor, 256)
+        if not chunk:
+            break
+        received += chunk
+    return received.decode("ascii", "replace").strip()
+
+
+def _start_error(answer: str) -> OSError:
+    """The OSError a failed exec raised in the supervisor (FileNotFoundError, …)."""
+    parts = answer.split()
+    if len(parts) == 3 and parts[0] == "error" and parts[1].isdigit() and int(parts[1]) > 0:
+        number = int(parts[1])
+        # OSError(errno, …) is the matching subclass (ENOENT: FileNotFoundError).
+        return OSError(number, os.strerror(number))
+    return OSError(errno.ECHILD, "the executor supervisor could not start the executable")
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    """End a supervisor that did not start its executor (and anything in its group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()

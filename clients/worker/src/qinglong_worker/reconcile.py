@@ -22,10 +22,20 @@ against the plan, ``launching`` persisted, spawn, identity persisted (``started`
 AcknowledgeRunning (``running_acknowledged``). A start that cannot be established is
 reported with ReportStartFailure.
 
-A fenced refusal (the session, lease or version is no longer ours) means the authority
-is lost: the process is stopped like in step 3 and the reason kept in ``detail``. A
-transient failure changes nothing; the next tick tries again, and step 3 ends the
-wait once the lease has run out locally.
+Every call is retried inside the reconcile (see :mod:`qinglong_worker.client`) on
+``UNAVAILABLE``, ``DEADLINE_EXCEEDED`` and a broken connection, for a lease-holding
+command never beyond the record's local lease time (SPEC R-LC-8). Only a genuine fence
+(``ABORTED`` with a fencing reason: the session, lease, version or capability is no
+longer ours) means the authority is lost: the process is stopped like in step 3 and the
+reason kept in ``detail``. Any other refusal and a failure that outlived its retries
+change nothing; the next tick tries again, and step 3 ends the wait once the lease has
+run out locally.
+
+Shutdown (SPEC §4, graceful drain): in :attr:`Mode.DRAINING` nothing new is claimed or
+started, while running Attempts are supervised as usual; in :attr:`Mode.STOPPING` a
+running executor is stopped by the Worker itself — the stop reason ``local_shutdown`` is
+persisted before the signal — and reported CANCELLED with ``stop_reason = SHUTDOWN``
+(unless the control plane already asked for a stop, whose reason then stands).
 """
 
 from __future__ import annotations
@@ -49,8 +59,10 @@ from qinglong_protocol import bounds
 
 from qinglong_worker.client import CallFailed, WorkerClient
 from qinglong_worker.inbox import (
+    OPEN_STATES,
     Inbox,
     InboxRecord,
+    InboxUnreadable,
     QuarantineReason,
     RecordState,
 )
@@ -75,6 +87,22 @@ _RESTARTED_WHILE_LAUNCHING: Final = "worker restarted before the executor identi
 _COMPLETION_CONFLICTS: Final = frozenset(
     {"REPLAY_MISMATCH", "STATE_CONFLICT", "CALLBACK_SEQUENCE_FENCED"}
 )
+_STATE_CONFLICT: Final = "STATE_CONFLICT"
+#: The stop reason of an executor this Worker stopped itself because it shut down (as
+#: opposed to a reason the control plane sent, such as ``user``, ``timeout`` — or a
+#: durable ``shutdown`` intent, which is the control plane's own).
+LOCAL_SHUTDOWN: Final = "local_shutdown"
+_SHUTDOWN_BEFORE_RUNNING: Final = "worker shut down before running was acknowledged"
+
+
+class Mode(StrEnum):
+    """What the Reconciler may still begin."""
+
+    NORMAL = "normal"
+    DRAINING = "draining"
+    """No claim and no start; running Attempts are supervised and complete as usual."""
+    STOPPING = "stopping"
+    """As draining, and running executors are stopped for the Worker's shutdown."""
 
 
 class Outcome(StrEnum):
@@ -87,6 +115,13 @@ class Outcome(StrEnum):
     """A transient failure: nothing changed; try again at the next tick."""
     STOP_PENDING = "stop_pending"
     """A stop was requested but the process could not be confirmed stopped yet."""
+    REFUSED = "refused"
+    """The control plane refused without a fence: nothing changed locally; the next
+    tick tries again until the lease runs out locally (the process is kept)."""
+    HELD = "held"
+    """Draining: the record is not yet started and will not be by this process."""
+    IN_FLIGHT = "in_flight"
+    """The reconcile is still running (e.g. retrying); the next tick joins it."""
     COMPLETED = "completed"
     START_FAILED = "start_failed"
     ABANDONED = "abandoned"
@@ -96,7 +131,13 @@ class Outcome(StrEnum):
     @property
     def stops_pulling(self) -> bool:
         """Lease loss or a control-plane terminal answer: take no new work this tick."""
-        return self in (Outcome.LEASE_LOST, Outcome.TERMINAL, Outcome.STOP_PENDING)
+        return self in (
+            Outcome.LEASE_LOST,
+            Outcome.TERMINAL,
+            Outcome.STOP_PENDING,
+            Outcome.REFUSED,
+            Outcome.IN_FLIGHT,
+        )
 
 
 def wall_clock_ms() -> int:
@@ -156,7 +197,10 @@ def activation_problem(timeout_ms: int | None, activation: worker_pb2.Activation
 
 
 def completion_outcome(stop_reason: str | None, status: ExitStatus) -> str:
-    """succeeded | failed | cancelled | timed_out, fixed when the exit is persisted."""
+    """succeeded | failed | cancelled | timed_out, fixed when the exit is persisted.
+
+    Any stop reason — the control plane's or :data:`LOCAL_SHUTDOWN` — makes a stopped
+    process ``cancelled`` (``timed_out`` for ``timeout``)."""
     if stop_reason == "timeout":
         return "timed_out"
     if stop_reason is not None:
@@ -171,6 +215,8 @@ def exit_summary(record: InboxRecord) -> str:
         ending = f"terminated by signal {record.exit_signal}"
     else:
         ending = "exit status not observable"
+    if record.stop_reason == LOCAL_SHUTDOWN:
+        return f"stopped by the Worker's shutdown; {ending}"
     if record.stop_reason is not None:
         return f"stopped on request ({record.stop_reason}); {ending}"
     return ending
@@ -214,8 +260,31 @@ class Reconciler:
         self._grace = stop_grace_seconds
         self._log_dir = log_dir
         self._inflight: dict[str, asyncio.Task[Outcome]] = {}
+        self._mode = Mode.NORMAL
+        self._fatal: InboxUnreadable | None = None
 
     # --- entry points ---------------------------------------------------------------------
+
+    @property
+    def stop_grace_seconds(self) -> float:
+        """Between SIGTERM and SIGKILL when this Reconciler stops an executor."""
+        return self._grace
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    def set_mode(self, mode: Mode) -> None:
+        """Draining, then stopping; a mode never goes back."""
+        order = list(Mode)
+        if order.index(mode) < order.index(self._mode):
+            raise ValueError(f"cannot go back from {self._mode} to {mode}")
+        self._mode = mode
+
+    @property
+    def fatal(self) -> InboxUnreadable | None:
+        """The inbox failure a reconcile met after its caller stopped waiting for it."""
+        return self._fatal
 
     def admit(
         self,
@@ -266,9 +335,38 @@ class Reconciler:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def stop_remembered(self) -> int:
+        """Stop every executor this process spawned or saw running, by the identities it
+        remembers — for when the inbox cannot be read. Returns how many were stopped."""
+        self.set_mode(Mode.STOPPING)
+        return len(await self._processes.stop_all(grace_seconds=self._grace))
+
+    async def stop_everything(self) -> int:
+        """The last step of a shutdown: stop every executor that still runs, by its
+        verified identity, without calling the control plane; persist what it can
+        (a stopped ``running_acknowledged`` record becomes ``exited`` with the stop
+        reason ``local_shutdown``, so a restarted Worker reports it). Returns how many
+        were stopped. Anything the inbox does not name but this process remembers is
+        stopped too."""
+        self.set_mode(Mode.STOPPING)
+        running: list[InboxRecord] = []
+        for record in self._inbox.records(OPEN_STATES):
+            identity = identity_of(record)
+            if identity is not None and self._processes.poll(identity) is None:
+                running.append(record)
+        await asyncio.gather(*(self._sweep(record) for record in running))
+        leftovers = await self._processes.stop_all(grace_seconds=self._grace)
+        return len(running) + len(leftovers)
+
     def _forget(self, offer_id: str, task: asyncio.Task[Outcome]) -> None:
         if self._inflight.get(offer_id) is task:
             del self._inflight[offer_id]
+        if task.cancelled():
+            return
+        # Retrieved here, so that a reconcile nobody waits for any more cannot hide it.
+        error = task.exception()
+        if isinstance(error, InboxUnreadable) and self._fatal is None:
+            self._fatal = error
 
     # --- the passes -----------------------------------------------------------------------
 
@@ -287,6 +385,10 @@ class Reconciler:
         state = record.state
         if state.is_terminal:
             return Outcome.DONE
+        if self._mode is not Mode.NORMAL and state in (RecordState.CLAIMING, RecordState.CLAIMED):
+            # Draining takes no new work: an unanswered or unstarted claim is left to
+            # its lease, which expires and returns the Run to the queue (R-RETRY-1).
+            return Outcome.HELD
         if state is RecordState.CLAIMING:
             return await self._claim(record)
         if state is RecordState.EXITED:  # (2) completion first
@@ -305,11 +407,14 @@ class Reconciler:
             return await self._report_start_failure(record)
         if state is RecordState.STARTED:
             return await self._acknowledge_running(record)
+        if self._mode is Mode.STOPPING:
+            return await self._stop_for_shutdown(record)
         return await self._control(record)  # (4) and (5)
 
     async def _claim(self, record: InboxRecord) -> Outcome | None:
         sent = self._clock()
         try:
+            # No lease yet: the client's default retry budget bounds the retries.
             claimed = await self._client.claim_offer(
                 ws.ClaimOfferRequest(
                     worker_id=record.worker_id,
@@ -344,11 +449,13 @@ class Reconciler:
         """AcknowledgeStarting, check the activation, persist, spawn, persist identity."""
         try:
             starting = await self._client.acknowledge_starting(
-                ws.AcknowledgeStartingRequest(fence=fence_of(record))
+                ws.AcknowledgeStartingRequest(fence=fence_of(record)),
+                budget_seconds=self._lease_budget(record),
             )
         except CallFailed as failure:
             if failure.transient:
-                return self._waiting(record, failure)
+                return await self._after_transient(record, failure)
+            # Nothing runs yet: any refusal closes the record.
             return await self._lease_lost(record, failure.label)
         activation = starting.activation
         problem = activation_problem(record.timeout_ms, activation)
@@ -366,6 +473,8 @@ class Reconciler:
         )
         if problem:
             return None  # the next pass reports the start failure
+        # A drain that began while `starting` was on the wire still starts it: the
+        # Attempt is `starting` now, and the drain grace may let it finish.
         try:
             identity = self._processes.spawn(
                 record.argv,
@@ -406,12 +515,11 @@ class Reconciler:
                     executor_handle=identity.handle,
                     callback_sequence=record.callback_sequence,
                     callback_token_digest=callback_digest(record.callback_token),
-                )
+                ),
+                budget_seconds=self._lease_budget(record),
             )
         except CallFailed as failure:
-            if failure.transient:
-                return self._waiting(record, failure)
-            return await self._lease_lost(record, failure.label)
+            return await self._refused(record, failure)
         self._save(record, state=RecordState.RUNNING_ACKNOWLEDGED)
         # A short process may already be done: recover its completion right away.
         return None if self._processes.poll(identity) is not None else Outcome.RUNNING
@@ -422,7 +530,8 @@ class Reconciler:
         summary = record.start_failure or _RESTARTED_WHILE_LAUNCHING
         try:
             failed = await self._client.report_start_failure(
-                ws.ReportStartFailureRequest(fence=fence_of(record), error_summary=summary)
+                ws.ReportStartFailureRequest(fence=fence_of(record), error_summary=summary),
+                budget_seconds=self._lease_budget(record),
             )
         except CallFailed as failure:
             if failure.transient:
@@ -440,13 +549,14 @@ class Reconciler:
     async def _control(self, record: InboxRecord) -> Outcome | None:
         sent = self._clock()
         try:
+            # Retried with the same request (same expected version): a renewal whose
+            # answer was lost is answered with the current projection (R-LC-8).
             answer = await self._client.control_lease(
-                ws.ControlLeaseRequest(fence=fence_of(record))
+                ws.ControlLeaseRequest(fence=fence_of(record)),
+                budget_seconds=self._lease_budget(record),
             )
         except CallFailed as failure:
-            if failure.transient:
-                return self._waiting(record, failure)
-            return await self._lease_lost(record, failure.label)
+            return await self._refused(record, failure)
         result = answer.WhichOneof("result")
         if result == "renewed":
             self._save(
@@ -454,6 +564,9 @@ class Reconciler:
                 lease_version=answer.renewed.lease_version,
                 lease_observed_unix_ms=sent,
                 lease_remaining_ms=answer.renewed.lease_remaining.ToMilliseconds(),
+                # A shutdown stop of an earlier incarnation that never happened: the
+                # process runs on under this one, and ends with its own outcome.
+                stop_reason=None if record.stop_reason == LOCAL_SHUTDOWN else record.stop_reason,
             )
             return Outcome.RUNNING
         if result == "stop_requested":
@@ -486,6 +599,15 @@ class Reconciler:
         log.warning("offer %s: lease control answered nothing recognisable", record.offer_id)
         return Outcome.WAITING
 
+    async def _stop_for_shutdown(self, record: InboxRecord) -> Outcome | None:
+        """The Worker's own stop of a running executor (its drain grace ran out)."""
+        if record.stop_reason is None:
+            # Durable before the signal: a restart after a crash mid-stop still knows
+            # why the process ended, and reports it as this shutdown's.
+            record = self._save(record, stop_reason=LOCAL_SHUTDOWN)
+            log.info("offer %s run %s: stopping for shutdown", record.offer_id, record.run_id)
+        return await self._stop_for_completion(record)
+
     async def _stop_for_completion(self, record: InboxRecord) -> Outcome | None:
         identity = identity_of(record)
         if identity is None:
@@ -495,10 +617,13 @@ class Reconciler:
         if stopped is StopResult.UNVERIFIED or status is None:
             log.warning("offer %s: stop not confirmed; will retry", record.offer_id)
             return Outcome.STOP_PENDING
+        if stopped is StopResult.ALREADY_EXITED and record.stop_reason == LOCAL_SHUTDOWN:
+            # It ended by itself before our signal: its own outcome stands.
+            record = self._save(record, stop_reason=None)
         self._persist_exit(record, status)
         return None  # the next pass completes
 
-    async def _complete(self, record: InboxRecord) -> Outcome:
+    async def _complete(self, record: InboxRecord) -> Outcome | None:
         outcome = record.completion_outcome or "failed"
         request = ws.CompleteAttemptRequest(
             fence=fence_of(record),
@@ -508,8 +633,12 @@ class Reconciler:
         )
         if record.exit_code is not None:
             request.exit_code = record.exit_code
+        if record.stop_reason == LOCAL_SHUTDOWN:
+            request.stop_reason = lifecycle_pb2.CANCEL_REASON_SHUTDOWN
         try:
-            done = await self._client.complete_attempt(request)
+            done = await self._client.complete_attempt(
+                request, budget_seconds=self._lease_budget(record)
+            )
         except CallFailed as failure:
             if failure.transient:
                 if record.lease_lost_locally(self._clock()):
@@ -520,6 +649,10 @@ class Reconciler:
                     )
                     return Outcome.LEASE_LOST
                 return self._waiting(record, failure)
+            if failure.reason == _STATE_CONFLICT and record.stop_reason == LOCAL_SHUTDOWN:
+                # The Run may have got its own stop intent since (user, timeout): then
+                # the stop is reported the normal way, under the control plane's reason.
+                return await self._learn_stop_intent(record, failure)
             if failure.reason in _COMPLETION_CONFLICTS:
                 self._quarantine(record, QuarantineReason.CONTROL_PLANE_TERMINAL, failure.label)
                 return Outcome.TERMINAL
@@ -541,6 +674,70 @@ class Reconciler:
             lifecycle_pb2.RunState.Name(done.run_state),
         )
         return Outcome.COMPLETED
+
+    async def _learn_stop_intent(self, record: InboxRecord, refusal: CallFailed) -> Outcome | None:
+        """A shutdown stop was refused as a state conflict: ask lease control why."""
+        sent = self._clock()
+        try:
+            answer = await self._client.control_lease(
+                ws.ControlLeaseRequest(fence=fence_of(record)),
+                budget_seconds=self._lease_budget(record),
+            )
+        except CallFailed as failure:
+            if failure.transient:
+                return self._waiting(record, failure)
+            self._quarantine(
+                record, QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED, failure.label
+            )
+            return Outcome.LEASE_LOST
+        result = answer.WhichOneof("result")
+        if result == "stop_requested":
+            stop = answer.stop_requested
+            reason = _cancel_reason_name(stop.cancel_reason)
+            status = ExitStatus(record.exit_code, record.exit_signal)
+            self._save(
+                record,
+                lease_version=stop.lease_version,
+                lease_observed_unix_ms=sent,
+                lease_remaining_ms=stop.lease_remaining.ToMilliseconds(),
+                stop_reason=reason,
+                completion_outcome=completion_outcome(reason, status),
+            )
+            log.info("offer %s: the Run has its own stop intent (%s)", record.offer_id, reason)
+            return None  # the next pass completes under that reason
+        if result == "renewed":
+            # No intent, and the shutdown stop is not accepted: give the lease up; it
+            # expires and the Attempt ends lost (the process is stopped).
+            self._quarantine(
+                record,
+                QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+                f"shutdown stop not accepted ({refusal.label})",
+                lease_version=answer.renewed.lease_version,
+            )
+            return Outcome.LEASE_LOST
+        self._quarantine(record, QuarantineReason.CONTROL_PLANE_TERMINAL, refusal.label)
+        return Outcome.TERMINAL
+
+    async def _refused(self, record: InboxRecord, failure: CallFailed) -> Outcome:
+        """A lease-holding call with a running process failed: only a fence stops it."""
+        if failure.transient:
+            return await self._after_transient(record, failure)
+        if failure.fenced:
+            return await self._lease_lost(record, failure.label)
+        log.warning(
+            "offer %s: %s refused without a fence (%s); the process is kept until the"
+            " lease runs out locally",
+            record.offer_id,
+            failure.method,
+            failure.label,
+        )
+        return Outcome.REFUSED
+
+    async def _after_transient(self, record: InboxRecord, failure: CallFailed) -> Outcome:
+        """Retries ended without an answer: past the local lease, R-W-2 step 3 applies."""
+        if record.lease_lost_locally(self._clock()):
+            return await self._lease_lost(record, f"{failure.label}; local lease expired")
+        return self._waiting(record, failure)
 
     async def _lease_lost(self, record: InboxRecord, detail: str) -> Outcome:
         """Stop the local process by its durable identity and quarantine the record."""
@@ -567,6 +764,15 @@ class Reconciler:
         stopped = await self._processes.stop(identity, grace_seconds=self._grace)
         status = self._processes.poll(identity)
         return stopped, status
+
+    async def _sweep(self, record: InboxRecord) -> None:
+        """Stop one running executor at shutdown; no control-plane call."""
+        if record.state is RecordState.RUNNING_ACKNOWLEDGED:
+            outcome = await self._stop_for_shutdown(record)
+        else:
+            outcome = await self._lease_lost(record, _SHUTDOWN_BEFORE_RUNNING)
+        if outcome is Outcome.STOP_PENDING:
+            log.error("offer %s: the executor could not be confirmed stopped", record.offer_id)
 
     # --- persistence ----------------------------------------------------------------------
 
@@ -626,6 +832,14 @@ class Reconciler:
             )
         return written
 
+    def _lease_budget(self, record: InboxRecord) -> float:
+        """Seconds the local lease estimate has left: no retry of a lease-holding
+        command goes beyond it (then R-W-2 step 3 applies)."""
+        expires = record.lease_expires_unix_ms
+        if expires is None:
+            return 0.0
+        return max(0.0, (expires - self._clock()) / 1000)
+
     def _log_path(self, record: InboxRecord) -> Path | None:
         return None if self._log_dir is None else self._log_dir / f"{record.offer_id}.log"
 
@@ -647,6 +861,8 @@ def _spawn_failure_summary(error: Exception) -> str:
 
 __all__ = [
     "FIRST_CALLBACK_SEQUENCE",
+    "LOCAL_SHUTDOWN",
+    "Mode",
     "Outcome",
     "Reconciler",
     "activation_problem",

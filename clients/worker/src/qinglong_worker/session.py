@@ -8,10 +8,17 @@ the old session will then be refused as fenced and handled as a lost lease.
 
 OpenSession is idempotent by request id (AIP-155); the id is persisted before the call,
 so a retry after a lost answer returns the same session instead of a second one.
+
+Draining (the daemon's graceful shutdown): :meth:`SessionKeeper.drain` sends
+DrainSession — no new offers from then on, claimed work may finish — and from then on
+the keeper only renews, it never opens another session. A later start that resumes a
+session left draining keeps it while the inbox still has open records of it (they are
+finished under it) and opens a fresh, online session once there are none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -25,12 +32,14 @@ from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 
 from qinglong_worker.client import CallFailed, WorkerClient
-from qinglong_worker.inbox import Inbox, SessionRecord
+from qinglong_worker.inbox import OPEN_STATES, Inbox, SessionRecord
 
 log = logging.getLogger(__name__)
 
 #: Renew after this fraction of the remaining lifetime when the server suggests nothing.
 _RENEW_FRACTION: Final = 1 / 3
+#: DrainSession is best effort at shutdown: it is not worth more than this.
+_DRAIN_BUDGET_SECONDS: Final = 5.0
 
 
 def agent_version() -> str:
@@ -72,6 +81,7 @@ class SessionKeeper:
         self._monotonic = monotonic
         self._active: ActiveSession | None = None
         self._renew_interval: float | None = None
+        self._draining = False
 
     @property
     def worker_id(self) -> str:
@@ -81,11 +91,20 @@ class SessionKeeper:
     def active(self) -> ActiveSession | None:
         return self._active
 
+    @property
+    def draining(self) -> bool:
+        """This process asked for its session to drain (it is shutting down)."""
+        return self._draining
+
     async def ensure(self) -> ActiveSession | None:
-        """The live session, renewed or (re)opened when due; None while unreachable."""
+        """The live session, renewed or (re)opened when due; None while unreachable.
+
+        While draining, a session that is gone is not replaced (None)."""
         now = self._monotonic()
         active = self._active
         if active is not None and now < active.renew_at:
+            if self._left_draining(active):
+                return await self._open(self._inbox.session())
             return active
         stored = self._inbox.session()
         if (
@@ -95,21 +114,71 @@ class SessionKeeper:
             and stored.worker_generation is not None
         ):
             try:
-                return await self._renew(stored.session_id, stored.worker_generation)
+                renewed = await self._renew(stored.session_id, stored.worker_generation, now)
             except CallFailed as failure:
                 if failure.transient:
                     log.info("session renewal failed: %s", failure)
                     return self._still_valid(now)
-                log.warning("session %s is gone (%s); opening another", stored.session_id, failure)
                 self._active = None
+                if self._draining:
+                    log.warning("session %s is gone (%s)", stored.session_id, failure)
+                    return None
+                log.warning("session %s is gone (%s); opening another", stored.session_id, failure)
+            else:
+                if not self._left_draining(renewed):
+                    return renewed
+        if self._draining:
+            return None
         return await self._open(stored)
 
-    async def _renew(self, session_id: str, generation: int) -> ActiveSession:
+    async def drain(self) -> None:
+        """DrainSession (best effort, bounded): the control plane places nothing more
+        here. From now on this keeper only renews."""
+        self._draining = True
+        stored = self._inbox.session()
+        if stored is None or stored.session_id is None or stored.worker_generation is None:
+            return
+        try:
+            drained = await self._client.drain_session(
+                ws.DrainSessionRequest(
+                    worker_id=self._worker_id,
+                    session_id=stored.session_id,
+                    worker_generation=stored.worker_generation,
+                ),
+                budget_seconds=_DRAIN_BUDGET_SECONDS,
+            )
+        except CallFailed as failure:
+            log.warning("draining session %s failed: %s", stored.session_id, failure)
+            return
+        log.info("session %s draining", stored.session_id)
+        active = self._active
+        if active is not None and active.session_id == stored.session_id:
+            remaining = drained.session_remaining.ToMilliseconds() / 1000
+            self._active = dataclasses.replace(
+                active,
+                state=drained.session_state,
+                expires_at=min(active.expires_at, self._monotonic() + remaining),
+            )
+
+    def _left_draining(self, active: ActiveSession) -> bool:
+        """A session an earlier run of this Worker drained, with nothing left to finish
+        under it: time for a fresh one."""
+        return (
+            not self._draining
+            and active.state == worker_pb2.SESSION_STATE_DRAINING
+            and self._inbox.count(OPEN_STATES) == 0
+        )
+
+    async def _renew(self, session_id: str, generation: int, now: float) -> ActiveSession:
         sent = self._monotonic()
+        # Retries end when the session would have expired anyway.
+        active = self._active
+        budget = None if active is None else max(0.0, active.expires_at - now)
         renewed = await self._client.renew_session(
             ws.RenewSessionRequest(
                 worker_id=self._worker_id, session_id=session_id, worker_generation=generation
-            )
+            ),
+            budget_seconds=budget,
         )
         remaining = renewed.session_remaining.ToMilliseconds() / 1000
         if self._active is None:

@@ -17,6 +17,9 @@ DEFAULT_TICK_SECONDS = 0.5
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_LEASE_CONTROL_SECONDS = 2.0
 DEFAULT_STOP_GRACE_SECONDS = 5.0
+#: Long enough for most short jobs to finish on a rolling restart; keep Kubernetes'
+#: terminationGracePeriodSeconds above drain grace + stop grace + a few seconds.
+DEFAULT_DRAIN_GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,12 @@ class DaemonSettings:
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     lease_control_seconds: float = DEFAULT_LEASE_CONTROL_SECONDS
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
+    drain_grace_seconds: float = DEFAULT_DRAIN_GRACE_SECONDS
+
+    @property
+    def exit_dir(self) -> Path:
+        """Where executor supervisors leave exit statuses: beside the inbox."""
+        return self.inbox.parent / "exits"
 
 
 @dataclass(frozen=True)
@@ -97,14 +106,26 @@ def parse_worker_settings(
         default=env.get(_variable("stop-grace-seconds"), str(DEFAULT_STOP_GRACE_SECONDS)),
         help="time between SIGTERM and SIGKILL when a Run must stop",
     )
+    daemon.add_argument(
+        "--drain-grace-seconds",
+        type=float,
+        default=env.get(_variable("drain-grace-seconds"), str(DEFAULT_DRAIN_GRACE_SECONDS)),
+        help="on SIGTERM/SIGINT: how long running Attempts may still finish before they"
+        " are stopped and reported cancelled (a second signal stops at once)",
+    )
     args = parser.parse_args(argv)
     if args.stack is not None:
-        stack = json.loads(args.stack.read_text())
-        args.worker_id = args.worker_id or stack["worker"]["worker_id"]
-        args.ingress_address = args.ingress_address or stack["ingress"]["address"]
-        args.tls_ca = args.tls_ca or stack["ca_cert"]
-        args.tls_cert = args.tls_cert or stack["worker"]["cert"]
-        args.tls_key = args.tls_key or stack["worker"]["key"]
+        try:
+            stack = json.loads(args.stack.read_text())
+            args.worker_id = args.worker_id or stack["worker"]["worker_id"]
+            args.ingress_address = args.ingress_address or stack["ingress"]["address"]
+            args.tls_ca = args.tls_ca or stack["ca_cert"]
+            args.tls_cert = args.tls_cert or stack["worker"]["cert"]
+            args.tls_key = args.tls_key or stack["worker"]["key"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            # One line naming the file, not a traceback.
+            reason = getattr(error, "strerror", None) or type(error).__name__
+            parser.error(f"--stack {args.stack}: {reason}")
     missing = [
         name
         for name in ("worker_id", "ingress_address", "tls_ca", "tls_cert", "tls_key")
@@ -129,6 +150,8 @@ def parse_worker_settings(
             parser.error("--lease-control-seconds must be positive")
         if args.stop_grace_seconds < 0:
             parser.error("--stop-grace-seconds must not be negative")
+        if not args.drain_grace_seconds >= 0:
+            parser.error("--drain-grace-seconds must not be negative")
         daemon_settings = DaemonSettings(
             inbox=args.inbox,
             log_dir=args.log_dir or args.inbox.parent / "logs",
@@ -136,5 +159,6 @@ def parse_worker_settings(
             max_concurrency=args.max_concurrency,
             lease_control_seconds=args.lease_control_seconds,
             stop_grace_seconds=args.stop_grace_seconds,
+            drain_grace_seconds=args.drain_grace_seconds,
         )
     return args.command, WorkerSettings(args.worker_id, args.ingress_address, tls, daemon_settings)
