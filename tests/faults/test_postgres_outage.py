@@ -1,0 +1,157 @@
+"""PostgreSQL stop/start under load (issue 7, SPEC R-ERR-2, R-ING-3).
+
+While two Runs execute, the stack's PostgreSQL is stopped for several seconds. Calls to
+ingress during the outage -- an operator's GetRun and a Worker's RenewSession -- must be
+answered UNAVAILABLE within the bound (R-ERR-2: 2 s by default), not held until the
+caller's deadline. The services and the Worker must survive; once PostgreSQL is back,
+the Runs in flight end with their executors' real outcomes and new work runs again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+import psycopg
+from qinglong.worker.v1 import worker_service_pb2 as ws
+from qinglong.worker.v1 import worker_service_pb2_grpc
+from qinglong_protocol.tls import mutual_tls_channel_credentials
+
+from tests.support.devstack_process import DevStack
+from tests.support.fault_rig import FaultRig
+from tests.support.fault_tally import Tally, assert_verdict
+from tests.support.operator_client import OperatorClient
+from tests.support.polling import wait_until
+
+#: SPEC R-ERR-2: the default bound for answering UNAVAILABLE when PostgreSQL is down.
+UNAVAILABLE_BOUND_SECONDS: Final = 2.0
+#: The probes' own deadline: far beyond the bound, so a held call shows as held.
+PROBE_DEADLINE_SECONDS: Final = 10.0
+OUTAGE_SECONDS: Final = 6.0
+PROBE_AT_SECONDS: Final = (0.5, 2.5, 4.5)
+RUNNING_SECONDS: Final = 30.0
+RECOVERY_SECONDS: Final = 30.0
+CONVERGE_SECONDS: Final = 45.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    at: float
+    """Seconds after PostgreSQL stopped."""
+    code: grpc.StatusCode
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"{self.name} at +{self.at:.1f} s: {self.code.name} in {self.seconds:.3f} s"
+
+
+def _measure(name: str, call: Callable[[], object], outage_began: float) -> Probe:
+    began = time.monotonic()
+    try:
+        call()
+        code = grpc.StatusCode.OK
+    except grpc.RpcError as error:
+        code = error.code()
+    return Probe(name, began - outage_began, code, time.monotonic() - began)
+
+
+def _current_session(stack: DevStack) -> tuple[str, int]:
+    with psycopg.connect(stack.migration_url, connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT session_id::text, generation FROM qinglong.worker_sessions"
+            " WHERE worker_id = %s ORDER BY generation DESC LIMIT 1",
+            (stack.worker_id,),
+        ).fetchone()
+    assert row is not None, "the Worker has no session"
+    return str(row[0]), int(row[1])
+
+
+def test_postgres_stop_start_fails_fast_and_loses_nothing(
+    stack: DevStack,
+    operator: OperatorClient,
+    rig: FaultRig,
+    report_tally: Callable[[Tally], None],
+) -> None:
+    worker = rig.worker(max_concurrency=2).start()
+    succeeds = rig.trigger("in-flight-ok", seconds=10, exit_code=0)
+    rig.trigger("in-flight-fails", seconds=10, exit_code=3)
+    running = wait_until(lambda: len(rig.live_executors()) == 2, RUNNING_SECONDS)
+    assert running, "two executors never ran:\n" + worker.log_tail()
+
+    session_id, generation = _current_session(stack)
+    renew = ws.RenewSessionRequest(
+        worker_id=stack.worker_id, session_id=session_id, worker_generation=generation
+    )
+    problems: list[str] = []
+    with grpc.secure_channel(
+        stack.ingress_address, mutual_tls_channel_credentials(stack.worker_tls)
+    ) as worker_channel:
+        sessions = worker_service_pb2_grpc.WorkerServiceStub(worker_channel)
+
+        def get_run() -> object:
+            return operator.get_run(succeeds.run_id, timeout=PROBE_DEADLINE_SECONDS)
+
+        def renew_session() -> object:
+            return sessions.RenewSession(renew, timeout=PROBE_DEADLINE_SECONDS)
+
+        # Warm both channels first: the probes measure ingress, not a TLS handshake.
+        get_run()
+        renew_session()
+
+        # Probes run on their own threads at fixed offsets, so a held call cannot stretch
+        # the outage: PostgreSQL comes back after OUTAGE_SECONDS whatever they do.
+        with ThreadPoolExecutor(max_workers=2 * len(PROBE_AT_SECONDS)) as pool:
+            stack.postgres.stop()
+            outage_began = time.monotonic()
+            pending: list[Future[Probe]] = []
+            try:
+                for at in PROBE_AT_SECONDS:
+                    time.sleep(max(0.0, outage_began + at - time.monotonic()))
+                    pending.append(pool.submit(_measure, "GetRun", get_run, outage_began))
+                    pending.append(
+                        pool.submit(_measure, "RenewSession", renew_session, outage_began)
+                    )
+                time.sleep(max(0.0, outage_began + OUTAGE_SECONDS - time.monotonic()))
+            finally:
+                stack.postgres.start()
+            restarted = time.monotonic()
+            probes = [future.result() for future in pending]
+
+        def serving_again() -> bool:
+            return _measure("GetRun", get_run, restarted).code is grpc.StatusCode.OK
+
+        if not wait_until(serving_again, RECOVERY_SECONDS, interval=0.5):
+            problems.append(f"ingress did not serve GetRun {RECOVERY_SECONDS:.0f} s after restart")
+        recovered_after = time.monotonic() - restarted
+
+    for probe in probes:
+        if probe.code is not grpc.StatusCode.UNAVAILABLE:
+            problems.append(f"{probe}: not UNAVAILABLE")
+        elif probe.seconds > UNAVAILABLE_BOUND_SECONDS:
+            problems.append(f"{probe}: slower than {UNAVAILABLE_BOUND_SECONDS} s (R-ERR-2)")
+    if not stack.running():
+        problems.append("qinglong up exited: a service did not survive the outage")
+    if not worker.alive():
+        problems.append("the Worker did not survive the outage")
+
+    # New work after the outage runs too.
+    rig.trigger("after-outage", seconds=0.5, exit_code=0)
+    if not rig.wait_terminal(CONVERGE_SECONDS):
+        problems.append(f"not every Run was terminal after {CONVERGE_SECONDS:.0f} s")
+    status = worker.stop()
+    if status != 0:
+        problems.append(f"the Worker exited {status} on SIGINT, not 0")
+
+    tally = rig.tally("PostgreSQL stop/start", extra_faults=1)
+    tally.calls += len(probes)
+    tally.notes += [f"probe {probe}" for probe in probes]
+    tally.notes.append(f"ingress served again {recovered_after:.1f} s after PostgreSQL restarted")
+    report_tally(tally)
+    if problems or not tally.clean:
+        problems.append("worker log tail:\n" + worker.log_tail())
+    assert_verdict(tally, problems)
