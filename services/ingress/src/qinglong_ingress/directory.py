@@ -15,45 +15,19 @@ from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row
 from psycopg_pool import AsyncConnectionPool
 
-_WORKER_BY_URI = """
-SELECT worker_id FROM qinglong.worker_identities
- WHERE certificate_uri = %s AND status = 'active'
-"""
+from qinglong_ingress.sql import SQL
 
-_OPERATOR_BY_URI = """
-SELECT p.principal_id, p.kind, p.name
-  FROM qinglong.operator_credentials c JOIN qinglong.principals p USING (principal_id)
- WHERE c.certificate_uri = %s AND c.status = 'active' AND p.status = 'active'
-   AND p.kind IN ('user', 'agent')
-   AND (c.expires_at_ms IS NULL OR c.expires_at_ms > qinglong.db_now_ms())
-"""
+_WORKER_BY_URI = SQL["directory.worker_by_uri"]
 
-_OPERATOR_BY_CREDENTIAL_DIGEST = """
-SELECT p.principal_id, p.kind, p.name
-  FROM qinglong.operator_credentials c JOIN qinglong.principals p USING (principal_id)
- WHERE c.token_digest = %s AND c.status = 'active' AND p.status = 'active'
-   AND p.kind IN ('user', 'agent')
-   AND (c.expires_at_ms IS NULL OR c.expires_at_ms > qinglong.db_now_ms())
-"""
+_OPERATOR_BY_URI = SQL["directory.operator_by_uri"]
 
-_SESSION_OWNER = "SELECT worker_id FROM qinglong.worker_sessions WHERE session_id = %s"
+_OPERATOR_BY_CREDENTIAL_DIGEST = SQL["directory.operator_by_credential_digest"]
 
-_ROLE_BINDING = """
-SELECT pr.version AS project_version, rb.role, rb.version AS binding_version
-  FROM qinglong.projects pr
-  JOIN qinglong.role_bindings rb ON rb.project_id = pr.project_id
- WHERE pr.project_id = %s AND rb.principal_id = %s
-   AND pr.status = 'active' AND rb.status = 'active'
-"""
+_SESSION_OWNER = SQL["directory.session_owner"]
 
-_WRITE_AUDIT = """
-INSERT INTO qinglong.security_audit
-       (audit_id, principal_kind, principal_id, operation, outcome, reason, project_id,
-        run_id, worker_id, session_id, request_id, peer)
-VALUES (%(audit_id)s, %(principal_kind)s, %(principal_id)s, %(operation)s, %(outcome)s,
-        %(reason)s, %(project_id)s, %(run_id)s, %(worker_id)s, %(session_id)s,
-        %(request_id)s, %(peer)s)
-"""
+_ROLE_BINDING = SQL["directory.role_binding"]
+
+_WRITE_AUDIT = SQL["directory.write_audit"]
 
 
 @dataclass(frozen=True)
