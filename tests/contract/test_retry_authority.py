@@ -30,6 +30,7 @@ from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.states import RunState
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 
+from tests.support import timelines
 from tests.support.postgres import MigratedDatabase
 from tests.support.seed import digest
 from tests.support.world import PROJECT, ClaimedWork, World, with_version
@@ -187,23 +188,12 @@ async def test_lost_run_waits_a_lease_lifetime_then_is_queued_for_attempt_two(
         (2, 2, "succeeded", None),
     ]
     assert await event_types(world, run_id) == [
-        "run.queued",
-        "attempt.claimed",
-        "run.dispatching",
-        "attempt.starting",
-        "attempt.running",
-        "run.running",
+        *timelines.UNTIL_RUNNING,
         "attempt.lost",
         "run.lost",
         "run.retry_wait",
         "run.queued",
-        "attempt.claimed",
-        "run.dispatching",
-        "attempt.starting",
-        "attempt.running",
-        "run.running",
-        "attempt.succeeded",
-        "run.succeeded",
+        *timelines.RETRIED_AND_SUCCEEDED,
     ]
 
 

@@ -39,6 +39,8 @@ from qinglong.control.v1 import (
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
+from tests.support import timelines
+
 QINGLONG = Path(sys.executable).with_name("qinglong")
 QINGLONG_WORKER = Path(sys.executable).with_name("qinglong-worker")
 START_TIMEOUT_SECONDS = 120.0
@@ -315,16 +317,7 @@ def test_worker_runs_a_run_to_succeeded(
         assert worker.stop() == 0, worker.log.read_text()
     assert run.attempt_count == 1
     assert run.error_code == ""
-    assert operator.event_types(run_id) == [
-        "run.queued",
-        "attempt.claimed",
-        "run.dispatching",
-        "attempt.starting",
-        "attempt.running",
-        "run.running",
-        "attempt.succeeded",
-        "run.succeeded",
-    ]
+    assert operator.event_types(run_id) == list(timelines.SUCCEEDED)
     assert (record["exit_code"], record["completion_outcome"]) == (0, "succeeded")
     assert record["lease_version"] >= 2  # completion answered expected + 1
     assert (tmp_path / "worker" / "logs" / f"{record['offer_id']}.log").read_text() == "hi\n"

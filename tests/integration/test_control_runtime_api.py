@@ -30,6 +30,7 @@ from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
+from tests.support import timelines
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import enroll
 
@@ -230,14 +231,7 @@ async def test_worker_start_sequence_over_mtls(control: Control) -> None:
             request=run_service_pb2.ListRunEventsRequest(project_id=PROJECT, run_id=run_id),
         )
     )
-    assert [e.type for e in events.response.events] == [
-        "run.queued",
-        "attempt.claimed",
-        "run.dispatching",
-        "attempt.starting",
-        "attempt.running",
-        "run.running",
-    ]
+    assert [e.type for e in events.response.events] == list(timelines.UNTIL_RUNNING)
     assert [e.sequence for e in events.response.events] == [1, 2, 3, 4, 5, 6]
     assert events.response.events[3].attempt_starting.timeout_ms == 120_000
     assert events.response.events[5].run_state_changed.to_state == lifecycle_pb2.RUN_STATE_RUNNING
