@@ -1,0 +1,53 @@
+"""What the operator CLI says when something goes wrong, and its exit codes.
+
+Errors go to stderr, never stdout (stdout is the answer a script reads). A refusal by the
+server shows its gRPC code, its ErrorInfo reason, its message and every field violation
+of its BadRequest. Exit codes:
+
+* 0 — done;
+* 1 — the server refused the request (invalid, not found, not allowed, a conflict);
+* 2 — a usage or local configuration problem (bad flags, an unreadable stack file);
+* 3 — the stack could not be reached, or answered UNAVAILABLE: try again later.
+"""
+
+from __future__ import annotations
+
+from typing import Final, TextIO
+
+import grpc
+from qinglong_protocol.errors import error_reason_of, field_violations_of
+
+EXIT_OK: Final = 0
+EXIT_REFUSED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_UNAVAILABLE: Final = 3
+
+_UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class ConfigurationError(Exception):
+    """A local problem the user can fix (the message says which file and what)."""
+
+
+def report_rpc_error(error: grpc.aio.AioRpcError, err: TextIO) -> int:
+    """Print a failed call for a person; return the exit code it means."""
+    code = error.code()
+    reason = error_reason_of(error)
+    line = f"error: {code.name}"
+    if reason:
+        line += f" {reason}"
+    details = error.details()
+    if details:
+        line += f": {details}"
+    print(line, file=err)
+    for field, description in field_violations_of(error):
+        print(f"  {field or '(request)'}: {description}", file=err)
+    if code in _UNREACHABLE:
+        print("  (the stack is unreachable or busy; is `qinglong up` running?)", file=err)
+        return EXIT_UNAVAILABLE
+    return EXIT_REFUSED
+
+
+def report_configuration_error(error: ConfigurationError, err: TextIO) -> int:
+    print(f"error: {error}", file=err)
+    return EXIT_USAGE

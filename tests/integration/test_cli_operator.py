@@ -1,0 +1,153 @@
+"""The operator CLI as a user meets it: the real `qinglong` executable against a real stack
+(control + ingress over mTLS, PostgreSQL), answers on stdout, errors on stderr with their
+code, reason and field violations, and documented exit codes — never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.stack import PROJECT, Stack, running_stack
+
+QINGLONG = Path(sys.executable).with_name("qinglong")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+async def stack(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
+        yield running
+
+
+@pytest.fixture
+def stack_file(stack: Stack, tmp_path: Path) -> Path:
+    """A stack file like the one `qinglong up` writes, for operator alice."""
+    token_file = tmp_path / "alice.token"
+    token_file.write_text(stack.tokens["alice"])
+    token_file.chmod(0o600)
+    identity = stack.operator_identity("carol")
+    path = tmp_path / "stack.json"
+    path.write_text(
+        json.dumps(
+            {
+                "ingress": {"address": stack.ingress_address},
+                "ca_cert": str(identity.ca_cert),
+                "project_id": PROJECT,
+                "operator": {
+                    "cert": str(identity.cert),
+                    "key": str(identity.key),
+                    "token_file": str(token_file),
+                },
+            }
+        )
+    )
+    return path
+
+
+async def qinglong(*args: str) -> Outcome:
+    # A subprocess driven by asyncio: the stack's servers run on this test's event loop.
+    process = await asyncio.create_subprocess_exec(
+        str(QINGLONG),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return Outcome(process.returncode, out.decode(), err.decode())
+
+
+async def test_task_create_trigger_list_as_json_with_numbers(stack_file: Path) -> None:
+    created = await qinglong(
+        "task", "create", "--stack", str(stack_file), "--name", "hello",
+        "--timeout-ms", "60000", "--max-attempts", "3", "--", "echo", "hi",
+    )  # fmt: skip
+    assert (created.code, created.err) == (0, "")
+    revision = json.loads(created.out)
+    assert revision["revisionNumber"] == 1  # an int64, printed as a number
+    assert revision["plan"]["retryPolicy"]["maxAttempts"] == 3
+    task_id = revision["taskId"]
+    got = await qinglong("task", "get", task_id, "--stack", str(stack_file), "--output", "json")
+    assert json.loads(got.out)["latestRevisionNumber"] == 1
+    triggered = await qinglong("run", "trigger", "--task", task_id, "--stack", str(stack_file))
+    run = json.loads(triggered.out)
+    assert (run["state"], run["maxAttempts"], run["version"]) == ("RUN_STATE_QUEUED", 3, 1)
+    listed = await qinglong(
+        "run", "list", "--stack", str(stack_file), "--state", "queued", "--task", task_id,
+        "--output", "table",
+    )  # fmt: skip
+    header, row = listed.out.splitlines()
+    assert header.split() == ["RUN", "STATE", "ATTEMPTS", "CREATED", "ERROR"]
+    assert row.split()[:3] == [run["runId"], "queued", "0/3"]
+    none = await qinglong("run", "list", "--stack", str(stack_file), "--state", "succeeded")
+    assert (none.code, none.out) == (0, "")
+
+
+async def test_a_refused_field_names_the_field_on_stderr_with_exit_1(stack_file: Path) -> None:
+    refused = await qinglong(
+        "task", "create", "--stack", str(stack_file), "--name", "bad",
+        "--timeout-ms", "-5", "--", "true",
+    )  # fmt: skip
+    assert refused.code == 1
+    assert refused.out == ""
+    assert refused.err.startswith("error: INVALID_ARGUMENT FIELD_INVALID")
+    assert "  plan.timeout_ms: " in refused.err
+    # The task exists without a revision; the user is told which one to revise.
+    assert "qinglong task revise " in refused.err
+    assert "Traceback" not in refused.err
+
+
+async def test_bad_ids_and_unknown_runs_are_explained(stack_file: Path) -> None:
+    malformed = await qinglong("run", "get", "not-a-uuid", "--stack", str(stack_file))
+    assert malformed.code == 1
+    assert "  run_id: " in malformed.err
+    missing = await qinglong(
+        "run", "get", "00000000-0000-4000-8000-000000000000", "--stack", str(stack_file)
+    )
+    assert missing.code == 1
+    assert missing.err.startswith("error: NOT_FOUND RUN_NOT_FOUND")
+
+
+async def test_stack_file_problems_are_one_line_with_exit_2(tmp_path: Path) -> None:
+    absent = await qinglong("run", "list", "--stack", str(tmp_path / "nope.json"))
+    assert (absent.code, absent.out) == (2, "")
+    assert absent.err.startswith(f"error: no stack file at {tmp_path / 'nope.json'}")
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    broken = await qinglong("run", "list", "--stack", str(empty))
+    assert broken.code == 2
+    assert f"cannot read stack file {empty}" in broken.err
+    assert "Traceback" not in absent.err + broken.err
+
+
+def moved_stack(stack_file: Path, tmp_path: Path) -> Path:
+    """The same identity, pointed at an address where nothing listens."""
+    document = json.loads(stack_file.read_text())
+    document["ingress"]["address"] = "127.0.0.1:1"
+    moved = tmp_path / "moved.json"
+    moved.write_text(json.dumps(document))
+    return moved
+
+
+async def test_an_unreachable_stack_exits_3(stack_file: Path, tmp_path: Path) -> None:
+    moved = moved_stack(stack_file, tmp_path)
+    unreachable = await qinglong("run", "list", "--stack", str(moved))
+    assert unreachable.code == 3
+    assert unreachable.err.startswith("error: UNAVAILABLE")
+    assert "Traceback" not in unreachable.err
