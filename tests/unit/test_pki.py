@@ -61,7 +61,8 @@ def test_server_certificates_name_loopback_and_their_service(pki: DevPki) -> Non
         assert names.get_values_for_type(x509.DNSName) == ["localhost"]
         assert ipaddress.ip_address("127.0.0.1") in names.get_values_for_type(x509.IPAddress)
         assert _uris(files) == [f"spiffe://{DEFAULT_TRUST_DOMAIN}/service/{service}"]
-        assert _usages(files) == [ExtendedKeyUsageOID.SERVER_AUTH]
+        # client auth as well: the service probes itself over mTLS with this certificate
+        assert _usages(files) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
 
 
 def test_server_keys_are_rsa_so_tls12_can_be_refused_by_cipher_suites(pki: DevPki) -> None:

@@ -120,7 +120,11 @@ class _LeafSpec:
 
     def extended_key_usage(self) -> x509.ExtendedKeyUsage:
         if self.purpose is CertificatePurpose.SERVER:
-            return x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH])
+            # Client auth too: a service's probe (`qinglong-<service> probe`) asks its own
+            # server's health over mTLS with the service's own certificate, as in Kubernetes.
+            return x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            )
         return x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])
 
 
