@@ -150,6 +150,13 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
         pids = _service_pids(stack)
         assert all(isinstance(pid, int) and _alive(pid) for pid in pids.values()), pids
         assert stack["postgres"]["version"] == 18
+        # One replica of each: `replicas` lists exactly the single-endpoint entries, and
+        # without --standby the services get one database host.
+        assert stack["replicas"]["count"] == 1
+        assert stack["replicas"]["ingress"] == [stack["ingress"]]
+        assert stack["replicas"]["control"] == [stack["control"]]
+        assert stack["postgres"]["standby"] is None
+        assert len(stack["postgres"]["hosts"]) == 1
         assert Path(stack["ca_cert"]).is_file()
         assert Path(stack["worker"]["cert"]).is_file()
         assert Path(stack["worker"]["key"]).is_file()

@@ -216,12 +216,11 @@ async def test_control_refuses_runtime_calls_from_anyone_but_ingress(
         assert streamed.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
-async def test_a_server_certificate_cannot_act_as_a_client(
+async def test_a_service_certificate_also_identifies_its_service_as_a_client(
     stack: Stack, identities: Identities
 ) -> None:
-    # Same CA and a valid certificate, but the ingress *server* certificate is serverAuth
-    # only: the handshake refuses it ("unsupported certificate purpose").
+    # As in Kubernetes (deploy/k8s/certificates: server auth + client auth), a service's
+    # certificate is also a client identity: its probe asks its own health over mTLS. It
+    # is still only its own service's identity (control's runtime API admits ingress's).
     async with _channel(stack.control_address, identities.pki.ingress_server) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await _health(channel, "")
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert await _health(channel, "") == "SERVING"

@@ -14,11 +14,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from psycopg.conninfo import make_conninfo
 from qinglong_cli.devstack import DATABASE_NAME
 from qinglong_control.db.roles import MIGRATION_ROLE
 from qinglong_protocol.tls import TlsFiles
@@ -84,8 +85,30 @@ class DevStack:
 
     @property
     def migration_url(self) -> str:
-        """The schema owner's URL: tests read runs, attempts and events with it."""
-        return self.postgres.url(MIGRATION_ROLE, DATABASE_NAME)
+        """The schema owner's URL: tests read runs, attempts and events with it. With a
+        standby, a multi-host URL that finds whichever server is the primary now."""
+        standby = self.document["postgres"].get("standby")
+        if not standby:
+            return self.postgres.url(MIGRATION_ROLE, DATABASE_NAME)
+        return make_conninfo(
+            self.postgres.url(MIGRATION_ROLE, DATABASE_NAME),
+            host=f"{self.postgres.socket_dir},{standby['socket_dir']}",
+            port=f"{self.postgres.port},{standby['port']}",
+            target_session_attrs="read-write",
+        )
+
+    @property
+    def standby_dir(self) -> Path:
+        return self.data_dir / "postgres-standby"
+
+    def reread(self) -> dict[str, Any]:
+        """stack.json as `up` rewrote it last (after a replica restart, its new pid)."""
+        document: dict[str, Any] = json.loads(self.stack_path.read_text())
+        return document
+
+    def replicas(self, service: str) -> list[dict[str, Any]]:
+        """Every replica of `service` ("control" or "ingress"), as published now."""
+        return list(self.reread()["replicas"][service])
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -105,10 +128,15 @@ def _wait_for_stack_file(process: subprocess.Popen[str], stack_path: Path) -> di
 
 
 @contextlib.contextmanager
-def dev_stack(data_dir: Path, environment: Mapping[str, str] | None = None) -> Iterator[DevStack]:
-    """A running stack; on exit it is stopped with SIGINT and must exit 0."""
+def dev_stack(
+    data_dir: Path,
+    environment: Mapping[str, str] | None = None,
+    arguments: Sequence[str] = (),
+) -> Iterator[DevStack]:
+    """A running stack (`arguments`: more `qinglong up` flags, e.g. ``--replicas 2``); on
+    exit it is stopped with SIGINT and must exit 0."""
     process = subprocess.Popen(
-        [str(QINGLONG), "up", "--data-dir", str(data_dir)],
+        [str(QINGLONG), "up", "--data-dir", str(data_dir), *arguments],
         env={**os.environ, **(environment or {})},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -121,7 +149,7 @@ def dev_stack(data_dir: Path, environment: Mapping[str, str] | None = None) -> I
     except BaseException:
         process.kill()
         process.communicate()
-        _stop_orphaned_postgres(data_dir / "postgres")
+        _stop_orphaned_postgres(data_dir)
         raise
     try:
         yield stack
@@ -129,8 +157,10 @@ def dev_stack(data_dir: Path, environment: Mapping[str, str] | None = None) -> I
         try:
             out, err = _stop(process)
         finally:
-            _stop_orphaned_postgres(data_dir / "postgres")
+            leftovers = _stop_orphaned_postgres(data_dir)
         assert process.returncode == 0, f"qinglong up exited {process.returncode}:\n{out}\n{err}"
+        # `up` stops every PostgreSQL it started, even one restarted or promoted meanwhile.
+        assert not leftovers, f"qinglong up left PostgreSQL running on {leftovers}"
 
 
 def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
@@ -144,7 +174,11 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
         return out, err + "\n(killed: it did not stop on SIGINT)"
 
 
-def _stop_orphaned_postgres(data_dir: Path) -> None:
-    """`up` stops the postmaster it started; one a test restarted is the test's to stop."""
-    if postmaster_pid(data_dir) is not None:
-        PostgresControl.attach(data_dir).stop()
+def _stop_orphaned_postgres(data_dir: Path) -> list[Path]:
+    """Stop any server `up` left behind (it must leave none); returns their directories."""
+    leftovers = []
+    for directory in (data_dir / "postgres", data_dir / "postgres-standby"):
+        if postmaster_pid(directory) is not None:
+            leftovers.append(directory)
+            PostgresControl.attach(directory).stop()
+    return leftovers

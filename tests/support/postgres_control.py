@@ -84,6 +84,10 @@ class PostgresControl:
             "start",
         )
 
+    def promote(self) -> None:
+        """`pg_ctl promote` a standby and wait until it accepts writes."""
+        self._pg_ctl("-w", "-D", str(self.data_dir), "promote")
+
     def _pg_ctl(self, *arguments: str) -> None:
         command = [str(self.bin_dir / "pg_ctl"), *arguments]
         if self.owner != pwd.getpwuid(os.geteuid()).pw_name:

@@ -660,6 +660,9 @@ def test_role_secrets_are_placeholders_that_match_the_postgres_cluster() -> None
         query = parse_qs(url.query)
         assert query["sslmode"] == ["verify-full"]
         assert query["sslrootcert"] == [ca_path]
+        if role != "qinglong_migration":
+            # SPEC R-HA-2: the services refuse a demoted primary the Service still names.
+            assert query["target_session_attrs"] == ["read-write"]
 
 
 def test_the_postgres_cluster_manages_one_role_per_secret() -> None:
@@ -864,6 +867,15 @@ def test_deployments_are_highly_available_and_probed(name: str) -> None:
     assert _selects(spec["selector"], labels)
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pod_spec = _pod_spec(deployment)
+    # SPEC R-HA-1: replicas on different nodes. Preferred only: a required rule would
+    # block the rolling update's surge pod on a cluster with as many nodes as replicas.
+    anti = pod_spec["affinity"]["podAntiAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+    terms = [t["podAffinityTerm"] for t in anti["preferredDuringSchedulingIgnoredDuringExecution"]]
+    assert any(
+        t["topologyKey"] == "kubernetes.io/hostname" and _selects(t["labelSelector"], labels)
+        for t in terms
+    ), f"{name}: no pod anti-affinity across nodes"
     spread = {c["topologyKey"]: c for c in pod_spec["topologySpreadConstraints"]}
     node = spread["kubernetes.io/hostname"]
     assert node["whenUnsatisfiable"] == "DoNotSchedule"

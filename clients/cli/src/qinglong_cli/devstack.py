@@ -1,33 +1,44 @@
 """`qinglong up` and `qinglong health`: the whole stack on one machine.
 
-`up` starts, in order: the embedded PostgreSQL, its roles/database/migrations,
-the development PKI, control, then ingress (each service a subprocess of its
-own), waits until both answer SERVING over mutual TLS, writes ``stack.json``
-and waits for SIGINT/SIGTERM. It then stops ingress, control and PostgreSQL in
-that order. A second `up` on the same data directory reuses the PKI and the
-database.
+`up` starts, in order: the embedded PostgreSQL (and, with ``--standby``, a
+synchronous streaming standby of it), its roles/database/migrations, the
+development PKI, N control replicas, then N ingress replicas (each service a
+subprocess of its own; ``--replicas N``, default 1), waits until all answer
+SERVING over mutual TLS, writes ``stack.json`` and supervises them until
+SIGINT/SIGTERM: a service that exits is started again on the same address, with
+backoff, instead of taking the stack down (SPEC R-HA-1). On a stop it stops
+ingress, control and PostgreSQL in that order -- PostgreSQL by its data
+directory, so also a server someone restarted from outside. A second `up` on
+the same data directory reuses the PKI and the database.
 
 Each service gets exactly its own database URL in its environment (never on
 the command line, where `ps` would show it): control the runtime role's,
-ingress the worker-ingress role's (SPEC R-ROLE-2).
+ingress the worker-ingress role's (SPEC R-ROLE-2). With a standby, both URLs are
+libpq multi-host URLs (primary, standby; ``target_session_attrs=read-write``), so
+after the standby's promotion the services' pools reconnect to it (SPEC R-HA-2).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
+import functools
 import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from psycopg.conninfo import make_conninfo
 from qinglong_control.db.bootstrap import bootstrap_database
+from qinglong_control.db.roles import RoleUrls
 from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL_VARIABLE
 from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL_VARIABLE
 from qinglong_protocol.health import NOT_SERVING, health_status
@@ -38,7 +49,13 @@ from qinglong_cli.dev_enrollment import (
     DevIdentities,
     enroll_development_identities,
 )
-from qinglong_cli.embedded_postgres import EmbeddedPostgres, start_embedded_postgres
+from qinglong_cli.embedded_postgres import (
+    EmbeddedPostgres,
+    EmbeddedStandby,
+    configure_synchronous_standby,
+    start_embedded_postgres,
+    start_standby,
+)
 from qinglong_cli.pki import (
     DevPki,
     atomic_write,
@@ -63,6 +80,13 @@ SERVING = "SERVING"
 # Services get little grace in the dev stack; the supervisor kills after `stop_timeout`.
 _SERVICE_SHUTDOWN_GRACE_SECONDS = 3.0
 _HEALTH_POLL_INTERVAL_SECONDS = 0.1
+# A crashed service is started again after 0.5 s, 1 s, 2 s, ... at most 10 s; a run of
+# at least 30 s counts as healthy and resets the backoff. After 10 starts in a row that
+# never reach `listening`, the configuration is broken, not the process: `up` gives up.
+_RESTART_FIRST_DELAY_SECONDS = 0.5
+_RESTART_MAX_DELAY_SECONDS = 10.0
+_RESTART_HEALTHY_AFTER_SECONDS = 30.0
+_RESTART_MAX_FAILED_STARTS = 10
 
 
 _T = TypeVar("_T")
@@ -83,6 +107,8 @@ class UpOptions:
     operator_name: str
     ready_timeout_seconds: float
     stop_timeout_seconds: float
+    replicas: int = 1
+    standby: bool = False
 
 
 # --- the stack file -------------------------------------------------------------------------
@@ -94,6 +120,25 @@ class ServiceEntry:
     pid: int
     identity: str
     log: Path
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class DatabaseServer:
+    """Where one PostgreSQL server of the stack listens (a Unix socket directory + port)."""
+
+    data_dir: Path
+    socket_dir: Path
+    port: int
+    pid: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "data_dir": str(self.data_dir),
+            "socket_dir": str(self.socket_dir),
+            "port": self.port,
+        }
 
 
 @dataclass(frozen=True)
@@ -110,8 +155,8 @@ class StackFile:
 
     trust_domain: str
     ca_cert: Path
-    ingress: ServiceEntry  # public
-    control: ServiceEntry  # internal: only ingress's identity may call its runtime API
+    ingress_replicas: tuple[ServiceEntry, ...]  # public
+    control_replicas: tuple[ServiceEntry, ...]  # internal: only ingress may call its runtime API
     worker_id: str
     worker: ClientIdentity
     project_id: str
@@ -119,17 +164,36 @@ class StackFile:
     operator_name: str
     operator: ClientIdentity
     postgres_version: int
-    postgres_pid: int | None
+    postgres: DatabaseServer
+    standby: DatabaseServer | None
     supervisor_pid: int
+    started_at: str = field(
+        default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    )
+
+    @property
+    def ingress(self) -> ServiceEntry:
+        return self.ingress_replicas[0]
+
+    @property
+    def control(self) -> ServiceEntry:
+        return self.control_replicas[0]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": STACK_FORMAT,
-            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "started_at": self.started_at,
             "trust_domain": self.trust_domain,
             "ca_cert": str(self.ca_cert),
+            # `ingress`/`control` are replica 0, so single-endpoint tools keep working;
+            # `replicas` lists every one (a Worker may use any ingress address).
             "ingress": _service_json(self.ingress),
             "control": _service_json(self.control),
+            "replicas": {
+                "count": len(self.ingress_replicas),
+                "ingress": [_service_json(entry) for entry in self.ingress_replicas],
+                "control": [_service_json(entry) for entry in self.control_replicas],
+            },
             "worker": {"worker_id": self.worker_id, **_identity_json(self.worker)},
             "project_id": self.project_id,
             "operator": {
@@ -138,7 +202,17 @@ class StackFile:
                 # A path, not the token: the stack file may be shown or copied freely.
                 "token_file": str(self.operator_token_file),
             },
-            "postgres": {"version": self.postgres_version, "pid": self.postgres_pid},
+            "postgres": {
+                "version": self.postgres_version,
+                **self.postgres.to_json(),
+                "standby": None if self.standby is None else self.standby.to_json(),
+                # What the services' multi-host URLs name, in order (no credentials).
+                "hosts": [
+                    f"{server.socket_dir}:{server.port}"
+                    for server in (self.postgres, self.standby)
+                    if server is not None
+                ],
+            },
             "supervisor": {"pid": self.supervisor_pid},
         }
 
@@ -173,6 +247,7 @@ def _service_json(entry: ServiceEntry) -> dict[str, Any]:
         "pid": entry.pid,
         "identity": entry.identity,
         "log": str(entry.log),
+        "restarts": entry.restarts,
     }
 
 
@@ -346,41 +421,154 @@ async def _completed(starting: Coroutine[Any, Any, _T], record: Callable[[_T], N
     return result
 
 
+@dataclass
+class SupervisedService:
+    """One replica as the supervisor sees it: how to start it, and its current process.
+
+    The port is pinned once the first process has bound it, so a restarted replica comes
+    back on the address that stack.json, the ingress replicas and Workers already know.
+    """
+
+    name: str
+    module: str
+    arguments: Callable[[int], list[str]]
+    environment: dict[str, str]
+    log: Path
+    identity: str
+    port: int
+    current: ServiceProcess | None = None
+    restarts: int = 0
+    listening_since: float = 0.0
+
+    @property
+    def address(self) -> str:
+        return f"{LOOPBACK_HOST}:{self.port}"
+
+    def entry(self) -> ServiceEntry:
+        assert self.current is not None
+        return ServiceEntry(
+            self.address, self.current.process.pid, self.identity, self.log, self.restarts
+        )
+
+
 class _RunningStack:
     """Everything `up` started, so that it can be stopped in reverse order whatever happened."""
 
-    def __init__(self, stop_timeout_seconds: float) -> None:
+    def __init__(self, stop_timeout_seconds: float, ready_timeout_seconds: float) -> None:
         self.postgres: EmbeddedPostgres | None = None
-        self.services: list[ServiceProcess] = []
+        self.standby: EmbeddedStandby | None = None
+        self.services: list[SupervisedService] = []
         self._stop_timeout_seconds = stop_timeout_seconds
+        self._ready_timeout_seconds = ready_timeout_seconds
 
     async def start_postgres(self, data_dir: Path, version: int) -> EmbeddedPostgres:
         starting = asyncio.to_thread(start_embedded_postgres, data_dir, version)
         return await _completed(starting, self._record_postgres)
 
-    async def start_service(
-        self,
-        name: str,
-        module: str,
-        arguments: Sequence[str],
-        environment: Mapping[str, str],
-        log: Path,
-    ) -> ServiceProcess:
-        starting = start_service(name, module, arguments, environment, log)
-        return await _completed(starting, self.services.append)
+    async def start_standby(self, primary: EmbeddedPostgres, data_dir: Path) -> EmbeddedStandby:
+        starting = asyncio.to_thread(start_standby, primary, data_dir)
+        return await _completed(starting, self._record_standby)
+
+    async def start_service(self, service: SupervisedService) -> None:
+        """Start `service` and wait until it listens; recorded at once for `stop`."""
+        self.services.append(service)
+        await self._launch(service)
+
+    async def _launch(self, service: SupervisedService) -> None:
+        def record(process: ServiceProcess) -> None:
+            service.current = process
+
+        starting = start_service(
+            service.name,
+            service.module,
+            service.arguments(service.port),
+            service.environment,
+            service.log,
+        )
+        process = await _completed(starting, record)
+        try:
+            await process.wait_listening(self._ready_timeout_seconds)
+        except StartupError:
+            await process.stop(self._stop_timeout_seconds)
+            raise
+        service.port = process.port
+        service.listening_since = time.monotonic()
 
     def _record_postgres(self, postgres: EmbeddedPostgres) -> None:
         self.postgres = postgres
 
+    def _record_standby(self, standby: EmbeddedStandby) -> None:
+        self.standby = standby
+
+    async def supervise(self, publish: Callable[[], None], out: TextIO) -> str:
+        """Keep every service running until cancelled; returns why it gave up otherwise."""
+        tasks = [
+            asyncio.create_task(self._supervise(service, publish, out), name=service.name)
+            for service in self.services
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            return next(iter(done)).result()
+        finally:
+            # Before `stop` terminates the services: a supervisor left running would
+            # take their exits for crashes and start them again.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _supervise(
+        self, service: SupervisedService, publish: Callable[[], None], out: TextIO
+    ) -> str:
+        delay = _RESTART_FIRST_DELAY_SECONDS
+        while True:
+            current = service.current
+            assert current is not None
+            status = await current.process.wait()
+            await current.stop(self._stop_timeout_seconds)  # ends its output drain
+            if time.monotonic() - service.listening_since >= _RESTART_HEALTHY_AFTER_SECONDS:
+                delay = _RESTART_FIRST_DELAY_SECONDS
+            print(
+                f"{service.name} (pid {current.process.pid}) exited ({status}); "
+                f"restarting in {delay:.1f} s",
+                file=out,
+                flush=True,
+            )
+            failed_starts = 0
+            while True:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RESTART_MAX_DELAY_SECONDS)
+                try:
+                    await self._launch(service)
+                    break
+                except StartupError as error:
+                    failed_starts += 1
+                    if failed_starts >= _RESTART_MAX_FAILED_STARTS:
+                        return f"{service.name} could not be restarted: {error}"
+                    print(f"{service.name} did not restart: {error}", file=out, flush=True)
+            service.restarts += 1
+            publish()
+            assert service.current is not None
+            print(
+                f"{service.name} restarted (pid {service.current.process.pid}) "
+                f"on {service.address}",
+                file=out,
+                flush=True,
+            )
+
     async def stop(self) -> None:
-        for service in reversed(self.services):  # ingress, then control
-            await service.stop(self._stop_timeout_seconds)
+        for service in reversed(self.services):  # ingress replicas, then control replicas
+            if service.current is not None:
+                await service.current.stop(self._stop_timeout_seconds)
+        # The primary first: its shutdown checkpoint still reaches a standby that streams.
         if self.postgres is not None:
             await asyncio.to_thread(self.postgres.stop)
+        if self.standby is not None:
+            await asyncio.to_thread(self.standby.stop)
 
 
 async def run_up(options: UpOptions, out: TextIO) -> int:
-    """`qinglong up`: 0 after a requested stop, 1 if start-up failed or a service died."""
+    """`qinglong up`: 0 after a requested stop, 1 if start-up failed or a service could not
+    be restarted."""
     data_dir = options.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     stack_path = data_dir / STACK_FILE_NAME
@@ -389,23 +577,30 @@ async def run_up(options: UpOptions, out: TextIO) -> int:
             print(f"another `qinglong up` is running on {data_dir}", file=out)
             return 1
         stack_path.unlink(missing_ok=True)  # a stale file from a crashed run would mislead
-        running = _RunningStack(options.stop_timeout_seconds)
+        running = _RunningStack(options.stop_timeout_seconds, options.ready_timeout_seconds)
         _stop_on_signals(asyncio.current_task())
         try:
             stack = await _start(options, data_dir, running)
-            atomic_write(stack_path, json.dumps(stack.to_json(), indent=2).encode(), 0o600)
+
+            def publish() -> None:
+                # Rewritten after every restart: a replica's pid changes, its address not.
+                current = dataclasses.replace(
+                    stack,
+                    ingress_replicas=_entries(running, "ingress"),
+                    control_replicas=_entries(running, "control"),
+                )
+                atomic_write(stack_path, json.dumps(current.to_json(), indent=2).encode(), 0o600)
+
+            publish()
             _print_summary(stack, data_dir, stack_path, out)
-            exited = await _first_exit(running.services)
-            print(
-                f"{exited.name} exited unexpectedly ({exited.process.returncode}); stopping",
-                file=out,
-            )
+            reason = await running.supervise(publish, out)
+            print(f"{reason}; stopping", file=out)
             return 1
         except asyncio.CancelledError:
             _uncancel()
             print("stopping ...", file=out, flush=True)
             return 0
-        except StartupError as error:
+        except (StartupError, RuntimeError) as error:
             print(f"qinglong up failed: {error}", file=out)
             return 1
         finally:
@@ -415,11 +610,64 @@ async def run_up(options: UpOptions, out: TextIO) -> int:
             print("stopped", file=out, flush=True)
 
 
+def _entries(running: _RunningStack, module_prefix: str) -> tuple[ServiceEntry, ...]:
+    return tuple(
+        service.entry()
+        for service in running.services
+        if service.module.startswith(f"qinglong_{module_prefix}.")
+    )
+
+
+def replica_name(service: str, index: int) -> str:
+    """Replica 0 keeps the plain name (and log file) a single-replica stack always had."""
+    return service if index == 0 else f"{service}-{index}"
+
+
+def _replica_port(port: int, index: int) -> int:
+    return 0 if port == 0 else port + index
+
+
+def multi_host_urls(urls: RoleUrls, servers: Sequence[DatabaseServer]) -> RoleUrls:
+    """Each role's URL naming every server in order, for the read-write one only: libpq
+    tries them in turn and skips a standby, so after a promotion a new connection finds
+    the new primary without any change to the services (SPEC R-HA-2)."""
+    hosts = ",".join(str(server.socket_dir) for server in servers)
+    ports = ",".join(str(server.port) for server in servers)
+
+    def rewrite(url: str) -> str:
+        return make_conninfo(url, host=hosts, port=ports, target_session_attrs="read-write")
+
+    return RoleUrls(
+        migration=rewrite(urls.migration),
+        runtime=rewrite(urls.runtime),
+        ingress=rewrite(urls.ingress),
+    )
+
+
 async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> StackFile:
     postgres = await running.start_postgres(data_dir / "postgres", options.postgres_version)
+    primary = DatabaseServer(
+        postgres.data_dir,
+        postgres.socket_dir,
+        postgres.port,
+        _postmaster_pid(postgres.data_dir),
+    )
+    standby_server: DatabaseServer | None = None
+    if options.standby:
+        # Before anything commits: from here on every COMMIT waits for the standby.
+        standby = await running.start_standby(postgres, data_dir / "postgres-standby")
+        standby_server = DatabaseServer(
+            standby.data_dir, standby.socket_dir, standby.port, standby.pid
+        )
+    else:
+        # A primary left naming a standby (an earlier `up --standby`) would block commits.
+        await asyncio.to_thread(configure_synchronous_standby, postgres, enabled=False)
     role_urls = await asyncio.to_thread(
         bootstrap_database, postgres.admin_url, database=DATABASE_NAME
     )
+    service_urls = role_urls
+    if standby_server is not None:
+        service_urls = multi_host_urls(role_urls, [primary, standby_server])
     pki = await asyncio.to_thread(ensure_dev_pki, data_dir / "pki", options.trust_domain)
     worker_tls = await asyncio.to_thread(ensure_worker_identity, pki, options.worker_id)
     operator_tls = await asyncio.to_thread(ensure_operator_identity, pki, options.operator_name)
@@ -434,48 +682,57 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
     await asyncio.to_thread(enroll_development_identities, role_urls.migration, identities)
     logs = data_dir / "logs"
 
-    control = await running.start_service(
-        "control",
-        "qinglong_control.main",
-        _control_arguments(pki, options.control_port),
-        service_environment(os.environ, CONTROL_DATABASE_URL_VARIABLE, role_urls.runtime),
-        logs / "control.log",
+    control_environment = service_environment(
+        os.environ, CONTROL_DATABASE_URL_VARIABLE, service_urls.runtime
     )
-    await control.wait_listening(options.ready_timeout_seconds)
+    controls: list[SupervisedService] = []
+    for index in range(options.replicas):
+        name = replica_name("control", index)
+        control = SupervisedService(
+            name=name,
+            module="qinglong_control.main",
+            arguments=lambda port: _control_arguments(pki, port),
+            environment=control_environment,
+            log=logs / f"{name}.log",
+            identity=service_uri(pki.trust_domain, "control"),
+            port=_replica_port(options.control_port, index),
+        )
+        await running.start_service(control)
+        controls.append(control)
 
     ingress_environment = service_environment(
-        os.environ, INGRESS_DATABASE_URL_VARIABLE, role_urls.ingress
+        os.environ, INGRESS_DATABASE_URL_VARIABLE, service_urls.ingress
     )
     refuse_runtime_credential(ingress_environment, role_urls.runtime)
-    ingress = await running.start_service(
-        "ingress",
-        "qinglong_ingress.main",
-        _ingress_arguments(pki, options.ingress_port, control.address),
-        ingress_environment,
-        logs / "ingress.log",
-    )
-    await ingress.wait_listening(options.ready_timeout_seconds)
+    refuse_runtime_credential(ingress_environment, service_urls.runtime)
+    ingresses: list[SupervisedService] = []
+    for index in range(options.replicas):
+        name = replica_name("ingress", index)
+        # Ingress replica i forwards to control replica i: one crashed control replica
+        # costs one ingress replica's callers a retry, while the supervisor restarts it.
+        control_address = controls[index].address
+        ingress = SupervisedService(
+            name=name,
+            module="qinglong_ingress.main",
+            arguments=functools.partial(_ingress_arguments, pki, control_address=control_address),
+            environment=ingress_environment,
+            log=logs / f"{name}.log",
+            identity=service_uri(pki.trust_domain, "ingress"),
+            port=_replica_port(options.ingress_port, index),
+        )
+        await running.start_service(ingress)
+        ingresses.append(ingress)
 
     # Health is open to any certificate from the CA, so the operator's identity
-    # probes both (control reserves its runtime API for ingress).
-    for service in (control, ingress):
+    # probes every replica (control reserves its runtime API for ingress).
+    for service in (*controls, *ingresses):
         await wait_until_serving(service.address, operator_tls, options.ready_timeout_seconds)
 
     return StackFile(
         trust_domain=pki.trust_domain,
         ca_cert=pki.ca_cert,
-        ingress=ServiceEntry(
-            ingress.address,
-            ingress.process.pid,
-            service_uri(pki.trust_domain, "ingress"),
-            ingress.log,
-        ),
-        control=ServiceEntry(
-            control.address,
-            control.process.pid,
-            service_uri(pki.trust_domain, "control"),
-            control.log,
-        ),
+        ingress_replicas=tuple(service.entry() for service in ingresses),
+        control_replicas=tuple(service.entry() for service in controls),
         worker_id=options.worker_id,
         worker=ClientIdentity(
             worker_uri(pki.trust_domain, options.worker_id), worker_tls.cert, worker_tls.key
@@ -489,7 +746,8 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
             operator_tls.key,
         ),
         postgres_version=postgres.version,
-        postgres_pid=_postmaster_pid(postgres.data_dir),
+        postgres=primary,
+        standby=standby_server,
         supervisor_pid=os.getpid(),
     )
 
@@ -506,7 +764,7 @@ def _control_arguments(pki: DevPki, port: int) -> list[str]:
     ]
 
 
-def _ingress_arguments(pki: DevPki, port: int, control_address: str) -> list[str]:
+def _ingress_arguments(pki: DevPki, port: int, *, control_address: str) -> list[str]:
     return [
         "--listen-address",
         f"{LOOPBACK_HOST}:{port}",
@@ -530,16 +788,6 @@ def _tls_flags(prefix: str, files: TlsFiles) -> list[str]:
     ]
 
 
-async def _first_exit(services: Sequence[ServiceProcess]) -> ServiceProcess:
-    waits = {asyncio.create_task(service.process.wait()): service for service in services}
-    try:
-        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-    return waits[next(iter(done))]
-
-
 def _postmaster_pid(postgres_data_dir: Path) -> int | None:
     # PostgreSQL documents the first line of postmaster.pid as the postmaster's PID.
     try:
@@ -549,10 +797,17 @@ def _postmaster_pid(postgres_data_dir: Path) -> int | None:
 
 
 def _print_summary(stack: StackFile, data_dir: Path, stack_path: Path, out: TextIO) -> None:
+    lines = [f"QingLong dev stack is up (PostgreSQL {stack.postgres_version}, data in {data_dir})"]
+    for index, entry in enumerate(stack.ingress_replicas):
+        name = replica_name("ingress", index)
+        lines.append(f"  {name:<9} {entry.address:<22} {SERVING}  public, workers and operators")
+    for index, entry in enumerate(stack.control_replicas):
+        name = replica_name("control", index)
+        lines.append(f"  {name:<9} {entry.address:<22} {SERVING}  internal, ingress only")
+    if stack.standby is not None:
+        lines.append(f"  standby   {stack.standby.socket_dir}  synchronous, streaming")
     print(
-        f"QingLong dev stack is up (PostgreSQL {stack.postgres_version}, data in {data_dir})\n"
-        f"  ingress   {stack.ingress.address:<22} {SERVING}  public, workers and operators\n"
-        f"  control   {stack.control.address:<22} {SERVING}  internal, ingress only\n"
+        "\n".join(lines) + "\n"
         f"  worker    {stack.worker.identity}\n"
         f"  operator  {stack.operator.identity}\n"
         f"  stack     {stack_path}\n"

@@ -54,6 +54,19 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_OPERATOR_NAME,
         help="identity issued for an operator",
     )
+    up.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=1,
+        help="control and ingress processes each (ingress replica i on its own port, "
+        "forwarding to control replica i; all listed in stack.json)",
+    )
+    up.add_argument(
+        "--standby",
+        action="store_true",
+        help="also run a synchronous streaming standby; the services get multi-host "
+        "database URLs (primary, standby; target_session_attrs=read-write)",
+    )
     up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds per start-up step")
     up.add_argument(
         "--stop-timeout", type=float, default=10.0, help="seconds before a service is killed"
@@ -73,6 +86,13 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port out of range: {port}")
     return port
+
+
+def _replicas(text: str) -> int:
+    count = int(text)
+    if not 1 <= count <= 16:
+        raise argparse.ArgumentTypeError(f"replicas must be 1..16: {count}")
+    return count
 
 
 def _trust_domain(text: str) -> str:
@@ -112,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             operator_name=args.operator_name,
             ready_timeout_seconds=args.ready_timeout,
             stop_timeout_seconds=args.stop_timeout,
+            replicas=args.replicas,
+            standby=args.standby,
         )
         return asyncio.run(run_up(options, sys.stdout))
     if args.command == "health":

@@ -1,0 +1,51 @@
+"""Fixtures of the failover suite (issue 10, SPEC §7 items 14-15, R-HA-1, R-HA-2).
+
+Real processes only: embedded PostgreSQL 18 with a synchronous streaming standby made by
+`pg_basebackup`, `qinglong up --replicas/--standby`, real Workers. Every scenario prints
+its tally; the terminal summary repeats them in one table.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.fault_tally import Tally
+
+_TALLIES = pytest.StashKey[list[Tally]]()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    # Not under pytest's basetemp: another pytest session may prune it or tighten it to
+    # 0700, and PostgreSQL runs as its own user here and must reach its directories.
+    root = Path(tempfile.mkdtemp(prefix="qinglong-failover-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def report_tally(request: pytest.FixtureRequest) -> Callable[[Tally], None]:
+    def report(tally: Tally) -> None:
+        print(tally.render(), flush=True)
+        request.config.stash.setdefault(_TALLIES, []).append(tally)
+
+    return report
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    tallies = config.stash.get(_TALLIES, [])
+    if not tallies:
+        return
+    terminalreporter.section("failover tally (lost and duplicates must be 0)")
+    for tally in tallies:
+        terminalreporter.write_line(("ok   " if tally.clean else "FAIL ") + tally.row())
