@@ -382,7 +382,7 @@ CREATE TABLE qinglong.security_audit (
     request_id text,
     peer text,
     CONSTRAINT security_audit_operation_check CHECK (((length(operation) >= 1) AND (length(operation) <= 200))),
-    CONSTRAINT security_audit_outcome_check CHECK ((outcome = ANY (ARRAY['admitted'::text, 'require_approval'::text, 'unauthenticated'::text, 'permission_denied'::text, 'invalid_argument'::text, 'unavailable'::text]))),
+    CONSTRAINT security_audit_outcome_check CHECK ((outcome = ANY (ARRAY['admitted'::text, 'require_approval'::text, 'unauthenticated'::text, 'permission_denied'::text, 'invalid_argument'::text, 'unavailable'::text, 'internal'::text]))),
     CONSTRAINT security_audit_peer_check CHECK ((length(peer) <= 256)),
     CONSTRAINT security_audit_principal_id_check CHECK (((length(principal_id) >= 1) AND (length(principal_id) <= 512))),
     CONSTRAINT security_audit_principal_kind_check CHECK ((principal_kind = ANY (ARRAY['worker'::text, 'user'::text, 'agent'::text, 'service'::text, 'anonymous'::text]))),

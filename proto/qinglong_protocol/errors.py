@@ -18,12 +18,16 @@ Servers (grpc.aio)::
     status = status_for(ErrorReason.ERROR_REASON_LEASE_EXPIRED, "lease expired")
     await context.abort_with_status(status)
 
+A server that decides an answer before it sends it (control's error interceptor, ingress's
+refusals) holds it as a :class:`TypedStatus`.
+
 This module depends on grpc and the generated contracts only (no database).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
@@ -161,6 +165,24 @@ def status_for(
         rich_status(reason, message, metadata=metadata, field_violations=field_violations)
     )
     return status
+
+
+@dataclass(frozen=True)
+class TypedStatus:
+    """A failed call's answer, decided but not yet sent: its reason (which fixes the
+    code), a short message safe for any caller, and the fields at fault, if any."""
+
+    reason: ErrorReason.ValueType
+    message: str
+    field_violations: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return code_for(self.reason)
+
+    def status(self) -> grpc.Status:
+        """The ``grpc.Status`` to pass to ``context.abort_with_status``."""
+        return status_for(self.reason, self.message, field_violations=self.field_violations)
 
 
 def rich_status_of(rpc_error: grpc.RpcError) -> status_pb2.Status | None:

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import psycopg
 import pytest
 from qinglong.control.v1 import (
     run_service_pb2,
@@ -339,18 +338,6 @@ async def test_control_down_is_unavailable_and_still_audited(stack: Stack) -> No
     assert (row["operation"], row["outcome"]) == ("WorkerService/OpenSession", "admitted")
 
 
-async def test_no_audit_means_no_forwarding(stack: Stack) -> None:
-    with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
-        admin.execute("REVOKE INSERT ON qinglong.security_audit FROM qinglong_ingress")
-    async with stack.channel(stack.worker_identity("worker-a")) as channel:
-        refused = await failure(
-            open_session(worker_service_pb2_grpc.WorkerServiceStub(channel), "worker-a")
-        )
-    assert refused.code() == grpc.StatusCode.UNAVAILABLE
-    assert error_reason_of(refused) == "AUDIT_UNAVAILABLE"
-    assert stack.control_calls.methods == []
-
-
 async def test_no_secret_reaches_logs_errors_or_responses(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -499,23 +486,6 @@ async def test_user_cancel_reaches_the_running_worker_at_its_next_lease_call(
         )
     assert done.outcome == worker_pb2.COMPLETION_OUTCOME_COMPLETED
     assert done.error_code == "EXECUTION_CANCELLED"
-
-
-async def test_storage_trouble_during_admission_is_unavailable_audited_and_leaks_nothing(
-    stack: Stack,
-) -> None:
-    with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
-        admin.execute("REVOKE SELECT ON qinglong.worker_identities FROM qinglong_ingress")
-    async with stack.channel(stack.worker_identity("worker-a")) as channel:
-        refused = await failure(
-            open_session(worker_service_pb2_grpc.WorkerServiceStub(channel), "worker-a")
-        )
-    assert refused.code() == grpc.StatusCode.UNAVAILABLE
-    assert error_reason_of(refused) == "STORAGE_UNAVAILABLE"
-    assert "qinglong" not in (refused.details() or "")  # no driver text, roles or tables
-    assert stack.control_calls.methods == []
-    [row] = stack.audit_rows()
-    assert (row["outcome"], row["reason"]) == ("unavailable", "STORAGE_UNAVAILABLE")
 
 
 async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) -> None:

@@ -16,6 +16,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from qinglong.control.v1 import run_service_pb2, run_service_pb2_grpc
 from qinglong.rpc.v1 import execution_pb2
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_protocol.bounds import encode_lease_capability
@@ -57,6 +58,18 @@ def _by_name(spans: list[ReadableSpan], fragment: str) -> list[ReadableSpan]:
     return [span for span in spans if fragment in span.name]
 
 
+def _command_durations(reader: InMemoryMetricReader) -> list[dict[str, Any]]:
+    data = reader.get_metrics_data()
+    return [
+        dict(point.attributes or {})
+        for resource in (data.resource_metrics if data is not None else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "qinglong.control.command.duration"
+        for point in metric.data.data_points
+    ]
+
+
 async def test_one_trace_from_worker_to_database(
     stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
 ) -> None:
@@ -86,16 +99,9 @@ async def test_one_trace_from_worker_to_database(
     assert all(span.parent.span_id in ids for span in chain if span.parent is not None)
     assert "lock.worker" in str(database[0].attributes.get("qinglong.db.statements"))
 
-    points = [
-        point
-        for resource in reader.get_metrics_data().resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == "qinglong.control.command.duration"
-        for point in metric.data.data_points
-    ]
-    assert any(dict(p.attributes) == {"rpc.method": "OpenSession", "outcome": "ok"} for p in points)
-    assert all(set(p.attributes) == {"rpc.method", "outcome"} for p in points)
+    recorded = _command_durations(reader)
+    assert {"rpc.method": "OpenSession", "outcome": "ok"} in recorded
+    assert all(set(attributes) == {"rpc.method", "outcome"} for attributes in recorded)
 
 
 async def test_spans_carry_no_secret(
@@ -131,3 +137,30 @@ async def test_spans_carry_no_secret(
     )
     assert "ClaimOffer" in exported
     assert capability not in exported
+
+
+async def test_every_runtime_method_is_timed_in_one_place_unary_and_streaming(
+    stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    """Control's error interceptor records the histogram for each method, the outcome
+    being the reason it answered: a refusal inside a stream is timed like a unary one."""
+    _, reader = telemetry
+    meta = (("authorization", f"Bearer {stack.tokens['vera']}"),)
+    missing = str(uuid.uuid4())
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await runs.GetRun(
+                run_service_pb2.GetRunRequest(project_id=PROJECT, run_id=missing), metadata=meta
+            )
+        with pytest.raises(grpc.aio.AioRpcError):
+            async for _ in runs.WatchRunEvents(
+                run_service_pb2.WatchRunEventsRequest(project_id=PROJECT, run_id=missing),
+                metadata=meta,
+                timeout=10,
+            ):
+                pass
+    recorded = _command_durations(reader)
+    assert {"rpc.method": "GetRun", "outcome": "RUN_NOT_FOUND"} in recorded
+    assert {"rpc.method": "WatchRunEvents", "outcome": "RUN_NOT_FOUND"} in recorded
+    assert all(set(attributes) == {"rpc.method", "outcome"} for attributes in recorded)

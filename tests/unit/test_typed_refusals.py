@@ -187,34 +187,20 @@ def test_parsed_fields_name_themselves() -> None:
 # --- control: the error mapping -----------------------------------------------------------
 
 
-class Aborted(Exception):
-    def __init__(self, status: grpc.Status) -> None:
-        super().__init__(status.details)
-        self.status = status
-
-
-class Context:
-    async def abort_with_status(self, status: grpc.Status) -> None:
-        raise Aborted(status)
-
-
 class _Diag:
     def __init__(self, constraint: str | None) -> None:
         self.constraint_name = constraint
 
 
 def database_error(kind: type[psycopg.Error], constraint: str | None = None) -> psycopg.Error:
-    """A driver error as psycopg raises it, naming ``constraint`` in its diagnostics and
-    carrying a message full of values that must never reach a caller."""
+    """A driver error as psycopg raises it (its class carries the SQLSTATE), naming
+    ``constraint`` in its diagnostics and carrying a message full of values that must
+    never reach a caller."""
 
     class Raised(kind):  # type: ignore[misc, valid-type]
         @property
         def diag(self) -> Any:
             return _Diag(constraint)
-
-        @property
-        def sqlstate(self) -> str | None:
-            return "23514"
 
     return Raised("new row violates check constraint: Failing row contains (secret-value)")
 
@@ -225,10 +211,8 @@ def runtime_request() -> runtime_service_pb2.CreateTaskRequest:
     )
 
 
-async def mapped(error: BaseException) -> status_pb2.Status:
-    with pytest.raises(Aborted) as aborted:
-        await errors.abort_for(Context(), error, runtime_request())  # type: ignore[arg-type]
-    status = aborted.value.status
+def mapped(error: BaseException) -> status_pb2.Status:
+    status = errors.answer_for(error, runtime_request()).status()
     details = dict(status.trailing_metadata)["grpc-status-details-bin"]
     parsed = status_pb2.Status.FromString(details)
     assert "secret-value" not in status.details
@@ -253,16 +237,16 @@ def reason_of(status: status_pb2.Status) -> str:
     raise AssertionError("no ErrorInfo")
 
 
-async def test_a_refused_field_is_named_in_a_bad_request() -> None:
-    status = await mapped(Refused(Reason.FIELD_INVALID, "page_token is bad", field="page_token"))
+def test_a_refused_field_is_named_in_a_bad_request() -> None:
+    status = mapped(Refused(Reason.FIELD_INVALID, "page_token is bad", field="page_token"))
     assert status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert violations_of(status) == ["page_token"]
 
 
-async def test_an_invalid_request_without_a_field_names_its_message() -> None:
-    status = await mapped(Refused(Reason.CAPABILITY_MALFORMED, "wrong shape"))
+def test_an_invalid_request_without_a_field_names_its_message() -> None:
+    status = mapped(Refused(Reason.CAPABILITY_MALFORMED, "wrong shape"))
     assert violations_of(status) == ["qinglong.control.v1.CreateTaskRequest"]
-    not_found = await mapped(Refused(Reason.RUN_NOT_FOUND, "no such run"))
+    not_found = mapped(Refused(Reason.RUN_NOT_FOUND, "no such run"))
     assert violations_of(not_found) == []  # not a refusal of a field
 
 
@@ -338,10 +322,10 @@ async def test_an_invalid_request_without_a_field_names_its_message() -> None:
         "server bug",
     ],
 )
-async def test_database_errors_become_typed_statuses_without_driver_text(
+def test_database_errors_become_typed_statuses_without_driver_text(
     error: psycopg.Error, code: grpc.StatusCode, reason: str, fields: list[str]
 ) -> None:
-    status = await mapped(error)
+    status = mapped(error)
     assert status.code == code.value[0]
     assert reason_of(status) == reason
     assert violations_of(status) == fields

@@ -24,15 +24,17 @@ from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_cli.pki import ensure_dev_pki, ensure_worker_identity
-from qinglong_protocol.errors import status_for
+from qinglong_protocol.errors import REASON_CODES, status_for
 from qinglong_protocol.tls import TlsFiles, mutual_tls_server_credentials
 from qinglong_worker.client import (
     FENCE_REASONS,
+    UNKNOWN_REASON,
     CallFailed,
     ClientSettings,
     RetryPolicy,
     WorkerClient,
     is_retryable,
+    typed_reason,
 )
 
 Action = Callable[[grpc.aio.ServicerContext[object, object]], Awaitable[None]]
@@ -275,9 +277,9 @@ async def test_a_broken_connection_is_retried_on_a_new_connection(rig: Rig) -> N
     assert clock.slept
 
 
-@pytest.mark.parametrize("reason", sorted(FENCE_REASONS))
-async def test_a_fence_is_final_at_once(rig: Rig, reason: str) -> None:
-    rig.server.failures = [_refuse(ErrorReason.Value("ERROR_REASON_" + reason))]
+@pytest.mark.parametrize("reason", sorted(FENCE_REASONS), ids=ErrorReason.Name)
+async def test_a_fence_is_final_at_once(rig: Rig, reason: ErrorReason.ValueType) -> None:
+    rig.server.failures = [_refuse(reason)]
     clock = FakeClock()
     with pytest.raises(CallFailed) as failed:
         await rig.client(clock=clock).control_lease(
@@ -381,26 +383,54 @@ def test_backoff_grows_to_its_cap_and_jitter_stays_in_bounds() -> None:
         RetryPolicy(initial_delay_seconds=3.0, max_delay_seconds=2.0)
 
 
+_E = ErrorReason
+
+
 @pytest.mark.parametrize(
     ("code", "reason", "retried"),
     [
         (grpc.StatusCode.UNAVAILABLE, None, True),
-        (grpc.StatusCode.UNAVAILABLE, "STORAGE_UNAVAILABLE", True),
+        (grpc.StatusCode.UNAVAILABLE, _E.ERROR_REASON_STORAGE_UNAVAILABLE, True),
+        (grpc.StatusCode.UNAVAILABLE, _E.ERROR_REASON_AUDIT_UNAVAILABLE, True),
+        (grpc.StatusCode.UNAVAILABLE, _E.ERROR_REASON_RUNTIME_UNAVAILABLE, True),
         (grpc.StatusCode.DEADLINE_EXCEEDED, None, True),
         (grpc.StatusCode.INTERNAL, None, True),  # a reset stream, not an answer
         (grpc.StatusCode.UNKNOWN, None, True),
-        (grpc.StatusCode.INTERNAL, "INTERNAL", False),  # the server's own answer
-        (grpc.StatusCode.ABORTED, "LEASE_VERSION_FENCED", False),
-        (grpc.StatusCode.ABORTED, "STATE_CONFLICT", False),
+        (grpc.StatusCode.INTERNAL, _E.ERROR_REASON_INTERNAL, False),  # the server's answer
+        (grpc.StatusCode.ABORTED, _E.ERROR_REASON_LEASE_VERSION_FENCED, False),
+        (grpc.StatusCode.ABORTED, _E.ERROR_REASON_STATE_CONFLICT, False),
         (grpc.StatusCode.CANCELLED, None, False),  # our own shutdown
         (grpc.StatusCode.RESOURCE_EXHAUSTED, None, False),
-        (grpc.StatusCode.INVALID_ARGUMENT, "FIELD_INVALID", False),
+        (grpc.StatusCode.INVALID_ARGUMENT, _E.ERROR_REASON_FIELD_INVALID, False),
+        # A reason from a newer server: judged by its code, never as a broken stream.
+        (grpc.StatusCode.UNAVAILABLE, UNKNOWN_REASON, True),
+        (grpc.StatusCode.INTERNAL, UNKNOWN_REASON, False),
+        (grpc.StatusCode.ABORTED, UNKNOWN_REASON, False),
     ],
 )
 def test_which_failures_are_retried(
-    code: grpc.StatusCode, reason: str | None, retried: bool
+    code: grpc.StatusCode, reason: ErrorReason.ValueType | None, retried: bool
 ) -> None:
     assert is_retryable(code, reason) is retried
+
+
+def test_the_retried_reasons_are_the_ones_the_contract_sends_as_unavailable() -> None:
+    """One source: a reason whose fixed code is UNAVAILABLE says nothing was decided."""
+    unavailable = {r for r, code in REASON_CODES.items() if code is grpc.StatusCode.UNAVAILABLE}
+    retried = {r for r in unavailable if is_retryable(grpc.StatusCode.UNAVAILABLE, r)}
+    assert retried == unavailable
+    for reason in set(REASON_CODES) - unavailable:
+        assert not is_retryable(REASON_CODES[reason], reason), ErrorReason.Name(reason)
+
+
+def test_a_reason_this_worker_does_not_know_is_never_a_fence() -> None:
+    assert typed_reason("SOMETHING_NEWER") == UNKNOWN_REASON
+    assert typed_reason(None) is None
+    assert typed_reason("LEASE_EXPIRED") == _E.ERROR_REASON_LEASE_EXPIRED
+    newer = CallFailed("ControlLease", grpc.StatusCode.ABORTED, UNKNOWN_REASON)
+    assert not newer.fenced
+    assert not newer.transient
+    assert newer.label == "ABORTED"
 
 
 async def test_cancelling_the_caller_ends_the_retries_at_once(rig: Rig) -> None:

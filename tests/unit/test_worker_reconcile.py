@@ -17,6 +17,7 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
@@ -336,7 +337,9 @@ async def test_a_fenced_refusal_is_a_lost_lease(world: World) -> None:
     await world.reconciler.reconcile(offer_id)
 
     def refuse(_: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
-        raise CallFailed("ControlLease", grpc.StatusCode.ABORTED, "SESSION_FENCED")
+        raise CallFailed(
+            "ControlLease", grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_SESSION_FENCED
+        )
 
     world.client.control_answer = refuse
     assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
@@ -524,7 +527,9 @@ async def test_a_refusal_without_a_fence_keeps_the_process_until_the_lease_runs_
     assert identity is not None
 
     def conflict(_: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
-        raise CallFailed("ControlLease", grpc.StatusCode.ABORTED, "STATE_CONFLICT")
+        raise CallFailed(
+            "ControlLease", grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_STATE_CONFLICT
+        )
 
     world.client.control_answer = conflict
     assert await world.reconciler.reconcile(offer_id) is Outcome.REFUSED
@@ -637,7 +642,9 @@ async def test_a_refused_shutdown_report_learns_the_runs_own_intent(world: World
     offer_id = world.admit(["sleep", "30"])
     await world.reconciler.reconcile(offer_id)
     world.client.completion_refusals = [
-        CallFailed("CompleteAttempt", grpc.StatusCode.ABORTED, "STATE_CONFLICT")
+        CallFailed(
+            "CompleteAttempt", grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_STATE_CONFLICT
+        )
     ]
     world.client.control_answer = lambda request: ws.ControlLeaseResponse(
         stop_requested=worker_pb2.LeaseStopRequested(

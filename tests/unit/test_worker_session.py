@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_worker.client import CallFailed
@@ -127,7 +128,9 @@ async def test_a_draining_keeper_drains_once_and_then_only_renews(inbox: Inbox) 
     assert active is not None
     assert not active.online, "no pulls from a draining session"
     # The session is gone (fenced): a draining Worker does not open another.
-    server.renewal_refusal = CallFailed("RenewSession", grpc.StatusCode.ABORTED, "SESSION_FENCED")
+    server.renewal_refusal = CallFailed(
+        "RenewSession", grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_SESSION_FENCED
+    )
     keeper._active = None  # force the renewal now
     assert await keeper.ensure() is None
     assert server.calls == ["RenewSession", "DrainSession", "RenewSession"]

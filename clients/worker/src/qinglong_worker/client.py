@@ -2,12 +2,17 @@
 
 One ``grpc.aio`` secure channel per Worker process, mutual TLS from
 :mod:`qinglong_protocol.tls`, thin typed calls with a deadline each. A failed call
-raises :class:`CallFailed` carrying only the gRPC code and the ErrorInfo reason —
-never the request, whose fence holds the lease capability.
+raises :class:`CallFailed` carrying only the gRPC code and the typed ErrorInfo reason —
+never the request, whose fence holds the lease capability. The Worker decides on the
+:class:`ErrorReason` value; the code is consulted only when a call carries no QingLong
+ErrorInfo, which means the transport itself failed (a lost connection, a deadline, our
+own shutdown), or a reason this Worker does not know yet (a newer server: AIP-193 says to
+act on its code then).
 
 Retries (SPEC R-LC-8): every WorkerService command has a replay rule, so every call is
-repeated when nothing was decided *as far as the Worker can tell*: ``UNAVAILABLE``,
-``DEADLINE_EXCEEDED``, and a broken connection (a stream reset surfaces as ``INTERNAL``
+repeated when nothing was decided *as far as the Worker can tell*: a reason that says
+storage, the audit or the runtime was unavailable, and without a reason ``UNAVAILABLE``,
+``DEADLINE_EXCEEDED`` and a broken connection (a stream reset surfaces as ``INTERNAL``
 or ``UNKNOWN`` without a QingLong ErrorInfo — the server itself never answers those
 codes without one). The answer to the retry is the answer the lost one would have been:
 
@@ -19,8 +24,8 @@ codes without one). The answer to the retry is the answer the lost one would hav
   — with the current projection, without advancing again;
 * RenewSession, DrainSession and PullOffers are harmless to repeat.
 
-Everything else is final and raised at once: a fence (``ABORTED`` with a fencing reason,
-see :attr:`CallFailed.fenced`), a state conflict, a refusal of a field, an identity
+Everything else is final and raised at once: a fence (a fencing reason, see
+:attr:`CallFailed.fenced`), a state conflict, a refusal of a field, an identity
 problem, and ``CANCELLED`` (our own shutdown closing the channel).
 
 Retries are bounded by a *budget* in seconds: the caller's (for a lease-holding command,
@@ -46,7 +51,7 @@ from google.protobuf.message import Message
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong.worker.v1 import worker_service_pb2_grpc
-from qinglong_protocol.errors import error_reason_of, reason_name
+from qinglong_protocol.errors import error_reason_of, reason_from_name, reason_name
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 log = logging.getLogger(__name__)
@@ -59,27 +64,38 @@ _CHANNEL_OPTIONS: Final = (
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
 )
-#: Failures after which the same state may simply try again later (at the next tick).
-_TRANSIENT_CODES: Final = frozenset(
+#: Reasons that say nothing was decided (storage, audit or the runtime could not be
+#: reached): always retried within the budget.
+_RETRY_REASONS: Final = frozenset(
+    {
+        ErrorReason.ERROR_REASON_STORAGE_UNAVAILABLE,
+        ErrorReason.ERROR_REASON_AUDIT_UNAVAILABLE,
+        ErrorReason.ERROR_REASON_RUNTIME_UNAVAILABLE,
+    }
+)
+#: Reasons after which the same state may simply try again later (at the next tick).
+_TRANSIENT_REASONS: Final = _RETRY_REASONS | {ErrorReason.ERROR_REASON_INTERNAL}
+#: Without a reason, the transport's own failures, retried within the budget: nothing
+#: was decided, or the answer was lost — and INTERNAL or UNKNOWN without a reason is a
+#: broken stream (e.g. a RST_STREAM), since the server never sends them without one.
+_RETRY_CODES: Final = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.INTERNAL,
         grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.CANCELLED,
     }
 )
-#: Always retried within the budget: nothing was decided, or the answer was lost.
-_RETRY_CODES: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-#: Retried only without a QingLong ErrorInfo: then they are a broken stream (e.g. a
-#: RST_STREAM), not an answer — the server never sends these codes without a reason.
-_BROKEN_STREAM_CODES: Final = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+#: Without a reason, failures after which the same state may try again at the next tick
+#: (CANCELLED: our own shutdown closed the channel; RESOURCE_EXHAUSTED: a transport limit).
+_TRANSIENT_CODES: Final = _RETRY_CODES | {
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+}
 #: The reasons that say this Worker's authority is gone (SPEC §0 "fence"): the only
 #: refusals that make a Worker stop an executor before its local lease runs out.
 FENCE_REASONS: Final = frozenset(
-    reason_name(reason)
-    for reason in (
+    {
         ErrorReason.ERROR_REASON_LEASE_VERSION_FENCED,
         ErrorReason.ERROR_REASON_LEASE_TOKEN_MISMATCH,
         ErrorReason.ERROR_REASON_LEASE_EXPIRED,
@@ -87,44 +103,67 @@ FENCE_REASONS: Final = frozenset(
         ErrorReason.ERROR_REASON_SESSION_FENCED,
         ErrorReason.ERROR_REASON_SESSION_EXPIRED,
         ErrorReason.ERROR_REASON_FENCE_MISMATCH,
-    )
+    }
 )
+#: A reason a newer server sent that this Worker does not know: never a fence, and
+#: judged by its code like a transport failure (but never as a broken stream).
+UNKNOWN_REASON: Final = ErrorReason.ERROR_REASON_UNSPECIFIED
 
 
-def is_retryable(code: grpc.StatusCode, reason: str | None) -> bool:
+def typed_reason(wire_reason: str | None) -> ErrorReason.ValueType | None:
+    """The ErrorReason of a call's ErrorInfo; ``None`` without one, :data:`UNKNOWN_REASON`
+    for a reason this Worker does not know."""
+    if wire_reason is None:
+        return None
+    return reason_from_name(wire_reason) or UNKNOWN_REASON
+
+
+def is_retryable(code: grpc.StatusCode, reason: ErrorReason.ValueType | None) -> bool:
     """Whether a failed call is repeated (within its budget) inside the same call."""
-    if code in _RETRY_CODES:
-        return True
-    return code in _BROKEN_STREAM_CODES and reason is None
+    if reason is None:
+        return code in _RETRY_CODES
+    if reason == UNKNOWN_REASON:
+        return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    return reason in _RETRY_REASONS
 
 
 class CallFailed(Exception):
-    """A WorkerService call failed; ``reason`` is the ErrorInfo reason, if any."""
+    """A WorkerService call failed; ``reason`` is its ErrorInfo reason, ``None`` when the
+    call carried none (the transport failed)."""
 
     def __init__(
-        self, method: str, code: grpc.StatusCode, reason: str | None, *, tries: int = 1
+        self,
+        method: str,
+        code: grpc.StatusCode,
+        reason: ErrorReason.ValueType | None,
+        *,
+        tries: int = 1,
     ) -> None:
-        super().__init__(f"{method} failed: {code.name} {reason or '-'} (tries: {tries})")
         self.method = method
         self.code = code
         self.reason = reason
         self.tries = tries
+        super().__init__(f"{method} failed: {code.name} {self.label} (tries: {tries})")
 
     @property
     def transient(self) -> bool:
         """Nothing is known to have been decided: the same state may try again later."""
-        return self.code in _TRANSIENT_CODES
+        if self.reason is None or self.reason == UNKNOWN_REASON:
+            return self.code in _TRANSIENT_CODES
+        return self.reason in _TRANSIENT_REASONS
 
     @property
     def fenced(self) -> bool:
         """The control plane says this Worker's authority (session, lease, version,
         capability) is no longer the present one."""
-        return self.code is grpc.StatusCode.ABORTED and self.reason in FENCE_REASONS
+        return self.reason in FENCE_REASONS
 
     @property
     def label(self) -> str:
         """Low-cardinality text for logs and the inbox's ``detail``."""
-        return self.reason or self.code.name
+        if self.reason is None or self.reason == UNKNOWN_REASON:
+            return self.code.name
+        return reason_name(self.reason)
 
 
 @dataclass(frozen=True)
@@ -289,7 +328,7 @@ class WorkerClient:
             try:
                 return await call(request, timeout=timeout)
             except grpc.aio.AioRpcError as error:
-                code, reason = error.code(), error_reason_of(error)
+                code, reason = error.code(), typed_reason(error_reason_of(error))
                 # `from None`: the original error's text is the server's, not ours to log.
                 failure = CallFailed(method, code, reason, tries=tries)
                 if not is_retryable(code, reason):

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from qinglong.rpc.v1 import fence_pb2, lifecycle_pb2
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
@@ -85,9 +86,12 @@ _RESTARTED_WHILE_LAUNCHING: Final = "worker restarted before the executor identi
 #: Refusals of CompleteAttempt that mean the control plane decided otherwise (as opposed
 #: to this Worker's authority having lapsed).
 _COMPLETION_CONFLICTS: Final = frozenset(
-    {"REPLAY_MISMATCH", "STATE_CONFLICT", "CALLBACK_SEQUENCE_FENCED"}
+    {
+        ErrorReason.ERROR_REASON_REPLAY_MISMATCH,
+        ErrorReason.ERROR_REASON_STATE_CONFLICT,
+        ErrorReason.ERROR_REASON_CALLBACK_SEQUENCE_FENCED,
+    }
 )
-_STATE_CONFLICT: Final = "STATE_CONFLICT"
 #: The stop reason of an executor this Worker stopped itself because it shut down (as
 #: opposed to a reason the control plane sent, such as ``user``, ``timeout`` — or a
 #: durable ``shutdown`` intent, which is the control plane's own).
@@ -649,7 +653,10 @@ class Reconciler:
                     )
                     return Outcome.LEASE_LOST
                 return self._waiting(record, failure)
-            if failure.reason == _STATE_CONFLICT and record.stop_reason == LOCAL_SHUTDOWN:
+            if (
+                failure.reason == ErrorReason.ERROR_REASON_STATE_CONFLICT
+                and record.stop_reason == LOCAL_SHUTDOWN
+            ):
                 # The Run may have got its own stop intent since (user, timeout): then
                 # the stop is reported the normal way, under the control plane's reason.
                 return await self._learn_stop_intent(record, failure)

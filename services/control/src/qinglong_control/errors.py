@@ -1,31 +1,38 @@
-"""One place that turns what went wrong into a gRPC status with an ErrorInfo reason.
+"""One place that turns what went wrong in a RuntimeService call into a typed status.
+
+`ErrorInterceptor` wraps every RuntimeService method, unary and streaming, so a method
+cannot forget it: whatever a method raises leaves as a gRPC status with an ErrorInfo
+reason, and the call's latency is recorded once, by method and outcome.
 
 Refusals keep their low-cardinality reason, and a refusal of a field carries a
-``google.rpc.BadRequest`` naming it (SPEC R-ERR-1); storage trouble is UNAVAILABLE (the
-only code clients retry automatically, AIP-194). A constraint the database enforces is
-answered by its name: a bound the request broke is INVALID_ARGUMENT naming the field, a
-state guard that fired is a conflict, a missing parent is NOT_FOUND. Anything else is a
-generic INTERNAL with no detail, logged here with its traceback so operators can see it
-and callers cannot. No driver message ever reaches a caller: it can carry SQL, values,
-hosts and role names.
+``google.rpc.BadRequest`` naming it (SPEC R-ERR-1). A storage failure is answered by the
+rule ingress shares (`qinglong_protocol.storage_errors`: transient SQLSTATE classes are
+UNAVAILABLE, data exceptions FIELD_INVALID, anything unknown INTERNAL); what only control
+knows is its schema, so a constraint is answered here by its name: a bound the request
+broke is INVALID_ARGUMENT naming the field, a state guard that fired is a conflict, a
+missing parent is NOT_FOUND. Anything else is a generic INTERNAL with no detail, logged
+with its traceback so operators can see it and callers cannot. No driver message ever
+reaches a caller: it can carry SQL, values, hosts and role names.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final
 
 import grpc
 import psycopg
 from google.protobuf.message import Message
 from opentelemetry import metrics
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
-from qinglong_protocol.errors import code_for, status_for
+from qinglong_protocol.errors import TypedStatus, code_for, reason_name
+from qinglong_protocol.storage_errors import StorageFailure, Verdict, storage_answer
 
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.wrapping import Behaviour, resolved, responses, rewrapped
 
 _log = logging.getLogger(__name__)
 
@@ -34,9 +41,6 @@ COMMAND_DURATION = metrics.get_meter("qinglong.control").create_histogram(
     unit="ms",
     description="Runtime command latency (one short transaction each), by method and outcome",
 )
-
-Response = TypeVar("Response")
-Handler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]
 
 #: Constraints of the schema, by name, and the refusal each one means. A bound the
 #: contract documents is checked before the database sees the value (wire.py, servicer.py,
@@ -111,10 +115,10 @@ def wire_reason(refused: Refused) -> ErrorReason.ValueType:
     return ErrorReason.Value(f"ERROR_REASON_{refused.reason.value}")
 
 
-def _public_message_name(request: Message | None) -> str:
+def _public_message_name(request: object) -> str:
     """The full name of the public request inside a runtime request (its ``request``
     field), which is what the caller sent and what a violation without a field names."""
-    if request is None:
+    if not isinstance(request, Message):
         return ""
     if "request" in request.DESCRIPTOR.fields_by_name:
         inner: Message = getattr(request, "request")  # noqa: B009 - protobuf field
@@ -122,30 +126,25 @@ def _public_message_name(request: Message | None) -> str:
     return str(request.DESCRIPTOR.full_name)
 
 
-def _refusal_status(refused: Refused, request: Message | None) -> grpc.Status:
+def _refusal_status(refused: Refused, request: object) -> TypedStatus:
     reason = wire_reason(refused)
     message = refused.detail or refused.reason.value
-    violations: list[tuple[str, str]] = []
+    violations: tuple[tuple[str, str], ...] = ()
     if refused.field is not None:
-        violations.append((refused.field, message))
+        violations = ((refused.field, message),)
     elif code_for(reason) == grpc.StatusCode.INVALID_ARGUMENT:
         # An invalid request without a known field still names what was invalid: the
         # request message itself (R-ERR-1: every INVALID_ARGUMENT carries a BadRequest).
-        violations.append((_public_message_name(request) or "request", message))
-    return status_for(reason, message, field_violations=violations)
+        violations = ((_public_message_name(request) or "request", message),)
+    return TypedStatus(reason, message, violations)
 
 
-def _constraint_refusal(error: psycopg.IntegrityError) -> Refused | None:
+def _constraint_refusal(constraint: str) -> Refused | None:
     """The typed refusal a named constraint stands for, if this module knows it."""
-    constraint = error.diag.constraint_name or ""
     field = _FIELD_CONSTRAINTS.get(constraint)
     if field is not None:
         # A documented bound reached the database unchecked: answer it, and say so.
-        _log.error(
-            "constraint %s refused a value that validation let through (SQLSTATE %s)",
-            constraint,
-            error.sqlstate,
-        )
+        _log.error("constraint %s refused a value that validation let through", constraint)
         return Refused(Reason.FIELD_INVALID, f"{field} is out of bounds", field=field)
     if constraint in _CONFLICT_CONSTRAINTS:
         _log.info("constraint %s refused a concurrent change", constraint)
@@ -156,79 +155,123 @@ def _constraint_refusal(error: psycopg.IntegrityError) -> Refused | None:
     return None
 
 
-async def abort_for(
-    context: grpc.aio.ServicerContext[Any, Any],
-    error: BaseException,
-    request: Message | None = None,
-) -> None:
-    """Abort the call with the typed status for ``error``. ``request`` (the runtime
-    request) lets a refusal that names no field name the public message instead."""
-    if isinstance(error, psycopg.IntegrityError):
-        refused = _constraint_refusal(error)
-        if refused is not None:
-            error = refused
+def answer_for(error: BaseException, request: object = None) -> TypedStatus:
+    """The typed answer to ``error``. ``request`` (the runtime request) lets a refusal
+    that names no field name the public message instead."""
     if isinstance(error, Refused):
-        await context.abort_with_status(_refusal_status(error, request))
-    if isinstance(error, psycopg.OperationalError):
-        # Connection loss, pool timeouts (psycopg_pool's errors are OperationalErrors),
-        # statement timeouts, serialization failures that outlived their retries: the
-        # database could not do it now, and a retry may well succeed.
-        _log.warning("storage unavailable: %s (SQLSTATE %s)", type(error).__name__, error.sqlstate)
-        await context.abort_with_status(
-            status_for(ErrorReason.ERROR_REASON_STORAGE_UNAVAILABLE, "storage unavailable")
-        )
-    if isinstance(error, psycopg.DataError):
-        # A value the database cannot represent (out of range, NUL in text): the request
-        # was invalid and validation missed it. The driver cannot say which field, so the
-        # violation names the message; the log names the SQLSTATE for the missing check.
-        _log.error(
-            "storage refused a request value that validation let through: %s (SQLSTATE %s)",
-            type(error).__name__,
+        return _refusal_status(error, request)
+    if isinstance(error, psycopg.Error):
+        failure = StorageFailure(
             error.sqlstate,
+            error.diag.constraint_name,
+            operational=isinstance(error, psycopg.OperationalError),
+            error_type=type(error).__name__,
         )
-        name = _public_message_name(request) or "request"
-        await context.abort_with_status(
-            status_for(
-                ErrorReason.ERROR_REASON_FIELD_INVALID,
-                "a request value is out of range",
-                field_violations=[(name, "a value is outside what this server can store")],
-            )
-        )
+        if failure.verdict is Verdict.CONSTRAINT and failure.constraint:
+            refused = _constraint_refusal(failure.constraint)
+            if refused is not None:
+                return _refusal_status(refused, request)
+        return storage_answer(failure, request_name=_public_message_name(request), error=error)
     # The traceback is for operators; the caller gets nothing of it (SQL, values, hosts).
-    _log.error(
-        "internal error: %s (SQLSTATE %s)",
-        type(error).__name__,
-        getattr(error, "sqlstate", None),
-        exc_info=error,
-    )
-    await context.abort_with_status(status_for(ErrorReason.ERROR_REASON_INTERNAL, "internal error"))
+    _log.error("internal error: %s", type(error).__name__, exc_info=error)
+    return TypedStatus(ErrorReason.ERROR_REASON_INTERNAL, "internal error")
 
 
-def translated(handler: Handler[Response]) -> Handler[Response]:
-    """Wrap one servicer method so every failure leaves as a typed status."""
+# --- the interceptor --------------------------------------------------------------------
 
-    method = handler.__name__
+Context = grpc.aio.ServicerContext[Any, Any]
 
-    @functools.wraps(handler)
-    async def wrapper(
-        self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Response:
-        started = time.perf_counter()
-        outcome = "ok"
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Answer every failure of ``service``'s methods with a typed status and record each
+    call's latency (``qinglong.control.command.duration``) by method and outcome.
+
+    It sits inside OpenTelemetry's server interceptor, so the call's span sees the typed
+    status, and after the caller check, so only calls from ingress are measured.
+    """
+
+    def __init__(self, service: str) -> None:
+        self._prefix = f"/{service}/"
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(self._prefix):
+            return handler
+        return _answering(handler, method.removeprefix(self._prefix))
+
+
+class _Call:
+    """One call's outcome and latency, recorded when it ends."""
+
+    def __init__(self, method: str) -> None:
+        self._method = method
+        self._started = time.perf_counter()
+        self.outcome = "ok"
+
+    async def fail(self, error: Exception, request: object, context: Context) -> None:
+        """Abort with the typed answer to ``error``; always raises."""
+        chosen = context.code()
+        if chosen is not None and chosen is not grpc.StatusCode.OK:
+            # The behaviour chose its status before raising (the generated base
+            # servicer's UNIMPLEMENTED for a method this servicer lacks): it stands.
+            self.outcome = chosen.name
+            raise error
+        answer = answer_for(error, request)
+        self.outcome = reason_name(answer.reason)
+        await context.abort_with_status(answer.status())
+        raise AssertionError("abort_with_status always raises") from error
+
+    def ended(self) -> None:
+        # Low-cardinality attributes only: run and attempt ids belong on spans.
+        COMMAND_DURATION.record(
+            (time.perf_counter() - self._started) * 1000.0,
+            {"rpc.method": self._method, "outcome": self.outcome},
+        )
+
+
+def _answering(
+    handler: grpc.RpcMethodHandler[Any, Any], method: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, its behaviour wrapped: every failure typed, every call timed."""
+
+    async def unary(behaviour: Behaviour, request: Any, context: Context) -> Any:
+        call = _Call(method)
         try:
-            return await handler(self, request, context)
+            return await resolved(behaviour(request, context))
         except grpc.aio.AbortError:
-            outcome = "aborted"
+            call.outcome = "aborted"
+            raise
+        except asyncio.CancelledError:
+            call.outcome = "cancelled"
             raise
         except Exception as error:  # every failure leaves as a typed status
-            outcome = error.reason.value if isinstance(error, Refused) else type(error).__name__
-            await abort_for(context, error, request if isinstance(request, Message) else None)
-            raise AssertionError("abort_for always aborts") from error
+            await call.fail(error, request, context)
+            raise
         finally:
-            # Low-cardinality attributes only: run and attempt ids belong on spans.
-            COMMAND_DURATION.record(
-                (time.perf_counter() - started) * 1000.0,
-                {"rpc.method": method, "outcome": outcome},
-            )
+            call.ended()
 
-    return wrapper
+    async def stream(behaviour: Behaviour, request: Any, context: Context) -> AsyncIterator[Any]:
+        call = _Call(method)
+        try:
+            async for response in responses(behaviour(request, context)):
+                yield response
+        except grpc.aio.AbortError:
+            call.outcome = "aborted"
+            raise
+        except asyncio.CancelledError:
+            call.outcome = "cancelled"
+            raise
+        except Exception as error:  # every failure leaves as a typed status
+            await call.fail(error, request, context)
+            raise
+        finally:
+            call.ended()
+
+    return rewrapped(handler, unary, stream)

@@ -1,12 +1,15 @@
 """The control service's gRPC server: mutual TLS, caller check, health, reflection, RuntimeService.
 
+Every RuntimeService call passes, in order: OpenTelemetry's server span, the caller check
+(only ingress's identity), and the error interceptor (errors.py) that answers every
+failure with a typed status and records the command's latency.
+
 `create_server` only assembles and binds; the caller starts and stops it (see
 `main.serve`), so tests can run it in-process on port 0.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -20,7 +23,9 @@ from qinglong_protocol.errors import status_for
 from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import mutual_tls_server_credentials, peer_uris
 
+from qinglong_control.errors import ErrorInterceptor
 from qinglong_control.settings import ControlSettings
+from qinglong_control.wrapping import Behaviour, resolved, responses, rewrapped
 
 _log = logging.getLogger(__name__)
 
@@ -47,9 +52,13 @@ async def create_server(
     RPC with UNIMPLEMENTED.
     """
     server = grpc.aio.server(
+        # Outermost first: the call's span (continuing ingress's trace) sees the caller
+        # check and the typed status; only an allowed caller's call is answered and timed
+        # by the error interceptor; `interceptors` (tests) see the servicer's behaviour.
         interceptors=[
             *server_interceptors(),
             AllowedCallerInterceptor(settings.allowed_caller_uris, _OPEN_TO_ANY_CLIENT),
+            ErrorInterceptor(RUNTIME_SERVICE_NAME),
             *interceptors,
         ]
     )
@@ -121,59 +130,14 @@ def _run_check_first(
     handler: grpc.RpcMethodHandler[Any, Any], check: _Check
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """The same handler, with `check` awaited before its behaviour runs."""
-    deserializer, serializer = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary is not None:
-        unary_unary = handler.unary_unary
 
-        async def checked_unary_unary(request: Any, context: Any) -> Any:
-            await check(context)
-            return await _resolved(unary_unary(request, context))
+    async def unary(behaviour: Behaviour, request: Any, context: Any) -> Any:
+        await check(context)
+        return await resolved(behaviour(request, context))
 
-        return grpc.unary_unary_rpc_method_handler(checked_unary_unary, deserializer, serializer)
-    if handler.stream_unary is not None:
-        stream_unary = handler.stream_unary
-
-        async def checked_stream_unary(requests: Any, context: Any) -> Any:
-            await check(context)
-            return await _resolved(stream_unary(requests, context))
-
-        return grpc.stream_unary_rpc_method_handler(checked_stream_unary, deserializer, serializer)
-    if handler.unary_stream is not None:
-        unary_stream = handler.unary_stream
-
-        async def checked_unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            await check(context)
-            async for response in _responses(unary_stream(request, context)):
-                yield response
-
-        return grpc.unary_stream_rpc_method_handler(checked_unary_stream, deserializer, serializer)
-    if handler.stream_stream is not None:
-        stream_stream = handler.stream_stream
-
-        async def checked_stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-            await check(context)
-            async for response in _responses(stream_stream(requests, context)):
-                yield response
-
-        return grpc.stream_stream_rpc_method_handler(
-            checked_stream_stream, deserializer, serializer
-        )
-    raise TypeError(f"RPC method handler with no behaviour: {handler!r}")
-
-
-async def _resolved(result: Any) -> Any:
-    # Generated base servicers are plain functions; real servicers are coroutines.
-    return await result if inspect.isawaitable(result) else result
-
-
-async def _responses(result: Any) -> AsyncIterator[Any]:
-    # A streaming behaviour is an async generator, a coroutine that writes through
-    # `context.write`, or (base servicers) a plain function.
-    if inspect.isasyncgen(result):
-        async for response in result:
+    async def stream(behaviour: Behaviour, request: Any, context: Any) -> AsyncIterator[Any]:
+        await check(context)
+        async for response in responses(behaviour(request, context)):
             yield response
-    elif inspect.isawaitable(result):
-        await result
-    elif result is not None:
-        for response in result:
-            yield response
+
+    return rewrapped(handler, unary, stream)

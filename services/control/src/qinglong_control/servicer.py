@@ -2,7 +2,9 @@
 
 Each method checks the caller ingress vouched for, parses the public request into domain
 values (wire.py), runs one repository command on a pooled connection and renders the
-answer. Fencing, state and time are decided in the repository's transaction.
+answer. Fencing, state and time are decided in the repository's transaction. A method
+only raises: the server's error interceptor (errors.py) answers every failure with a
+typed status and times every call, so no method handles errors itself.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.timings import Timings
-from qinglong_control.errors import abort_for, translated
 
 Context = grpc.aio.ServicerContext[Any, Any]
 rt = runtime_service_pb2
@@ -56,7 +57,6 @@ _RUNNING = {
     "running": worker_pb2.RUNNING_OUTCOME_RUNNING,
     "already_running": worker_pb2.RUNNING_OUTCOME_ALREADY_RUNNING,
 }
-_MAX_EVENTS_PAGE = 500
 # A watcher sees a new Event within this long; each poll is one short query.
 _WATCH_POLL_SECONDS = 0.2
 _CANCEL_OUTCOMES = {
@@ -129,6 +129,15 @@ def _after_sequence(value: int) -> int:
     return value
 
 
+def _page_size(value: int) -> int:
+    """A list's page size: 0 means the contract's default (``run_service.proto``)."""
+    if not bounds.is_page_size(value):
+        raise Refused(
+            Reason.FIELD_INVALID, f"page_size must be 0..{bounds.PAGE_SIZE_MAX}", field="page_size"
+        )
+    return value or bounds.PAGE_SIZE_DEFAULT
+
+
 def _run_states(numbers: Any) -> tuple[str, ...]:
     """The filter's state names; UNSPECIFIED is ignored, a number this server does not
     know is refused (ingress refuses it first; this keeps control from ever failing on it)."""
@@ -151,7 +160,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     # --- sessions ---------------------------------------------------------------------
 
-    @translated
     async def OpenSession(self, request: rt.OpenSessionRequest, context: Context) -> Any:
         public = request.request
         worker_id = worker_of(request.caller, public.worker_id)
@@ -169,14 +177,17 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         ):
             raise Refused(
                 Reason.FIELD_INVALID,
-                "max_concurrent_attempts must be 1..64",
+                f"max_concurrent_attempts must be {bounds.MAX_CONCURRENT_ATTEMPTS_MIN}"
+                f"..{bounds.MAX_CONCURRENT_ATTEMPTS_MAX}",
                 field="max_concurrent_attempts",
             )
         if not bounds.is_bounded_text(
             public.agent_version, max_bytes=bounds.AGENT_VERSION_MAX_BYTES, min_bytes=0
         ):
             raise Refused(
-                Reason.FIELD_INVALID, "agent_version must be 0..64 bytes", field="agent_version"
+                Reason.FIELD_INVALID,
+                f"agent_version must be 0..{bounds.AGENT_VERSION_MAX_BYTES} bytes",
+                field="agent_version",
             )
         command = sessions.OpenSession(
             worker_id,
@@ -194,7 +205,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         )
 
-    @translated
     async def RenewSession(self, request: rt.RenewSessionRequest, context: Context) -> Any:
         worker_of(request.caller, request.request.worker_id)
         async with self._pool.connection() as conn:
@@ -203,7 +213,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         del state["renew_interval"]
         return rt.RenewSessionResponse(response=worker_service_pb2.RenewSessionResponse(**state))
 
-    @translated
     async def DrainSession(self, request: rt.DrainSessionRequest, context: Context) -> Any:
         worker_of(request.caller, request.request.worker_id)
         async with self._pool.connection() as conn:
@@ -214,12 +223,15 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     # --- placement and claim ----------------------------------------------------------
 
-    @translated
     async def PullOffers(self, request: rt.PullOffersRequest, context: Context) -> Any:
         public = request.request
         worker_of(request.caller, public.worker_id)
         if not bounds.is_max_offers(public.max_offers):
-            raise Refused(Reason.FIELD_INVALID, "max_offers must be 1..64", field="max_offers")
+            raise Refused(
+                Reason.FIELD_INVALID,
+                f"max_offers must be {bounds.MAX_OFFERS_MIN}..{bounds.MAX_OFFERS_MAX}",
+                field="max_offers",
+            )
         async with self._pool.connection() as conn:
             placed = await placement.pull_offers(
                 conn, session_claim(public), public.max_offers, self._timings
@@ -230,7 +242,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         )
 
-    @translated
     async def ClaimOffer(self, request: rt.ClaimOfferRequest, context: Context) -> Any:
         public = request.request
         worker_id = worker_of(request.caller, public.worker_id)
@@ -257,7 +268,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     # --- the three start facts --------------------------------------------------------
 
-    @translated
     async def AcknowledgeStarting(
         self, request: rt.AcknowledgeStartingRequest, context: Context
     ) -> Any:
@@ -278,7 +288,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         )
 
-    @translated
     async def AcknowledgeRunning(
         self, request: rt.AcknowledgeRunningRequest, context: Context
     ) -> Any:
@@ -288,14 +297,14 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         if not bounds.is_executor_handle(public.executor_handle):
             raise Refused(
                 Reason.FIELD_INVALID,
-                "executor_handle must be 1..512 bytes",
+                f"executor_handle must be 1..{bounds.EXECUTOR_HANDLE_MAX_BYTES} bytes",
                 field="executor_handle",
             )
         log_artifact = public.log_artifact_id if public.HasField("log_artifact_id") else None
         if log_artifact is not None and not bounds.is_log_artifact_id(log_artifact):
             raise Refused(
                 Reason.FIELD_INVALID,
-                "log_artifact_id must be 1..256 bytes",
+                f"log_artifact_id must be 1..{bounds.LOG_ARTIFACT_ID_MAX_BYTES} bytes",
                 field="log_artifact_id",
             )
         callback_sequence = _callback_sequence(public.callback_sequence)
@@ -315,7 +324,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         )
 
-    @translated
     async def ReportStartFailure(
         self, request: rt.ReportStartFailureRequest, context: Context
     ) -> Any:
@@ -325,7 +333,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         if not bounds.is_error_summary(public.error_summary):
             raise Refused(
                 Reason.FIELD_INVALID,
-                "error_summary must be 1..256 characters",
+                f"error_summary must be 1..{bounds.ERROR_SUMMARY_MAX_CHARS} characters",
                 field="error_summary",
             )
         async with self._pool.connection() as conn:
@@ -342,7 +350,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     # --- lease control and completion -------------------------------------------------
 
-    @translated
     async def ControlLease(self, request: rt.ControlLeaseRequest, context: Context) -> Any:
         fence = wire.parse_fence(request.request.fence)
         worker_of(request.caller, fence.worker_id)
@@ -350,7 +357,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             decision = await lease_control.control_lease(conn, fence, self._timings)
         return rt.ControlLeaseResponse(response=wire.lease_answer(decision, self._timings))
 
-    @translated
     async def CompleteAttempt(self, request: rt.CompleteAttemptRequest, context: Context) -> Any:
         public = request.request
         fence = wire.parse_fence(public.fence)
@@ -361,7 +367,9 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         callback_sequence = _callback_sequence(public.callback_sequence)
         if not bounds.is_error_summary(public.summary, allow_empty=True):
             raise Refused(
-                Reason.FIELD_INVALID, "summary must be at most 256 characters", field="summary"
+                Reason.FIELD_INVALID,
+                f"summary must be at most {bounds.ERROR_SUMMARY_MAX_CHARS} characters",
+                field="summary",
             )
         stop_reason = _STOP_REASONS.get(public.stop_reason, "")
         if stop_reason == "" or (stop_reason and outcome != "cancelled"):
@@ -394,14 +402,13 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     # --- operator: tasks and runs -----------------------------------------------------
 
-    @translated
     async def CreateTask(self, request: rt.CreateTaskRequest, context: Context) -> Any:
         public = request.request
         actor = operator_of(request.caller)
         if not bounds.is_display_name(public.display_name):
             raise Refused(
                 Reason.FIELD_INVALID,
-                "display_name must be 1..200 characters",
+                f"display_name must be 1..{bounds.DISPLAY_NAME_MAX_CHARS} characters",
                 field="display_name",
             )
         if not bounds.is_labels(public.labels.items()):
@@ -419,7 +426,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             response=task_service_pb2.CreateTaskResponse(task=wire.task(view))
         )
 
-    @translated
     async def GetTask(self, request: rt.GetTaskRequest, context: Context) -> Any:
         public = request.request
         operator_of(request.caller)
@@ -431,7 +437,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         return rt.GetTaskResponse(response=task_service_pb2.GetTaskResponse(task=wire.task(view)))
 
-    @translated
     async def CreateTaskRevision(
         self, request: rt.CreateTaskRevisionRequest, context: Context
     ) -> Any:
@@ -469,7 +474,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             response=task_service_pb2.CreateTaskRevisionResponse(revision=wire.revision(view))
         )
 
-    @translated
     async def GetTaskRevision(self, request: rt.GetTaskRevisionRequest, context: Context) -> Any:
         public = request.request
         operator_of(request.caller)
@@ -484,7 +488,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             response=task_service_pb2.GetTaskRevisionResponse(revision=wire.revision(view))
         )
 
-    @translated
     async def TriggerRun(self, request: rt.TriggerRunRequest, context: Context) -> Any:
         public = request.request
         actor = operator_of(request.caller)
@@ -503,7 +506,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             response=run_service_pb2.TriggerRunResponse(run=wire.run(view))
         )
 
-    @translated
     async def GetRun(self, request: rt.GetRunRequest, context: Context) -> Any:
         public = request.request
         operator_of(request.caller)
@@ -515,7 +517,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         return rt.GetRunResponse(response=run_service_pb2.GetRunResponse(run=wire.run(view)))
 
-    @translated
     async def CancelRun(self, request: rt.CancelRunRequest, context: Context) -> Any:
         public = request.request
         actor = operator_of(request.caller)
@@ -546,17 +547,10 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         )
 
-    @translated
     async def ListRuns(self, request: rt.ListRunsRequest, context: Context) -> Any:
         public = request.request
         operator_of(request.caller)
-        limit = public.page_size or bounds.PAGE_SIZE_DEFAULT
-        if not bounds.is_page_size(limit):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"page_size must be 0..{bounds.PAGE_SIZE_MAX}",
-                field="page_size",
-            )
+        limit = _page_size(public.page_size)
         before = wire.parse_page_token(public.page_token)
         task_id = wire.parse_uuid(public.task_id, "task_id") if public.task_id else None
         states = _run_states(public.states)
@@ -585,40 +579,32 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         each poll borrows a pooled connection for one query. Operators only (ingress
         refuses Workers), so this stream is not a Worker mailbox (R-ING-4).
         """
-        try:
-            public = request.request
-            operator_of(request.caller)
-            project_id = wire.parse_slug(public.project_id, "project_id")
-            run_id = wire.parse_uuid(public.run_id, "run_id")
-            after = _after_sequence(public.after_sequence)
-            while True:
-                async with self._pool.connection() as conn:
-                    events = await runs.list_events(
-                        conn, project_id, run_id, after_sequence=after, limit=_MAX_EVENTS_PAGE
-                    )
-                    run = await runs.get_run(conn, project_id, run_id)
-                for event in events:
-                    yield rt.WatchRunEventsResponse(
-                        response=run_service_pb2.WatchRunEventsResponse(event=wire.event(event))
-                    )
-                    after = event.sequence
-                if run.finished_at_ms is not None and after >= run.event_sequence:
-                    return
-                if not events:
-                    await asyncio.sleep(_WATCH_POLL_SECONDS)
-        except Exception as error:  # every failure leaves as a typed status
-            if isinstance(error, grpc.aio.AbortError | asyncio.CancelledError):
-                raise
-            await abort_for(context, error, request)
+        public = request.request
+        operator_of(request.caller)
+        project_id = wire.parse_slug(public.project_id, "project_id")
+        run_id = wire.parse_uuid(public.run_id, "run_id")
+        after = _after_sequence(public.after_sequence)
+        while True:
+            async with self._pool.connection() as conn:
+                events = await runs.list_events(
+                    conn, project_id, run_id, after_sequence=after, limit=bounds.PAGE_SIZE_MAX
+                )
+                run = await runs.get_run(conn, project_id, run_id)
+            for event in events:
+                yield rt.WatchRunEventsResponse(
+                    response=run_service_pb2.WatchRunEventsResponse(event=wire.event(event))
+                )
+                after = event.sequence
+            if run.finished_at_ms is not None and after >= run.event_sequence:
+                return
+            if not events:
+                await asyncio.sleep(_WATCH_POLL_SECONDS)
 
-    @translated
     async def ListRunEvents(self, request: rt.ListRunEventsRequest, context: Context) -> Any:
         public = request.request
         operator_of(request.caller)
         _after_sequence(public.after_sequence)
-        limit = public.page_size or 100
-        if not 1 <= limit <= _MAX_EVENTS_PAGE:
-            raise Refused(Reason.FIELD_INVALID, "page_size must be 0..500", field="page_size")
+        limit = _page_size(public.page_size)
         project_id = wire.parse_slug(public.project_id, "project_id")
         run_id = wire.parse_uuid(public.run_id, "run_id")
         async with self._pool.connection() as conn:

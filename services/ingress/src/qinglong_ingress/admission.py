@@ -6,7 +6,7 @@ gets an explicit `require_approval` answer, never a cancel.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import Enum, StrEnum, auto
 
 from qinglong_ingress.principals import Principal, PrincipalKind
 
@@ -18,10 +18,10 @@ class Permission(StrEnum):
     RUN_STOP = "run.stop"
 
 
-class Decision(StrEnum):
-    ADMIT = "admitted"
-    REQUIRE_APPROVAL = "require_approval"
-    DENY = "permission_denied"
+class Decision(Enum):
+    ADMIT = auto()
+    REQUIRE_APPROVAL = auto()
+    DENY = auto()
 
 
 _WRITERS = frozenset({"owner", "admin", "operator"})

@@ -15,6 +15,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row
 from psycopg_pool import AsyncConnectionPool
 
+from qinglong_ingress.audit import AuditOutcome
 from qinglong_ingress.sql import SQL
 
 _WORKER_BY_URI = SQL["directory.worker_by_uri"]
@@ -49,7 +50,7 @@ class AuditRecord:
     principal_kind: str
     principal_id: str | None
     operation: str
-    outcome: str
+    outcome: AuditOutcome
     reason: str | None
     project_id: str | None = None
     run_id: uuid.UUID | None = None
@@ -89,7 +90,10 @@ class Directory:
         """Commit one audit row (autocommit: durable when this returns)."""
         audit_id = uuid.uuid4()
         async with self._pool.connection() as conn:
-            await conn.execute(_WRITE_AUDIT, {"audit_id": audit_id, **record.__dict__})
+            await conn.execute(
+                _WRITE_AUDIT,
+                {"audit_id": audit_id, **record.__dict__, "outcome": record.outcome.value},
+            )
         return audit_id
 
     async def _operator(self, query: Any, key: str) -> OperatorRow | None:

@@ -14,8 +14,9 @@ from google.protobuf.message import DecodeError, Message
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong_protocol.errors import status_for
 
-from qinglong_ingress.gateway import Context, Gateway, Received
+from qinglong_ingress.gateway import Gateway
 from qinglong_ingress.routes import ROUTES, Route
+from qinglong_ingress.stages import Context, Received
 from qinglong_ingress.validation import undecodable_violation
 
 _log = logging.getLogger(__name__)

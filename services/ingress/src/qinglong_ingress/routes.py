@@ -4,6 +4,11 @@ Worker methods are authorised by binding the certificate's worker to the request
 operator methods by project policy (admission.py). A method missing from `_OPERATOR`
 policy or from the runtime API makes this module fail at import, so a new RPC cannot
 be served without a decision about who may call it.
+
+How a call held for approval is answered comes from the contract too: a unary method
+whose response has an ``outcome`` enum with a ``…_REQUIRE_APPROVAL`` value answers with
+that outcome (CancelRun, R-CAN-2); any other method answers the typed status
+``APPROVAL_REQUIRED`` (its meaning in ``error_reason.proto``).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 from qinglong.control.v1 import run_service_pb2, task_service_pb2
@@ -46,6 +52,16 @@ class Route:
     audience: Audience
     permission: Permission | None
     server_streaming: bool
+    approval_outcome: tuple[str, int] | None = None
+    """The response field and value that answer a call held for approval, if the
+    contract has them; otherwise such a call is answered APPROVAL_REQUIRED."""
+
+    def approval_response(self) -> Message | None:
+        """The answer to a call held for approval, or None: then it is a typed status."""
+        if self.approval_outcome is None:
+            return None
+        field, value = self.approval_outcome
+        return self.response_type(**{field: value})
 
     @property
     def full_method(self) -> str:
@@ -87,9 +103,27 @@ def _routes() -> tuple[Route, ...]:
                     audience=audience,  # type: ignore[arg-type]
                     permission=permission,
                     server_streaming=method.server_streaming,
+                    approval_outcome=_approval_outcome(method),
                 )
             )
     return tuple(found)
+
+
+_OUTCOME_FIELD = "outcome"
+_REQUIRE_APPROVAL_SUFFIX = "_REQUIRE_APPROVAL"
+
+
+def _approval_outcome(method: MethodDescriptor) -> tuple[str, int] | None:
+    """The response's ``outcome`` enum value that says "needs approval", if it has one."""
+    if method.server_streaming:
+        return None  # a stream has no single answer
+    field = method.output_type.fields_by_name.get(_OUTCOME_FIELD)
+    if field is None or field.enum_type is None:
+        return None
+    for value in field.enum_type.values:
+        if value.name.endswith(_REQUIRE_APPROVAL_SUFFIX):
+            return field.name, value.number
+    return None
 
 
 ROUTES: tuple[Route, ...] = _routes()

@@ -1,0 +1,297 @@
+"""Admission as stages: the rules a public call must pass before it is audited and forwarded.
+
+Every stage has one method, ``check(call)``. It reads the :class:`Call` (and what earlier
+stages learnt about it), may record what it learnt, and either lets the call go on
+(``Verdict.PASS``), ends admission with an answer that needs an approval
+(``Verdict.REQUIRE_APPROVAL``), or raises :class:`Refusal`. :func:`admission_stages` is the
+order every call goes through:
+
+1. transport: the negotiated TLS version must be 1.3;
+2. size: the serialized request must fit the method's byte cap;
+3. authentication: a worker by its certificate's SAN URI, an operator by bearer token
+   or certificate — each must be enrolled and active;
+4. bounds: every field within the contract's bounds, no unknown fields or enum values;
+5. authorisation: a worker may speak only for itself and its own sessions; an operator
+   needs a project role for the method's permission (an agent asking to stop a Run
+   needs an approval).
+
+A new rule (an approval for another method, a rate limit) is one more class with
+``check``, placed in that list where what it needs is known: after authentication for
+anything about the caller, after bounds for anything that trusts a field. The gateway
+audits whatever the stages decided, bounds all of a call's database work by one storage
+budget, and answers a storage failure a stage meets by the rule control uses too — so a
+stage neither times, audits nor catches anything itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any, Protocol
+
+import grpc
+from google.protobuf.message import Message
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
+from qinglong_protocol.errors import TypedStatus
+from qinglong_protocol.tls import peer_tls
+
+from qinglong_ingress.admission import Decision, decide
+from qinglong_ingress.audit import AuditOutcome, refused_outcome
+from qinglong_ingress.directory import Directory, RoleBinding
+from qinglong_ingress.principals import (
+    CredentialKind,
+    Principal,
+    PrincipalKind,
+    bearer_token_digest,
+    operator_uri_prefix,
+    worker_uri_prefix,
+)
+from qinglong_ingress.routes import Route
+from qinglong_ingress.targets import Targets, targets_of
+from qinglong_ingress.transport_security import is_acceptable_transport
+from qinglong_ingress.validation import (
+    FieldViolation,
+    primary_reason,
+    request_size_violation,
+    validate_request,
+)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class Refusal(Exception):
+    """A call ingress answers itself with a typed status; it is audited with the outcome
+    its reason's code stands for, and never forwarded."""
+
+    def __init__(
+        self,
+        reason: ErrorReason.ValueType,
+        message: str,
+        violations: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.answer = TypedStatus(reason, message, tuple(violations))
+
+    @property
+    def outcome(self) -> AuditOutcome:
+        return refused_outcome(self.answer.reason)
+
+
+class Verdict(Enum):
+    PASS = auto()
+    """The call goes on to the next stage (after the last: audit, then forward)."""
+    REQUIRE_APPROVAL = auto()
+    """Admission ends: the call is audited and answered as needing an approval."""
+
+
+@dataclass(frozen=True)
+class Received:
+    """A request as it arrived: the parsed message (None if it did not parse), its size,
+    and for bytes that did not parse, the violation that says where (R-ERR-1)."""
+
+    message: Message | None
+    size: int
+    undecodable: FieldViolation | None = None
+
+
+@dataclass
+class Call:
+    """One public call as admission sees it; stages fill in what they establish."""
+
+    route: Route
+    received: Received
+    context: Context
+    request: Message
+    """The parsed request, or an empty one of its type when the bytes did not parse."""
+    targets: Targets
+    """The ids the request names, where they are well formed (for binding and audit)."""
+    tls_version: str = ""
+    principal: Principal | None = None
+    """Who is calling, once authentication established it."""
+    binding: RoleBinding | None = None
+    """The operator's role binding the call was authorised by."""
+
+    @classmethod
+    def arrived(cls, route: Route, received: Received, context: Context) -> Call:
+        request = received.message or route.request_type()
+        return cls(route, received, context, request, targets_of(request))
+
+    @property
+    def caller(self) -> Principal:
+        """The authenticated principal; a stage that needs it runs after authentication."""
+        if self.principal is None:
+            raise RuntimeError("this stage must come after authentication")
+        return self.principal
+
+
+class Stage(Protocol):
+    """One admission rule."""
+
+    async def check(self, call: Call) -> Verdict: ...
+
+
+def invalid(
+    violations: Sequence[FieldViolation], message: str = "request is out of bounds"
+) -> Refusal:
+    return Refusal(
+        primary_reason(violations), message, [(v.field, v.description) for v in violations]
+    )
+
+
+# --- the stages, in their order -----------------------------------------------------------
+
+
+class TransportSecurity:
+    """1. Only TLS 1.3 (the TLS 1.2 restriction is transport_security.py's)."""
+
+    async def check(self, call: Call) -> Verdict:
+        auth_context = call.context.auth_context()
+        if not is_acceptable_transport(auth_context):
+            raise Refusal(ErrorReason.ERROR_REASON_TLS_VERSION_REJECTED, "TLS 1.3 is required")
+        call.tls_version = peer_tls(auth_context).tls_version or ""
+        return Verdict.PASS
+
+
+class SizeCap:
+    """2. The method's byte cap, on the request's size as received."""
+
+    async def check(self, call: Call) -> Verdict:
+        too_large = request_size_violation(call.route.full_method, call.received.size)
+        if too_large is not None:
+            raise invalid([too_large])
+        return Verdict.PASS
+
+
+class Authentication:
+    """3. Who is calling: an enrolled, active worker or operator credential."""
+
+    def __init__(self, directory: Directory, trust_domain: str) -> None:
+        self._directory = directory
+        self._trust_domain = trust_domain
+
+    async def check(self, call: Call) -> Verdict:
+        uris = peer_tls(call.context.auth_context()).uris
+        if call.route.audience == "worker":
+            call.principal = await self._worker(uris)
+        else:
+            call.principal = await self._operator(uris, _metadata(call.context, "authorization"))
+        return Verdict.PASS
+
+    async def _worker(self, uris: Sequence[str]) -> Principal:
+        prefix = worker_uri_prefix(self._trust_domain)
+        for uri in uris:
+            if uri.startswith(prefix):
+                worker_id = await self._directory.worker_by_certificate(uri)
+                if worker_id is not None:
+                    return Principal(
+                        PrincipalKind.WORKER, worker_id, worker_id, CredentialKind.CERTIFICATE, uri
+                    )
+        raise _unauthenticated("no enrolled worker identity on the certificate")
+
+    async def _operator(self, uris: Sequence[str], authorization: str | None) -> Principal:
+        if authorization is not None:
+            digest = bearer_token_digest(authorization)
+            row = None if digest is None else await self._directory.operator_by_token_digest(digest)
+            if row is None:
+                raise _unauthenticated("the bearer token is not valid")
+            return Principal(
+                PrincipalKind(row.kind),
+                str(row.principal_id),
+                row.name,
+                CredentialKind.BEARER_TOKEN,
+                "bearer",
+            )
+        prefix = operator_uri_prefix(self._trust_domain)
+        for uri in uris:
+            if uri.startswith(prefix):
+                row = await self._directory.operator_by_certificate(uri)
+                if row is not None:
+                    return Principal(
+                        PrincipalKind(row.kind),
+                        str(row.principal_id),
+                        row.name,
+                        CredentialKind.CERTIFICATE,
+                        uri,
+                    )
+        raise _unauthenticated("no enrolled operator credential")
+
+
+class Bounds:
+    """4. The request parsed, and every field is within the contract (validation.py)."""
+
+    async def check(self, call: Call) -> Verdict:
+        if call.received.message is None:
+            raise invalid(
+                [
+                    call.received.undecodable
+                    or FieldViolation(
+                        call.request.DESCRIPTOR.full_name,
+                        "the request bytes are not a well-formed message of this type",
+                    )
+                ],
+                "the request is not a well-formed message",
+            )
+        violations = validate_request(call.request, serialized_size=call.received.size)
+        if violations:
+            raise invalid(violations)
+        return Verdict.PASS
+
+
+class Authorisation:
+    """5. A worker speaks only for itself and its sessions (SPEC R-ING-1); an operator
+    needs a project role for the method's permission (admission.py)."""
+
+    def __init__(self, directory: Directory) -> None:
+        self._directory = directory
+
+    async def check(self, call: Call) -> Verdict:
+        principal, targets = call.caller, call.targets
+        if call.route.audience == "worker":
+            if targets.worker_id != principal.id:
+                raise _mismatch("the request names another worker")
+            if targets.session_id is not None:
+                owner = await self._directory.session_owner(targets.session_id)
+                if owner != principal.id:
+                    raise _mismatch("the session belongs to another worker")
+            return Verdict.PASS
+        # Every operator request names its project (the bounds stage refused it otherwise).
+        assert call.route.permission is not None
+        assert targets.project_id is not None
+        binding = await self._directory.role_binding(targets.project_id, uuid.UUID(principal.id))
+        decision = decide(
+            principal, None if binding is None else binding.role, call.route.permission
+        )
+        if decision is Decision.DENY:
+            raise Refusal(ErrorReason.ERROR_REASON_PERMISSION_DENIED, "no project role allows this")
+        call.binding = binding
+        if decision is Decision.REQUIRE_APPROVAL:
+            return Verdict.REQUIRE_APPROVAL
+        return Verdict.PASS
+
+
+def admission_stages(directory: Directory, trust_domain: str) -> tuple[Stage, ...]:
+    """The admission order every public call goes through (see the module docstring)."""
+    return (
+        TransportSecurity(),
+        SizeCap(),
+        Authentication(directory, trust_domain),
+        Bounds(),
+        Authorisation(directory),
+    )
+
+
+def _unauthenticated(message: str) -> Refusal:
+    return Refusal(ErrorReason.ERROR_REASON_UNAUTHENTICATED_PRINCIPAL, message)
+
+
+def _mismatch(message: str) -> Refusal:
+    return Refusal(ErrorReason.ERROR_REASON_PRINCIPAL_MISMATCH, message)
+
+
+def _metadata(context: Context, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return None

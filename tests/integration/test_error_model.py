@@ -1,0 +1,479 @@
+"""One error model, seen by callers of the real stack (issue 8, part 3 and 4).
+
+Real parts only: control and ingress over mutual TLS on loopback, each with its own
+PostgreSQL role. Storage failures are real ones — a statement cancelled by the server
+while it waits for a lock (SQLSTATE 57014, as a statement timeout would end it), a grant
+the role lacks (42501) — and what the caller sees is a typed status, never driver text:
+
+* ingress answers its storage failures by the shared rule and audits them;
+* control's one interceptor answers every RuntimeService method, unary and streaming,
+  including a method written without any error handling;
+* a new admission rule is one stage in the list: an approval for another method is
+  answered APPROVAL_REQUIRED, a stage's own fault an audited INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+from psycopg_pool import PoolTimeout
+from qinglong.control.v1 import (
+    run_service_pb2,
+    run_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+)
+from qinglong.rpc.v1 import execution_pb2
+from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
+from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong_cli.pki import DevPki, ensure_dev_pki, ensure_operator_identity, service_uri
+from qinglong_control.db.pool import open_runtime_pool
+from qinglong_control.domain.timings import Timings
+from qinglong_control.server import create_server as create_control_server
+from qinglong_control.servicer import RuntimeServicer
+from qinglong_control.settings import ControlSettings
+from qinglong_ingress.directory import Directory
+from qinglong_ingress.gateway import Gateway
+from qinglong_ingress.handlers import public_handlers
+from qinglong_ingress.pool import open_ingress_pool
+from qinglong_ingress.principals import PrincipalKind
+from qinglong_ingress.server import create_server as create_ingress_server
+from qinglong_ingress.server import open_control_channel
+from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
+from qinglong_ingress.stages import Call, Stage, Verdict, admission_stages
+from qinglong_protocol.errors import error_reason_of, field_violations_of
+from qinglong_protocol.tls import mutual_tls_channel_credentials
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.stack import PROJECT, CallCounter, Stack, enroll_people, running_stack
+
+ws = worker_service_pb2
+
+
+@pytest.fixture
+async def stack(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
+        yield running
+
+
+async def failure(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return error
+    raise AssertionError("the call succeeded")
+
+
+async def stream_failure(stream: Any) -> grpc.aio.AioRpcError:
+    try:
+        async for _ in stream:
+            pass
+    except grpc.aio.AioRpcError as error:
+        return error
+    raise AssertionError("the stream ended without an error")
+
+
+def assert_no_driver_text(error: grpc.aio.AioRpcError) -> None:
+    text = (error.details() or "") + repr(field_violations_of(error))
+    for leak in ("qinglong", "permission denied", "canceling statement", "SELECT", "secret"):
+        assert leak not in text, text
+
+
+def bearer(tokens: dict[str, str], name: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {tokens[name]}"),)
+
+
+def open_session(worker_id: str) -> ws.OpenSessionRequest:
+    return ws.OpenSessionRequest(
+        request_id=uuid.uuid4().hex,
+        worker_id=worker_id,
+        executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+        max_concurrent_attempts=1,
+    )
+
+
+async def cancelled_while_blocked(
+    database: MigratedDatabase,
+    table: str,
+    call: Callable[[], Awaitable[Any]],
+    *,
+    application: str,
+) -> grpc.aio.AioRpcError:
+    """Make ``call`` while ``table`` is locked, and cancel the statement of ``application``
+    (qinglong-ingress or qinglong-control) that waits for the lock: a real SQLSTATE 57014."""
+    async with (
+        await psycopg.AsyncConnection.connect(database.admin_url) as locker,
+        await psycopg.AsyncConnection.connect(database.admin_url, autocommit=True) as admin,
+    ):
+        await locker.execute(f"LOCK TABLE qinglong.{table} IN ACCESS EXCLUSIVE MODE")
+        answer = asyncio.ensure_future(failure(call()))
+        while not answer.done():
+            cursor = await admin.execute(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = %s"
+                " AND wait_event_type = 'Lock'",
+                (application,),
+            )
+            if await cursor.fetchall():
+                break
+            await asyncio.sleep(0.01)
+        await locker.rollback()
+        return await answer
+
+
+async def queued_run(channel: grpc.aio.Channel, tokens: dict[str, str]) -> str:
+    tasks = task_service_pb2_grpc.TaskServiceStub(channel)
+    meta = bearer(tokens, "alice")
+    task = await tasks.CreateTask(
+        task_service_pb2.CreateTaskRequest(
+            project_id=PROJECT, request_id=uuid.uuid4().hex, display_name="sample"
+        ),
+        metadata=meta,
+    )
+    await tasks.CreateTaskRevision(
+        task_service_pb2.CreateTaskRevisionRequest(
+            project_id=PROJECT,
+            task_id=task.task.task_id,
+            request_id="rev-1",
+            plan=execution_pb2.ExecutionPlan(
+                executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER,
+                command=["echo", "hi"],
+                timeout_ms=60_000,
+            ),
+        ),
+        metadata=meta,
+    )
+    run = await run_service_pb2_grpc.RunServiceStub(channel).TriggerRun(
+        run_service_pb2.TriggerRunRequest(
+            project_id=PROJECT, task_id=task.task.task_id, request_id=uuid.uuid4().hex
+        ),
+        metadata=meta,
+    )
+    return run.run.run_id
+
+
+# --- ingress: its storage failures, by the shared rule ---------------------------------------
+
+
+async def test_an_outage_during_admission_is_unavailable_and_audited(stack: Stack) -> None:
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        refused = await cancelled_while_blocked(
+            stack.database,
+            "worker_identities",
+            lambda: worker.OpenSession(open_session("worker-a")),
+            application="qinglong-ingress",
+        )
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_reason_of(refused) == "STORAGE_UNAVAILABLE"
+    assert_no_driver_text(refused)
+    assert stack.control_calls.methods == []
+    [row] = stack.audit_rows()
+    assert (row["outcome"], row["reason"]) == ("unavailable", "STORAGE_UNAVAILABLE")
+
+
+async def test_a_storage_fault_during_admission_is_internal_and_audited(stack: Stack) -> None:
+    """Not every storage error is an outage: a grant the role lacks is a fault of the
+    deployment (42501), INTERNAL by the shared rule, and audited like every refusal."""
+    with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
+        admin.execute("REVOKE SELECT ON qinglong.worker_identities FROM qinglong_ingress")
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        refused = await failure(worker.OpenSession(open_session("worker-a")))
+    assert refused.code() == grpc.StatusCode.INTERNAL
+    assert error_reason_of(refused) == "INTERNAL"
+    assert_no_driver_text(refused)
+    assert stack.control_calls.methods == []
+    [row] = stack.audit_rows()
+    assert (row["outcome"], row["reason"]) == ("internal", "INTERNAL")
+
+
+async def test_no_audit_means_no_forwarding(stack: Stack) -> None:
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        # The audit row's INSERT fails transiently: UNAVAILABLE, with the audit's reason.
+        cancelled = await cancelled_while_blocked(
+            stack.database,
+            "security_audit",
+            lambda: worker.OpenSession(open_session("worker-a")),
+            application="qinglong-ingress",
+        )
+        # The role may not write audit rows at all: a fault of the deployment.
+        with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
+            admin.execute("REVOKE INSERT ON qinglong.security_audit FROM qinglong_ingress")
+        revoked = await failure(worker.OpenSession(open_session("worker-a")))
+    assert cancelled.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_reason_of(cancelled) == "AUDIT_UNAVAILABLE"
+    assert revoked.code() == grpc.StatusCode.INTERNAL
+    assert error_reason_of(revoked) == "INTERNAL"
+    for refused in (cancelled, revoked):
+        assert_no_driver_text(refused)
+    assert stack.control_calls.methods == []
+    assert stack.audit_rows() == []
+
+
+# --- control: one interceptor for every method ------------------------------------------------
+
+
+async def test_a_storage_fault_in_control_reaches_the_caller_typed_unary_and_streaming(
+    stack: Stack,
+) -> None:
+    operator = stack.operator_identity("ops")
+    async with stack.channel(operator) as channel:
+        run_id = await queued_run(channel, stack.tokens)
+        with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
+            admin.execute("REVOKE SELECT ON qinglong.run_events FROM qinglong_runtime")
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        meta = bearer(stack.tokens, "vera")
+        listed = await failure(
+            runs.ListRunEvents(
+                run_service_pb2.ListRunEventsRequest(project_id=PROJECT, run_id=run_id),
+                metadata=meta,
+            )
+        )
+        watched = await stream_failure(
+            runs.WatchRunEvents(
+                run_service_pb2.WatchRunEventsRequest(project_id=PROJECT, run_id=run_id),
+                metadata=meta,
+                timeout=10,
+            )
+        )
+    assert "ListRunEvents" in stack.control_calls.methods
+    assert "WatchRunEvents" in stack.control_calls.methods
+    for refused in (listed, watched):
+        assert refused.code() == grpc.StatusCode.INTERNAL
+        assert error_reason_of(refused) == "INTERNAL"
+        assert_no_driver_text(refused)
+
+
+async def test_an_outage_in_control_reaches_the_caller_as_unavailable(stack: Stack) -> None:
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        run_id = await queued_run(channel, stack.tokens)
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        refused = await cancelled_while_blocked(
+            stack.database,
+            "runs",
+            lambda: runs.GetRun(
+                run_service_pb2.GetRunRequest(project_id=PROJECT, run_id=run_id),
+                metadata=bearer(stack.tokens, "vera"),
+            ),
+            application="qinglong-control",
+        )
+        watch_refused = await stream_failure(
+            runs.WatchRunEvents(
+                run_service_pb2.WatchRunEventsRequest(project_id=PROJECT, run_id=str(uuid.uuid4())),
+                metadata=bearer(stack.tokens, "vera"),
+                timeout=10,
+            )
+        )
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_reason_of(refused) == "STORAGE_UNAVAILABLE"
+    assert_no_driver_text(refused)
+    # A refusal inside the stream is typed the same way as a unary one.
+    assert watch_refused.code() == grpc.StatusCode.NOT_FOUND
+    assert error_reason_of(watch_refused) == "RUN_NOT_FOUND"
+
+
+class Careless(RuntimeServicer):
+    """Methods written as a new one might be, without a thought for errors."""
+
+    async def GetTask(self, request: Any, context: Any) -> Any:
+        raise psycopg.errors.ProgramLimitExceeded("statement too complex: SELECT secret")
+
+    async def WatchRunEvents(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        if request.request.after_sequence:
+            raise PoolTimeout("couldn't get a connection after 1.60 sec")
+        yield runtime_service_pb2.WatchRunEventsResponse()
+        raise KeyError("secret")
+
+
+async def test_a_method_without_error_handling_still_answers_typed(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    pki = ensure_dev_pki(tmp_path_factory.mktemp("pki"))
+    pool = await open_runtime_pool(database_pg18.urls.runtime, min_size=1, max_size=2)
+    server, port = await create_control_server(
+        ControlSettings(
+            listen_address="127.0.0.1:0",
+            tls=pki.control_server,
+            allowed_caller_uris=frozenset({service_uri(pki.trust_domain, "ingress")}),
+        ),
+        runtime_servicer=Careless(pool, Timings()),
+    )
+    await server.start()
+    caller = caller_pb2.Caller(principal_kind=caller_pb2.PRINCIPAL_KIND_USER, principal_id="a")
+    try:
+        async with grpc.aio.secure_channel(
+            f"127.0.0.1:{port}", mutual_tls_channel_credentials(pki.ingress_client)
+        ) as channel:
+            stub = runtime_service_pb2_grpc.RuntimeServiceStub(channel)
+            unary = await failure(
+                stub.GetTask(runtime_service_pb2.GetTaskRequest(caller=caller), timeout=10)
+            )
+            midway = await stream_failure(
+                stub.WatchRunEvents(
+                    runtime_service_pb2.WatchRunEventsRequest(caller=caller), timeout=10
+                )
+            )
+            unavailable = await stream_failure(
+                stub.WatchRunEvents(
+                    runtime_service_pb2.WatchRunEventsRequest(
+                        caller=caller,
+                        request=run_service_pb2.WatchRunEventsRequest(after_sequence=1),
+                    ),
+                    timeout=10,
+                )
+            )
+    finally:
+        await server.stop(None)
+        await pool.close()
+    for refused in (unary, midway):
+        assert refused.code() == grpc.StatusCode.INTERNAL
+        assert error_reason_of(refused) == "INTERNAL"
+        assert_no_driver_text(refused)
+    assert unavailable.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_reason_of(unavailable) == "STORAGE_UNAVAILABLE"
+
+
+# --- admission: a new rule is one stage ------------------------------------------------------
+
+
+class AgentsNeedApprovalToTrigger:
+    """An approval for another method, as a new policy would add it."""
+
+    async def check(self, call: Call) -> Verdict:
+        if call.route.name == "TriggerRun" and call.caller.kind is PrincipalKind.AGENT:
+            return Verdict.REQUIRE_APPROVAL
+        return Verdict.PASS
+
+
+class BrokenForGetTask:
+    """A stage with a bug: its fault is answered INTERNAL and audited, never forwarded."""
+
+    async def check(self, call: Call) -> Verdict:
+        if call.route.name == "GetTask":
+            raise RuntimeError("secret detail of a broken stage")
+        return Verdict.PASS
+
+
+@dataclass
+class Composed:
+    address: str
+    pki: DevPki
+    tokens: dict[str, str]
+    forwarded: CallCounter
+    database: MigratedDatabase
+
+    def audit_rows(self) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.database.urls.migration) as conn:
+            return conn.execute(
+                "SELECT operation, principal_kind, outcome, reason FROM qinglong.security_audit"
+                " ORDER BY occurred_at_ms, audit_id"
+            ).fetchall()
+
+
+@asynccontextmanager
+async def composed_stack(
+    database: MigratedDatabase, pki_dir: Path, extra: tuple[Stage, ...]
+) -> AsyncIterator[Composed]:
+    """The real stack, its ingress admitting with `admission_stages` plus ``extra``."""
+    pki = ensure_dev_pki(pki_dir)
+    tokens = enroll_people(database, pki)
+    counter = CallCounter()
+    runtime_pool = await open_runtime_pool(database.urls.runtime, min_size=1, max_size=2)
+    ingress_pool = await open_ingress_pool(database.urls.ingress, min_size=1, max_size=2)
+    control, control_port = await create_control_server(
+        ControlSettings(
+            listen_address="127.0.0.1:0",
+            tls=pki.control_server,
+            allowed_caller_uris=frozenset({service_uri(pki.trust_domain, "ingress")}),
+        ),
+        runtime_servicer=RuntimeServicer(runtime_pool, Timings()),
+        interceptors=[counter],
+    )
+    await control.start()
+    settings = IngressSettings(
+        listen_address="127.0.0.1:0",
+        tls=pki.ingress_server,
+        control=ControlChannelSettings(f"127.0.0.1:{control_port}", pki.ingress_client),
+        trust_domain=pki.trust_domain,
+    )
+    channel = open_control_channel(settings.control)
+    directory = Directory(ingress_pool)
+    stages = (*admission_stages(directory, pki.trust_domain), *extra)
+    gateway = Gateway(directory, channel, pki.trust_domain, stages=stages)
+    ingress, ingress_port = await create_ingress_server(settings, public_handlers(gateway))
+    await ingress.start()
+    try:
+        yield Composed(f"127.0.0.1:{ingress_port}", pki, tokens, counter, database)
+    finally:
+        await ingress.stop(None)
+        await channel.close()
+        await control.stop(None)
+        await ingress_pool.close()
+        await runtime_pool.close()
+
+
+async def test_a_new_rule_is_one_more_stage(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    extra = (AgentsNeedApprovalToTrigger(), BrokenForGetTask())
+    async with composed_stack(database_pg18, tmp_path_factory.mktemp("pki"), extra) as composed:
+        tls = ensure_operator_identity(composed.pki, "ops")
+        async with grpc.aio.secure_channel(
+            composed.address, mutual_tls_channel_credentials(tls)
+        ) as channel:
+            run_id = await queued_run(channel, composed.tokens)  # alice, a user: admitted
+            task_id = (
+                await run_service_pb2_grpc.RunServiceStub(channel).GetRun(
+                    run_service_pb2.GetRunRequest(project_id=PROJECT, run_id=run_id),
+                    metadata=bearer(composed.tokens, "alice"),
+                )
+            ).run.task_id
+            forwarded = list(composed.forwarded.methods)
+            held = await failure(
+                run_service_pb2_grpc.RunServiceStub(channel).TriggerRun(
+                    run_service_pb2.TriggerRunRequest(
+                        project_id=PROJECT, task_id=task_id, request_id="by-bot"
+                    ),
+                    metadata=bearer(composed.tokens, "bot"),
+                )
+            )
+            broken = await failure(
+                task_service_pb2_grpc.TaskServiceStub(channel).GetTask(
+                    task_service_pb2.GetTaskRequest(project_id=PROJECT, task_id=task_id),
+                    metadata=bearer(composed.tokens, "alice"),
+                )
+            )
+            # CancelRun's own approval answer is unchanged by the extra stages.
+            cancel = await run_service_pb2_grpc.RunServiceStub(channel).CancelRun(
+                run_service_pb2.CancelRunRequest(
+                    project_id=PROJECT, run_id=run_id, mutation_id="m-bot"
+                ),
+                metadata=bearer(composed.tokens, "bot"),
+            )
+        assert composed.forwarded.methods == forwarded, "nothing held or refused went on"
+        rows = composed.audit_rows()
+    assert held.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert error_reason_of(held) == "APPROVAL_REQUIRED"
+    assert broken.code() == grpc.StatusCode.INTERNAL
+    assert error_reason_of(broken) == "INTERNAL"
+    assert_no_driver_text(broken)
+    assert cancel.outcome == run_service_pb2.CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL
+    assert not cancel.HasField("run")
+    assert rows[-3:] == [
+        ("RunService/TriggerRun", "agent", "require_approval", None),
+        ("TaskService/GetTask", "user", "internal", "INTERNAL"),
+        ("RunService/CancelRun", "agent", "require_approval", None),
+    ]

@@ -1,0 +1,81 @@
+"""Ingress admission as stages: their order, how a held call is answered, and how a
+refusal is audited. The running pipeline is proven in tests/integration (the real stack)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from qinglong.control.v1 import run_service_pb2
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
+from qinglong_ingress.audit import AuditOutcome, refused_outcome
+from qinglong_ingress.routes import ROUTES
+from qinglong_ingress.stages import (
+    Authentication,
+    Authorisation,
+    Bounds,
+    SizeCap,
+    TransportSecurity,
+    admission_stages,
+)
+
+_E = ErrorReason
+
+
+def test_the_stages_run_in_the_documented_order() -> None:
+    directory: Any = object()  # the stages only keep it; nothing is read here
+    stages = admission_stages(directory, "qinglong.local")
+    assert [type(stage) for stage in stages] == [
+        TransportSecurity,
+        SizeCap,
+        Authentication,
+        Bounds,
+        Authorisation,
+    ]
+
+
+def test_cancel_run_answers_approval_with_its_own_outcome_as_before() -> None:
+    [cancel] = [route for route in ROUTES if route.name == "CancelRun"]
+    answer = cancel.approval_response()
+    assert answer is not None
+    # Byte for byte what ingress answered before: the outcome alone, no Run.
+    expected = run_service_pb2.CancelRunResponse(
+        outcome=run_service_pb2.CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL
+    )
+    assert answer.SerializeToString() == expected.SerializeToString()
+    assert answer is not cancel.approval_response(), "a fresh message per call"
+
+
+def test_only_a_contract_outcome_answers_approval_otherwise_a_typed_status() -> None:
+    with_outcome = {route.name for route in ROUTES if route.approval_response() is not None}
+    assert with_outcome == {"CancelRun"}
+    # A stream never has a single answer, whatever its messages look like.
+    assert all(route.approval_outcome is None for route in ROUTES if route.server_streaming)
+
+
+@pytest.mark.parametrize(
+    ("reason", "outcome"),
+    [
+        (_E.ERROR_REASON_TLS_VERSION_REJECTED, AuditOutcome.UNAUTHENTICATED),
+        (_E.ERROR_REASON_UNAUTHENTICATED_PRINCIPAL, AuditOutcome.UNAUTHENTICATED),
+        (_E.ERROR_REASON_PRINCIPAL_MISMATCH, AuditOutcome.PERMISSION_DENIED),
+        (_E.ERROR_REASON_PERMISSION_DENIED, AuditOutcome.PERMISSION_DENIED),
+        (_E.ERROR_REASON_FIELD_INVALID, AuditOutcome.INVALID_ARGUMENT),
+        (_E.ERROR_REASON_REQUEST_TOO_LARGE, AuditOutcome.INVALID_ARGUMENT),
+        (_E.ERROR_REASON_UNKNOWN_FIELD, AuditOutcome.INVALID_ARGUMENT),
+        (_E.ERROR_REASON_CAPABILITY_MALFORMED, AuditOutcome.INVALID_ARGUMENT),
+        (_E.ERROR_REASON_CAPABILITY_WEAK, AuditOutcome.INVALID_ARGUMENT),
+        (_E.ERROR_REASON_STORAGE_UNAVAILABLE, AuditOutcome.UNAVAILABLE),
+        (_E.ERROR_REASON_INTERNAL, AuditOutcome.INTERNAL),
+    ],
+)
+def test_a_refusal_is_audited_as_the_code_it_is_answered_with(
+    reason: ErrorReason.ValueType, outcome: AuditOutcome
+) -> None:
+    assert refused_outcome(reason) is outcome
+
+
+def test_ingress_cannot_audit_a_refusal_it_never_gives() -> None:
+    with pytest.raises(ValueError, match=grpc.StatusCode.ABORTED.name):
+        refused_outcome(_E.ERROR_REASON_LEASE_VERSION_FENCED)
