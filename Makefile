@@ -1,7 +1,8 @@
 # Two commands on a fresh machine with Python 3.11+:
 #   make up    start the whole stack on the embedded PostgreSQL
 #   make test  run every test
-# Both bootstrap a private toolchain (.tools/, pinned uv) and the locked
+#   make soak  the failover and fault suites at soak size (300-Run replica load)
+# All bootstrap a private toolchain (.tools/, pinned uv) and the locked
 # virtualenv (.venv/, from uv.lock) first; nothing is installed globally.
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ UV := .tools/bin/uv
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(CURDIR)/.venv
 
-.PHONY: up test lint generate bootstrap
+.PHONY: up test soak lint generate bootstrap
 
 bootstrap: .venv/.synced
 
@@ -27,6 +28,12 @@ up: bootstrap
 
 test: bootstrap
 	.venv/bin/python -m pytest
+
+# The replica load at 300 Runs (QINGLONG_SOAK_RUNS) and the promotion load at 50 Runs,
+# with every failover and fault scenario; `make test` runs the same tests smaller.
+SOAK_RUNS ?= 300
+soak: bootstrap
+	QINGLONG_SOAK_RUNS=$(SOAK_RUNS) .venv/bin/python -m pytest tests/failover tests/faults -s
 
 lint: bootstrap
 	.venv/bin/ruff check .
