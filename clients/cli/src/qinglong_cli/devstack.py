@@ -708,9 +708,10 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
     ingresses: list[SupervisedService] = []
     for index in range(options.replicas):
         name = replica_name("ingress", index)
-        # Ingress replica i forwards to control replica i: one crashed control replica
-        # costs one ingress replica's callers a retry, while the supervisor restarts it.
-        control_address = controls[index].address
+        # Every ingress replica reaches every control replica (round robin, its own pair
+        # first): a crashed control replica is skipped while the supervisor restarts it.
+        ordered = controls[index:] + controls[:index]
+        control_address = ",".join(control.address for control in ordered)
         ingress = SupervisedService(
             name=name,
             module="qinglong_ingress.main",

@@ -63,9 +63,26 @@ async def create_server(
 
 def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
     """The internal channel to control, with ingress's client identity. It connects
-    lazily, on the first call; the caller closes it."""
+    lazily, on the first call; the caller closes it.
+
+    ``address`` is one ``host:port`` (in Kubernetes, control's Service), or a
+    comma-separated list of ``ip:port`` replicas: then the channel keeps a connection to
+    each and spreads calls round robin, and a replica that dies is skipped at once, so a
+    control restart costs callers nothing while another replica serves (R-HA-1).
+    """
+    addresses = [part.strip() for part in settings.address.split(",") if part.strip()]
+    options: list[tuple[str, str]] = []
+    target = settings.address
+    if len(addresses) > 1:
+        target = "ipv4:" + ",".join(addresses)
+        # The certificate names the hosts, not the list: check it against the first host.
+        options = [
+            ("grpc.lb_policy_name", "round_robin"),
+            ("grpc.ssl_target_name_override", addresses[0].rsplit(":", 1)[0]),
+        ]
     return grpc.aio.secure_channel(
-        settings.address,
+        target,
         mutual_tls_channel_credentials(settings.tls),
+        options=options,
         interceptors=client_interceptors(),
     )

@@ -91,7 +91,8 @@ def parse_ingress_settings(
     internal.add_argument(
         "--control-address",
         default=env.get(ENV_CONTROL_ADDRESS),
-        help=f"host:port of control [{ENV_CONTROL_ADDRESS}]",
+        help="host:port of control, or a comma-separated list of ip:port replicas "
+        f"(round robin) [{ENV_CONTROL_ADDRESS}]",
     )
     internal.add_argument(
         "--control-tls-ca",
