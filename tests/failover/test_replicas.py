@@ -4,12 +4,12 @@ and of one ingress replica in the middle of it.
 
 Workers A and C talk to ingress replica 0, Worker B to replica 1; every ingress replica
 reaches both control replicas (round robin). The load mixes successes, failures,
-unstartable commands, user cancels (sent once the executor runs), timeouts (a `timeout_ms` far shorter than the
-executor's sleep: the Run must end ``timed_out``) and Runs cancelled while still queued
-(only a reconciler can end those). Mid-load the test kills Worker C (restarted at once on
-the same inbox; at soak size only, see KILL_WORKER), then control replica 0 and ingress
-replica 1; `up`'s supervisor must
-start both again on the same addresses while the other replicas keep serving.
+unstartable commands, user cancels (sent once the executor runs), timeouts (a
+`timeout_ms` far shorter than the executor's sleep: the Run must end ``timed_out``) and
+Runs cancelled while still queued (only a reconciler can end those). Mid-load the test
+kills Worker C (restarted at once on the same inbox; at soak size only, see KILL_WORKER),
+then control replica 0 and ingress replica 1; `up`'s supervisor must start both again on
+the same addresses while the other replicas keep serving.
 
 Afterwards, from the database: every Run is terminal exactly once with the outcome its
 executor really had, at most one Attempt was live at any moment (between an
