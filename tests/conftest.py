@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.fault_tally import Tally
 from tests.support.postgres import Cluster, Clusters, MigratedDatabase
 
 SUPPORTED_POSTGRES_VERSIONS = (16, 18)
@@ -54,6 +55,32 @@ def database_pg18(postgres_clusters: Clusters) -> Iterator[MigratedDatabase]:
     """One database on the default version, for tests that are not about the backend."""
     with postgres_clusters.get(18).database() as db:
         yield db
+
+
+_TALLIES = pytest.StashKey[list[Tally]]()
+
+
+@pytest.fixture
+def report_tally(request: pytest.FixtureRequest) -> Callable[[Tally], None]:
+    """Fault and failover suites: print a scenario's tally now (visible with -s and in a
+    failure's captured output) and keep it for the end-of-session table."""
+
+    def report(tally: Tally) -> None:
+        print(tally.render(), flush=True)
+        request.config.stash.setdefault(_TALLIES, []).append(tally)
+
+    return report
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    tallies = config.stash.get(_TALLIES, [])
+    if not tallies:
+        return
+    terminalreporter.section("fault and failover tallies (lost, duplicates and wrong outcomes: 0)")
+    for tally in tallies:
+        terminalreporter.write_line(("ok   " if tally.clean else "FAIL ") + tally.row())
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

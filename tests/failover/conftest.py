@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.support.fault_tally import Tally
-
-_TALLIES = pytest.StashKey[list[Tally]]()
 
 
 @pytest.fixture
@@ -29,23 +25,3 @@ def scratch() -> Iterator[Path]:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def report_tally(request: pytest.FixtureRequest) -> Callable[[Tally], None]:
-    def report(tally: Tally) -> None:
-        print(tally.render(), flush=True)
-        request.config.stash.setdefault(_TALLIES, []).append(tally)
-
-    return report
-
-
-def pytest_terminal_summary(
-    terminalreporter: pytest.TerminalReporter, config: pytest.Config
-) -> None:
-    tallies = config.stash.get(_TALLIES, [])
-    if not tallies:
-        return
-    terminalreporter.section("failover tally (lost and duplicates must be 0)")
-    for tally in tallies:
-        terminalreporter.write_line(("ok   " if tally.clean else "FAIL ") + tally.row())

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import grpc
 import psycopg
@@ -39,6 +39,7 @@ from qinglong_protocol.tls import mutual_tls_channel_credentials
 
 from tests.support.devstack_process import DevStack, dev_stack
 from tests.support.executor_marks import Marks, kill_leftovers, marked_command
+from tests.support.failover_probe import CALL_SECONDS, snapshot, until_answered
 from tests.support.fault_tally import (
     Expected,
     Tally,
@@ -50,11 +51,7 @@ from tests.support.operator_client import OperatorClient
 from tests.support.postgres_control import PostgresControl
 from tests.support.worker_process import WorkerProcess
 
-CALL_SECONDS: Final = 10.0
-FAILOVER_SECONDS: Final = 30.0
 TERMINAL_SECONDS: Final = 60.0
-
-_T = TypeVar("_T")
 
 
 @pytest.fixture
@@ -65,40 +62,6 @@ def stack(scratch: Path) -> Iterator[DevStack]:
         arguments=("--standby", "--postgres-version", "18"),
     ) as up:
         yield up
-
-
-def _snapshot(stack: DevStack, run_id: str) -> dict[str, Any]:
-    """Everything the replay must leave exactly as it was."""
-    with psycopg.connect(stack.migration_url, connect_timeout=5) as conn:
-        run = conn.execute(
-            "SELECT state, version, event_sequence FROM qinglong.runs WHERE run_id = %s",
-            (run_id,),
-        ).fetchone()
-        events = conn.execute(
-            "SELECT event_id::text, sequence, event_type, dedupe_key FROM qinglong.run_events"
-            " WHERE run_id = %s ORDER BY sequence",
-            (run_id,),
-        ).fetchall()
-        leases = conn.execute(
-            "SELECT attempt_id::text, version, status FROM qinglong.run_leases"
-            " WHERE run_id = %s ORDER BY attempt_id",
-            (run_id,),
-        ).fetchall()
-    return {"run": run, "events": events, "leases": leases}
-
-
-def _until_answered(call: Callable[[], _T], codes: list[grpc.StatusCode]) -> _T:
-    """Send the same request until it is answered; every refusal meanwhile is recorded
-    (the test then requires that each was UNAVAILABLE, R-HA-2)."""
-    deadline = time.monotonic() + FAILOVER_SECONDS
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as error:
-            codes.append(error.code())
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def test_confirmed_command_survives_promotion_and_replays(
@@ -170,7 +133,7 @@ def test_confirmed_command_survives_promotion_and_replays(
         first = stub.AcknowledgeStarting(starting_request, timeout=CALL_SECONDS)
         calls += 5
         assert first.outcome == worker_pb2.STARTING_OUTCOME_STARTING
-        confirmed = _snapshot(stack, run_id)
+        confirmed = snapshot(stack.migration_url, run_id)
 
         # The backends that served it die; the old primary is fenced; the standby promoted.
         with psycopg.connect(primary.url("postgres", "postgres"), autocommit=True) as admin:
@@ -182,14 +145,14 @@ def test_confirmed_command_survives_promotion_and_replays(
         promoted_at = time.monotonic()
         standby.promote()
 
-        replay = _until_answered(
+        replay = until_answered(
             lambda: stub.AcknowledgeStarting(starting_request, timeout=CALL_SECONDS), refusals
         )
         recovered = time.monotonic() - promoted_at
         calls += 1 + len(refusals)
         if replay.outcome != worker_pb2.STARTING_OUTCOME_ALREADY_STARTING:
             problems.append(f"the replay answered {replay.outcome}, not ALREADY_STARTING")
-        after = _snapshot(stack, run_id)
+        after = snapshot(stack.migration_url, run_id)
         if after != confirmed:
             problems.append(f"the Run changed across the failover:\n{confirmed}\n{after}")
         with psycopg.connect(stack.migration_url) as conn:
@@ -200,17 +163,17 @@ def test_confirmed_command_survives_promotion_and_replays(
 
         # The next command and its replay on the new primary.
         failure = ws.ReportStartFailureRequest(fence=fence, error_summary="failover probe")
-        ended = _until_answered(
+        ended = until_answered(
             lambda: stub.ReportStartFailure(failure, timeout=CALL_SECONDS), refusals
         )
-        ended_state = _snapshot(stack, run_id)
+        ended_state = snapshot(stack.migration_url, run_id)
         again = stub.ReportStartFailure(failure, timeout=CALL_SECONDS)
         calls += 2
         if (again.run_state, again.error_code) != (ended.run_state, ended.error_code):
             problems.append(f"ReportStartFailure replay answered {again}, first {ended}")
         if ended.run_state != lifecycle_pb2.RUN_STATE_FAILED:
             problems.append(f"ReportStartFailure ended the Run {ended.run_state}")
-        if _snapshot(stack, run_id) != ended_state:
+        if snapshot(stack.migration_url, run_id) != ended_state:
             problems.append("the ReportStartFailure replay changed the Run")
         channel.close()
 

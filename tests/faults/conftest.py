@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,11 +17,8 @@ from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS
 
 from tests.support.devstack_process import DevStack, dev_stack
 from tests.support.fault_rig import FaultRig
-from tests.support.fault_tally import Tally
 from tests.support.lossy_proxy import FaultSchedule
 from tests.support.operator_client import OperatorClient
-
-_TALLIES = pytest.StashKey[list[Tally]]()
 
 
 @pytest.fixture(scope="module")
@@ -55,26 +52,3 @@ def rig(stack: DevStack, operator: OperatorClient, tmp_path: Path) -> Iterator[F
     leftover executors killed."""
     with FaultRig(stack, operator, tmp_path, FaultSchedule()) as built:
         yield built
-
-
-@pytest.fixture
-def report_tally(request: pytest.FixtureRequest) -> Callable[[Tally], None]:
-    """Print the tally now (visible with -s and in a failure's captured output) and keep it
-    for the end-of-session table."""
-
-    def report(tally: Tally) -> None:
-        print(tally.render(), flush=True)
-        request.config.stash.setdefault(_TALLIES, []).append(tally)
-
-    return report
-
-
-def pytest_terminal_summary(
-    terminalreporter: pytest.TerminalReporter, config: pytest.Config
-) -> None:
-    tallies = config.stash.get(_TALLIES, [])
-    if not tallies:
-        return
-    terminalreporter.section("fault tally (lost, duplicates and wrong outcomes must be 0)")
-    for tally in tallies:
-        terminalreporter.write_line(("ok   " if tally.clean else "FAIL ") + tally.row())
