@@ -17,9 +17,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -35,26 +32,19 @@ from qinglong.control.v1 import (
 from qinglong.rpc.v1 import execution_pb2
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
-from qinglong_cli.pki import DevPki, ensure_dev_pki, ensure_operator_identity, service_uri
+from qinglong_cli.pki import ensure_dev_pki, ensure_operator_identity, service_uri
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.domain.timings import Timings
 from qinglong_control.server import create_server as create_control_server
 from qinglong_control.servicer import RuntimeServicer
 from qinglong_control.settings import ControlSettings
-from qinglong_ingress.directory import Directory
-from qinglong_ingress.gateway import Gateway
-from qinglong_ingress.handlers import public_handlers
-from qinglong_ingress.pool import open_ingress_pool
 from qinglong_ingress.principals import PrincipalKind
-from qinglong_ingress.server import create_server as create_ingress_server
-from qinglong_ingress.server import open_control_channel
-from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
-from qinglong_ingress.stages import Call, Stage, Verdict, admission_stages
+from qinglong_ingress.stages import Call, Verdict
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
 from tests.support.postgres import MigratedDatabase
-from tests.support.stack import PROJECT, CallCounter, Stack, enroll_people, running_stack
+from tests.support.stack import PROJECT, Stack, running_stack
 
 ws = worker_service_pb2
 
@@ -367,72 +357,22 @@ class BrokenForGetTask:
         return Verdict.PASS
 
 
-@dataclass
-class Composed:
-    address: str
-    pki: DevPki
-    tokens: dict[str, str]
-    forwarded: CallCounter
-    database: MigratedDatabase
-
-    def audit_rows(self) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.database.urls.migration) as conn:
-            return conn.execute(
-                "SELECT operation, principal_kind, outcome, reason FROM qinglong.security_audit"
-                " ORDER BY occurred_at_ms, audit_id"
-            ).fetchall()
-
-
-@asynccontextmanager
-async def composed_stack(
-    database: MigratedDatabase, pki_dir: Path, extra: tuple[Stage, ...]
-) -> AsyncIterator[Composed]:
-    """The real stack, its ingress admitting with `admission_stages` plus ``extra``."""
-    pki = ensure_dev_pki(pki_dir)
-    tokens = enroll_people(database, pki)
-    counter = CallCounter()
-    runtime_pool = await open_runtime_pool(database.urls.runtime, min_size=1, max_size=2)
-    ingress_pool = await open_ingress_pool(database.urls.ingress, min_size=1, max_size=2)
-    control, control_port = await create_control_server(
-        ControlSettings(
-            listen_address="127.0.0.1:0",
-            tls=pki.control_server,
-            allowed_caller_uris=frozenset({service_uri(pki.trust_domain, "ingress")}),
-        ),
-        runtime_servicer=RuntimeServicer(runtime_pool, Timings()),
-        interceptors=[counter],
-    )
-    await control.start()
-    settings = IngressSettings(
-        listen_address="127.0.0.1:0",
-        tls=pki.ingress_server,
-        control=ControlChannelSettings(f"127.0.0.1:{control_port}", pki.ingress_client),
-        trust_domain=pki.trust_domain,
-    )
-    channel = open_control_channel(settings.control)
-    directory = Directory(ingress_pool)
-    stages = (*admission_stages(directory, pki.trust_domain), *extra)
-    gateway = Gateway(directory, channel, pki.trust_domain, stages=stages)
-    ingress, ingress_port = await create_ingress_server(settings, public_handlers(gateway))
-    await ingress.start()
-    try:
-        yield Composed(f"127.0.0.1:{ingress_port}", pki, tokens, counter, database)
-    finally:
-        await ingress.stop(None)
-        await channel.close()
-        await control.stop(None)
-        await ingress_pool.close()
-        await runtime_pool.close()
+def audit_outcomes(stack: Stack) -> list[tuple[Any, ...]]:
+    return [
+        (row["operation"], row["principal_kind"], row["outcome"], row["reason"])
+        for row in stack.audit_rows()
+    ]
 
 
 async def test_a_new_rule_is_one_more_stage(
     database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     extra = (AgentsNeedApprovalToTrigger(), BrokenForGetTask())
-    async with composed_stack(database_pg18, tmp_path_factory.mktemp("pki"), extra) as composed:
+    pki_dir = tmp_path_factory.mktemp("pki")
+    async with running_stack(database_pg18, pki_dir, extra_stages=extra) as composed:
         tls = ensure_operator_identity(composed.pki, "ops")
         async with grpc.aio.secure_channel(
-            composed.address, mutual_tls_channel_credentials(tls)
+            composed.ingress_address, mutual_tls_channel_credentials(tls)
         ) as channel:
             run_id = await queued_run(channel, composed.tokens)  # alice, a user: admitted
             task_id = (
@@ -441,7 +381,7 @@ async def test_a_new_rule_is_one_more_stage(
                     metadata=bearer(composed.tokens, "alice"),
                 )
             ).run.task_id
-            forwarded = list(composed.forwarded.methods)
+            forwarded = list(composed.control_calls.methods)
             held = await failure(
                 run_service_pb2_grpc.RunServiceStub(channel).TriggerRun(
                     run_service_pb2.TriggerRunRequest(
@@ -463,8 +403,8 @@ async def test_a_new_rule_is_one_more_stage(
                 ),
                 metadata=bearer(composed.tokens, "bot"),
             )
-        assert composed.forwarded.methods == forwarded, "nothing held or refused went on"
-        rows = composed.audit_rows()
+        assert composed.control_calls.methods == forwarded, "nothing held or refused went on"
+        rows = audit_outcomes(composed)
     assert held.code() == grpc.StatusCode.PERMISSION_DENIED
     assert error_reason_of(held) == "APPROVAL_REQUIRED"
     assert broken.code() == grpc.StatusCode.INTERNAL

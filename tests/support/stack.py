@@ -41,6 +41,7 @@ from qinglong_ingress.pool import open_ingress_pool
 from qinglong_ingress.server import create_server as create_ingress_server
 from qinglong_ingress.server import open_control_channel
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
+from qinglong_ingress.stages import Stage, admission_stages
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from tests.support.postgres import MigratedDatabase
@@ -133,7 +134,10 @@ def enroll_people(database: MigratedDatabase, pki: DevPki) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def running_stack(database: MigratedDatabase, pki_dir: Path) -> AsyncIterator[Stack]:
+async def running_stack(
+    database: MigratedDatabase, pki_dir: Path, extra_stages: tuple[Stage, ...] = ()
+) -> AsyncIterator[Stack]:
+    """The stack; ``extra_stages`` run after ingress's own admission stages (a new rule)."""
     pki = ensure_dev_pki(pki_dir)
     tokens = enroll_people(database, pki)
     counter = CallCounter()
@@ -156,7 +160,9 @@ async def running_stack(database: MigratedDatabase, pki_dir: Path) -> AsyncItera
         trust_domain=pki.trust_domain,
     )
     channel = open_control_channel(settings.control)
-    gateway = Gateway(Directory(ingress_pool), channel, pki.trust_domain)
+    directory = Directory(ingress_pool)
+    stages = (*admission_stages(directory, pki.trust_domain), *extra_stages)
+    gateway = Gateway(directory, channel, pki.trust_domain, stages=stages)
     ingress, ingress_port = await create_ingress_server(settings, public_handlers(gateway))
     await ingress.start()
     try:
