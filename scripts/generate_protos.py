@@ -8,7 +8,12 @@ its imports resolve with no rewriting. Per ``.proto`` file it emits
 ``*_pb2.py``, ``*_pb2_grpc.py`` and, through mypy-protobuf, ``*_pb2.pyi`` and
 ``*_pb2_grpc.pyi`` (no ``--pyi_out``: protoc would write the same ``.pyi`` twice).
 It also writes a one-line ``__init__.py`` into every generated package directory
-below ``qinglong/`` so the drift check covers them too.
+below ``qinglong/`` (and for the vendored ``buf/validate``) so the drift check
+covers them too.
+
+Two source trees are compiled: the contracts under ``proto/qinglong/`` and the
+vendored ``proto/buf/validate/validate.proto`` (buf's protovalidate rules, Apache-2.0,
+see its LICENSE), whose ``_pb2`` every annotated contract imports.
 
 Usage::
 
@@ -34,7 +39,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO_ROOT / "proto"
 # Sources live in proto/qinglong/<api>/v<N>/*.proto; the root package
 # proto/qinglong/__init__.py is hand-written, everything below it is generated.
+# proto/buf/validate/validate.proto is vendored; all of buf/ is generated.
 SOURCE_PACKAGE = "qinglong"
+VENDORED_PACKAGE = "buf"
+SOURCE_PACKAGES = (SOURCE_PACKAGE, VENDORED_PACKAGE)
+HAND_WRITTEN = frozenset({Path(SOURCE_PACKAGE, "__init__.py")})
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 
@@ -57,19 +66,18 @@ def _well_known_include() -> Path:
 def proto_sources(proto_root: Path = PROTO_ROOT) -> list[Path]:
     """Every contract source, relative to ``proto_root``, in a stable order."""
     return sorted(
-        path.relative_to(proto_root) for path in (proto_root / SOURCE_PACKAGE).rglob("*.proto")
+        path.relative_to(proto_root)
+        for package in SOURCE_PACKAGES
+        for path in (proto_root / package).rglob("*.proto")
     )
 
 
 def is_generated(relative: Path) -> bool:
     """Whether a path (relative to the output root) is owned by this generator."""
     parts = relative.parts
-    if len(parts) < 2 or parts[0] != SOURCE_PACKAGE:
+    if len(parts) < 2 or parts[0] not in SOURCE_PACKAGES or relative in HAND_WRITTEN:
         return False
-    if relative.name == "__init__.py":
-        # qinglong/__init__.py is hand-written; every package below it is generated.
-        return len(parts) > 2
-    return relative.name.endswith(GENERATED_SUFFIXES)
+    return relative.name == "__init__.py" or relative.name.endswith(GENERATED_SUFFIXES)
 
 
 def _init_docstring(package: str) -> str:
@@ -101,10 +109,12 @@ def _run_protoc(sources: Sequence[Path], out: Path) -> None:
 def _write_inits(scratch: Path, sources: Sequence[Path]) -> None:
     packages: set[tuple[str, ...]] = set()
     for source in sources:
-        parts = source.parent.parts  # ("qinglong", "<api>", "v1")
-        for depth in range(2, len(parts) + 1):
+        parts = source.parent.parts  # ("qinglong", "<api>", "v1") or ("buf", "validate")
+        for depth in range(1, len(parts) + 1):
             packages.add(parts[:depth])
     for package in sorted(packages):
+        if Path(*package, "__init__.py") in HAND_WRITTEN:
+            continue
         init = scratch.joinpath(*package, "__init__.py")
         init.parent.mkdir(parents=True, exist_ok=True)
         init.write_text(_init_docstring(".".join(package)), encoding="utf-8", newline="\n")
@@ -126,8 +136,10 @@ def _sync(scratch: Path, out: Path) -> list[str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         changed.append(f"updated {relative.as_posix()}")
-    root = out / SOURCE_PACKAGE
-    if root.is_dir():
+    for package in SOURCE_PACKAGES:
+        root = out / package
+        if not root.is_dir():
+            continue
         for path in sorted(root.rglob("*")):
             relative = path.relative_to(out)
             if path.is_file() and is_generated(relative) and relative not in wanted:
@@ -140,7 +152,7 @@ def generate(out: Path) -> list[str]:
     """Generate every contract into ``out``; describe each file that changed."""
     sources = proto_sources()
     if not sources:
-        raise SystemExit(f"no .proto files under {PROTO_ROOT / SOURCE_PACKAGE}")
+        raise SystemExit(f"no .proto files under {PROTO_ROOT}")
     with tempfile.TemporaryDirectory(prefix="qinglong-protos-") as tmp:
         scratch = Path(tmp)
         _run_protoc(sources, scratch)

@@ -1,10 +1,13 @@
 """Field bounds of the QingLong wire contracts, as constants and pure validators.
 
-This module is the single Python source for the ``Bound:`` and ``Range:``
-comments in ``proto/qinglong/**/*.proto``; keep the two in step. Ingress checks
-every field against these before any work (SPEC R-ING-2) and the runtime
-re-checks the ones it depends on. The module imports neither grpc nor protobuf,
-so domain code may use it.
+Every bound of a request field is declared once, as a ``buf.validate`` rule in the
+``.proto`` files; the constants here are read from those declarations at import
+(:mod:`qinglong_protocol.contract_rules`), so Python code that needs a number (the
+Worker's own limits, a CLI default, a test's edge value) uses the contract's. What no
+rule can say lives here as the one place: byte caps on whole messages, the meaning of
+``page_size == 0``, the lease capability's strength, and bounds of values the servers
+produce (event types, error codes). Ingress and control enforce the rules themselves
+with the contract's validator (:mod:`qinglong_protocol.request_bounds`).
 
 String lengths are in UTF-8 bytes unless a name says ``_CHARS`` (Unicode code
 points). All patterns are anchored with ``\\A`` and ``\\Z`` and must be used with
@@ -20,30 +23,49 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.rpc.v1 import execution_pb2, rules_pb2
+from qinglong.worker.v1 import worker_service_pb2
+
+from qinglong_protocol.contract_rules import (
+    field_rules,
+    int_range,
+    predefined_pattern,
+    predefined_range,
+    python_pattern,
+    string_rules,
+)
+
+_PLAN = execution_pb2.ExecutionPlan
+_RETRY = execution_pb2.RetryPolicy
+_WS = worker_service_pb2
+_TS = task_service_pb2
+_RS = run_service_pb2
+
 # --- Integers ---------------------------------------------------------------
 
 #: Versions, generations and sequences stay JavaScript-safe (SPEC R-TO-2 rejects
 #: non-safe integers), so every one of them is at most 2^53 - 1.
-MAX_SAFE_INTEGER: Final = 2**53 - 1
+MAX_SAFE_INTEGER: Final = predefined_range(rules_pb2.safe_positive)[1]
 INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
 
-TIMEOUT_MS_MIN: Final = 1
-TIMEOUT_MS_MAX: Final = 604_800_000  # 7 days
-MAX_OFFERS_MIN: Final = 1
-MAX_OFFERS_MAX: Final = 64
-MAX_CONCURRENT_ATTEMPTS_MIN: Final = 1
-MAX_CONCURRENT_ATTEMPTS_MAX: Final = 64
+TIMEOUT_MS_MIN, TIMEOUT_MS_MAX = int_range(_PLAN, "timeout_ms")
+MAX_OFFERS_MIN, MAX_OFFERS_MAX = int_range(_WS.PullOffersRequest, "max_offers")
+MAX_CONCURRENT_ATTEMPTS_MIN, MAX_CONCURRENT_ATTEMPTS_MAX = int_range(
+    _WS.OpenSessionRequest, "max_concurrent_attempts"
+)
 #: RetryPolicy (R-RETRY-2): attempts in total, backoff in ms, growth in percent.
-RETRY_MAX_ATTEMPTS_MIN: Final = 1
-RETRY_MAX_ATTEMPTS_MAX: Final = 100
-RETRY_BACKOFF_MS_MIN: Final = 1
-RETRY_BACKOFF_MS_MAX: Final = 86_400_000  # 1 day
-RETRY_MULTIPLIER_PERCENT_MIN: Final = 100
-RETRY_MULTIPLIER_PERCENT_MAX: Final = 1000
-RETRY_ON_MAX_ITEMS: Final = 2
-PAGE_SIZE_MAX: Final = 500
-PAGE_SIZE_DEFAULT: Final = 50  # what page_size == 0 means
+RETRY_MAX_ATTEMPTS_MIN, RETRY_MAX_ATTEMPTS_MAX = int_range(_RETRY, "max_attempts")
+RETRY_BACKOFF_MS_MIN, RETRY_BACKOFF_MS_MAX = int_range(_RETRY, "initial_backoff_ms")
+RETRY_MULTIPLIER_PERCENT_MIN, RETRY_MULTIPLIER_PERCENT_MAX = int_range(
+    _RETRY, "backoff_multiplier_percent"
+)
+RETRY_ON_MAX_ITEMS: Final = field_rules(_RETRY, "retry_on").repeated.max_items
+PAGE_SIZE_MAX: Final = int_range(_RS.ListRunsRequest, "page_size")[1]
+#: What ``page_size == 0`` means in every list request (no rule can declare a default;
+#: the contract's comments say this number and a test holds them to it).
+PAGE_SIZE_DEFAULT: Final = 50
 
 # --- Byte caps on whole messages (R-LC-1, R-ING-2) ----------------------------
 
@@ -63,17 +85,15 @@ GRPC_MESSAGE_MAX_BYTES: Final = 4 * 1024 * 1024
 #: audit, role binding): canonical lowercase UUID text. Derived event ids
 #: (R-CONV-3, 128 bits of SHA-256) use the same form, so no version nibble check.
 UUID_LENGTH: Final = 36
-UUID_PATTERN: Final = re.compile(
-    r"\A[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
-)
+UUID_PATTERN: Final = predefined_pattern(rules_pb2.uuid)
 
 #: worker_id and project_id.
 SLUG_MAX_LENGTH: Final = 63
-SLUG_PATTERN: Final = re.compile(r"\A[a-z0-9][a-z0-9-]{0,62}\Z")
+SLUG_PATTERN: Final = predefined_pattern(rules_pb2.slug)
 
 #: request_id (AIP-155) and CancelRun's mutation_id.
 REQUEST_ID_MAX_LENGTH: Final = 64
-REQUEST_ID_PATTERN: Final = re.compile(r"\A[A-Za-z0-9._:-]{1,64}\Z")
+REQUEST_ID_PATTERN: Final = predefined_pattern(rules_pb2.request_id)
 
 #: Fixed error codes such as EXECUTOR_START_FAILED.
 ERROR_CODE_MAX_LENGTH: Final = 63
@@ -85,7 +105,7 @@ EVENT_TYPE_PATTERN: Final = re.compile(r"\A[a-z][a-z_]*(\.[a-z][a-z_]*)+\Z")
 
 #: Server-issued opaque page tokens (base64url alphabet, no padding).
 PAGE_TOKEN_MAX_LENGTH: Final = 512
-PAGE_TOKEN_PATTERN: Final = re.compile(r"\A[A-Za-z0-9_-]{0,512}\Z")
+PAGE_TOKEN_PATTERN: Final = predefined_pattern(rules_pb2.page_token)
 
 #: Negotiated TLS version text, e.g. ``TLSv1.3``.
 TLS_VERSION_MAX_LENGTH: Final = 16
@@ -93,12 +113,13 @@ TLS_VERSION_PATTERN: Final = re.compile(r"\A[A-Za-z0-9.]{0,16}\Z")
 
 # --- Secrets and digests ------------------------------------------------------
 
+
 #: The lease capability (R-CLAIM-2): "qlc1_" + unpadded base64url of exactly 32
 #: random bytes = 5 + 43 = 48 ASCII characters.
 LEASE_CAPABILITY_PREFIX: Final = "qlc1_"
 LEASE_CAPABILITY_SECRET_BYTES: Final = 32
 LEASE_CAPABILITY_LENGTH: Final = 48
-LEASE_CAPABILITY_PATTERN: Final = re.compile(r"\Aqlc1_[A-Za-z0-9_-]{43}\Z")
+LEASE_CAPABILITY_PATTERN: Final = predefined_pattern(rules_pb2.lease_capability)
 #: A capability whose secret has fewer distinct byte values than this is weak.
 #: 32 uniform random bytes have about 30 distinct values; fewer than 16 happens
 #: with probability below 1e-14, so honest Workers never hit it.
@@ -106,33 +127,53 @@ LEASE_CAPABILITY_MIN_DISTINCT_BYTES: Final = 16
 
 #: callback_token_digest and credential fingerprints: SHA-256 as lowercase hex.
 SHA256_HEX_LENGTH: Final = 64
-SHA256_HEX_PATTERN: Final = re.compile(r"\A[0-9a-f]{64}\Z")
+SHA256_HEX_PATTERN: Final = predefined_pattern(rules_pb2.sha256_hex)
 
 # --- Free text ----------------------------------------------------------------
 
-EXECUTOR_HANDLE_MAX_BYTES: Final = 512
-LOG_ARTIFACT_ID_MAX_BYTES: Final = 256
-ERROR_SUMMARY_MAX_CHARS: Final = 256
-DISPLAY_NAME_MAX_CHARS: Final = 200
+EXECUTOR_HANDLE_MAX_BYTES: Final = string_rules(
+    _WS.AcknowledgeRunningRequest, "executor_handle"
+).max_bytes
+LOG_ARTIFACT_ID_MAX_BYTES: Final = string_rules(
+    _WS.AcknowledgeRunningRequest, "log_artifact_id"
+).max_bytes
+ERROR_SUMMARY_MAX_CHARS: Final = string_rules(
+    _WS.ReportStartFailureRequest, "error_summary"
+).max_len
+DISPLAY_NAME_MAX_CHARS: Final = string_rules(_TS.CreateTaskRequest, "display_name").max_len
 PRINCIPAL_ID_MAX_BYTES: Final = 256
 ACTOR_ID_MAX_BYTES: Final = 256
 CREDENTIAL_SUBJECT_MAX_BYTES: Final = 1024
-AGENT_VERSION_MAX_BYTES: Final = 64
+AGENT_VERSION_MAX_BYTES: Final = string_rules(_WS.OpenSessionRequest, "agent_version").max_bytes
 
-COMMAND_ARGV_MAX_ITEMS: Final = 64
-COMMAND_ARG_MAX_BYTES: Final = 4096
-COMMAND_ARGV_MAX_TOTAL_BYTES: Final = 65536
 
-LABELS_MAX_ENTRIES: Final = 16
-LABEL_KEY_PATTERN: Final = re.compile(r"\A[a-z][a-z0-9_.-]{0,62}\Z")
-LABEL_VALUE_MAX_BYTES: Final = 256
+def _argv_total_bytes() -> int:
+    """The total the contract's argv rule allows: the number its CEL rule compares with."""
+    (rule,) = (r for r in field_rules(_PLAN, "command").cel if r.id == "command.total_bytes")
+    found = re.fullmatch(r".* <= (\d+)", rule.expression)
+    if found is None:
+        raise LookupError(f"unexpected argv total rule: {rule.expression}")
+    return int(found.group(1))
 
-EXECUTOR_TYPES_MAX_ITEMS: Final = 8
-RUN_STATE_FILTER_MAX_ITEMS: Final = 11
 
-#: C0 controls, DEL and C1 controls: never allowed in bounded free text, so
-#: values cannot forge log lines or terminal escapes.
-_CONTROL_CHARACTERS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_ARGV = field_rules(_PLAN, "command").repeated
+COMMAND_ARGV_MAX_ITEMS: Final = _ARGV.max_items
+COMMAND_ARG_MAX_BYTES: Final = _ARGV.items.string.max_bytes
+COMMAND_ARGV_MAX_TOTAL_BYTES: Final = _argv_total_bytes()
+
+_LABELS = field_rules(_TS.CreateTaskRequest, "labels").map
+LABELS_MAX_ENTRIES: Final = _LABELS.max_pairs
+LABEL_KEY_PATTERN: Final = python_pattern(_LABELS.keys.string.pattern)
+LABEL_VALUE_MAX_BYTES: Final = _LABELS.values.string.max_bytes
+
+EXECUTOR_TYPES_MAX_ITEMS: Final = field_rules(
+    _WS.OpenSessionRequest, "executor_types"
+).repeated.max_items
+RUN_STATE_FILTER_MAX_ITEMS: Final = field_rules(_RS.ListRunsRequest, "states").repeated.max_items
+
+#: C0 controls, DEL and C1 controls: never allowed in bounded free text, so values
+#: cannot forge log lines or terminal escapes (the contract's ``printable`` rule).
+_PRINTABLE: Final = predefined_pattern(rules_pb2.printable)
 
 
 # --- Validators -----------------------------------------------------------------
@@ -144,7 +185,7 @@ def utf8_length(value: str) -> int:
 
 
 def has_control_characters(value: str) -> bool:
-    return _CONTROL_CHARACTERS.search(value) is not None
+    return _PRINTABLE.match(value) is None
 
 
 def is_uuid(value: str) -> bool:

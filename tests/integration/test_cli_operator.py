@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.postgres import MigratedDatabase
-from tests.support.stack import PROJECT, Stack, running_stack
+from tests.support.stack import PROJECT, Stack
 
 QINGLONG = Path(sys.executable).with_name("qinglong")
 
@@ -24,14 +22,6 @@ class Outcome:
     code: int
     out: str
     err: str
-
-
-@pytest.fixture
-async def stack(
-    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
-        yield running
 
 
 @pytest.fixture

@@ -1,21 +1,29 @@
-"""R-ERR-1: the database accepts everything the contract's documented bounds allow.
+"""R-ERR-1: the database accepts everything the contract's declared rules allow.
 
-Every value here is derived from `qinglong_protocol.bounds` (the Python mirror of the
-`Bound:`/`Range:` comments) at its extreme: the longest strings in the characters that
-cost the most bytes (4-byte UTF-8) or that JSON must escape (`"`, `\\`), the largest
-integers, the longest argv, the most labels, both ends of every retry-policy range. They
-go end to end through the real stack — ingress, control, PostgreSQL — as a task, its
-revisions, runs and a Worker's whole fenced sequence, and come back unchanged.
+Every value here is derived from the ``buf.validate`` rules of the ``.proto`` files (read
+through ``tests.support.contract_fields``, which classifies them with
+``qinglong_protocol.contract_rules``) at its extreme: the longest strings in the
+characters that cost the most bytes (4-byte UTF-8) or that JSON must escape (`"`, `\\`),
+the largest integers, the longest argv, the most labels, both ends of every retry-policy
+range. They go end to end through the real stack — ingress, control, PostgreSQL — as a
+task, its revisions, runs and a Worker's whole fenced sequence, and come back unchanged.
+
+A test without the database checks the derivation itself: at every field's declared
+extreme the validator accepts, one step past it the validator refuses, so the extremes
+written below are the contract's own and not some smaller stand-in.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final
 
 import grpc
 import pytest
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 from qinglong.control.v1 import (
     run_service_pb2,
     run_service_pb2_grpc,
@@ -24,10 +32,20 @@ from qinglong.control.v1 import (
 )
 from qinglong.rpc.v1 import execution_pb2, fence_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb2_grpc
-from qinglong_ingress.validation import validate_request
+from qinglong_ingress.validation import PUBLIC_SERVICES, validate_request
 from qinglong_protocol import bounds
+from qinglong_protocol.contract_rules import reachable_messages
 from qinglong_protocol.errors import error_reason_of
 
+from tests.support.contract_fields import (
+    FieldRule,
+    Kind,
+    argv_of_longest_items,
+    argv_of_most_items,
+    field_rule,
+    fill,
+    label_key_max_length,
+)
 from tests.support.jsonb import jsonb_text_bytes
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import PROJECT, Stack, running_stack
@@ -45,21 +63,53 @@ WIDE: Final = "\U0001f600"
 ESCAPED: Final = ('"', "\\")
 
 
-def fill(character: str, max_bytes: int) -> str:
-    """The longest run of ``character`` within ``max_bytes`` UTF-8 bytes."""
-    return character * (max_bytes // len(character.encode()))
+def rule(message: type[Message], field: str, kind: Kind) -> FieldRule:
+    """``message.field``'s declared rule, which must be of ``kind``."""
+    found = field_rule(message, field)
+    assert found.kind is kind, f"{message.DESCRIPTOR.full_name}.{field}: {found.kind}"
+    return found
 
 
-def request_id(prefix: str) -> str:
-    """A request id of the maximum length."""
-    return (prefix + "-" + "9" * bounds.REQUEST_ID_MAX_LENGTH)[: bounds.REQUEST_ID_MAX_LENGTH]
+def lowest(message: type[Message], field: str) -> int:
+    return rule(message, field, Kind.INT_RANGE).int_range[0]
+
+
+def highest(message: type[Message], field: str) -> int:
+    return rule(message, field, Kind.INT_RANGE).int_range[1]
+
+
+def longest_bytes(message: type[Message], field: str) -> str:
+    """The longest printable text of a byte-bounded field, in 4-byte characters."""
+    return fill(WIDE, rule(message, field, Kind.BYTES_TEXT).lengths[1])
+
+
+def longest_chars(message: type[Message], field: str, character: str = WIDE) -> str:
+    """The longest printable text of a character-bounded field."""
+    return character * rule(message, field, Kind.CHARS_TEXT).lengths[1]
+
+
+def request_id(message: type[Message], prefix: str, field: str = "request_id") -> str:
+    """An idempotency key of the maximum length."""
+    declared = rule(message, field, Kind.REQUEST_ID)
+    most = declared.lengths[1]
+    value = (prefix + "-" + "9" * most)[:most]
+    assert declared.regex.fullmatch(value), value
+    return value
+
+
+LABELS: Final = rule(ts.CreateTaskRequest, "labels", Kind.LABELS)
 
 
 def max_labels(value: str) -> dict[str, str]:
     """The most labels, each key at its longest, each value ``value``."""
-    assert bounds.is_bounded_text(value, max_bytes=bounds.LABEL_VALUE_MAX_BYTES, min_bytes=0)
-    keys = [f"{chr(ord('a') + i)}{'z' * 62}" for i in range(bounds.LABELS_MAX_ENTRIES)]
+    key_length = label_key_max_length(LABELS)
+    keys = [f"{chr(ord('a') + i)}".ljust(key_length, "z") for i in range(LABELS.items[1])]
+    assert all(LABELS.regex.fullmatch(key) for key in keys)
     return dict.fromkeys(keys, value)
+
+
+def longest_label_value(character: str) -> str:
+    return fill(character, LABELS.lengths[1])
 
 
 def policy(
@@ -74,56 +124,234 @@ def policy(
     )
 
 
-ALL_RETRYABLE: Final = [
-    execution_pb2.RETRYABLE_OUTCOME_FAILED,
-    execution_pb2.RETRYABLE_OUTCOME_START_FAILED,
-]
-#: Both ends of every retry-policy range (R-RETRY-2).
+_RETRY = execution_pb2.RetryPolicy
+_PLAN = execution_pb2.ExecutionPlan
+_RETRY_ON: Final = rule(_RETRY, "retry_on", Kind.ENUM_SET)
+
+
+def _declared(enum_field: FieldDescriptor) -> list[int]:
+    assert enum_field.enum_type is not None
+    return sorted(n for n in enum_field.enum_type.values_by_number if n)
+
+
+#: Both ends of every retry-policy range (R-RETRY-2): the largest policy also retries on
+#: as many outcomes as it may, the smallest on as few.
 LARGEST_POLICY: Final = policy(
-    bounds.RETRY_MAX_ATTEMPTS_MAX,
-    bounds.RETRY_BACKOFF_MS_MAX,
-    bounds.RETRY_BACKOFF_MS_MAX,
-    bounds.RETRY_MULTIPLIER_PERCENT_MAX,
-    ALL_RETRYABLE,
+    highest(_RETRY, "max_attempts"),
+    highest(_RETRY, "initial_backoff_ms"),
+    highest(_RETRY, "max_backoff_ms"),
+    highest(_RETRY, "backoff_multiplier_percent"),
+    _declared(_RETRY.DESCRIPTOR.fields_by_name["retry_on"])[: _RETRY_ON.items[1]],
 )
 SMALLEST_POLICY: Final = policy(
-    bounds.RETRY_MAX_ATTEMPTS_MIN,
-    bounds.RETRY_BACKOFF_MS_MIN,
-    bounds.RETRY_BACKOFF_MS_MIN,
-    bounds.RETRY_MULTIPLIER_PERCENT_MIN,
-    [],
+    lowest(_RETRY, "max_attempts"),
+    lowest(_RETRY, "initial_backoff_ms"),
+    lowest(_RETRY, "max_backoff_ms"),
+    lowest(_RETRY, "backoff_multiplier_percent"),
+    _declared(_RETRY.DESCRIPTOR.fields_by_name["retry_on"])[: _RETRY_ON.items[0]],
 )
 
 
 def plans() -> list[execution_pb2.ExecutionPlan]:
     """Plans at every argv extreme: the most items, the longest items (in wide and in
     escaped characters), and the smallest and largest timeout and retry policy."""
-    item_count_max = ["a" * (bounds.COMMAND_ARGV_MAX_TOTAL_BYTES // bounds.COMMAND_ARGV_MAX_ITEMS)]
-    longest = bounds.COMMAND_ARGV_MAX_TOTAL_BYTES // bounds.COMMAND_ARG_MAX_BYTES
+    argv = rule(_PLAN, "command", Kind.ARGV)
     remote = execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER
-    found = [
-        execution_pb2.ExecutionPlan(
+    return [
+        _PLAN(
             executor_type=remote,
-            command=item_count_max * bounds.COMMAND_ARGV_MAX_ITEMS,
-            timeout_ms=bounds.TIMEOUT_MS_MAX,
+            command=argv_of_most_items(argv),
+            timeout_ms=highest(_PLAN, "timeout_ms"),
             retry_policy=LARGEST_POLICY,
         ),
-        execution_pb2.ExecutionPlan(
+        _PLAN(
             executor_type=remote,
-            command=[fill(WIDE, bounds.COMMAND_ARG_MAX_BYTES)] * longest,
-            timeout_ms=bounds.TIMEOUT_MS_MIN,
+            command=argv_of_longest_items(argv, WIDE),
+            timeout_ms=lowest(_PLAN, "timeout_ms"),
             retry_policy=SMALLEST_POLICY,
         ),
-        *(
-            execution_pb2.ExecutionPlan(
-                executor_type=remote, command=[fill(c, bounds.COMMAND_ARG_MAX_BYTES)] * longest
-            )
-            for c in ESCAPED
-        ),
+        *(_PLAN(executor_type=remote, command=argv_of_longest_items(argv, c)) for c in ESCAPED),
     ]
-    for plan in found:
-        assert bounds.is_command_argv(plan.command)
-    return found
+
+
+# --- the extremes are the contract's: accepted at the bound, refused one step past it ----
+
+#: A field left out (a message field, or an optional one).
+ABSENT: Final = object()
+INT32: Final = (-(2**31), 2**31 - 1)
+INT64: Final = (-(2**63), 2**63 - 1)
+
+
+def _uuid(digit: str) -> str:
+    return "-".join(digit * n for n in (8, 4, 4, 4, 12))
+
+
+def probes(f: FieldDescriptor, declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
+    """(what, value, whether the validator must accept it) at and past ``f``'s extremes."""
+    kind = declared.kind
+    if kind is Kind.REQUIRED_MESSAGE:
+        yield "absent", ABSENT, False
+    elif kind is Kind.OPTIONAL_MESSAGE:
+        yield "absent", ABSENT, True
+    elif kind is Kind.INT_RANGE:
+        low, high = declared.int_range
+        limits = INT32 if f.cpp_type == FieldDescriptor.CPPTYPE_INT32 else INT64
+        yield from (("lowest", low, True), ("highest", high, True))
+        if low > limits[0]:
+            yield "below the lowest", low - 1, False
+        if high < limits[1]:
+            yield "above the highest", high + 1, False
+    elif kind in (Kind.REQUIRED_ENUM, Kind.OPTIONAL_ENUM):
+        values = _declared(f)
+        yield from (("declared", n, True) for n in values)
+        yield "unspecified", 0, kind is Kind.OPTIONAL_ENUM
+        yield "undeclared", max(values) + 1, False
+    elif kind is Kind.ENUM_SET:
+        yield from _enum_set_probes(f, declared)
+    elif kind is Kind.ARGV:
+        yield from _argv_probes(declared)
+    elif kind is Kind.LABELS:
+        yield from _label_probes(declared)
+    else:
+        yield from _text_probes(declared)
+
+
+def _enum_set_probes(f: FieldDescriptor, declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
+    fewest, most = declared.items
+    values = _declared(f)
+    yield "as many distinct values as allowed", values[:most], True
+    yield "as few as allowed", values[:fewest], True
+    yield "a repeat", [values[0], values[0]], False
+    yield "unspecified", [0], False
+    yield "undeclared", [max(values) + 1], False
+    if fewest > 0:
+        yield "too few", values[: fewest - 1], False
+    if len(values) > most:
+        yield "too many", values[: most + 1], False
+
+
+def _argv_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
+    fewest, most = declared.items
+    longest_item = declared.lengths[1]
+    at_total = argv_of_longest_items(declared, "a")
+    yield "the most items", argv_of_most_items(declared), True
+    yield "the longest items in 4-byte characters", argv_of_longest_items(declared, WIDE), True
+    for character in ESCAPED:
+        yield (
+            f"the longest items in {character!r}",
+            argv_of_longest_items(declared, character),
+            True,
+        )
+    yield "controls other than NUL", ["\t\n\x1b\x85"], True
+    yield "one byte past the total", [*at_total, "a"], False
+    yield "one item too many", ["a"] * (most + 1), False
+    yield "an item one byte too long", ["a" * (longest_item + 1)], False
+    yield "an empty item", [""], False
+    yield "a NUL", ["a\x00b"], False
+    if fewest > 0:
+        yield "too few items", ["a"] * (fewest - 1), False
+
+
+def _label_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
+    most, value_max = declared.items[1], declared.lengths[1]
+    key_max = label_key_max_length(declared)
+    yield "the most and longest, in 4-byte characters", max_labels(fill(WIDE, value_max)), True
+    yield "an empty value", {"k": ""}, True
+    yield "one entry too many", {f"k{i}": "v" for i in range(most + 1)}, False
+    yield "a key one character too long", {"k" * (key_max + 1): "v"}, False
+    yield "an upper-case key", {"Key": "v"}, False
+    yield "a value one byte too long", {"k": "a" * (value_max + 1)}, False
+    yield "a C1 control in a value", {"k": "a\x85"}, False
+
+
+def _text_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
+    kind = declared.kind
+    shortest, most = declared.lengths
+    if kind is Kind.SLUG:
+        yield "the longest", "z" * most, True
+        yield "one too long", "z" * (most + 1), False
+    elif kind is Kind.REQUEST_ID:
+        yield "the longest", ":" * most, True
+        yield "one too long", ":" * (most + 1), False
+    elif kind in (Kind.UUID, Kind.UUID_OR_EMPTY):
+        yield from (("the smallest", _uuid("0"), True), ("the largest", _uuid("f"), True))
+        yield "upper case", _uuid("F"), False
+        yield "a trailing newline", _uuid("0") + "\n", False
+    elif kind is Kind.SHA256_HEX:
+        yield "the largest", "f" * most, True
+        yield "upper case", "F" * most, False
+        yield "one too long", "f" * (most + 1), False
+        yield "one too short", "f" * (most - 1), False
+    elif kind is Kind.PAGE_TOKEN:
+        yield "the longest", "-" * most, True
+        yield "one too long", "A" * (most + 1), False
+        yield "padding", "AA==", False
+    elif kind is Kind.LEASE_CAPABILITY:
+        good = bounds.encode_lease_capability(secrets.token_bytes(32))
+        yield "a strong capability", good, True
+        yield "a trailing newline", good + "\n", False
+        yield "unused low bits set", good[:-1] + "B", False
+        yield "weak", bounds.encode_lease_capability(bytes(32)), False
+        yield "one too long", good + "A", False
+    elif kind is Kind.BYTES_TEXT:
+        yield "the longest in 4-byte characters", fill(WIDE, most), True
+        yield "the longest in ASCII", "a" * most, True
+        yield "one byte too long", "a" * (most + 1), False
+        yield "a C1 control", "a\x85", False
+    elif kind is Kind.CHARS_TEXT:
+        yield "the longest in 4-byte characters", WIDE * most, True
+        yield "one character too long", WIDE * (most + 1), False
+        yield "a C1 control", "a\x9b", False
+    else:
+        raise AssertionError(f"no probes for {kind}")
+    yield "a NUL", "a\x00", False
+    yield "empty", "", shortest == 0
+
+
+def _assign(message: Message, f: FieldDescriptor, value: Any) -> None:
+    if value is ABSENT:
+        return
+    if f.message_type is not None and f.message_type.GetOptions().map_entry:
+        getattr(message, f.name).update(value)
+    elif f.is_repeated:
+        getattr(message, f.name).extend(value)
+    else:
+        setattr(message, f.name, value)
+
+
+def _messages() -> list[Descriptor]:
+    found: dict[str, Descriptor] = {}
+    for service, _ in PUBLIC_SERVICES:
+        for method in service.methods:
+            for message in reachable_messages(method.input_type):
+                found.setdefault(message.full_name, message)
+    return list(found.values())
+
+
+def test_every_declared_extreme_is_accepted_and_one_step_past_it_refused() -> None:
+    """The derivation behind the extremes above, checked against the validator for every
+    field any public request reaches: the values classified as the largest valid ones
+    are accepted, and the next ones are refused on that very field."""
+    wrong = []
+    checked: set[Kind] = set()
+    for descriptor in _messages():
+        make: Callable[[], Message] = GetMessageClass(descriptor)
+        for f in descriptor.fields:
+            declared = field_rule(descriptor, f.name)
+            checked.add(declared.kind)
+            for what, value, accepted in probes(f, declared):
+                message = make()
+                _assign(message, f, value)
+                on_field = [
+                    v.description
+                    for v in validate_request(message)
+                    if v.field == f.name or v.field.startswith((f.name + "[", f.name + "."))
+                ]
+                if accepted == bool(on_field):
+                    verdict = "refused" if on_field else "accepted"
+                    wrong.append(f"{f.full_name}: {what} {verdict} {on_field}")
+    assert wrong == []
+    assert checked == set(Kind), set(Kind) - checked
 
 
 @pytest.fixture
@@ -151,13 +379,13 @@ async def test_the_database_stores_everything_the_contract_allows(stack: Stack) 
         tasks = task_service_pb2_grpc.TaskServiceStub(channel)
         runs = run_service_pb2_grpc.RunServiceStub(channel)
         # Task: the longest display name in 4-byte characters, the most and longest labels.
-        display_name = WIDE * bounds.DISPLAY_NAME_MAX_CHARS
-        labels = max_labels(fill(WIDE, bounds.LABEL_VALUE_MAX_BYTES))
+        display_name = longest_chars(ts.CreateTaskRequest, "display_name")
+        labels = max_labels(longest_label_value(WIDE))
         created = await tasks.CreateTask(
             within_bounds(
                 ts.CreateTaskRequest(
                     project_id=PROJECT,
-                    request_id=request_id("task"),
+                    request_id=request_id(ts.CreateTaskRequest, "task"),
                     display_name=display_name,
                     labels=labels,
                 )
@@ -179,7 +407,7 @@ async def test_the_database_stores_everything_the_contract_allows(stack: Stack) 
                     ts.CreateTaskRevisionRequest(
                         project_id=PROJECT,
                         task_id=task_id,
-                        request_id=request_id(f"rev{number}"),
+                        request_id=request_id(ts.CreateTaskRevisionRequest, f"rev{number}"),
                         plan=plan,
                     )
                 ),
@@ -203,32 +431,41 @@ async def test_the_database_stores_everything_the_contract_allows(stack: Stack) 
                         project_id=PROJECT,
                         task_id=task_id,
                         revision_number=number,
-                        request_id=request_id(f"run{number}"),
+                        request_id=request_id(rs.TriggerRunRequest, f"run{number}"),
                     )
                 ),
                 metadata=meta,
             )
             run_ids.append(run.run.run_id)
-        assert run.run.max_attempts == bounds.RETRY_MAX_ATTEMPTS_MIN
+        assert run.run.max_attempts == SMALLEST_POLICY.max_attempts
         missing = await failure(
             tasks.GetTaskRevision(
                 ts.GetTaskRevisionRequest(
-                    project_id=PROJECT, task_id=task_id, revision_number=bounds.MAX_SAFE_INTEGER
+                    project_id=PROJECT,
+                    task_id=task_id,
+                    revision_number=highest(ts.GetTaskRevisionRequest, "revision_number"),
                 ),
                 metadata=meta,
             )
         )
         assert error_reason_of(missing) == "REVISION_NOT_FOUND"
         listed = await runs.ListRuns(
-            rs.ListRunsRequest(project_id=PROJECT, page_size=bounds.PAGE_SIZE_MAX), metadata=meta
+            within_bounds(
+                rs.ListRunsRequest(
+                    project_id=PROJECT, page_size=highest(rs.ListRunsRequest, "page_size")
+                )
+            ),
+            metadata=meta,
         )
         assert {r.run_id for r in listed.runs} == set(run_ids)
         beyond = await runs.ListRunEvents(
-            rs.ListRunEventsRequest(
-                project_id=PROJECT,
-                run_id=run_ids[0],
-                after_sequence=bounds.MAX_SAFE_INTEGER,
-                page_size=bounds.PAGE_SIZE_MAX,
+            within_bounds(
+                rs.ListRunEventsRequest(
+                    project_id=PROJECT,
+                    run_id=run_ids[0],
+                    after_sequence=highest(rs.ListRunEventsRequest, "after_sequence"),
+                    page_size=highest(rs.ListRunEventsRequest, "page_size"),
+                )
             ),
             metadata=meta,
         )
@@ -246,17 +483,19 @@ async def test_the_database_stores_everything_the_contract_allows(stack: Stack) 
         by_type = {e.type: e for e in events}
         assert by_type["attempt.running"].attempt_running.log_artifact_id == LOG_ARTIFACT_ID
         assert by_type["attempt.failed"].attempt_finished.summary == SUMMARY
-        assert by_type["attempt.failed"].attempt_finished.exit_code == bounds.INT32_MIN
+        assert by_type["attempt.failed"].attempt_finished.exit_code == EXIT_CODE
         # The largest retry policy keeps the first Run waiting a day for its second try.
         first = (
             await runs.GetRun(
                 rs.GetRunRequest(project_id=PROJECT, run_id=run_ids[0]), metadata=meta
             )
         ).run
-        assert first.max_attempts == bounds.RETRY_MAX_ATTEMPTS_MAX
+        assert first.max_attempts == LARGEST_POLICY.max_attempts
         cancel = within_bounds(
             rs.CancelRunRequest(
-                project_id=PROJECT, run_id=run_ids[0], mutation_id=request_id("cancel")
+                project_id=PROJECT,
+                run_id=run_ids[0],
+                mutation_id=request_id(rs.CancelRunRequest, "cancel", "mutation_id"),
             )
         )
         accepted = await runs.CancelRun(cancel, metadata=meta)
@@ -266,10 +505,15 @@ async def test_the_database_stores_everything_the_contract_allows(stack: Stack) 
     assert all(f.lease_token not in repr(stack.audit_rows()) for f in fences)
 
 
-EXECUTOR_HANDLE: Final = fill(WIDE, bounds.EXECUTOR_HANDLE_MAX_BYTES)
-LOG_ARTIFACT_ID: Final = fill(WIDE, bounds.LOG_ARTIFACT_ID_MAX_BYTES)
-SUMMARY: Final = WIDE * bounds.ERROR_SUMMARY_MAX_CHARS
-ERROR_SUMMARY: Final = "\\" * bounds.ERROR_SUMMARY_MAX_CHARS
+EXECUTOR_HANDLE: Final = longest_bytes(ws.AcknowledgeRunningRequest, "executor_handle")
+LOG_ARTIFACT_ID: Final = longest_bytes(ws.AcknowledgeRunningRequest, "log_artifact_id")
+CALLBACK_SEQUENCE: Final = highest(ws.AcknowledgeRunningRequest, "callback_sequence")
+CALLBACK_TOKEN_DIGEST: Final = (
+    "f" * rule(ws.AcknowledgeRunningRequest, "callback_token_digest", Kind.SHA256_HEX).lengths[1]
+)
+SUMMARY: Final = longest_chars(ws.CompleteAttemptRequest, "summary")
+EXIT_CODE: Final = lowest(ws.CompleteAttemptRequest, "exit_code")
+ERROR_SUMMARY: Final = longest_chars(ws.ReportStartFailureRequest, "error_summary", "\\")
 
 
 async def worker_sequence_at_the_extremes(
@@ -282,11 +526,13 @@ async def worker_sequence_at_the_extremes(
         session = await worker.OpenSession(
             within_bounds(
                 ws.OpenSessionRequest(
-                    request_id=request_id("session"),
+                    request_id=request_id(ws.OpenSessionRequest, "session"),
                     worker_id="worker-a",
-                    agent_version=fill(WIDE, bounds.AGENT_VERSION_MAX_BYTES),
+                    agent_version=longest_bytes(ws.OpenSessionRequest, "agent_version"),
                     executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-                    max_concurrent_attempts=bounds.MAX_CONCURRENT_ATTEMPTS_MAX,
+                    max_concurrent_attempts=highest(
+                        ws.OpenSessionRequest, "max_concurrent_attempts"
+                    ),
                 )
             )
         )
@@ -296,7 +542,7 @@ async def worker_sequence_at_the_extremes(
                     worker_id="worker-a",
                     session_id=session.session_id,
                     worker_generation=session.worker_generation,
-                    max_offers=bounds.MAX_OFFERS_MAX,
+                    max_offers=highest(ws.PullOffersRequest, "max_offers"),
                 )
             )
         )
@@ -337,8 +583,8 @@ async def worker_sequence_at_the_extremes(
                     fence=ran,
                     executor_handle=EXECUTOR_HANDLE,
                     log_artifact_id=LOG_ARTIFACT_ID,
-                    callback_sequence=bounds.MAX_SAFE_INTEGER,
-                    callback_token_digest="f" * bounds.SHA256_HEX_LENGTH,
+                    callback_sequence=CALLBACK_SEQUENCE,
+                    callback_token_digest=CALLBACK_TOKEN_DIGEST,
                 )
             )
         )
@@ -348,9 +594,9 @@ async def worker_sequence_at_the_extremes(
             within_bounds(
                 ws.CompleteAttemptRequest(
                     fence=ran,
-                    callback_sequence=bounds.MAX_SAFE_INTEGER,
+                    callback_sequence=highest(ws.CompleteAttemptRequest, "callback_sequence"),
                     outcome=worker_pb2.ATTEMPT_OUTCOME_FAILED,
-                    exit_code=bounds.INT32_MIN,
+                    exit_code=EXIT_CODE,
                     summary=SUMMARY,
                 )
             )
@@ -384,7 +630,7 @@ async def failure(call: Any) -> grpc.aio.AioRpcError:
 async def test_labels_at_their_maximum_in_escaped_characters_are_stored(
     stack: Stack, character: str
 ) -> None:
-    labels = max_labels(fill(character, bounds.LABEL_VALUE_MAX_BYTES))
+    labels = max_labels(longest_label_value(character))
     # Over what 0001 allowed (8192 bytes of jsonb text); migration 0004 made room.
     assert jsonb_text_bytes(labels) > 8192
     async with stack.channel(stack.operator_identity("ops")) as channel:
@@ -392,7 +638,7 @@ async def test_labels_at_their_maximum_in_escaped_characters_are_stored(
             within_bounds(
                 ts.CreateTaskRequest(
                     project_id=PROJECT,
-                    request_id=request_id("escaped"),
+                    request_id=request_id(ts.CreateTaskRequest, "escaped"),
                     display_name="escaped labels",
                     labels=labels,
                 )

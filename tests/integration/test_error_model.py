@@ -43,35 +43,11 @@ from qinglong_ingress.stages import Call, Verdict
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
+from tests.support.calls import failure, stream_failure
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import PROJECT, Stack, running_stack
 
 ws = worker_service_pb2
-
-
-@pytest.fixture
-async def stack(
-    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
-        yield running
-
-
-async def failure(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
-    try:
-        await call
-    except grpc.aio.AioRpcError as error:
-        return error
-    raise AssertionError("the call succeeded")
-
-
-async def stream_failure(stream: Any) -> grpc.aio.AioRpcError:
-    try:
-        async for _ in stream:
-            pass
-    except grpc.aio.AioRpcError as error:
-        return error
-    raise AssertionError("the stream ended without an error")
 
 
 def assert_no_driver_text(error: grpc.aio.AioRpcError) -> None:
@@ -288,6 +264,11 @@ class Careless(RuntimeServicer):
         raise KeyError("secret")
 
 
+# Valid public requests: control enforces the contract's rules before a servicer runs.
+_GET_TASK = task_service_pb2.GetTaskRequest(project_id="proj-a", task_id=str(uuid.uuid4()))
+_WATCH = run_service_pb2.WatchRunEventsRequest(project_id="proj-a", run_id=str(uuid.uuid4()))
+
+
 async def test_a_method_without_error_handling_still_answers_typed(
     database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -309,18 +290,24 @@ async def test_a_method_without_error_handling_still_answers_typed(
         ) as channel:
             stub = runtime_service_pb2_grpc.RuntimeServiceStub(channel)
             unary = await failure(
-                stub.GetTask(runtime_service_pb2.GetTaskRequest(caller=caller), timeout=10)
+                stub.GetTask(
+                    runtime_service_pb2.GetTaskRequest(caller=caller, request=_GET_TASK),
+                    timeout=10,
+                )
             )
             midway = await stream_failure(
                 stub.WatchRunEvents(
-                    runtime_service_pb2.WatchRunEventsRequest(caller=caller), timeout=10
+                    runtime_service_pb2.WatchRunEventsRequest(caller=caller, request=_WATCH),
+                    timeout=10,
                 )
             )
             unavailable = await stream_failure(
                 stub.WatchRunEvents(
                     runtime_service_pb2.WatchRunEventsRequest(
                         caller=caller,
-                        request=run_service_pb2.WatchRunEventsRequest(after_sequence=1),
+                        request=run_service_pb2.WatchRunEventsRequest(
+                            project_id=_WATCH.project_id, run_id=_WATCH.run_id, after_sequence=1
+                        ),
                     ),
                     timeout=10,
                 )

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -27,30 +26,14 @@ from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 
-from tests.support.postgres import MigratedDatabase
-from tests.support.stack import PROJECT, Stack, running_stack
+from tests.support.calls import failure
+from tests.support.stack import PROJECT, Stack
 
 ws = worker_service_pb2
 
 
-@pytest.fixture
-async def stack(
-    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
-        yield running
-
-
 def bearer(stack: Stack, name: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {stack.tokens[name]}"),)
-
-
-async def failure(call: Any) -> grpc.aio.AioRpcError:
-    try:
-        await call
-    except grpc.aio.AioRpcError as error:
-        return error
-    raise AssertionError("the call succeeded")
 
 
 async def queued_run(stack: Stack, operator: str = "alice") -> str:
@@ -101,43 +84,10 @@ async def open_session(worker: worker_service_pb2_grpc.WorkerServiceStub, worker
 async def test_worker_start_sequence_through_ingress_is_audited_and_forwarded(
     stack: Stack,
 ) -> None:
-    run_id = await queued_run(stack)
-    capability = encode_lease_capability(secrets.token_bytes(32))
     async with stack.channel(stack.worker_identity("worker-a")) as channel:
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        session = await open_session(worker, "worker-a")
-        pulled = await worker.PullOffers(
-            ws.PullOffersRequest(
-                worker_id="worker-a",
-                session_id=session.session_id,
-                worker_generation=session.worker_generation,
-                max_offers=4,
-            )
-        )
-        [offer] = pulled.offers
-        claimed = await worker.ClaimOffer(
-            ws.ClaimOfferRequest(
-                worker_id="worker-a",
-                session_id=session.session_id,
-                worker_generation=session.worker_generation,
-                offer_id=offer.offer_id,
-                project_id=PROJECT,
-                run_id=run_id,
-                lease_token=capability,
-            )
-        )
-        fence = fence_pb2.Fence(
-            worker_id="worker-a",
-            session_id=session.session_id,
-            worker_generation=session.worker_generation,
-            project_id=PROJECT,
-            run_id=run_id,
-            attempt_id=claimed.attempt_id,
-            offer_id=offer.offer_id,
-            lease_generation=claimed.lease_generation,
-            lease_token=capability,
-            expected_lease_version=claimed.lease_version,
-        )
+        fence = await claimed_attempt(stack, worker)
+        run_id, capability = fence.run_id, fence.lease_token
         starting = await worker.AcknowledgeStarting(ws.AcknowledgeStartingRequest(fence=fence))
         assert starting.outcome == worker_pb2.STARTING_OUTCOME_STARTING
         # A control refusal comes back unchanged: code and ErrorInfo reason.
@@ -406,8 +356,9 @@ async def test_transport_refuses_messages_beyond_the_largest_cap(stack: Stack) -
     assert stack.control_calls.methods == []
 
 
-async def running_attempt(stack: Stack, worker: worker_service_pb2_grpc.WorkerServiceStub) -> Any:
-    """A Run taken to `running` by worker-a through ingress; returns its fence."""
+async def claimed_attempt(stack: Stack, worker: worker_service_pb2_grpc.WorkerServiceStub) -> Any:
+    """A queued Run claimed by worker-a through ingress (OpenSession, PullOffers,
+    ClaimOffer); returns the Attempt's fence."""
     run_id = await queued_run(stack)
     session = await open_session(worker, "worker-a")
     [offer] = (
@@ -432,7 +383,7 @@ async def running_attempt(stack: Stack, worker: worker_service_pb2_grpc.WorkerSe
             lease_token=capability,
         )
     )
-    fence = fence_pb2.Fence(
+    return fence_pb2.Fence(
         worker_id="worker-a",
         session_id=session.session_id,
         worker_generation=session.worker_generation,
@@ -444,6 +395,11 @@ async def running_attempt(stack: Stack, worker: worker_service_pb2_grpc.WorkerSe
         lease_token=capability,
         expected_lease_version=claimed.lease_version,
     )
+
+
+async def running_attempt(stack: Stack, worker: worker_service_pb2_grpc.WorkerServiceStub) -> Any:
+    """A Run taken to `running` by worker-a through ingress; returns its fence."""
+    fence = await claimed_attempt(stack, worker)
     await worker.AcknowledgeStarting(ws.AcknowledgeStartingRequest(fence=fence))
     await worker.AcknowledgeRunning(
         ws.AcknowledgeRunningRequest(

@@ -5,23 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
-from tests.support.postgres import MigratedDatabase
-from tests.support.stack import Stack, running_stack
+from tests.support.stack import Stack
 
 QINGLONG_INGRESS = Path(sys.executable).with_name("qinglong-ingress")
-
-
-@pytest.fixture
-async def stack(
-    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
-        yield running
 
 
 async def test_ingress_probe_with_its_own_dev_certificate_reports_serving(stack: Stack) -> None:

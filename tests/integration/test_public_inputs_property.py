@@ -70,6 +70,16 @@ from qinglong_protocol.errors import (
 )
 
 from tests.support import protowire
+from tests.support.contract_fields import (
+    TEXT_KINDS,
+    FieldRule,
+    Kind,
+    argv_of_longest_items,
+    argv_of_most_items,
+    field_rule,
+    label_key_max_length,
+    ruled_fields,
+)
 from tests.support.postgres import Clusters
 from tests.support.stack import PROJECT, Stack, running_stack
 
@@ -404,6 +414,8 @@ FORGED_TEXTS: Final = (
     "%s%s%n",
     "\u202eevil",
     "\x1b[31mred",
+    "\x9b31mred",
+    "line\x85break",
     "FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF",
     "{6f1c8d3a-2b4e-4f5a-9c7d-8e9f0a1b2c3d}",
     "6f1c8d3a2b4e4f5a9c7d8e9f0a1b2c3d",
@@ -418,8 +430,28 @@ def _page_token_of(text: str) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode("ascii").rstrip("=")
 
 
+def longest(rule: FieldRule, character: str) -> str:
+    """``character`` repeated to the longest length the rule's pattern allows; fails if
+    the rule does not accept it (so a test never believes it sends the maximum when it
+    sends something ingress refuses)."""
+    value = character * rule.lengths[1]
+    assert rule.regex.fullmatch(value), (rule.kind, character)
+    assert not rule.regex.fullmatch(value + character), (rule.kind, character)
+    return value
+
+
+def uuid_of(digit: str) -> str:
+    """The UUID whose every hex digit is ``digit`` (the smallest and the largest)."""
+    return str(uuid.UUID(digit * 32))
+
+
 #: Cursors no server issues: outside bigint, outside the epoch, around 2^53.
 CURSOR_EXTREMES: Final = (*INT_EXTREMES, 2**63, -(2**63) - 1, 10**30, -(10**30))
+
+
+#: The page token's declared rule (every list request has the same one).
+PAGE_TOKEN: Final = field_rule(run_service_pb2.ListRunsRequest, "page_token")
+assert PAGE_TOKEN.kind is Kind.PAGE_TOKEN
 
 
 def forged_page_tokens() -> st.SearchStrategy[str]:
@@ -443,8 +475,8 @@ def forged_page_tokens() -> st.SearchStrategy[str]:
         own_shape.map(lambda pair: _page_token_of(f"{pair[0]}:{pair[1]}")),
         other_shape.map(lambda pair: _page_token_of(f"{pair[0]}:{pair[1]}")),
         raw,
-        st.from_regex(bounds.PAGE_TOKEN_PATTERN, fullmatch=True),
-        st.just("A" * bounds.PAGE_TOKEN_MAX_LENGTH),
+        st.from_regex(PAGE_TOKEN.regex, fullmatch=True),
+        st.just(longest(PAGE_TOKEN, "A")),
     )
 
 
@@ -474,40 +506,45 @@ def bounded_chars_text(max_chars: int, min_chars: int = 1) -> st.SearchStrategy[
     return st.one_of(drawn, st.sampled_from(fill))
 
 
-V = validation
-#: Values each Text rule of ingress accepts, by rule: they pass ingress, so a request
-#: made of them reaches control and the database.
-VALID_TEXT: Final[dict[int, st.SearchStrategy[str]]] = {
-    id(V.SLUG): st.one_of(
-        st.from_regex(bounds.SLUG_PATTERN, fullmatch=True), st.just("z" * bounds.SLUG_MAX_LENGTH)
-    ),
-    id(V.UUID): st.one_of(
-        st.uuids().map(str),
-        st.sampled_from(
-            ["00000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff"]
-        ),
-    ),
-    id(V.UUID_OR_EMPTY): st.one_of(st.just(""), st.uuids().map(str)),
-    id(V.REQUEST_ID): st.one_of(
-        st.from_regex(bounds.REQUEST_ID_PATTERN, fullmatch=True),
-        st.just(":" * bounds.REQUEST_ID_MAX_LENGTH),
-    ),
-    id(V.SHA256_HEX): st.from_regex(bounds.SHA256_HEX_PATTERN, fullmatch=True),
-    id(V.PAGE_TOKEN): forged_page_tokens(),
-    id(V.EXECUTOR_HANDLE): bounded_bytes_text(bounds.EXECUTOR_HANDLE_MAX_BYTES),
-    id(V.LOG_ARTIFACT_ID): bounded_bytes_text(bounds.LOG_ARTIFACT_ID_MAX_BYTES),
-    id(V.AGENT_VERSION): bounded_bytes_text(bounds.AGENT_VERSION_MAX_BYTES, 0),
-    id(V.ERROR_SUMMARY): bounded_chars_text(bounds.ERROR_SUMMARY_MAX_CHARS),
-    id(V.SUMMARY): bounded_chars_text(bounds.ERROR_SUMMARY_MAX_CHARS, 0),
-    id(V.DISPLAY_NAME): bounded_chars_text(bounds.DISPLAY_NAME_MAX_CHARS),
-    id(V.LEASE_CAPABILITY): st.binary(min_size=32, max_size=32).map(bounds.encode_lease_capability),
-}
+def valid_text(rule: FieldRule) -> st.SearchStrategy[str]:
+    """Values a text field's declared rule accepts: they pass ingress, so a request made
+    of them reaches control and the database. Often at the rule's own maximum."""
+    return _VALID_TEXT[rule]
 
-#: Well-formed values that are forged: they pass ingress and must be refused by control.
-FORGED_VALID_TEXT: Final[dict[int, st.SearchStrategy[str]]] = {
-    **VALID_TEXT,
-    id(V.LEASE_CAPABILITY): st.one_of(
-        VALID_TEXT[id(V.LEASE_CAPABILITY)],
+
+def _valid_text(rule: FieldRule) -> st.SearchStrategy[str]:
+    shortest, most = rule.lengths
+    if rule.kind is Kind.SLUG:
+        return st.one_of(st.from_regex(rule.regex, fullmatch=True), st.just(longest(rule, "z")))
+    if rule.kind is Kind.UUID:
+        return st.one_of(
+            st.uuids().map(str),
+            st.sampled_from([uuid_of("0"), uuid_of("f")]),
+        )
+    if rule.kind is Kind.UUID_OR_EMPTY:
+        return st.one_of(st.just(""), st.uuids().map(str))
+    if rule.kind is Kind.REQUEST_ID:
+        return st.one_of(st.from_regex(rule.regex, fullmatch=True), st.just(longest(rule, ":")))
+    if rule.kind is Kind.SHA256_HEX:
+        return st.from_regex(rule.regex, fullmatch=True)
+    if rule.kind is Kind.PAGE_TOKEN:
+        return forged_page_tokens()
+    if rule.kind is Kind.BYTES_TEXT:
+        return bounded_bytes_text(most, shortest)
+    if rule.kind is Kind.CHARS_TEXT:
+        return bounded_chars_text(most, shortest)
+    if rule.kind is Kind.LEASE_CAPABILITY:
+        secret = bounds.LEASE_CAPABILITY_SECRET_BYTES
+        return st.binary(min_size=secret, max_size=secret).map(bounds.encode_lease_capability)
+    raise AssertionError(f"{rule.kind} is not a text kind")
+
+
+def forged_valid_text(rule: FieldRule) -> st.SearchStrategy[str]:
+    """Well-formed values that are forged: they pass ingress and must be refused by control."""
+    if rule.kind is not Kind.LEASE_CAPABILITY:
+        return valid_text(rule)
+    return st.one_of(
+        valid_text(rule),
         st.sampled_from(
             [
                 bounds.encode_lease_capability(bytes(32)),  # well shaped but weak
@@ -515,19 +552,32 @@ FORGED_VALID_TEXT: Final[dict[int, st.SearchStrategy[str]]] = {
                 "qlc1_" + "A" * 43,
             ]
         ),
-    ),
+    )
+
+
+#: Every rule of every field reachable from a public request, by the field's full name.
+#: Building it classifies them all: a field whose rule is of a kind these generators do
+#: not know fails the module at import instead of being generated as something else.
+RULES: Final = {
+    f.full_name: rule
+    for method in METHODS
+    for _, f, rule in ruled_fields(method.descriptor.input_type)
+}
+_VALID_TEXT: Final = {
+    rule: _valid_text(rule) for rule in set(RULES.values()) if rule.kind in TEXT_KINDS
 }
 
-#: Lengths around every string bound and the byte caps.
-LONG_LENGTHS: Final = (
-    bounds.SLUG_MAX_LENGTH + 1,
-    bounds.REQUEST_ID_MAX_LENGTH + 1,
-    bounds.LABEL_VALUE_MAX_BYTES + 1,
-    bounds.EXECUTOR_HANDLE_MAX_BYTES + 1,
-    bounds.PAGE_TOKEN_MAX_LENGTH + 1,
-    bounds.COMMAND_ARG_MAX_BYTES + 1,
-    bounds.WORKER_REQUEST_MAX_BYTES - 64,
-    bounds.WORKER_REQUEST_MAX_BYTES + 1,
+
+def rule_of(message: Descriptor, name: str) -> FieldRule:
+    return RULES[message.fields_by_name[name].full_name]
+
+
+#: Lengths one past every length bound the contract declares, and around the byte caps.
+LONG_LENGTHS: Final = tuple(
+    sorted(
+        {rule.max_length + 1 for rule in RULES.values() if rule.max_length is not None}
+        | {bounds.WORKER_REQUEST_MAX_BYTES - 64, bounds.WORKER_REQUEST_MAX_BYTES + 1}
+    )
 )
 
 #: Text no rule accepts, or bytes that are not text at all.
@@ -545,14 +595,15 @@ HOSTILE_TEXT: Final = st.one_of(
 )
 
 
-def hostile_int(rule: validation.Rule | None) -> st.SearchStrategy[int]:
+def hostile_int(rule: FieldRule) -> st.SearchStrategy[int]:
     """Edges of the field's own range (both sides), extremes, and anything in 64 bits."""
     options = [
         st.sampled_from(INT_EXTREMES),
         st.integers(min_value=-(2**63), max_value=2**64 - 1),
     ]
-    if isinstance(rule, validation.Int):
-        edges = [rule.low - 1, rule.low, rule.high, rule.high + 1]
+    if rule.kind is Kind.INT_RANGE:
+        low, high = rule.int_range
+        edges = [low - 1, low, high, high + 1]
         options = [st.sampled_from(edges), st.sampled_from(edges), *options]
     return st.one_of(options)
 
@@ -604,14 +655,15 @@ class Builder:
     # one value --------------------------------------------------------------------
 
     def text(self, message: Descriptor, name: str, hostile: bool) -> bytes:
-        rule = validation.REQUEST_RULES.get(message.full_name, {}).get(name)
+        rule = rule_of(message, name)
         known = self.known.texts.get(name, [])
         if hostile:
-            forged = FORGED_VALID_TEXT.get(id(rule))
-            options = [HOSTILE_TEXT] if forged is None else [HOSTILE_TEXT, forged.map(str.encode)]
+            options = [HOSTILE_TEXT]
+            if rule.kind in TEXT_KINDS:  # not argv's items: they have no forged kind
+                options.append(forged_valid_text(rule).map(str.encode))
             raw: bytes = self.draw(st.one_of(options))
         else:
-            valid = VALID_TEXT.get(id(rule), st.text(PRINTABLE, max_size=20))
+            valid = valid_text(rule)
             # An identity another principal owns only earns PERMISSION_DENIED: stay real.
             weight = 3 if name in SCOPING_FIELDS else 1
             options = [st.sampled_from(known)] * weight + [valid] if known else [valid]
@@ -621,7 +673,7 @@ class Builder:
         return raw
 
     def integer(self, message: Descriptor, field_descriptor: FieldDescriptor, hostile: bool) -> int:
-        rule = validation.REQUEST_RULES.get(message.full_name, {}).get(field_descriptor.name)
+        rule = rule_of(message, field_descriptor.name)
         known = self.known.ints.get(field_descriptor.name, [])
         strategy: st.SearchStrategy[int]
         if field_descriptor.enum_type is not None:
@@ -629,13 +681,10 @@ class Builder:
             strategy = hostile_enum(field_descriptor) if hostile else st.sampled_from(declared)
         elif hostile:
             strategy = hostile_int(rule)
-        elif isinstance(rule, validation.Int):
-            in_range = st.one_of(
-                st.sampled_from([rule.low, rule.high]), st.integers(rule.low, rule.high)
-            )
-            strategy = st.one_of(st.sampled_from(known), in_range) if known else in_range
         else:
-            strategy = st.sampled_from(known) if known else st.integers(0, 100)
+            low, high = rule.int_range
+            in_range = st.one_of(st.sampled_from([low, high]), st.integers(low, high))
+            strategy = st.one_of(st.sampled_from(known), in_range) if known else in_range
         value: int = self.draw(strategy)
         return value
 
@@ -689,21 +738,22 @@ class Builder:
         return protowire.packed(f, values) if values else b""
 
     def command(self, message: Descriptor, f: FieldDescriptor, hostile: bool) -> bytes:
-        """argv: valid lists up to the documented maxima, or hostile items and counts."""
+        """argv: valid lists up to the declared maxima, or hostile items and counts."""
+        rule = rule_of(message, f.name)
+        assert rule.kind is Kind.ARGV, (f.full_name, rule.kind)
         if not hostile:
             shape = self.draw(st.sampled_from(["small", "small", "max_items", "max_bytes"]))
             if shape == "max_items":
-                per_item = bounds.COMMAND_ARGV_MAX_TOTAL_BYTES // bounds.COMMAND_ARGV_MAX_ITEMS
-                items = ["a" * per_item] * bounds.COMMAND_ARGV_MAX_ITEMS
+                items = argv_of_most_items(rule)
             elif shape == "max_bytes":
-                count = bounds.COMMAND_ARGV_MAX_TOTAL_BYTES // bounds.COMMAND_ARG_MAX_BYTES
-                items = ['"' * bounds.COMMAND_ARG_MAX_BYTES] * count
+                items = argv_of_longest_items(rule, '"')
             else:
                 items = self.draw(
                     st.lists(st.text(PRINTABLE, min_size=1, max_size=12), min_size=1, max_size=4)
                 )
             return b"".join(protowire.text(f, item.encode()) for item in items)
-        count = self.draw(st.sampled_from([0, 1, 2, 64, 65]))
+        most = rule.items[1]
+        count = self.draw(st.sampled_from([0, 1, 2, most, most + 1]))
         hostile_items = [self.text(message, f.name, hostile=True) for _ in range(min(count, 3))]
         items_raw = hostile_items + [b"x"] * (count - len(hostile_items))
         return b"".join(protowire.text(f, item) for item in items_raw)
@@ -713,14 +763,17 @@ class Builder:
         entry = f.message_type
         assert entry is not None
         key_field, value_field = entry.fields_by_name["key"], entry.fields_by_name["value"]
-        count = self.draw(st.sampled_from([0, 1, 2, 16, 17] if hostile else [0, 1, 16]))
-        key_ok = st.from_regex(bounds.LABEL_KEY_PATTERN, fullmatch=True)
-        value_ok = bounded_bytes_text(bounds.LABEL_VALUE_MAX_BYTES, 0)
+        rule = RULES[f.full_name]
+        most = rule.items[1]
+        count = self.draw(st.sampled_from([0, 1, 2, most, most + 1] if hostile else [0, 1, most]))
+        key_ok = st.from_regex(rule.regex, fullmatch=True)
+        key_max = label_key_max_length(rule)
+        value_ok = bounded_bytes_text(rule.lengths[1], 0)
         out = []
         for index in range(count):
             bad = hostile and index < 2 and self.draw(st.booleans())
             # A distinct prefix per entry: a map keeps one value per key.
-            key = self.draw(HOSTILE_TEXT) if bad else f"k{index:02d}{self.draw(key_ok)}"[:63]
+            key = self.draw(HOSTILE_TEXT) if bad else f"k{index:02d}{self.draw(key_ok)}"[:key_max]
             value = self.draw(HOSTILE_TEXT) if bad else self.draw(value_ok)
             raw_key = key if isinstance(key, bytes) else key.encode()
             raw_value = value if isinstance(value, bytes) else value.encode()
@@ -859,21 +912,17 @@ def names_a_field(descriptor: Descriptor, path: str) -> bool:
 
 
 def contract_allows(method: PublicMethod, body: bytes, issued_tokens: Collection[str]) -> bool:
-    """Whether the contract documents ``body`` as a valid request: it decodes, every
-    field is within its Bound/Range (ingress's own rules), and the few documented rules
-    across fields hold. Such a request may be refused for what it asks (a fence, a
-    missing run) but never as INVALID_ARGUMENT: not by control, not by the database."""
+    """Whether the contract documents ``body`` as a valid request: it decodes, it keeps
+    every ``buf.validate`` rule it declares (field and message rules alike, such as a retry
+    policy's backoff order) as ingress enforces them, and the few rules the contract
+    states only in words hold. Such a request may be refused for what it asks (a fence,
+    a missing run) but never as INVALID_ARGUMENT: not by control, not by the database."""
     try:
         request = GetMessageClass(method.descriptor.input_type).FromString(body)
     except DecodeError:
         return False
     if validation.validate_request(request, serialized_size=len(body)):
         return False
-    plan = getattr(request, "plan", None)
-    if plan is not None and plan.HasField("retry_policy"):
-        policy = plan.retry_policy
-        if policy.max_backoff_ms < policy.initial_backoff_ms:  # "at least initial_backoff_ms"
-            return False
     if method.descriptor.name == "CompleteAttempt" and request.stop_reason not in (
         0,
         lifecycle_pb2.CANCEL_REASON_SHUTDOWN,
@@ -951,31 +1000,40 @@ async def still_serving(world: World) -> None:
 # one specific field of an otherwise real request. The sweep does exactly that, for every
 # leaf field of every method's request (nested ones included) and every edge of its type.
 
-#: Valid stand-ins for fields the real world has no value for, by rule.
-VALID_DEFAULT: Final[dict[int, str]] = {
-    id(V.SLUG): "proj-a",
-    id(V.UUID): "6f1c8d3a-2b4e-4f5a-9c7d-8e9f0a1b2c3d",
-    id(V.UUID_OR_EMPTY): "",
-    id(V.REQUEST_ID): "sweep-1",
-    id(V.SHA256_HEX): "cd" * 32,
-    id(V.PAGE_TOKEN): "",
-    id(V.EXECUTOR_HANDLE): "pid:1;start:1",
-    id(V.LOG_ARTIFACT_ID): "log-1",
-    id(V.AGENT_VERSION): "sweep/1",
-    id(V.ERROR_SUMMARY): "exec: not found",
-    id(V.SUMMARY): "",
-    id(V.DISPLAY_NAME): "sweep",
-    id(V.LEASE_CAPABILITY): bounds.encode_lease_capability(hashlib.sha256(b"sweep").digest()),
-}
+#: 4 bytes in UTF-8: a byte bound filled with it holds a quarter as many characters, and a
+#: character bound filled with it is four times as many bytes.
+WIDE: Final = "\U0001f600"
+
+
+def valid_default(rule: FieldRule) -> str:
+    """A valid stand-in for a text field the real world has no value for."""
+    shortest, most = rule.lengths
+    if rule.kind is Kind.SLUG:
+        value = "proj-a"
+    elif rule.kind is Kind.UUID:
+        value = "6f1c8d3a-2b4e-4f5a-9c7d-8e9f0a1b2c3d"
+    elif rule.kind in (Kind.UUID_OR_EMPTY, Kind.PAGE_TOKEN):
+        value = ""
+    elif rule.kind is Kind.REQUEST_ID:
+        value = "sweep-1"
+    elif rule.kind is Kind.SHA256_HEX:
+        value = "cd" * 32
+    elif rule.kind in (Kind.BYTES_TEXT, Kind.CHARS_TEXT):
+        value = "sweep/1"[:most].ljust(shortest, "s")
+    elif rule.kind is Kind.LEASE_CAPABILITY:
+        value = bounds.encode_lease_capability(hashlib.sha256(b"sweep").digest())
+    else:
+        raise AssertionError(f"{rule.kind} is not a text kind")
+    assert rule.pattern is None or rule.pattern.fullmatch(value), (rule.kind, value)
+    return value
 
 
 def base_request(descriptor: Descriptor, known: Known) -> Message:
     """A request every field of which is real or valid: what the sweep varies one field of."""
     message: Message = GetMessageClass(descriptor)()
-    rules = validation.REQUEST_RULES[descriptor.full_name]
     for f in descriptor.fields:
-        rule = rules[f.name]
-        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+        rule = RULES[f.full_name]
+        if rule.kind is Kind.LABELS:
             getattr(message, f.name).update({"team": "core"})
         elif f.message_type is not None:
             real = known.messages.get(f.name)
@@ -985,86 +1043,111 @@ def base_request(descriptor: Descriptor, known: Known) -> Message:
                 else base_request(f.message_type, known)
             )
             getattr(message, f.name).CopyFrom(sub)
-        elif f.is_repeated and f.type == FieldDescriptor.TYPE_STRING:
+        elif rule.kind is Kind.ARGV:
             getattr(message, f.name).extend(["echo", "hi"])
-        elif f.is_repeated:
-            if isinstance(rule, validation.EnumSet) and rule.min_items > 0:
-                getattr(message, f.name).append(1)
-        elif f.has_presence:
+        elif rule.kind is Kind.ENUM_SET:
+            getattr(message, f.name).extend(declared_values(f)[: rule.items[0]])
+        elif rule.presence:
             continue  # optional scalars: absent is always within bounds
-        elif f.type == FieldDescriptor.TYPE_STRING:
+        elif rule.kind in TEXT_KINDS:
             real_texts = known.texts.get(f.name)
-            setattr(message, f.name, real_texts[0] if real_texts else VALID_DEFAULT[id(rule)])
-        elif f.enum_type is not None:
-            setattr(
-                message, f.name, 1 if isinstance(rule, validation.Enum) and rule.required else 0
-            )
+            setattr(message, f.name, real_texts[0] if real_texts else valid_default(rule))
+        elif rule.kind in (Kind.REQUIRED_ENUM, Kind.OPTIONAL_ENUM):
+            setattr(message, f.name, 1 if rule.kind is Kind.REQUIRED_ENUM else 0)
         else:
             real_ints = known.ints.get(f.name)
-            low = rule.low if isinstance(rule, validation.Int) else 0
-            setattr(message, f.name, real_ints[0] if real_ints else max(low, 1))
+            setattr(message, f.name, real_ints[0] if real_ints else max(rule.int_range[0], 1))
     return message
 
 
-def text_edges(rule: validation.Rule | None) -> list[bytes]:
-    """Every string edge: forged texts, invalid UTF-8, lengths past the bound and the caps,
-    and well-formed forgeries of the rule's own kind (they pass ingress)."""
+def text_edges(rule: FieldRule) -> list[bytes]:
+    """Every string edge: forged texts, invalid UTF-8, lengths past every declared bound
+    and the caps, the rule's own maximum and one past it, and well-formed forgeries of
+    the rule's own kind (they pass ingress)."""
+    most = rule.lengths[1]
     edges = [text.encode() for text in FORGED_TEXTS]
     edges += [b"ok" + INVALID_UTF8[0], INVALID_UTF8[3], b"qlc1_" + INVALID_UTF8[5] * 10]
-    edges += [b"a" * length for length in (65, 257, 513, 4097, bounds.WORKER_REQUEST_MAX_BYTES)]
-    if rule is V.PAGE_TOKEN:
+    edges += [b"a" * length for length in LONG_LENGTHS]
+    if rule.kind is Kind.PAGE_TOKEN:
         run = "6f1c8d3a-2b4e-4f5a-9c7d-8e9f0a1b2c3d"
         cursors = (*CURSOR_EXTREMES, "", "x", "+5", " 7", "1_000", "-0")
         edges += [_page_token_of(f"{c}:{run}").encode() for c in cursors]
         edges += [_page_token_of(f"5:{run.replace('-', '')}").encode()]
-        edges += [_page_token_of("5").encode(), b"A" * bounds.PAGE_TOKEN_MAX_LENGTH]
-    elif rule is V.LEASE_CAPABILITY:
+        edges += [_page_token_of("5").encode(), longest(rule, "A").encode()]
+        edges += [b"A" * (most + 1)]
+    elif rule.kind is Kind.LEASE_CAPABILITY:
         edges += [
             bounds.encode_lease_capability(bytes(32)).encode(),
             bounds.encode_lease_capability(bytes(range(32))).encode(),
             capability().encode(),
         ]
-    elif rule in (V.UUID, V.UUID_OR_EMPTY):
-        edges += [b"00000000-0000-0000-0000-000000000000", b"ffffffff-ffff-ffff-ffff-ffffffffffff"]
-    elif rule in (V.SLUG, V.REQUEST_ID):
-        edges += [b"z" * 63, b"a" * 64]
+    elif rule.kind in (Kind.UUID, Kind.UUID_OR_EMPTY):
+        edges += [uuid_of("0").encode(), uuid_of("f").encode()]
+    elif rule.kind in (Kind.SLUG, Kind.REQUEST_ID):
+        edges += [longest(rule, "z").encode(), b"a" * (most + 1)]
+    elif rule.kind is Kind.BYTES_TEXT:
+        widest = WIDE * (most // len(WIDE.encode()))
+        edges += [widest.encode(), (widest + "a").encode(), b"a" * most, b"a" * (most + 1)]
+    elif rule.kind is Kind.CHARS_TEXT:
+        edges += [(WIDE * most).encode(), (WIDE * (most + 1)).encode(), b"\\" * most]
     return edges
 
 
-def int_edges(f: FieldDescriptor, rule: validation.Rule | None) -> list[int]:
+def declared_values(f: FieldDescriptor) -> list[int]:
+    """The numbers of an enum field's declared values, UNSPECIFIED (0) left out."""
+    assert f.enum_type is not None
+    return sorted(n for n in f.enum_type.values_by_number if n)
+
+
+def int_edges(f: FieldDescriptor, rule: FieldRule) -> list[int]:
     if f.enum_type is not None:
         declared = sorted(f.enum_type.values_by_number)
         return [*declared, max(declared) + 1, -1, bounds.INT32_MAX, bounds.INT32_MIN]
-    edges = list(INT_EXTREMES)
-    if isinstance(rule, validation.Int):
-        edges += [rule.low - 1, rule.low, rule.high, rule.high + 1]
+    low, high = rule.int_range
+    edges = [*INT_EXTREMES, low - 1, low, high, high + 1]
     return sorted(set(edges))
 
 
-def repeated_edges(f: FieldDescriptor) -> list[bytes]:
+def repeated_edges(f: FieldDescriptor, rule: FieldRule) -> list[bytes]:
     """Whole lists: empty, at and past the item bounds, bad items."""
-    if f.type == FieldDescriptor.TYPE_STRING:
+    most = rule.items[1]
+    if rule.kind is Kind.ARGV:
+        at_total = [item.encode() for item in argv_of_longest_items(rule, '"')]
         lists: list[list[bytes]] = [
             [],
             [b""],
             [b"a\x00b"],
             [b"ok", INVALID_UTF8[2]],
-            [b"a" * (bounds.COMMAND_ARG_MAX_BYTES + 1)],
-            [b"a"] * (bounds.COMMAND_ARGV_MAX_ITEMS + 1),
-            [b'"' * bounds.COMMAND_ARG_MAX_BYTES] * 16,
-            [b"a" * 1024] * bounds.COMMAND_ARGV_MAX_ITEMS,
+            [b"a" * (rule.lengths[1] + 1)],
+            [b"a"] * (most + 1),
+            at_total,
+            [*at_total, b"a"],
+            [item.encode() for item in argv_of_most_items(rule)],
         ]
         return [b"".join(protowire.text(f, item) for item in items) for items in lists]
-    declared = sorted(n for n in f.enum_type.values_by_number if n) if f.enum_type else [1]
-    lists_of_ints = [[], [0], [99], [-1], [declared[0]] * 2, declared * 6, [2**31 - 1] * 20]
+    declared = declared_values(f)
+    full = declared[:most]
+    lists_of_ints = [
+        [],
+        [0],
+        [99],
+        [-1],
+        [declared[0]] * 2,
+        declared * 6,
+        [2**31 - 1] * 20,
+        full,  # as many distinct values as allowed
+        [*full, *declared[most : most + 1], declared[0]],  # one more, or a repeat
+    ]
     return [protowire.packed(f, values) if values else b"" for values in lists_of_ints]
 
 
-def map_edges(f: FieldDescriptor) -> list[bytes]:
+def map_edges(f: FieldDescriptor, rule: FieldRule) -> list[bytes]:
     """labels: at the entry bound with the heaviest values, past it, bad keys and values."""
     entry = f.message_type
     assert entry is not None
+    most, value_max = rule.items[1], rule.lengths[1]
     key_field, value_field = entry.fields_by_name["key"], entry.fields_by_name["value"]
+    key_max = label_key_max_length(rule)
 
     def entries(pairs: list[tuple[bytes, bytes]]) -> bytes:
         return b"".join(
@@ -1074,22 +1157,22 @@ def map_edges(f: FieldDescriptor) -> list[bytes]:
             for k, v in pairs
         )
 
+    longest_keys = [f"k{i:02d}".ljust(key_max, "z") for i in range(most)]
+    assert all(rule.regex.fullmatch(key) for key in longest_keys)
     heavy = [
         entries(
-            [
-                (f"k{i:02d}".encode() + b"z" * 60, (c * (256 // len(c.encode()))).encode())
-                for i in range(bounds.LABELS_MAX_ENTRIES)
-            ]
+            [(key.encode(), (c * (value_max // len(c.encode()))).encode()) for key in longest_keys]
         )
         for c in HEAVY_CHARACTERS
     ]
     return [
         *heavy,
-        entries([(f"k{i}".encode(), b"v") for i in range(bounds.LABELS_MAX_ENTRIES + 1)]),
+        entries([(f"k{i}".encode(), b"v") for i in range(most + 1)]),
         entries([(b"Bad Key", b"v")]),
         entries([(b"", b"v")]),
+        entries([(b"k" * (key_max + 1), b"v")]),
         entries([(b"k", b"\x00")]),
-        entries([(b"k", b"a" * 257)]),
+        entries([(b"k", b"a" * (value_max + 1))]),
         entries([(b"k" + INVALID_UTF8[0], b"v")]),
         entries([(b"k", INVALID_UTF8[4])]),
     ]
@@ -1113,9 +1196,8 @@ def sweep(descriptor: Descriptor, base: Message, prefix: str = "") -> list[Varia
     overridden by appending it (the last occurrence wins, nested messages merge); a
     repeated one is replaced (the base's items are cleared first)."""
     variants: list[Variant] = []
-    rules = validation.REQUEST_RULES[descriptor.full_name]
     for f in descriptor.fields:
-        rule = rules.get(f.name)
+        rule = RULES[f.full_name]
         path = prefix + f.name
 
         def appended(leaf: bytes, f: FieldDescriptor = f) -> bytes:
@@ -1127,10 +1209,10 @@ def sweep(descriptor: Descriptor, base: Message, prefix: str = "") -> list[Varia
             copy.ClearField(f.name)
             return copy.SerializeToString() + leaf
 
-        if f.message_type is not None and f.message_type.GetOptions().map_entry:
-            variants += [Variant(path, replaced(edge), []) for edge in map_edges(f)]
+        if rule.kind is Kind.LABELS:
+            variants += [Variant(path, replaced(edge), []) for edge in map_edges(f, rule)]
         elif f.is_repeated:
-            variants += [Variant(path, replaced(edge), []) for edge in repeated_edges(f)]
+            variants += [Variant(path, replaced(edge), []) for edge in repeated_edges(f, rule)]
         elif f.message_type is not None:
             for edge in (b"", b"\xff\xff\xff", protowire.unknown(99, protowire.VARINT, b"\x01")):
                 variants.append(

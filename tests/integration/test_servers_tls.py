@@ -184,12 +184,24 @@ async def test_ingress_control_channel_reaches_the_runtime_api(stack: Stack) -> 
     async with open_control_channel(stack.ingress_settings.control) as channel:
         assert await _health(channel, RUNTIME_SERVICE_NAME) == "SERVING"
         runtime = runtime_service_pb2_grpc.RuntimeServiceStub(channel)
-        with pytest.raises(grpc.aio.AioRpcError) as unary:
+        # An empty public request breaks the contract's rules: control refuses it itself.
+        with pytest.raises(grpc.aio.AioRpcError) as empty:
             await runtime.OpenSession(runtime_service_pb2.OpenSessionRequest(), timeout=TIMEOUT)
+        assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        open_session = worker_service_pb2.OpenSessionRequest(
+            request_id="r-1", worker_id="edge-01", executor_types=[1], max_concurrent_attempts=1
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await runtime.OpenSession(
+                runtime_service_pb2.OpenSessionRequest(request=open_session), timeout=TIMEOUT
+            )
         assert unary.value.code() == grpc.StatusCode.UNIMPLEMENTED
         # A server-streaming RPC goes through the caller check's streaming path.
+        watch = run_service_pb2.WatchRunEventsRequest(
+            project_id="proj-a", run_id="7c9e6679-7425-40de-944b-e07fc1f90ae7"
+        )
         stream = runtime.WatchRunEvents(
-            runtime_service_pb2.WatchRunEventsRequest(), timeout=TIMEOUT
+            runtime_service_pb2.WatchRunEventsRequest(request=watch), timeout=TIMEOUT
         )
         with pytest.raises(grpc.aio.AioRpcError) as streamed:
             async for _ in stream:

@@ -18,11 +18,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from buf.validate import validate_pb2
 from google.protobuf import descriptor_pb2
 from qinglong.rpc.v1 import error_reason_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_protocol import bounds, errors
+
+from tests.support.contract_fields import pattern_width
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTO_ROOT = REPO_ROOT / "proto"
@@ -140,15 +143,17 @@ def descriptor_set(
 
 
 def _generated_files(root: Path) -> dict[str, bytes]:
-    """Generator-owned files under root/qinglong (not the hand-written root __init__)."""
+    """Generator-owned files under root/qinglong (not the hand-written root __init__) and
+    root/buf (the vendored protovalidate rules, all generated)."""
     files: dict[str, bytes] = {}
-    for path in sorted((root / "qinglong").rglob("*")):
-        if not path.is_file() or "__pycache__" in path.parts:
-            continue
-        relative = path.relative_to(root)
-        is_init = path.name == "__init__.py" and len(relative.parts) > 2
-        if is_init or path.name.endswith(GENERATED_SUFFIXES):
-            files[relative.as_posix()] = path.read_bytes()
+    for package in ("qinglong", "buf"):
+        for path in sorted((root / package).rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            relative = path.relative_to(root)
+            is_init = path.name == "__init__.py" and relative.as_posix() != "qinglong/__init__.py"
+            if is_init or path.name.endswith(GENERATED_SUFFIXES):
+                files[relative.as_posix()] = path.read_bytes()
     return files
 
 
@@ -222,7 +227,9 @@ def _file_problems(file: descriptor_pb2.FileDescriptorProto) -> list[str]:
         for index, field in enumerate(message.field):
             field_path = (*path, MESSAGE_FIELD, index)
             what = f"field {name}.{field.name}"
-            if (
+            if field.options.HasExtension(validate_pb2.field):
+                need(field_path, what)  # the buf.validate rule is its bound
+            elif (
                 field.type in TEXT_TYPES
                 or field.type_name in map_entries
                 or field.label == FDP.LABEL_REPEATED
@@ -250,7 +257,8 @@ def _file_problems(file: descriptor_pb2.FileDescriptorProto) -> list[str]:
 
 def _contract_problems(fds: descriptor_pb2.FileDescriptorSet) -> list[str]:
     """Every message, field, enum, value, service and rpc is commented; every
-    string/bytes/map/repeated field has a `Bound:` line and every integer a `Range:` line."""
+    string/bytes/map/repeated field without a ``buf.validate`` rule has a `Bound:` line
+    and every such integer a `Range:` line (a rule states the bound itself)."""
     return [
         problem
         for file in fds.file
@@ -272,8 +280,9 @@ def test_bound_check_catches_a_missing_bound(
     """The checker itself must fail when a Bound: line disappears."""
     broken = descriptor_pb2.FileDescriptorSet()
     broken.CopyFrom(descriptor_set)
-    fence_file = next(f for f in broken.file if f.name == "qinglong/rpc/v1/fence.proto")
-    for location in fence_file.source_code_info.location:
+    # A response message: its fields carry no rule, so their comments are the bound.
+    run_file = next(f for f in broken.file if f.name == "qinglong/control/v1/run.proto")
+    for location in run_file.source_code_info.location:
         if "Bound:" in location.leading_comments:
             location.leading_comments = location.leading_comments.replace("Bound:", "Limit:")
             break
@@ -290,8 +299,20 @@ def _responses(fds: descriptor_pb2.FileDescriptorSet) -> dict[str, descriptor_pb
     return messages
 
 
+#: The only secrets a response may carry: a credential AdminService issues, shown in the
+#: answer that created it and never again (R-ADM-1, R-ADM-2).
+ONE_TIME_SECRETS = frozenset(
+    {
+        ".qinglong.admin.v1.IssueTokenResponse.token",
+        ".qinglong.admin.v1.RotateTokenResponse.token",
+        ".qinglong.admin.v1.CreateWorkerResponse.join_token",
+    }
+)
+
+
 def test_responses_never_carry_secrets(descriptor_set: descriptor_pb2.FileDescriptorSet) -> None:
-    """R-SEC-1: no response (transitively) has a token, digest or capability field."""
+    """R-SEC-1: no response (transitively) has a token, digest or capability field, but
+    for the credentials AdminService issues once."""
     messages = _responses(descriptor_set)
     outputs = [
         method.output_type
@@ -299,7 +320,9 @@ def test_responses_never_carry_secrets(descriptor_set: descriptor_pb2.FileDescri
         for service in file.service
         for method in service.method
     ]
-    forbidden = re.compile(r"(lease_token|digest|capability|secret|credential)")
+    forbidden = re.compile(r"(token|digest|capability|secret|credential)")
+    # Names that say something about a token without carrying one.
+    allowed = re.compile(r"(next_page_token|token_id|tokens|\w*_expire_time)")
     seen: set[str] = set()
     pending = list(outputs)
     offenders: list[str] = []
@@ -309,12 +332,13 @@ def test_responses_never_carry_secrets(descriptor_set: descriptor_pb2.FileDescri
             continue  # well-known types (Duration, Timestamp) are not ours
         seen.add(type_name)
         for field in messages[type_name].field:
-            if forbidden.search(field.name):
-                offenders.append(f"{type_name}.{field.name}")
+            name = f"{type_name}.{field.name}"
+            if forbidden.search(field.name) and not allowed.fullmatch(field.name):
+                offenders.append(name)
             if field.type == FDP.TYPE_MESSAGE:
                 pending.append(field.type_name)
     assert len(seen) > 20
-    assert offenders == []
+    assert sorted(set(offenders) - ONE_TIME_SECRETS) == []
 
 
 # --- error reasons ------------------------------------------------------------------
@@ -570,3 +594,25 @@ def test_text_and_number_validators() -> None:
     assert not bounds.is_safe_positive(2**53)
     assert not bounds.is_safe_positive(0)
     assert bounds.is_safe_non_negative(0)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "width"),
+    [
+        (bounds.SLUG_PATTERN, (1, bounds.SLUG_MAX_LENGTH)),
+        (bounds.UUID_PATTERN, (bounds.UUID_LENGTH, bounds.UUID_LENGTH)),
+        (bounds.REQUEST_ID_PATTERN, (1, bounds.REQUEST_ID_MAX_LENGTH)),
+        (bounds.PAGE_TOKEN_PATTERN, (0, bounds.PAGE_TOKEN_MAX_LENGTH)),
+        (bounds.SHA256_HEX_PATTERN, (bounds.SHA256_HEX_LENGTH, bounds.SHA256_HEX_LENGTH)),
+        (
+            bounds.LEASE_CAPABILITY_PATTERN,
+            (bounds.LEASE_CAPABILITY_LENGTH, bounds.LEASE_CAPABILITY_LENGTH),
+        ),
+    ],
+)
+def test_length_constants_are_what_the_contract_patterns_match(
+    pattern: re.Pattern[str], width: tuple[int, int]
+) -> None:
+    """The lengths bounds.py names for messages and CLI help are the widths of the
+    contract's own patterns, so the two cannot drift apart."""
+    assert pattern_width(pattern) == width

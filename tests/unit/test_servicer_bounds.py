@@ -1,6 +1,6 @@
-"""Control's servicer takes its bounds from qinglong_protocol.bounds, the one Python
-source of the contract's ``Bound:``/``Range:`` comments, and its page-size default from
-the same constant the contract's comments state (run_service.proto)."""
+"""Control enforces the contract's own field rules on what ingress forwards, and keeps no
+copy of any bound: the servicer and wire.py only convert (issue 8). Its page-size default
+is the one constant the contract's comments state (run_service.proto)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ import re
 from pathlib import Path
 
 import pytest
+from qinglong.control.v1 import run_service_pb2
+from qinglong.runtime.v1 import runtime_service_pb2
 from qinglong_control import servicer
+from qinglong_control.contract_bounds import check_public_request, public_request_types
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.server import RUNTIME_SERVICE
 from qinglong_protocol import bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SERVICE_PROTO = ROOT / "proto/qinglong/control/v1/run_service.proto"
-SERVICER = ROOT / "services/control/src/qinglong_control/servicer.py"
+CONTROL = ROOT / "services/control/src/qinglong_control"
 
 
 def test_page_size_zero_means_the_default_the_contract_states() -> None:
@@ -26,14 +30,36 @@ def test_page_size_zero_means_the_default_the_contract_states() -> None:
     assert servicer._page_size(bounds.PAGE_SIZE_MAX) == bounds.PAGE_SIZE_MAX
 
 
+def _list_runs(page_size: int) -> runtime_service_pb2.ListRunsRequest:
+    return runtime_service_pb2.ListRunsRequest(
+        request=run_service_pb2.ListRunsRequest(project_id="proj-a", page_size=page_size)
+    )
+
+
 @pytest.mark.parametrize("size", [-1, bounds.PAGE_SIZE_MAX + 1])
 def test_a_page_size_out_of_range_is_refused_by_field(size: int) -> None:
     with pytest.raises(Refused) as refused:
-        servicer._page_size(size)
+        check_public_request(_list_runs(size))
     assert (refused.value.reason, refused.value.field) == (Reason.FIELD_INVALID, "page_size")
 
 
-def test_the_servicer_writes_no_bound_of_its_own() -> None:
-    """A bound written as a number here would drift from the contract (issue 8)."""
-    numbers = {int(n) for n in re.findall(r"(?<![\w.^-])\d+(?![\w.])", SERVICER.read_text())}
-    assert numbers <= {0, 1, 3}, sorted(numbers)
+@pytest.mark.parametrize("size", [0, bounds.PAGE_SIZE_MAX])
+def test_a_page_size_in_range_passes(size: int) -> None:
+    check_public_request(_list_runs(size))
+
+
+def test_every_runtime_method_is_checked_against_the_contract() -> None:
+    checked = public_request_types(RUNTIME_SERVICE)
+    assert len(checked) == len(RUNTIME_SERVICE.methods)
+    assert checked["/qinglong.runtime.v1.RuntimeService/ControlLease"].full_name == (
+        "qinglong.worker.v1.ControlLeaseRequest"
+    )
+
+
+@pytest.mark.parametrize("module", ["servicer.py", "wire.py"])
+def test_control_writes_no_bound_of_its_own(module: str) -> None:
+    """A bound written here would drift from the contract: no numbers, no range checks."""
+    text = (CONTROL / module).read_text()
+    numbers = {int(n) for n in re.findall(r"(?<![\w.^-])\d+(?![\w.])", text)}
+    assert numbers <= {0, 1, 3, 4}, sorted(numbers)
+    assert re.findall(r"bounds\.\w*(?:_MIN|_MAX_BYTES|_MAX_CHARS)\b", text) == []

@@ -29,6 +29,7 @@ from qinglong.rpc.v1 import execution_pb2, fence_pb2
 from qinglong.runtime.v1 import runtime_service_pb2
 from qinglong.worker.v1 import worker_service_pb2
 from qinglong_control import errors, wire
+from qinglong_control.contract_bounds import check_public_request
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_ingress.validation import FieldViolation, undecodable_violation
 from qinglong_protocol import bounds
@@ -179,9 +180,16 @@ def test_parsed_fields_name_themselves() -> None:
     assert (weak.value.reason, weak.value.field) == (Reason.CAPABILITY_WEAK, "fence.lease_token")
     fence.expected_lease_version = bounds.MAX_SAFE_INTEGER + 1
     fence.lease_token = bounds.encode_lease_capability(hashlib.sha256(b"sweep").digest())
+    # Out of its contract range: control's contract check names the field first.
+    forwarded = runtime_service_pb2.ControlLeaseRequest(
+        request=worker_service_pb2.ControlLeaseRequest(fence=fence)
+    )
     with pytest.raises(Refused) as too_big:
-        wire.parse_fence(fence)
-    assert too_big.value.field == "fence.expected_lease_version"
+        check_public_request(forwarded)
+    assert (too_big.value.reason, too_big.value.field) == (
+        Reason.FIELD_INVALID,
+        "fence.expected_lease_version",
+    )
 
 
 # --- control: the error mapping -----------------------------------------------------------

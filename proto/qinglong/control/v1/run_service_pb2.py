@@ -22,43 +22,87 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
 from qinglong.control.v1 import run_pb2 as qinglong_dot_control_dot_v1_dot_run__pb2
 from qinglong.rpc.v1 import lifecycle_pb2 as qinglong_dot_rpc_dot_v1_dot_lifecycle__pb2
+from qinglong.rpc.v1 import rules_pb2 as qinglong_dot_rpc_dot_v1_dot_rules__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%qinglong/control/v1/run_service.proto\x12\x13qinglong.control.v1\x1a\x1dqinglong/control/v1/run.proto\x1a\x1fqinglong/rpc/v1/lifecycle.proto\"~\n\x11TriggerRunRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x1c\n\x0frevision_number\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x04 \x01(\tB\x12\n\x10_revision_number\";\n\x12TriggerRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.qinglong.control.v1.Run\"3\n\rGetRunRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"7\n\x0eGetRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.qinglong.control.v1.Run\"\x88\x01\n\x0fListRunsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x0f\n\x07task_id\x18\x04 \x01(\t\x12)\n\x06states\x18\x05 \x03(\x0e\x32\x19.qinglong.rpc.v1.RunState\"S\n\x10ListRunsResponse\x12&\n\x04runs\x18\x01 \x03(\x0b\x32\x18.qinglong.control.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"e\n\x14ListRunEventsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x12\x11\n\tpage_size\x18\x04 \x01(\x05\"\x7f\n\x15ListRunEventsResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.qinglong.control.v1.RunEvent\x12\x1b\n\x13next_after_sequence\x18\x02 \x01(\x03\x12\x1a\n\x12run_event_sequence\x18\x03 \x01(\x03\"S\n\x15WatchRunEventsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\"F\n\x16WatchRunEventsResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1d.qinglong.control.v1.RunEvent\"K\n\x10\x43\x61ncelRunRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x13\n\x0bmutation_id\x18\x03 \x01(\t\"r\n\x11\x43\x61ncelRunResponse\x12\x36\n\x07outcome\x18\x01 \x01(\x0e\x32%.qinglong.control.v1.CancelRunOutcome\x12%\n\x03run\x18\x02 \x01(\x0b\x32\x18.qinglong.control.v1.Run*\xd3\x01\n\x10\x43\x61ncelRunOutcome\x12\"\n\x1e\x43\x41NCEL_RUN_OUTCOME_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43\x41NCEL_RUN_OUTCOME_ACCEPTED\x10\x01\x12(\n$CANCEL_RUN_OUTCOME_ALREADY_REQUESTED\x10\x02\x12\'\n#CANCEL_RUN_OUTCOME_ALREADY_TERMINAL\x10\x03\x12\'\n#CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL\x10\x04\x32\xc8\x04\n\nRunService\x12]\n\nTriggerRun\x12&.qinglong.control.v1.TriggerRunRequest\x1a\'.qinglong.control.v1.TriggerRunResponse\x12Q\n\x06GetRun\x12\".qinglong.control.v1.GetRunRequest\x1a#.qinglong.control.v1.GetRunResponse\x12W\n\x08ListRuns\x12$.qinglong.control.v1.ListRunsRequest\x1a%.qinglong.control.v1.ListRunsResponse\x12\x66\n\rListRunEvents\x12).qinglong.control.v1.ListRunEventsRequest\x1a*.qinglong.control.v1.ListRunEventsResponse\x12k\n\x0eWatchRunEvents\x12*.qinglong.control.v1.WatchRunEventsRequest\x1a+.qinglong.control.v1.WatchRunEventsResponse0\x01\x12Z\n\tCancelRun\x12%.qinglong.control.v1.CancelRunRequest\x1a&.qinglong.control.v1.CancelRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%qinglong/control/v1/run_service.proto\x12\x13qinglong.control.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1dqinglong/control/v1/run.proto\x1a\x1fqinglong/rpc/v1/lifecycle.proto\x1a\x1bqinglong/rpc/v1/rules.proto\"\xaa\x01\n\x11TriggerRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\'\n\x0frevision_number\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01H\x00\x88\x01\x01\x12\x1d\n\nrequest_id\x18\x04 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\x42\x12\n\x10_revision_number\";\n\x12TriggerRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.qinglong.control.v1.Run\"I\n\rGetRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\"7\n\x0eGetRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.qinglong.control.v1.Run\"\xca\x01\n\x0fListRunsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xf4\x03(\x00\x12\x1d\n\npage_token\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xf0\xd5\"\x01\x12\x1a\n\x07task_id\x18\x04 \x01(\tB\t\xbaH\x06r\x04\xd8\xd5\"\x01\x12>\n\x06states\x18\x05 \x03(\x0e\x32\x19.qinglong.rpc.v1.RunStateB\x13\xbaH\x10\x92\x01\r\x10\x0b\x18\x01\"\x07\x82\x01\x04\x10\x01 \x00\"S\n\x10ListRunsResponse\x12&\n\x04runs\x18\x01 \x03(\x0b\x32\x18.qinglong.control.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x92\x01\n\x14ListRunEventsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12!\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\x12\x1d\n\tpage_size\x18\x04 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xf4\x03(\x00\"\x7f\n\x15ListRunEventsResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.qinglong.control.v1.RunEvent\x12\x1b\n\x13next_after_sequence\x18\x02 \x01(\x03\x12\x1a\n\x12run_event_sequence\x18\x03 \x01(\x03\"t\n\x15WatchRunEventsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12!\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\"F\n\x16WatchRunEventsResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1d.qinglong.control.v1.RunEvent\"l\n\x10\x43\x61ncelRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1e\n\x0bmutation_id\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\"r\n\x11\x43\x61ncelRunResponse\x12\x36\n\x07outcome\x18\x01 \x01(\x0e\x32%.qinglong.control.v1.CancelRunOutcome\x12%\n\x03run\x18\x02 \x01(\x0b\x32\x18.qinglong.control.v1.Run*\xd3\x01\n\x10\x43\x61ncelRunOutcome\x12\"\n\x1e\x43\x41NCEL_RUN_OUTCOME_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43\x41NCEL_RUN_OUTCOME_ACCEPTED\x10\x01\x12(\n$CANCEL_RUN_OUTCOME_ALREADY_REQUESTED\x10\x02\x12\'\n#CANCEL_RUN_OUTCOME_ALREADY_TERMINAL\x10\x03\x12\'\n#CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL\x10\x04\x32\xc8\x04\n\nRunService\x12]\n\nTriggerRun\x12&.qinglong.control.v1.TriggerRunRequest\x1a\'.qinglong.control.v1.TriggerRunResponse\x12Q\n\x06GetRun\x12\".qinglong.control.v1.GetRunRequest\x1a#.qinglong.control.v1.GetRunResponse\x12W\n\x08ListRuns\x12$.qinglong.control.v1.ListRunsRequest\x1a%.qinglong.control.v1.ListRunsResponse\x12\x66\n\rListRunEvents\x12).qinglong.control.v1.ListRunEventsRequest\x1a*.qinglong.control.v1.ListRunEventsResponse\x12k\n\x0eWatchRunEvents\x12*.qinglong.control.v1.WatchRunEventsRequest\x1a+.qinglong.control.v1.WatchRunEventsResponse0\x01\x12Z\n\tCancelRun\x12%.qinglong.control.v1.CancelRunRequest\x1a&.qinglong.control.v1.CancelRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qinglong.control.v1.run_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CANCELRUNOUTCOME']._serialized_start=1232
-  _globals['_CANCELRUNOUTCOME']._serialized_end=1443
-  _globals['_TRIGGERRUNREQUEST']._serialized_start=126
-  _globals['_TRIGGERRUNREQUEST']._serialized_end=252
-  _globals['_TRIGGERRUNRESPONSE']._serialized_start=254
-  _globals['_TRIGGERRUNRESPONSE']._serialized_end=313
-  _globals['_GETRUNREQUEST']._serialized_start=315
-  _globals['_GETRUNREQUEST']._serialized_end=366
-  _globals['_GETRUNRESPONSE']._serialized_start=368
-  _globals['_GETRUNRESPONSE']._serialized_end=423
-  _globals['_LISTRUNSREQUEST']._serialized_start=426
-  _globals['_LISTRUNSREQUEST']._serialized_end=562
-  _globals['_LISTRUNSRESPONSE']._serialized_start=564
-  _globals['_LISTRUNSRESPONSE']._serialized_end=647
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=649
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=750
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=752
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=879
-  _globals['_WATCHRUNEVENTSREQUEST']._serialized_start=881
-  _globals['_WATCHRUNEVENTSREQUEST']._serialized_end=964
-  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_start=966
-  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_end=1036
-  _globals['_CANCELRUNREQUEST']._serialized_start=1038
-  _globals['_CANCELRUNREQUEST']._serialized_end=1113
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1115
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1229
-  _globals['_RUNSERVICE']._serialized_start=1446
-  _globals['_RUNSERVICE']._serialized_end=2030
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['project_id']._loaded_options = None
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['task_id']._loaded_options = None
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['task_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['revision_number']._loaded_options = None
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['revision_number']._serialized_options = b'\272H\006\"\004\350\333\"\001'
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['request_id']._loaded_options = None
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['request_id']._serialized_options = b'\272H\006r\004\340\325\"\001'
+  _globals['_GETRUNREQUEST'].fields_by_name['project_id']._loaded_options = None
+  _globals['_GETRUNREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_GETRUNREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_GETRUNREQUEST'].fields_by_name['run_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_LISTRUNSREQUEST'].fields_by_name['project_id']._loaded_options = None
+  _globals['_LISTRUNSREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_LISTRUNSREQUEST'].fields_by_name['page_size']._loaded_options = None
+  _globals['_LISTRUNSREQUEST'].fields_by_name['page_size']._serialized_options = b'\272H\007\032\005\030\364\003(\000'
+  _globals['_LISTRUNSREQUEST'].fields_by_name['page_token']._loaded_options = None
+  _globals['_LISTRUNSREQUEST'].fields_by_name['page_token']._serialized_options = b'\272H\006r\004\360\325\"\001'
+  _globals['_LISTRUNSREQUEST'].fields_by_name['task_id']._loaded_options = None
+  _globals['_LISTRUNSREQUEST'].fields_by_name['task_id']._serialized_options = b'\272H\006r\004\330\325\"\001'
+  _globals['_LISTRUNSREQUEST'].fields_by_name['states']._loaded_options = None
+  _globals['_LISTRUNSREQUEST'].fields_by_name['states']._serialized_options = b'\272H\020\222\001\r\020\013\030\001\"\007\202\001\004\020\001 \000'
+  _globals['_LISTRUNEVENTSREQUEST'].fields_by_name['project_id']._loaded_options = None
+  _globals['_LISTRUNEVENTSREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_LISTRUNEVENTSREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_LISTRUNEVENTSREQUEST'].fields_by_name['run_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_LISTRUNEVENTSREQUEST'].fields_by_name['after_sequence']._loaded_options = None
+  _globals['_LISTRUNEVENTSREQUEST'].fields_by_name['after_sequence']._serialized_options = b'\272H\006\"\004\360\333\"\001'
+  _globals['_LISTRUNEVENTSREQUEST'].fields_by_name['page_size']._loaded_options = None
+  _globals['_LISTRUNEVENTSREQUEST'].fields_by_name['page_size']._serialized_options = b'\272H\007\032\005\030\364\003(\000'
+  _globals['_WATCHRUNEVENTSREQUEST'].fields_by_name['project_id']._loaded_options = None
+  _globals['_WATCHRUNEVENTSREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_WATCHRUNEVENTSREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_WATCHRUNEVENTSREQUEST'].fields_by_name['run_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_WATCHRUNEVENTSREQUEST'].fields_by_name['after_sequence']._loaded_options = None
+  _globals['_WATCHRUNEVENTSREQUEST'].fields_by_name['after_sequence']._serialized_options = b'\272H\006\"\004\360\333\"\001'
+  _globals['_CANCELRUNREQUEST'].fields_by_name['project_id']._loaded_options = None
+  _globals['_CANCELRUNREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_CANCELRUNREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_CANCELRUNREQUEST'].fields_by_name['run_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_CANCELRUNREQUEST'].fields_by_name['mutation_id']._loaded_options = None
+  _globals['_CANCELRUNREQUEST'].fields_by_name['mutation_id']._serialized_options = b'\272H\006r\004\340\325\"\001'
+  _globals['_CANCELRUNOUTCOME']._serialized_start=1535
+  _globals['_CANCELRUNOUTCOME']._serialized_end=1746
+  _globals['_TRIGGERRUNREQUEST']._serialized_start=185
+  _globals['_TRIGGERRUNREQUEST']._serialized_end=355
+  _globals['_TRIGGERRUNRESPONSE']._serialized_start=357
+  _globals['_TRIGGERRUNRESPONSE']._serialized_end=416
+  _globals['_GETRUNREQUEST']._serialized_start=418
+  _globals['_GETRUNREQUEST']._serialized_end=491
+  _globals['_GETRUNRESPONSE']._serialized_start=493
+  _globals['_GETRUNRESPONSE']._serialized_end=548
+  _globals['_LISTRUNSREQUEST']._serialized_start=551
+  _globals['_LISTRUNSREQUEST']._serialized_end=753
+  _globals['_LISTRUNSRESPONSE']._serialized_start=755
+  _globals['_LISTRUNSRESPONSE']._serialized_end=838
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=841
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=987
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=989
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=1116
+  _globals['_WATCHRUNEVENTSREQUEST']._serialized_start=1118
+  _globals['_WATCHRUNEVENTSREQUEST']._serialized_end=1234
+  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_start=1236
+  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_end=1306
+  _globals['_CANCELRUNREQUEST']._serialized_start=1308
+  _globals['_CANCELRUNREQUEST']._serialized_end=1416
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1418
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1532
+  _globals['_RUNSERVICE']._serialized_start=1749
+  _globals['_RUNSERVICE']._serialized_end=2333
 # @@protoc_insertion_point(module_scope)

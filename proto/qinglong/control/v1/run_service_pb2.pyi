@@ -64,21 +64,14 @@ class TriggerRunRequest(_message.Message):
     REVISION_NUMBER_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     task_id: _builtins.str
-    """The Task to run.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Task to run."""
     revision_number: _builtins.int
-    """The revision to pin; absent pins the newest revision at trigger time.
-    Range: 1..9007199254740991 (2^53-1).
-    """
+    """The revision to pin; absent pins the newest revision at trigger time."""
     request_id: _builtins.str
     """AIP-155 idempotency key, scoped to the project: a retry returns the Run
     the first call created instead of triggering another.
-    Bound: 1..64 chars matching ^[A-Za-z0-9._:-]+$.
     """
     def __init__(
         self,
@@ -131,13 +124,9 @@ class GetRunRequest(_message.Message):
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     run_id: _builtins.str
-    """The Run.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Run."""
     def __init__(
         self,
         *,
@@ -188,27 +177,18 @@ class ListRunsRequest(_message.Message):
     TASK_ID_FIELD_NUMBER: _builtins.int
     STATES_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     page_size: _builtins.int
-    """Maximum Runs per page; 0 means the default of 50.
-    Range: 0..500.
-    """
+    """Maximum Runs per page; 0 means the default of 50."""
     page_token: _builtins.str
     """Opaque token from a previous response; empty for the first page. Only
     valid with the same filters.
-    Bound: 0..512 chars matching ^[A-Za-z0-9_-]*$ (server-issued).
     """
     task_id: _builtins.str
-    """Only Runs of this Task; empty for all.
-    Bound: UUID, 36 chars, lowercase canonical form, or empty.
-    """
+    """Only Runs of this Task; empty for all."""
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_lifecycle_pb2.RunState.ValueType]:
-        """Only Runs in one of these states; empty for all.
-        Bound: 0..11 items, no duplicates, none UNSPECIFIED.
-        """
+        """Only Runs in one of these states; empty for all."""
 
     def __init__(
         self,
@@ -270,21 +250,13 @@ class ListRunEventsRequest(_message.Message):
     AFTER_SEQUENCE_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     run_id: _builtins.str
-    """The Run.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Run."""
     after_sequence: _builtins.int
-    """Return Events with sequence > after_sequence; 0 starts at the beginning.
-    Range: 0..9007199254740991 (2^53-1).
-    """
+    """Return Events with sequence > after_sequence; 0 starts at the beginning."""
     page_size: _builtins.int
-    """Maximum Events per page; 0 means the default of 50.
-    Range: 0..500.
-    """
+    """Maximum Events per page; 0 means the default of 50."""
     def __init__(
         self,
         *,
@@ -350,17 +322,11 @@ class WatchRunEventsRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     AFTER_SEQUENCE_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     run_id: _builtins.str
-    """The Run.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Run."""
     after_sequence: _builtins.int
-    """Stream Events with sequence > after_sequence (history first, then live).
-    Range: 0..9007199254740991 (2^53-1).
-    """
+    """Stream Events with sequence > after_sequence (history first, then live)."""
     def __init__(
         self,
         *,
@@ -414,17 +380,12 @@ class CancelRunRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     MUTATION_ID_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     run_id: _builtins.str
-    """The Run to cancel.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Run to cancel."""
     mutation_id: _builtins.str
     """Caller-chosen id of this mutation, recorded in the audit row and the
     Event; a retry with the same id is an exact replay.
-    Bound: 1..64 chars matching ^[A-Za-z0-9._:-]+$.
     """
     def __init__(
         self,

@@ -51,23 +51,16 @@ class CreateTaskRequest(_message.Message):
     DISPLAY_NAME_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     request_id: _builtins.str
     """AIP-155 idempotency key, scoped to the project: a retry returns the Task
     the first call created; reuse with different content fails REPLAY_MISMATCH.
-    Bound: 1..64 chars matching ^[A-Za-z0-9._:-]+$.
     """
     display_name: _builtins.str
-    """Human-readable name.
-    Bound: 1..200 Unicode code points (≤ 800 bytes UTF-8), no control characters.
-    """
+    """Human-readable name."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Operator labels.
-        Bound: 0..16 entries; key 1..63 chars matching ^[a-z][a-z0-9_.-]{0,62}$; value 0..256 bytes (UTF-8), no control characters.
-        """
+        """Operator labels."""
 
     def __init__(
         self,
@@ -118,13 +111,9 @@ class GetTaskRequest(_message.Message):
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     task_id: _builtins.str
-    """The Task.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Task."""
     def __init__(
         self,
         *,
@@ -174,17 +163,12 @@ class CreateTaskRevisionRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     task_id: _builtins.str
-    """The Task to revise.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Task to revise."""
     request_id: _builtins.str
     """AIP-155 idempotency key, scoped to the Task: a retry returns the revision
     the first call created instead of appending another.
-    Bound: 1..64 chars matching ^[A-Za-z0-9._:-]+$.
     """
     @_builtins.property
     def plan(self) -> _execution_pb2.ExecutionPlan:
@@ -240,17 +224,11 @@ class GetTaskRevisionRequest(_message.Message):
     TASK_ID_FIELD_NUMBER: _builtins.int
     REVISION_NUMBER_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
-    """The owning project.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The owning project."""
     task_id: _builtins.str
-    """The Task.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Task."""
     revision_number: _builtins.int
-    """The revision number within the Task.
-    Range: 1..9007199254740991 (2^53-1).
-    """
+    """The revision number within the Task."""
     def __init__(
         self,
         *,

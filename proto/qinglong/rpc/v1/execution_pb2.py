@@ -22,21 +22,40 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fqinglong/rpc/v1/execution.proto\x12\x0fqinglong.rpc.v1\"\xb2\x01\n\rExecutionPlan\x12\x34\n\rexecutor_type\x18\x01 \x01(\x0e\x32\x1d.qinglong.rpc.v1.ExecutorType\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x17\n\ntimeout_ms\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x32\n\x0cretry_policy\x18\x04 \x01(\x0b\x32\x1c.qinglong.rpc.v1.RetryPolicyB\r\n\x0b_timeout_ms\"\xb0\x01\n\x0bRetryPolicy\x12\x14\n\x0cmax_attempts\x18\x01 \x01(\x05\x12\x1a\n\x12initial_backoff_ms\x18\x02 \x01(\x03\x12\x16\n\x0emax_backoff_ms\x18\x03 \x01(\x03\x12\"\n\x1a\x62\x61\x63koff_multiplier_percent\x18\x04 \x01(\x05\x12\x33\n\x08retry_on\x18\x05 \x03(\x0e\x32!.qinglong.rpc.v1.RetryableOutcome*N\n\x0c\x45xecutorType\x12\x1d\n\x19\x45XECUTOR_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45XECUTOR_TYPE_REMOTE_WORKER\x10\x01*w\n\x10RetryableOutcome\x12!\n\x1dRETRYABLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RETRYABLE_OUTCOME_FAILED\x10\x01\x12\"\n\x1eRETRYABLE_OUTCOME_START_FAILED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fqinglong/rpc/v1/execution.proto\x12\x0fqinglong.rpc.v1\x1a\x1b\x62uf/validate/validate.proto\"\xdf\x02\n\rExecutionPlan\x12@\n\rexecutor_type\x18\x01 \x01(\x0e\x32\x1d.qinglong.rpc.v1.ExecutorTypeB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12\xa0\x01\n\x07\x63ommand\x18\x02 \x03(\tB\x8e\x01\xbaH\x8a\x01\x92\x01\x11\x08\x01\x10@\"\x0br\t \x01(\x80 \xba\x01\x01\x00\xba\x01s\n\x13\x63ommand.total_bytes\x12\x36\x61ll items together must be at most 65536 bytes (UTF-8)\x1a$bytes(this.join(\'\')).size() <= 65536\x12&\n\ntimeout_ms\x18\x03 \x01(\x03\x42\r\xbaH\n\"\x08\x18\x80\x88\xb2\xa0\x02(\x01H\x00\x88\x01\x01\x12\x32\n\x0cretry_policy\x18\x04 \x01(\x0b\x32\x1c.qinglong.rpc.v1.RetryPolicyB\r\n\x0b_timeout_ms\"\x82\x03\n\x0bRetryPolicy\x12\x1f\n\x0cmax_attempts\x18\x01 \x01(\x05\x42\t\xbaH\x06\x1a\x04\x18\x64(\x01\x12(\n\x12initial_backoff_ms\x18\x02 \x01(\x03\x42\x0c\xbaH\t\"\x07\x18\x80\xb8\x99)(\x01\x12$\n\x0emax_backoff_ms\x18\x03 \x01(\x03\x42\x0c\xbaH\t\"\x07\x18\x80\xb8\x99)(\x01\x12.\n\x1a\x62\x61\x63koff_multiplier_percent\x18\x04 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(d\x12H\n\x08retry_on\x18\x05 \x03(\x0e\x32!.qinglong.rpc.v1.RetryableOutcomeB\x13\xbaH\x10\x92\x01\r\x10\x02\x18\x01\"\x07\x82\x01\x04\x10\x01 \x00:\x87\x01\xbaH\x83\x01\x1a\x80\x01\n\x1aretry_policy.backoff_order\x12\x32max_backoff_ms must be at least initial_backoff_ms\x1a.this.max_backoff_ms >= this.initial_backoff_ms*N\n\x0c\x45xecutorType\x12\x1d\n\x19\x45XECUTOR_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45XECUTOR_TYPE_REMOTE_WORKER\x10\x01*w\n\x10RetryableOutcome\x12!\n\x1dRETRYABLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RETRYABLE_OUTCOME_FAILED\x10\x01\x12\"\n\x1eRETRYABLE_OUTCOME_START_FAILED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qinglong.rpc.v1.execution_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXECUTORTYPE']._serialized_start=412
-  _globals['_EXECUTORTYPE']._serialized_end=490
-  _globals['_RETRYABLEOUTCOME']._serialized_start=492
-  _globals['_RETRYABLEOUTCOME']._serialized_end=611
-  _globals['_EXECUTIONPLAN']._serialized_start=53
-  _globals['_EXECUTIONPLAN']._serialized_end=231
-  _globals['_RETRYPOLICY']._serialized_start=234
-  _globals['_RETRYPOLICY']._serialized_end=410
+  _globals['_EXECUTIONPLAN'].fields_by_name['executor_type']._loaded_options = None
+  _globals['_EXECUTIONPLAN'].fields_by_name['executor_type']._serialized_options = b'\272H\007\202\001\004\020\001 \000'
+  _globals['_EXECUTIONPLAN'].fields_by_name['command']._loaded_options = None
+  _globals['_EXECUTIONPLAN'].fields_by_name['command']._serialized_options = b'\272H\212\001\222\001\021\010\001\020@\"\013r\t \001(\200 \272\001\001\000\272\001s\n\023command.total_bytes\0226all items together must be at most 65536 bytes (UTF-8)\032$bytes(this.join(\'\')).size() <= 65536'
+  _globals['_EXECUTIONPLAN'].fields_by_name['timeout_ms']._loaded_options = None
+  _globals['_EXECUTIONPLAN'].fields_by_name['timeout_ms']._serialized_options = b'\272H\n\"\010\030\200\210\262\240\002(\001'
+  _globals['_RETRYPOLICY'].fields_by_name['max_attempts']._loaded_options = None
+  _globals['_RETRYPOLICY'].fields_by_name['max_attempts']._serialized_options = b'\272H\006\032\004\030d(\001'
+  _globals['_RETRYPOLICY'].fields_by_name['initial_backoff_ms']._loaded_options = None
+  _globals['_RETRYPOLICY'].fields_by_name['initial_backoff_ms']._serialized_options = b'\272H\t\"\007\030\200\270\231)(\001'
+  _globals['_RETRYPOLICY'].fields_by_name['max_backoff_ms']._loaded_options = None
+  _globals['_RETRYPOLICY'].fields_by_name['max_backoff_ms']._serialized_options = b'\272H\t\"\007\030\200\270\231)(\001'
+  _globals['_RETRYPOLICY'].fields_by_name['backoff_multiplier_percent']._loaded_options = None
+  _globals['_RETRYPOLICY'].fields_by_name['backoff_multiplier_percent']._serialized_options = b'\272H\007\032\005\030\350\007(d'
+  _globals['_RETRYPOLICY'].fields_by_name['retry_on']._loaded_options = None
+  _globals['_RETRYPOLICY'].fields_by_name['retry_on']._serialized_options = b'\272H\020\222\001\r\020\002\030\001\"\007\202\001\004\020\001 \000'
+  _globals['_RETRYPOLICY']._loaded_options = None
+  _globals['_RETRYPOLICY']._serialized_options = b'\272H\203\001\032\200\001\n\032retry_policy.backoff_order\0222max_backoff_ms must be at least initial_backoff_ms\032.this.max_backoff_ms >= this.initial_backoff_ms'
+  _globals['_EXECUTORTYPE']._serialized_start=824
+  _globals['_EXECUTORTYPE']._serialized_end=902
+  _globals['_RETRYABLEOUTCOME']._serialized_start=904
+  _globals['_RETRYABLEOUTCOME']._serialized_end=1023
+  _globals['_EXECUTIONPLAN']._serialized_start=82
+  _globals['_EXECUTIONPLAN']._serialized_end=433
+  _globals['_RETRYPOLICY']._serialized_start=436
+  _globals['_RETRYPOLICY']._serialized_end=822
 # @@protoc_insertion_point(module_scope)

@@ -85,13 +85,10 @@ class ExecutionPlan(_message.Message):
     timeout_ms: _builtins.int
     """Execution timeout in milliseconds. Present => the starting ACK fixes
     deadline = DB time + timeout_ms; absent => no deadline (R-TO-1, R-TO-2).
-    Range: 1..604800000 (7 days).
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The program and its arguments, executed without a shell.
-        Bound: 1..64 items; each 1..4096 bytes (UTF-8) with no NUL; all items together ≤ 65536 bytes.
-        """
+        """The program and its arguments, executed without a shell."""
 
     @_builtins.property
     def retry_policy(self) -> Global___RetryPolicy:
@@ -134,26 +131,16 @@ class RetryPolicy(_message.Message):
     BACKOFF_MULTIPLIER_PERCENT_FIELD_NUMBER: _builtins.int
     RETRY_ON_FIELD_NUMBER: _builtins.int
     max_attempts: _builtins.int
-    """Attempts in total, the first one included.
-    Range: 1..100.
-    """
+    """Attempts in total, the first one included."""
     initial_backoff_ms: _builtins.int
-    """Delay before the second Attempt.
-    Range: 1..86400000 (1 day).
-    """
+    """Delay before the second Attempt."""
     max_backoff_ms: _builtins.int
-    """Upper bound of the delay; at least initial_backoff_ms.
-    Range: 1..86400000 (1 day).
-    """
+    """Upper bound of the delay; at least initial_backoff_ms."""
     backoff_multiplier_percent: _builtins.int
-    """Growth of the delay per Attempt, in percent (200 doubles it).
-    Range: 100..1000.
-    """
+    """Growth of the delay per Attempt, in percent (200 doubles it)."""
     @_builtins.property
     def retry_on(self) -> _containers.RepeatedScalarFieldContainer[Global___RetryableOutcome.ValueType]:
-        """Endings retried besides LOST.
-        Bound: 0..2 distinct values, none UNSPECIFIED.
-        """
+        """Endings retried besides LOST."""
 
     def __init__(
         self,

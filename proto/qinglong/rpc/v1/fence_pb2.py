@@ -22,15 +22,37 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
+from qinglong.rpc.v1 import rules_pb2 as qinglong_dot_rpc_dot_v1_dot_rules__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bqinglong/rpc/v1/fence.proto\x12\x0fqinglong.rpc.v1\"\xe2\x01\n\x05\x46\x65nce\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x19\n\x11worker_generation\x18\x03 \x01(\x03\x12\x12\n\nproject_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12\x12\n\nattempt_id\x18\x06 \x01(\t\x12\x10\n\x08offer_id\x18\x07 \x01(\t\x12\x18\n\x10lease_generation\x18\x08 \x01(\x03\x12\x13\n\x0blease_token\x18\t \x01(\t\x12\x1e\n\x16\x65xpected_lease_version\x18\n \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bqinglong/rpc/v1/fence.proto\x12\x0fqinglong.rpc.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1bqinglong/rpc/v1/rules.proto\"\xd0\x02\n\x05\x46\x65nce\x12\x1c\n\tworker_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\nsession_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12$\n\x11worker_generation\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\x12\x1d\n\nproject_id\x18\x04 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x05 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1d\n\nattempt_id\x18\x06 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1b\n\x08offer_id\x18\x07 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12#\n\x10lease_generation\x18\x08 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\x12\x1e\n\x0blease_token\x18\t \x01(\tB\t\xbaH\x06r\x04\x80\xd6\"\x01\x12)\n\x16\x65xpected_lease_version\x18\n \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qinglong.rpc.v1.fence_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FENCE']._serialized_start=49
-  _globals['_FENCE']._serialized_end=275
+  _globals['_FENCE'].fields_by_name['worker_id']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['worker_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_FENCE'].fields_by_name['session_id']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['session_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_FENCE'].fields_by_name['worker_generation']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['worker_generation']._serialized_options = b'\272H\006\"\004\350\333\"\001'
+  _globals['_FENCE'].fields_by_name['project_id']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_FENCE'].fields_by_name['run_id']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['run_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_FENCE'].fields_by_name['attempt_id']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['attempt_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_FENCE'].fields_by_name['offer_id']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['offer_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_FENCE'].fields_by_name['lease_generation']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['lease_generation']._serialized_options = b'\272H\006\"\004\350\333\"\001'
+  _globals['_FENCE'].fields_by_name['lease_token']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['lease_token']._serialized_options = b'\272H\006r\004\200\326\"\001'
+  _globals['_FENCE'].fields_by_name['expected_lease_version']._loaded_options = None
+  _globals['_FENCE'].fields_by_name['expected_lease_version']._serialized_options = b'\272H\006\"\004\350\333\"\001'
+  _globals['_FENCE']._serialized_start=107
+  _globals['_FENCE']._serialized_end=443
 # @@protoc_insertion_point(module_scope)

@@ -40,48 +40,32 @@ class Fence(_message.Message):
     LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     EXPECTED_LEASE_VERSION_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
-    """The stable worker id; ingress checks it equals the mTLS principal (R-ING-1).
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The stable worker id; ingress checks it equals the mTLS principal (R-ING-1)."""
     session_id: _builtins.str
-    """The Worker Session incarnation that claimed the offer.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Worker Session incarnation that claimed the offer."""
     worker_generation: _builtins.int
-    """The session generation returned by OpenSession; a newer generation fences this one.
-    Range: 1..9007199254740991 (2^53-1).
-    """
+    """The session generation returned by OpenSession; a newer generation fences this one."""
     project_id: _builtins.str
-    """The project that owns the Run; cross-project commands fail as not found.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The project that owns the Run; cross-project commands fail as not found."""
     run_id: _builtins.str
-    """The Run the Attempt belongs to.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Run the Attempt belongs to."""
     attempt_id: _builtins.str
-    """The Attempt created by ClaimOffer.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The Attempt created by ClaimOffer."""
     offer_id: _builtins.str
-    """The offer that was claimed; it pins the placement decision.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The offer that was claimed; it pins the placement decision."""
     lease_generation: _builtins.int
-    """The Run Lease generation returned by ClaimOffer.
-    Range: 1..9007199254740991 (2^53-1).
-    """
+    """The Run Lease generation returned by ClaimOffer."""
     lease_token: _builtins.str
     """The raw lease capability the Worker generated at claim. The server hashes it
     with SHA-256 and compares digests; the plaintext is never logged, stored,
     put in an Event or span, or echoed in any response or error (R-SEC-1).
-    Bound: exactly 48 ASCII chars: "qlc1_" + unpadded base64url of exactly 32 random bytes; weak values are rejected.
+    A weak secret (fewer than 16 distinct byte values, or an arithmetic progression)
+    is refused with CAPABILITY_WEAK.
     """
     expected_lease_version: _builtins.int
     """The lease version the Worker last persisted. Must equal the current version
     exactly (R-ACK-7); only ReportStartFailure/CompleteAttempt replays may match
     a completed version of expected + 1 (R-FAIL-2).
-    Range: 1..9007199254740991 (2^53-1).
     """
     def __init__(
         self,

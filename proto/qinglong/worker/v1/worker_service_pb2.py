@@ -22,61 +22,137 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from qinglong.rpc.v1 import execution_pb2 as qinglong_dot_rpc_dot_v1_dot_execution__pb2
 from qinglong.rpc.v1 import fence_pb2 as qinglong_dot_rpc_dot_v1_dot_fence__pb2
 from qinglong.rpc.v1 import lifecycle_pb2 as qinglong_dot_rpc_dot_v1_dot_lifecycle__pb2
+from qinglong.rpc.v1 import rules_pb2 as qinglong_dot_rpc_dot_v1_dot_rules__pb2
 from qinglong.worker.v1 import worker_pb2 as qinglong_dot_worker_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'qinglong/worker/v1/worker_service.proto\x12\x12qinglong.worker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fqinglong/rpc/v1/execution.proto\x1a\x1bqinglong/rpc/v1/fence.proto\x1a\x1fqinglong/rpc/v1/lifecycle.proto\x1a\x1fqinglong/worker/v1/worker.proto\"\xaa\x01\n\x12OpenSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x35\n\x0e\x65xecutor_types\x18\x04 \x03(\x0e\x32\x1d.qinglong.rpc.v1.ExecutorType\x12\x1f\n\x17max_concurrent_attempts\x18\x05 \x01(\x05\"\xe6\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11worker_generation\x18\x02 \x01(\x03\x12\x37\n\rsession_state\x18\x03 \x01(\x0e\x32 .qinglong.worker.v1.SessionState\x12\x34\n\x11session_remaining\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0erenew_interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"W\n\x13RenewSessionRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x19\n\x11worker_generation\x18\x03 \x01(\x03\"\x85\x01\n\x14RenewSessionResponse\x12\x37\n\rsession_state\x18\x01 \x01(\x0e\x32 .qinglong.worker.v1.SessionState\x12\x34\n\x11session_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"W\n\x13\x44rainSessionRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x19\n\x11worker_generation\x18\x03 \x01(\x03\"\x85\x01\n\x14\x44rainSessionResponse\x12\x37\n\rsession_state\x18\x01 \x01(\x0e\x32 .qinglong.worker.v1.SessionState\x12\x34\n\x11session_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"i\n\x11PullOffersRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x19\n\x11worker_generation\x18\x03 \x01(\x03\x12\x12\n\nmax_offers\x18\x04 \x01(\x05\"?\n\x12PullOffersResponse\x12)\n\x06offers\x18\x01 \x03(\x0b\x32\x19.qinglong.worker.v1.Offer\"\xa0\x01\n\x11\x43laimOfferRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x19\n\x11worker_generation\x18\x03 \x01(\x03\x12\x10\n\x08offer_id\x18\x04 \x01(\t\x12\x12\n\nproject_id\x18\x05 \x01(\t\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x13\n\x0blease_token\x18\x07 \x01(\t\"\xbe\x01\n\x12\x43laimOfferResponse\x12\x12\n\nattempt_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\x12\x15\n\rlease_version\x18\x03 \x01(\x03\x12\x32\n\x0flease_remaining\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x04spec\x18\x05 \x01(\x0b\x32!.qinglong.worker.v1.ExecutionSpec\"C\n\x1a\x41\x63knowledgeStartingRequest\x12%\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.Fence\"\x8f\x01\n\x1b\x41\x63knowledgeStartingResponse\x12\x34\n\x07outcome\x18\x01 \x01(\x0e\x32#.qinglong.worker.v1.StartingOutcome\x12:\n\nactivation\x18\x02 \x01(\x0b\x32&.qinglong.worker.v1.ActivationSnapshot\"\xc7\x01\n\x19\x41\x63knowledgeRunningRequest\x12%\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.Fence\x12\x17\n\x0f\x65xecutor_handle\x18\x02 \x01(\t\x12\x1c\n\x0flog_artifact_id\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x11\x63\x61llback_sequence\x18\x04 \x01(\x03\x12\x1d\n\x15\x63\x61llback_token_digest\x18\x05 \x01(\tB\x12\n\x10_log_artifact_id\"\x98\x01\n\x1a\x41\x63knowledgeRunningResponse\x12\x33\n\x07outcome\x18\x01 \x01(\x0e\x32\".qinglong.worker.v1.RunningOutcome\x12.\n\nstarted_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rlease_version\x18\x03 \x01(\x03\"Y\n\x19ReportStartFailureRequest\x12%\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.Fence\x12\x15\n\rerror_summary\x18\x02 \x01(\t\"\xc7\x01\n\x1aReportStartFailureResponse\x12\x34\n\rattempt_state\x18\x01 \x01(\x0e\x32\x1d.qinglong.rpc.v1.AttemptState\x12,\n\trun_state\x18\x02 \x01(\x0e\x32\x19.qinglong.rpc.v1.RunState\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\x1f\n\x17\x63ompleted_lease_version\x18\x04 \x01(\x03\x12\x10\n\x08replayed\x18\x05 \x01(\x08\"<\n\x13\x43ontrolLeaseRequest\x12%\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.Fence\"\xce\x01\n\x14\x43ontrolLeaseResponse\x12\x33\n\x07renewed\x18\x01 \x01(\x0b\x32 .qinglong.worker.v1.LeaseRenewedH\x00\x12@\n\x0estop_requested\x18\x02 \x01(\x0b\x32&.qinglong.worker.v1.LeaseStopRequestedH\x00\x12\x35\n\x08terminal\x18\x03 \x01(\x0b\x32!.qinglong.worker.v1.LeaseTerminalH\x00\x42\x08\n\x06result\"\xfa\x01\n\x16\x43ompleteAttemptRequest\x12%\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.Fence\x12\x19\n\x11\x63\x61llback_sequence\x18\x02 \x01(\x03\x12\x33\n\x07outcome\x18\x03 \x01(\x0e\x32\".qinglong.worker.v1.AttemptOutcome\x12\x16\n\texit_code\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12\x32\n\x0bstop_reason\x18\x06 \x01(\x0e\x32\x1d.qinglong.rpc.v1.CancelReasonB\x0c\n\n_exit_code\"\x9b\x02\n\x17\x43ompleteAttemptResponse\x12\x36\n\x07outcome\x18\x01 \x01(\x0e\x32%.qinglong.worker.v1.CompletionOutcome\x12\x34\n\rattempt_state\x18\x02 \x01(\x0e\x32\x1d.qinglong.rpc.v1.AttemptState\x12,\n\trun_state\x18\x03 \x01(\x0e\x32\x19.qinglong.rpc.v1.RunState\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x1f\n\x17\x63ompleted_lease_version\x18\x05 \x01(\x03\x12/\n\x0b\x66inished_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xa0\x08\n\rWorkerService\x12^\n\x0bOpenSession\x12&.qinglong.worker.v1.OpenSessionRequest\x1a\'.qinglong.worker.v1.OpenSessionResponse\x12\x61\n\x0cRenewSession\x12\'.qinglong.worker.v1.RenewSessionRequest\x1a(.qinglong.worker.v1.RenewSessionResponse\x12\x61\n\x0c\x44rainSession\x12\'.qinglong.worker.v1.DrainSessionRequest\x1a(.qinglong.worker.v1.DrainSessionResponse\x12[\n\nPullOffers\x12%.qinglong.worker.v1.PullOffersRequest\x1a&.qinglong.worker.v1.PullOffersResponse\x12[\n\nClaimOffer\x12%.qinglong.worker.v1.ClaimOfferRequest\x1a&.qinglong.worker.v1.ClaimOfferResponse\x12v\n\x13\x41\x63knowledgeStarting\x12..qinglong.worker.v1.AcknowledgeStartingRequest\x1a/.qinglong.worker.v1.AcknowledgeStartingResponse\x12s\n\x12\x41\x63knowledgeRunning\x12-.qinglong.worker.v1.AcknowledgeRunningRequest\x1a..qinglong.worker.v1.AcknowledgeRunningResponse\x12s\n\x12ReportStartFailure\x12-.qinglong.worker.v1.ReportStartFailureRequest\x1a..qinglong.worker.v1.ReportStartFailureResponse\x12\x61\n\x0c\x43ontrolLease\x12\'.qinglong.worker.v1.ControlLeaseRequest\x1a(.qinglong.worker.v1.ControlLeaseResponse\x12j\n\x0f\x43ompleteAttempt\x12*.qinglong.worker.v1.CompleteAttemptRequest\x1a+.qinglong.worker.v1.CompleteAttemptResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'qinglong/worker/v1/worker_service.proto\x12\x12qinglong.worker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fqinglong/rpc/v1/execution.proto\x1a\x1bqinglong/rpc/v1/fence.proto\x1a\x1fqinglong/rpc/v1/lifecycle.proto\x1a\x1bqinglong/rpc/v1/rules.proto\x1a\x1fqinglong/worker/v1/worker.proto\"\xef\x01\n\x12OpenSessionRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\"\n\ragent_version\x18\x03 \x01(\tB\x0b\xbaH\x08r\x06(@\xf8\xd5\"\x01\x12L\n\x0e\x65xecutor_types\x18\x04 \x03(\x0e\x32\x1d.qinglong.rpc.v1.ExecutorTypeB\x15\xbaH\x12\x92\x01\x0f\x08\x01\x10\x08\x18\x01\"\x07\x82\x01\x04\x10\x01 \x00\x12*\n\x17max_concurrent_attempts\x18\x05 \x01(\x05\x42\t\xbaH\x06\x1a\x04\x18@(\x01\"\xe6\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11worker_generation\x18\x02 \x01(\x03\x12\x37\n\rsession_state\x18\x03 \x01(\x0e\x32 .qinglong.worker.v1.SessionState\x12\x34\n\x11session_remaining\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0erenew_interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"x\n\x13RenewSessionRequest\x12\x1c\n\tworker_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\nsession_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12$\n\x11worker_generation\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\"\x85\x01\n\x14RenewSessionResponse\x12\x37\n\rsession_state\x18\x01 \x01(\x0e\x32 .qinglong.worker.v1.SessionState\x12\x34\n\x11session_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"x\n\x13\x44rainSessionRequest\x12\x1c\n\tworker_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\nsession_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12$\n\x11worker_generation\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\"\x85\x01\n\x14\x44rainSessionResponse\x12\x37\n\rsession_state\x18\x01 \x01(\x0e\x32 .qinglong.worker.v1.SessionState\x12\x34\n\x11session_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x95\x01\n\x11PullOffersRequest\x12\x1c\n\tworker_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\nsession_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12$\n\x11worker_generation\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\x12\x1d\n\nmax_offers\x18\x04 \x01(\x05\x42\t\xbaH\x06\x1a\x04\x18@(\x01\"?\n\x12PullOffersResponse\x12)\n\x06offers\x18\x01 \x03(\x0b\x32\x19.qinglong.worker.v1.Offer\"\xed\x01\n\x11\x43laimOfferRequest\x12\x1c\n\tworker_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\nsession_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12$\n\x11worker_generation\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\x12\x1b\n\x08offer_id\x18\x04 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1d\n\nproject_id\x18\x05 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x06 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1e\n\x0blease_token\x18\x07 \x01(\tB\t\xbaH\x06r\x04\x80\xd6\"\x01\"\xbe\x01\n\x12\x43laimOfferResponse\x12\x12\n\nattempt_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\x12\x15\n\rlease_version\x18\x03 \x01(\x03\x12\x32\n\x0flease_remaining\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x04spec\x18\x05 \x01(\x0b\x32!.qinglong.worker.v1.ExecutionSpec\"K\n\x1a\x41\x63knowledgeStartingRequest\x12-\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.FenceB\x06\xbaH\x03\xc8\x01\x01\"\x8f\x01\n\x1b\x41\x63knowledgeStartingResponse\x12\x34\n\x07outcome\x18\x01 \x01(\x0e\x32#.qinglong.worker.v1.StartingOutcome\x12:\n\nactivation\x18\x02 \x01(\x0b\x32&.qinglong.worker.v1.ActivationSnapshot\"\x85\x02\n\x19\x41\x63knowledgeRunningRequest\x12-\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.FenceB\x06\xbaH\x03\xc8\x01\x01\x12\'\n\x0f\x65xecutor_handle\x18\x02 \x01(\tB\x0e\xbaH\x0br\t \x01(\x80\x04\xf8\xd5\"\x01\x12,\n\x0flog_artifact_id\x18\x03 \x01(\tB\x0e\xbaH\x0br\t \x01(\x80\x02\xf8\xd5\"\x01H\x00\x88\x01\x01\x12$\n\x11\x63\x61llback_sequence\x18\x04 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\x12(\n\x15\x63\x61llback_token_digest\x18\x05 \x01(\tB\t\xbaH\x06r\x04\xe8\xd5\"\x01\x42\x12\n\x10_log_artifact_id\"\x98\x01\n\x1a\x41\x63knowledgeRunningResponse\x12\x33\n\x07outcome\x18\x01 \x01(\x0e\x32\".qinglong.worker.v1.RunningOutcome\x12.\n\nstarted_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rlease_version\x18\x03 \x01(\x03\"q\n\x19ReportStartFailureRequest\x12-\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.FenceB\x06\xbaH\x03\xc8\x01\x01\x12%\n\rerror_summary\x18\x02 \x01(\tB\x0e\xbaH\x0br\t\x10\x01\x18\x80\x02\xf8\xd5\"\x01\"\xc7\x01\n\x1aReportStartFailureResponse\x12\x34\n\rattempt_state\x18\x01 \x01(\x0e\x32\x1d.qinglong.rpc.v1.AttemptState\x12,\n\trun_state\x18\x02 \x01(\x0e\x32\x19.qinglong.rpc.v1.RunState\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\x1f\n\x17\x63ompleted_lease_version\x18\x04 \x01(\x03\x12\x10\n\x08replayed\x18\x05 \x01(\x08\"D\n\x13\x43ontrolLeaseRequest\x12-\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.FenceB\x06\xbaH\x03\xc8\x01\x01\"\xce\x01\n\x14\x43ontrolLeaseResponse\x12\x33\n\x07renewed\x18\x01 \x01(\x0b\x32 .qinglong.worker.v1.LeaseRenewedH\x00\x12@\n\x0estop_requested\x18\x02 \x01(\x0b\x32&.qinglong.worker.v1.LeaseStopRequestedH\x00\x12\x35\n\x08terminal\x18\x03 \x01(\x0b\x32!.qinglong.worker.v1.LeaseTerminalH\x00\x42\x08\n\x06result\"\xc9\x02\n\x16\x43ompleteAttemptRequest\x12-\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x16.qinglong.rpc.v1.FenceB\x06\xbaH\x03\xc8\x01\x01\x12$\n\x11\x63\x61llback_sequence\x18\x02 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\x12?\n\x07outcome\x18\x03 \x01(\x0e\x32\".qinglong.worker.v1.AttemptOutcomeB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12.\n\texit_code\x18\x04 \x01(\x05\x42\x16\xbaH\x13\x1a\x11\x18\xff\xff\xff\xff\x07(\x80\x80\x80\x80\xf8\xff\xff\xff\xff\x01H\x00\x88\x01\x01\x12\x1d\n\x07summary\x18\x05 \x01(\tB\x0c\xbaH\tr\x07\x18\x80\x02\xf8\xd5\"\x01\x12<\n\x0bstop_reason\x18\x06 \x01(\x0e\x32\x1d.qinglong.rpc.v1.CancelReasonB\x08\xbaH\x05\x82\x01\x02\x10\x01\x42\x0c\n\n_exit_code\"\x9b\x02\n\x17\x43ompleteAttemptResponse\x12\x36\n\x07outcome\x18\x01 \x01(\x0e\x32%.qinglong.worker.v1.CompletionOutcome\x12\x34\n\rattempt_state\x18\x02 \x01(\x0e\x32\x1d.qinglong.rpc.v1.AttemptState\x12,\n\trun_state\x18\x03 \x01(\x0e\x32\x19.qinglong.rpc.v1.RunState\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x1f\n\x17\x63ompleted_lease_version\x18\x05 \x01(\x03\x12/\n\x0b\x66inished_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xa0\x08\n\rWorkerService\x12^\n\x0bOpenSession\x12&.qinglong.worker.v1.OpenSessionRequest\x1a\'.qinglong.worker.v1.OpenSessionResponse\x12\x61\n\x0cRenewSession\x12\'.qinglong.worker.v1.RenewSessionRequest\x1a(.qinglong.worker.v1.RenewSessionResponse\x12\x61\n\x0c\x44rainSession\x12\'.qinglong.worker.v1.DrainSessionRequest\x1a(.qinglong.worker.v1.DrainSessionResponse\x12[\n\nPullOffers\x12%.qinglong.worker.v1.PullOffersRequest\x1a&.qinglong.worker.v1.PullOffersResponse\x12[\n\nClaimOffer\x12%.qinglong.worker.v1.ClaimOfferRequest\x1a&.qinglong.worker.v1.ClaimOfferResponse\x12v\n\x13\x41\x63knowledgeStarting\x12..qinglong.worker.v1.AcknowledgeStartingRequest\x1a/.qinglong.worker.v1.AcknowledgeStartingResponse\x12s\n\x12\x41\x63knowledgeRunning\x12-.qinglong.worker.v1.AcknowledgeRunningRequest\x1a..qinglong.worker.v1.AcknowledgeRunningResponse\x12s\n\x12ReportStartFailure\x12-.qinglong.worker.v1.ReportStartFailureRequest\x1a..qinglong.worker.v1.ReportStartFailureResponse\x12\x61\n\x0c\x43ontrolLease\x12\'.qinglong.worker.v1.ControlLeaseRequest\x1a(.qinglong.worker.v1.ControlLeaseResponse\x12j\n\x0f\x43ompleteAttempt\x12*.qinglong.worker.v1.CompleteAttemptRequest\x1a+.qinglong.worker.v1.CompleteAttemptResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qinglong.worker.v1.worker_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPENSESSIONREQUEST']._serialized_start=257
-  _globals['_OPENSESSIONREQUEST']._serialized_end=427
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=430
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=660
-  _globals['_RENEWSESSIONREQUEST']._serialized_start=662
-  _globals['_RENEWSESSIONREQUEST']._serialized_end=749
-  _globals['_RENEWSESSIONRESPONSE']._serialized_start=752
-  _globals['_RENEWSESSIONRESPONSE']._serialized_end=885
-  _globals['_DRAINSESSIONREQUEST']._serialized_start=887
-  _globals['_DRAINSESSIONREQUEST']._serialized_end=974
-  _globals['_DRAINSESSIONRESPONSE']._serialized_start=977
-  _globals['_DRAINSESSIONRESPONSE']._serialized_end=1110
-  _globals['_PULLOFFERSREQUEST']._serialized_start=1112
-  _globals['_PULLOFFERSREQUEST']._serialized_end=1217
-  _globals['_PULLOFFERSRESPONSE']._serialized_start=1219
-  _globals['_PULLOFFERSRESPONSE']._serialized_end=1282
-  _globals['_CLAIMOFFERREQUEST']._serialized_start=1285
-  _globals['_CLAIMOFFERREQUEST']._serialized_end=1445
-  _globals['_CLAIMOFFERRESPONSE']._serialized_start=1448
-  _globals['_CLAIMOFFERRESPONSE']._serialized_end=1638
-  _globals['_ACKNOWLEDGESTARTINGREQUEST']._serialized_start=1640
-  _globals['_ACKNOWLEDGESTARTINGREQUEST']._serialized_end=1707
-  _globals['_ACKNOWLEDGESTARTINGRESPONSE']._serialized_start=1710
-  _globals['_ACKNOWLEDGESTARTINGRESPONSE']._serialized_end=1853
-  _globals['_ACKNOWLEDGERUNNINGREQUEST']._serialized_start=1856
-  _globals['_ACKNOWLEDGERUNNINGREQUEST']._serialized_end=2055
-  _globals['_ACKNOWLEDGERUNNINGRESPONSE']._serialized_start=2058
-  _globals['_ACKNOWLEDGERUNNINGRESPONSE']._serialized_end=2210
-  _globals['_REPORTSTARTFAILUREREQUEST']._serialized_start=2212
-  _globals['_REPORTSTARTFAILUREREQUEST']._serialized_end=2301
-  _globals['_REPORTSTARTFAILURERESPONSE']._serialized_start=2304
-  _globals['_REPORTSTARTFAILURERESPONSE']._serialized_end=2503
-  _globals['_CONTROLLEASEREQUEST']._serialized_start=2505
-  _globals['_CONTROLLEASEREQUEST']._serialized_end=2565
-  _globals['_CONTROLLEASERESPONSE']._serialized_start=2568
-  _globals['_CONTROLLEASERESPONSE']._serialized_end=2774
-  _globals['_COMPLETEATTEMPTREQUEST']._serialized_start=2777
-  _globals['_COMPLETEATTEMPTREQUEST']._serialized_end=3027
-  _globals['_COMPLETEATTEMPTRESPONSE']._serialized_start=3030
-  _globals['_COMPLETEATTEMPTRESPONSE']._serialized_end=3313
-  _globals['_WORKERSERVICE']._serialized_start=3316
-  _globals['_WORKERSERVICE']._serialized_end=4372
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['request_id']._loaded_options = None
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['request_id']._serialized_options = b'\272H\006r\004\340\325\"\001'
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['worker_id']._loaded_options = None
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['worker_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['agent_version']._loaded_options = None
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['agent_version']._serialized_options = b'\272H\010r\006(@\370\325\"\001'
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['executor_types']._loaded_options = None
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['executor_types']._serialized_options = b'\272H\022\222\001\017\010\001\020\010\030\001\"\007\202\001\004\020\001 \000'
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['max_concurrent_attempts']._loaded_options = None
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['max_concurrent_attempts']._serialized_options = b'\272H\006\032\004\030@(\001'
+  _globals['_RENEWSESSIONREQUEST'].fields_by_name['worker_id']._loaded_options = None
+  _globals['_RENEWSESSIONREQUEST'].fields_by_name['worker_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_RENEWSESSIONREQUEST'].fields_by_name['session_id']._loaded_options = None
+  _globals['_RENEWSESSIONREQUEST'].fields_by_name['session_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_RENEWSESSIONREQUEST'].fields_by_name['worker_generation']._loaded_options = None
+  _globals['_RENEWSESSIONREQUEST'].fields_by_name['worker_generation']._serialized_options = b'\272H\006\"\004\350\333\"\001'
+  _globals['_DRAINSESSIONREQUEST'].fields_by_name['worker_id']._loaded_options = None
+  _globals['_DRAINSESSIONREQUEST'].fields_by_name['worker_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_DRAINSESSIONREQUEST'].fields_by_name['session_id']._loaded_options = None
+  _globals['_DRAINSESSIONREQUEST'].fields_by_name['session_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_DRAINSESSIONREQUEST'].fields_by_name['worker_generation']._loaded_options = None
+  _globals['_DRAINSESSIONREQUEST'].fields_by_name['worker_generation']._serialized_options = b'\272H\006\"\004\350\333\"\001'
+  _globals['_PULLOFFERSREQUEST'].fields_by_name['worker_id']._loaded_options = None
+  _globals['_PULLOFFERSREQUEST'].fields_by_name['worker_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_PULLOFFERSREQUEST'].fields_by_name['session_id']._loaded_options = None
+  _globals['_PULLOFFERSREQUEST'].fields_by_name['session_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_PULLOFFERSREQUEST'].fields_by_name['worker_generation']._loaded_options = None
+  _globals['_PULLOFFERSREQUEST'].fields_by_name['worker_generation']._serialized_options = b'\272H\006\"\004\350\333\"\001'
+  _globals['_PULLOFFERSREQUEST'].fields_by_name['max_offers']._loaded_options = None
+  _globals['_PULLOFFERSREQUEST'].fields_by_name['max_offers']._serialized_options = b'\272H\006\032\004\030@(\001'
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['worker_id']._loaded_options = None
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['worker_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['session_id']._loaded_options = None
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['session_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['worker_generation']._loaded_options = None
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['worker_generation']._serialized_options = b'\272H\006\"\004\350\333\"\001'
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['offer_id']._loaded_options = None
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['offer_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['project_id']._loaded_options = None
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['run_id']._serialized_options = b'\272H\006r\004\320\325\"\001'
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['lease_token']._loaded_options = None
+  _globals['_CLAIMOFFERREQUEST'].fields_by_name['lease_token']._serialized_options = b'\272H\006r\004\200\326\"\001'
+  _globals['_ACKNOWLEDGESTARTINGREQUEST'].fields_by_name['fence']._loaded_options = None
+  _globals['_ACKNOWLEDGESTARTINGREQUEST'].fields_by_name['fence']._serialized_options = b'\272H\003\310\001\001'
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['fence']._loaded_options = None
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['fence']._serialized_options = b'\272H\003\310\001\001'
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['executor_handle']._loaded_options = None
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['executor_handle']._serialized_options = b'\272H\013r\t \001(\200\004\370\325\"\001'
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['log_artifact_id']._loaded_options = None
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['log_artifact_id']._serialized_options = b'\272H\013r\t \001(\200\002\370\325\"\001'
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['callback_sequence']._loaded_options = None
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['callback_sequence']._serialized_options = b'\272H\006\"\004\360\333\"\001'
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['callback_token_digest']._loaded_options = None
+  _globals['_ACKNOWLEDGERUNNINGREQUEST'].fields_by_name['callback_token_digest']._serialized_options = b'\272H\006r\004\350\325\"\001'
+  _globals['_REPORTSTARTFAILUREREQUEST'].fields_by_name['fence']._loaded_options = None
+  _globals['_REPORTSTARTFAILUREREQUEST'].fields_by_name['fence']._serialized_options = b'\272H\003\310\001\001'
+  _globals['_REPORTSTARTFAILUREREQUEST'].fields_by_name['error_summary']._loaded_options = None
+  _globals['_REPORTSTARTFAILUREREQUEST'].fields_by_name['error_summary']._serialized_options = b'\272H\013r\t\020\001\030\200\002\370\325\"\001'
+  _globals['_CONTROLLEASEREQUEST'].fields_by_name['fence']._loaded_options = None
+  _globals['_CONTROLLEASEREQUEST'].fields_by_name['fence']._serialized_options = b'\272H\003\310\001\001'
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['fence']._loaded_options = None
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['fence']._serialized_options = b'\272H\003\310\001\001'
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['callback_sequence']._loaded_options = None
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['callback_sequence']._serialized_options = b'\272H\006\"\004\360\333\"\001'
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['outcome']._loaded_options = None
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['outcome']._serialized_options = b'\272H\007\202\001\004\020\001 \000'
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['exit_code']._loaded_options = None
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['exit_code']._serialized_options = b'\272H\023\032\021\030\377\377\377\377\007(\200\200\200\200\370\377\377\377\377\001'
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['summary']._loaded_options = None
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['summary']._serialized_options = b'\272H\tr\007\030\200\002\370\325\"\001'
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['stop_reason']._loaded_options = None
+  _globals['_COMPLETEATTEMPTREQUEST'].fields_by_name['stop_reason']._serialized_options = b'\272H\005\202\001\002\020\001'
+  _globals['_OPENSESSIONREQUEST']._serialized_start=315
+  _globals['_OPENSESSIONREQUEST']._serialized_end=554
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=557
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=787
+  _globals['_RENEWSESSIONREQUEST']._serialized_start=789
+  _globals['_RENEWSESSIONREQUEST']._serialized_end=909
+  _globals['_RENEWSESSIONRESPONSE']._serialized_start=912
+  _globals['_RENEWSESSIONRESPONSE']._serialized_end=1045
+  _globals['_DRAINSESSIONREQUEST']._serialized_start=1047
+  _globals['_DRAINSESSIONREQUEST']._serialized_end=1167
+  _globals['_DRAINSESSIONRESPONSE']._serialized_start=1170
+  _globals['_DRAINSESSIONRESPONSE']._serialized_end=1303
+  _globals['_PULLOFFERSREQUEST']._serialized_start=1306
+  _globals['_PULLOFFERSREQUEST']._serialized_end=1455
+  _globals['_PULLOFFERSRESPONSE']._serialized_start=1457
+  _globals['_PULLOFFERSRESPONSE']._serialized_end=1520
+  _globals['_CLAIMOFFERREQUEST']._serialized_start=1523
+  _globals['_CLAIMOFFERREQUEST']._serialized_end=1760
+  _globals['_CLAIMOFFERRESPONSE']._serialized_start=1763
+  _globals['_CLAIMOFFERRESPONSE']._serialized_end=1953
+  _globals['_ACKNOWLEDGESTARTINGREQUEST']._serialized_start=1955
+  _globals['_ACKNOWLEDGESTARTINGREQUEST']._serialized_end=2030
+  _globals['_ACKNOWLEDGESTARTINGRESPONSE']._serialized_start=2033
+  _globals['_ACKNOWLEDGESTARTINGRESPONSE']._serialized_end=2176
+  _globals['_ACKNOWLEDGERUNNINGREQUEST']._serialized_start=2179
+  _globals['_ACKNOWLEDGERUNNINGREQUEST']._serialized_end=2440
+  _globals['_ACKNOWLEDGERUNNINGRESPONSE']._serialized_start=2443
+  _globals['_ACKNOWLEDGERUNNINGRESPONSE']._serialized_end=2595
+  _globals['_REPORTSTARTFAILUREREQUEST']._serialized_start=2597
+  _globals['_REPORTSTARTFAILUREREQUEST']._serialized_end=2710
+  _globals['_REPORTSTARTFAILURERESPONSE']._serialized_start=2713
+  _globals['_REPORTSTARTFAILURERESPONSE']._serialized_end=2912
+  _globals['_CONTROLLEASEREQUEST']._serialized_start=2914
+  _globals['_CONTROLLEASEREQUEST']._serialized_end=2982
+  _globals['_CONTROLLEASERESPONSE']._serialized_start=2985
+  _globals['_CONTROLLEASERESPONSE']._serialized_end=3191
+  _globals['_COMPLETEATTEMPTREQUEST']._serialized_start=3194
+  _globals['_COMPLETEATTEMPTREQUEST']._serialized_end=3523
+  _globals['_COMPLETEATTEMPTRESPONSE']._serialized_start=3526
+  _globals['_COMPLETEATTEMPTRESPONSE']._serialized_end=3809
+  _globals['_WORKERSERVICE']._serialized_start=3812
+  _globals['_WORKERSERVICE']._serialized_end=4868
 # @@protoc_insertion_point(module_scope)

@@ -38,25 +38,16 @@ class OpenSessionRequest(_message.Message):
     request_id: _builtins.str
     """AIP-155 idempotency key: a retry with the same worker_id and request_id
     returns the session the first call opened instead of opening another one.
-    Bound: 1..64 chars matching ^[A-Za-z0-9._:-]+$.
     """
     worker_id: _builtins.str
-    """The stable worker id; must equal the mTLS principal.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The stable worker id; must equal the mTLS principal."""
     agent_version: _builtins.str
-    """The Worker build, for operators only; never used for decisions.
-    Bound: 0..64 bytes (UTF-8), printable, no control characters.
-    """
+    """The Worker build, for operators only; never used for decisions."""
     max_concurrent_attempts: _builtins.int
-    """How many live Attempts this session may own at once; placement respects it.
-    Range: 1..64.
-    """
+    """How many live Attempts this session may own at once; placement respects it."""
     @_builtins.property
     def executor_types(self) -> _containers.RepeatedScalarFieldContainer[_execution_pb2.ExecutorType.ValueType]:
-        """Executor types this Worker can run; placement only offers matching Runs.
-        Bound: 1..8 items, no duplicates, none UNSPECIFIED.
-        """
+        """Executor types this Worker can run; placement only offers matching Runs."""
 
     def __init__(
         self,
@@ -133,17 +124,11 @@ class RenewSessionRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     WORKER_GENERATION_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
-    """The stable worker id; must equal the mTLS principal.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The stable worker id; must equal the mTLS principal."""
     session_id: _builtins.str
-    """The session to renew.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The session to renew."""
     worker_generation: _builtins.int
-    """The session's generation; an older generation fails SESSION_FENCED.
-    Range: 1..9007199254740991 (2^53-1).
-    """
+    """The session's generation; an older generation fails SESSION_FENCED."""
     def __init__(
         self,
         *,
@@ -199,17 +184,11 @@ class DrainSessionRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     WORKER_GENERATION_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
-    """The stable worker id; must equal the mTLS principal.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The stable worker id; must equal the mTLS principal."""
     session_id: _builtins.str
-    """The session to drain.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The session to drain."""
     worker_generation: _builtins.int
-    """The session's generation; an older generation fails SESSION_FENCED.
-    Range: 1..9007199254740991 (2^53-1).
-    """
+    """The session's generation; an older generation fails SESSION_FENCED."""
     def __init__(
         self,
         *,
@@ -267,21 +246,13 @@ class PullOffersRequest(_message.Message):
     WORKER_GENERATION_FIELD_NUMBER: _builtins.int
     MAX_OFFERS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
-    """The stable worker id; must equal the mTLS principal.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The stable worker id; must equal the mTLS principal."""
     session_id: _builtins.str
-    """The pulling session; it must be ONLINE (a draining session gets no offers).
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The pulling session; it must be ONLINE (a draining session gets no offers)."""
     worker_generation: _builtins.int
-    """The session's generation; an older generation fails SESSION_FENCED.
-    Range: 1..9007199254740991 (2^53-1).
-    """
+    """The session's generation; an older generation fails SESSION_FENCED."""
     max_offers: _builtins.int
-    """Upper bound on offers in the answer.
-    Range: 1..64.
-    """
+    """Upper bound on offers in the answer."""
     def __init__(
         self,
         *,
@@ -342,34 +313,23 @@ class ClaimOfferRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
-    """The stable worker id; must equal the mTLS principal.
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """The stable worker id; must equal the mTLS principal."""
     session_id: _builtins.str
-    """The session the offer was placed on.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The session the offer was placed on."""
     worker_generation: _builtins.int
-    """The session's generation; an older generation fails SESSION_FENCED.
-    Range: 1..9007199254740991 (2^53-1).
-    """
+    """The session's generation; an older generation fails SESSION_FENCED."""
     offer_id: _builtins.str
-    """The offer to claim.
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """The offer to claim."""
     project_id: _builtins.str
-    """Must equal the offer's project (cross-check; mismatch fails FENCE_MISMATCH).
-    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
-    """
+    """Must equal the offer's project (cross-check; mismatch fails FENCE_MISMATCH)."""
     run_id: _builtins.str
-    """Must equal the offer's Run (cross-check; mismatch fails FENCE_MISMATCH).
-    Bound: UUID, 36 chars, lowercase canonical form.
-    """
+    """Must equal the offer's Run (cross-check; mismatch fails FENCE_MISMATCH)."""
     lease_token: _builtins.str
     """The lease capability the Worker generated and persisted in its inbox
     before calling. Only its SHA-256 digest is stored; the plaintext is never
     logged, stored or echoed (R-CLAIM-2, R-SEC-1).
-    Bound: exactly 48 ASCII chars: "qlc1_" + unpadded base64url of exactly 32 random bytes; weak values are rejected.
+    A weak secret (fewer than 16 distinct byte values, or an arithmetic progression)
+    is refused with CAPABILITY_WEAK.
     """
     def __init__(
         self,
@@ -506,20 +466,14 @@ class AcknowledgeRunningRequest(_message.Message):
     executor_handle: _builtins.str
     """Stable executor handle that identifies the local process across restarts
     (e.g. PID plus process start time, R-W-3). Low sensitivity; no secrets.
-    Bound: 1..512 bytes (UTF-8), printable, no control characters.
     """
     log_artifact_id: _builtins.str
-    """Where the execution log is stored, when there is one.
-    Bound: 1..256 bytes (UTF-8), printable, no control characters, when present.
-    """
+    """Where the execution log is stored, when there is one."""
     callback_sequence: _builtins.int
-    """The callback sequence completion must later present.
-    Range: 0..9007199254740991 (2^53-1).
-    """
+    """The callback sequence completion must later present."""
     callback_token_digest: _builtins.str
     """SHA-256 of the callback token the Worker will use for completion receipts;
     stored, never echoed (R-ACK-5, R-SEC-1).
-    Bound: exactly 64 lowercase hex chars.
     """
     @_builtins.property
     def fence(self) -> _fence_pb2.Fence:
@@ -591,7 +545,6 @@ class ReportStartFailureRequest(_message.Message):
     error_summary: _builtins.str
     """Short, low-sensitivity description of why the executor did not start.
     Never contains secrets, environment values or full command lines.
-    Bound: 1..256 Unicode code points (≤ 1024 bytes UTF-8), no control characters.
     """
     @_builtins.property
     def fence(self) -> _fence_pb2.Fence:
@@ -739,19 +692,15 @@ class CompleteAttemptRequest(_message.Message):
     callback_sequence: _builtins.int
     """The callback sequence stored by AcknowledgeRunning; a closed sequence
     fails CALLBACK_SEQUENCE_FENCED.
-    Range: 0..9007199254740991 (2^53-1).
     """
     outcome: _worker_pb2.AttemptOutcome.ValueType
     """How the execution ended; CANCELLED/TIMED_OUT follow the stop reason."""
     exit_code: _builtins.int
     """The process exit code; absent when the process ended by a signal or the
     exit status could not be observed.
-    Range: -2147483648..2147483647 (any int32).
     """
     summary: _builtins.str
-    """Short, low-sensitivity summary; never secrets or output excerpts.
-    Bound: 0..256 Unicode code points (≤ 1024 bytes UTF-8), no control characters.
-    """
+    """Short, low-sensitivity summary; never secrets or output excerpts."""
     stop_reason: _lifecycle_pb2.CancelReason.ValueType
     """Why the Worker stopped the execution itself: only SHUTDOWN (a draining
     Worker stopped it when its grace ran out), and only with outcome

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 import grpc
@@ -32,7 +32,13 @@ from qinglong_protocol.errors import TypedStatus, code_for, reason_name
 from qinglong_protocol.storage_errors import StorageFailure, Verdict, storage_answer
 
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.wrapping import Behaviour, resolved, responses, rewrapped
+from qinglong_control.wrapping import (
+    Behaviour,
+    WrappingInterceptor,
+    resolved,
+    responses,
+    rewrapped,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -182,7 +188,7 @@ def answer_for(error: BaseException, request: object = None) -> TypedStatus:
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
+class ErrorInterceptor(WrappingInterceptor):
     """Answer every failure of ``service``'s methods with a typed status and record each
     call's latency (``qinglong.control.command.duration``) by method and outcome.
 
@@ -193,17 +199,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, service: str) -> None:
         self._prefix = f"/{service}/"
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(self._prefix):
-            return handler
+    def covers(self, method: str) -> bool:
+        return method.startswith(self._prefix)
+
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         return _answering(handler, method.removeprefix(self._prefix))
 
 

@@ -1,8 +1,9 @@
 """The control service's gRPC server: mutual TLS, caller check, health, reflection, RuntimeService.
 
 Every RuntimeService call passes, in order: OpenTelemetry's server span, the caller check
-(only ingress's identity), and the error interceptor (errors.py) that answers every
-failure with a typed status and records the command's latency.
+(only ingress's identity), the error interceptor (errors.py) that answers every failure
+with a typed status and records the command's latency, and the contract's field rules on
+the public request it carries (contract_bounds.py).
 
 `create_server` only assembles and binds; the caller starts and stops it (see
 `main.serve`), so tests can run it in-process on port 0.
@@ -23,15 +24,21 @@ from qinglong_protocol.errors import status_for
 from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import mutual_tls_server_credentials, peer_uris
 
+from qinglong_control.contract_bounds import ContractBoundsInterceptor
 from qinglong_control.errors import ErrorInterceptor
 from qinglong_control.settings import ControlSettings
-from qinglong_control.wrapping import Behaviour, resolved, responses, rewrapped
+from qinglong_control.wrapping import (
+    Behaviour,
+    WrappingInterceptor,
+    resolved,
+    responses,
+    rewrapped,
+)
 
 _log = logging.getLogger(__name__)
 
-RUNTIME_SERVICE_NAME: str = runtime_service_pb2.DESCRIPTOR.services_by_name[
-    "RuntimeService"
-].full_name
+RUNTIME_SERVICE = runtime_service_pb2.DESCRIPTOR.services_by_name["RuntimeService"]
+RUNTIME_SERVICE_NAME: str = RUNTIME_SERVICE.full_name
 HEALTH_SERVICE_NAME: str = health.SERVICE_NAME
 REFLECTION_SERVICE_NAME: str = reflection.SERVICE_NAME
 
@@ -59,6 +66,7 @@ async def create_server(
             *server_interceptors(),
             AllowedCallerInterceptor(settings.allowed_caller_uris, _OPEN_TO_ANY_CLIENT),
             ErrorInterceptor(RUNTIME_SERVICE_NAME),
+            ContractBoundsInterceptor(RUNTIME_SERVICE),
             *interceptors,
         ]
     )
@@ -87,7 +95,7 @@ async def create_server(
 _Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
 
 
-class AllowedCallerInterceptor(grpc.aio.ServerInterceptor):
+class AllowedCallerInterceptor(WrappingInterceptor):
     """Refuse (PERMISSION_DENIED) every call whose verified client certificate carries none
     of `allowed_uris`, except calls to `open_services`.
 
@@ -99,16 +107,12 @@ class AllowedCallerInterceptor(grpc.aio.ServerInterceptor):
         self._allowed_uris = allowed_uris
         self._open_services = open_services
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or _service_of(handler_call_details.method) in self._open_services:
-            return handler
+    def covers(self, method: str) -> bool:
+        return _service_of(method) not in self._open_services
+
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         return _run_check_first(handler, self._check_caller)
 
     async def _check_caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:

@@ -10,6 +10,7 @@ typed status and times every call, so no method handles errors itself.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -82,7 +83,7 @@ def worker_of(caller: caller_pb2.Caller, worker_id: str) -> str:
     """Defence in depth: ingress already bound the certificate to the named worker."""
     if caller.principal_kind != caller_pb2.PRINCIPAL_KIND_WORKER or caller.worker_id != worker_id:
         raise Refused(Reason.FENCE_MISMATCH, "caller is not the named worker")
-    return wire.parse_slug(worker_id, "worker_id")
+    return worker_id
 
 
 def operator_of(caller: caller_pb2.Caller) -> Actor:
@@ -95,9 +96,9 @@ def operator_of(caller: caller_pb2.Caller) -> Actor:
 
 def session_claim(request: Any) -> SessionClaim:
     return SessionClaim(
-        wire.parse_slug(request.worker_id, "worker_id"),
-        wire.parse_uuid(request.session_id, "session_id"),
-        wire.parse_positive(request.worker_generation, "worker_generation"),
+        request.worker_id,
+        uuid.UUID(request.session_id),
+        request.worker_generation,
     )
 
 
@@ -109,48 +110,16 @@ def session_response(view: sessions.SessionView, renew_interval_ms: int) -> Any:
     }
 
 
-def _callback_sequence(value: int) -> int:
-    if not bounds.is_safe_non_negative(value):
-        raise Refused(
-            Reason.FIELD_INVALID,
-            "callback_sequence must be an integer in 0..2^53-1",
-            field="callback_sequence",
-        )
-    return value
-
-
-def _after_sequence(value: int) -> int:
-    if not bounds.is_safe_non_negative(value):
-        raise Refused(
-            Reason.FIELD_INVALID,
-            "after_sequence must be an integer in 0..2^53-1",
-            field="after_sequence",
-        )
-    return value
-
-
 def _page_size(value: int) -> int:
     """A list's page size: 0 means the contract's default (``run_service.proto``)."""
-    if not bounds.is_page_size(value):
-        raise Refused(
-            Reason.FIELD_INVALID, f"page_size must be 0..{bounds.PAGE_SIZE_MAX}", field="page_size"
-        )
     return value or bounds.PAGE_SIZE_DEFAULT
 
 
 def _run_states(numbers: Any) -> tuple[str, ...]:
-    """The filter's state names; UNSPECIFIED is ignored, a number this server does not
-    know is refused (ingress refuses it first; this keeps control from ever failing on it)."""
-    names = []
-    for index, number in enumerate(numbers):
-        if number == lifecycle_pb2.RUN_STATE_UNSPECIFIED:
-            continue
-        if number not in lifecycle_pb2.RunState.values():
-            raise Refused(
-                Reason.FIELD_INVALID, "states must be known run states", field=f"states[{index}]"
-            )
-        names.append(lifecycle_pb2.RunState.Name(number).removeprefix("RUN_STATE_").lower())
-    return tuple(names)
+    """The filter's state names (the contract's rule admits only known, distinct states)."""
+    return tuple(
+        lifecycle_pb2.RunState.Name(number).removeprefix("RUN_STATE_").lower() for number in numbers
+    )
 
 
 class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
@@ -163,35 +132,10 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
     async def OpenSession(self, request: rt.OpenSessionRequest, context: Context) -> Any:
         public = request.request
         worker_id = worker_of(request.caller, public.worker_id)
-        types = tuple(wire.EXECUTOR_TYPES.get(t, "") for t in public.executor_types)
-        if not types or "" in types or len(set(types)) != len(types):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                "executor_types must be known and distinct",
-                field="executor_types",
-            )
-        if not (
-            bounds.MAX_CONCURRENT_ATTEMPTS_MIN
-            <= public.max_concurrent_attempts
-            <= bounds.MAX_CONCURRENT_ATTEMPTS_MAX
-        ):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"max_concurrent_attempts must be {bounds.MAX_CONCURRENT_ATTEMPTS_MIN}"
-                f"..{bounds.MAX_CONCURRENT_ATTEMPTS_MAX}",
-                field="max_concurrent_attempts",
-            )
-        if not bounds.is_bounded_text(
-            public.agent_version, max_bytes=bounds.AGENT_VERSION_MAX_BYTES, min_bytes=0
-        ):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"agent_version must be 0..{bounds.AGENT_VERSION_MAX_BYTES} bytes",
-                field="agent_version",
-            )
+        types = tuple(wire.EXECUTOR_TYPES[t] for t in public.executor_types)
         command = sessions.OpenSession(
             worker_id,
-            wire.parse_request_id(public.request_id),
+            public.request_id,
             types,
             public.max_concurrent_attempts,
             public.agent_version,
@@ -226,12 +170,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
     async def PullOffers(self, request: rt.PullOffersRequest, context: Context) -> Any:
         public = request.request
         worker_of(request.caller, public.worker_id)
-        if not bounds.is_max_offers(public.max_offers):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"max_offers must be {bounds.MAX_OFFERS_MIN}..{bounds.MAX_OFFERS_MAX}",
-                field="max_offers",
-            )
         async with self._pool.connection() as conn:
             placed = await placement.pull_offers(
                 conn, session_claim(public), public.max_offers, self._timings
@@ -247,11 +185,11 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         worker_id = worker_of(request.caller, public.worker_id)
         claim = ClaimRequest(
             worker_id=worker_id,
-            session_id=wire.parse_uuid(public.session_id, "session_id"),
-            worker_generation=wire.parse_positive(public.worker_generation, "worker_generation"),
-            offer_id=wire.parse_uuid(public.offer_id, "offer_id"),
-            project_id=wire.parse_slug(public.project_id, "project_id"),
-            run_id=wire.parse_uuid(public.run_id, "run_id"),
+            session_id=uuid.UUID(public.session_id),
+            worker_generation=public.worker_generation,
+            offer_id=uuid.UUID(public.offer_id),
+            project_id=public.project_id,
+            run_id=uuid.UUID(public.run_id),
             token_digest=wire.parse_capability(public.lease_token, "lease_token"),
         )
         async with self._pool.connection() as conn:
@@ -294,20 +232,8 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         public = request.request
         fence = wire.parse_fence(public.fence)
         worker_of(request.caller, fence.worker_id)
-        if not bounds.is_executor_handle(public.executor_handle):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"executor_handle must be 1..{bounds.EXECUTOR_HANDLE_MAX_BYTES} bytes",
-                field="executor_handle",
-            )
         log_artifact = public.log_artifact_id if public.HasField("log_artifact_id") else None
-        if log_artifact is not None and not bounds.is_log_artifact_id(log_artifact):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"log_artifact_id must be 1..{bounds.LOG_ARTIFACT_ID_MAX_BYTES} bytes",
-                field="log_artifact_id",
-            )
-        callback_sequence = _callback_sequence(public.callback_sequence)
+        callback_sequence = public.callback_sequence
         report = RunningReport(
             public.executor_handle,
             log_artifact,
@@ -330,12 +256,6 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         public = request.request
         fence = wire.parse_fence(public.fence)
         worker_of(request.caller, fence.worker_id)
-        if not bounds.is_error_summary(public.error_summary):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"error_summary must be 1..{bounds.ERROR_SUMMARY_MAX_CHARS} characters",
-                field="error_summary",
-            )
         async with self._pool.connection() as conn:
             decision = await start_facts.report_start_failure(conn, fence, public.error_summary)
         return rt.ReportStartFailureResponse(
@@ -361,16 +281,8 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         public = request.request
         fence = wire.parse_fence(public.fence)
         worker_of(request.caller, fence.worker_id)
-        outcome = _OUTCOMES.get(public.outcome)
-        if outcome is None:
-            raise Refused(Reason.FIELD_INVALID, "outcome is required", field="outcome")
-        callback_sequence = _callback_sequence(public.callback_sequence)
-        if not bounds.is_error_summary(public.summary, allow_empty=True):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"summary must be at most {bounds.ERROR_SUMMARY_MAX_CHARS} characters",
-                field="summary",
-            )
+        outcome = _OUTCOMES[public.outcome]
+        callback_sequence = public.callback_sequence
         stop_reason = _STOP_REASONS.get(public.stop_reason, "")
         if stop_reason == "" or (stop_reason and outcome != "cancelled"):
             raise Refused(
@@ -405,21 +317,13 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
     async def CreateTask(self, request: rt.CreateTaskRequest, context: Context) -> Any:
         public = request.request
         actor = operator_of(request.caller)
-        if not bounds.is_display_name(public.display_name):
-            raise Refused(
-                Reason.FIELD_INVALID,
-                f"display_name must be 1..{bounds.DISPLAY_NAME_MAX_CHARS} characters",
-                field="display_name",
-            )
-        if not bounds.is_labels(public.labels.items()):
-            raise Refused(Reason.FIELD_INVALID, "labels are out of bounds", field="labels")
         async with self._pool.connection() as conn:
             view = await definitions.create_task(
                 conn,
-                wire.parse_slug(public.project_id, "project_id"),
+                public.project_id,
                 public.display_name,
                 dict(public.labels),
-                wire.parse_request_id(public.request_id),
+                public.request_id,
                 actor.id,
             )
         return rt.CreateTaskResponse(
@@ -432,8 +336,8 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         async with self._pool.connection() as conn:
             view = await definitions.get_task(
                 conn,
-                wire.parse_slug(public.project_id, "project_id"),
-                wire.parse_uuid(public.task_id, "task_id"),
+                public.project_id,
+                uuid.UUID(public.task_id),
             )
         return rt.GetTaskResponse(response=task_service_pb2.GetTaskResponse(task=wire.task(view)))
 
@@ -443,26 +347,12 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         public = request.request
         actor = operator_of(request.caller)
         plan = public.plan
-        executor_type = wire.EXECUTOR_TYPES.get(plan.executor_type)
-        if executor_type is None:
-            raise Refused(
-                Reason.FIELD_INVALID,
-                "plan.executor_type is not supported",
-                field="plan.executor_type",
-            )
-        if not bounds.is_command_argv(plan.command):
-            raise Refused(
-                Reason.FIELD_INVALID, "plan.command is out of bounds", field="plan.command"
-            )
+        executor_type = wire.EXECUTOR_TYPES[plan.executor_type]
         timeout_ms = plan.timeout_ms if plan.HasField("timeout_ms") else None
-        if timeout_ms is not None and not bounds.is_timeout_ms(timeout_ms):
-            raise Refused(
-                Reason.FIELD_INVALID, "plan.timeout_ms is out of range", field="plan.timeout_ms"
-            )
         revision = definitions.NewRevision(
-            wire.parse_slug(public.project_id, "project_id"),
-            wire.parse_uuid(public.task_id, "task_id"),
-            wire.parse_request_id(public.request_id),
+            public.project_id,
+            uuid.UUID(public.task_id),
+            public.request_id,
             executor_type,
             list(plan.command),
             timeout_ms,
@@ -480,9 +370,9 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         async with self._pool.connection() as conn:
             view = await definitions.get_revision(
                 conn,
-                wire.parse_slug(public.project_id, "project_id"),
-                wire.parse_uuid(public.task_id, "task_id"),
-                revision_number=wire.parse_positive(public.revision_number, "revision_number"),
+                public.project_id,
+                uuid.UUID(public.task_id),
+                revision_number=public.revision_number,
             )
         return rt.GetTaskRevisionResponse(
             response=task_service_pb2.GetTaskRevisionResponse(revision=wire.revision(view))
@@ -492,13 +382,11 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         public = request.request
         actor = operator_of(request.caller)
         revision_number = public.revision_number if public.HasField("revision_number") else None
-        if revision_number is not None:
-            wire.parse_positive(revision_number, "revision_number")
         command = runs.TriggerRun(
-            wire.parse_slug(public.project_id, "project_id"),
-            wire.parse_uuid(public.task_id, "task_id"),
+            public.project_id,
+            uuid.UUID(public.task_id),
             revision_number,
-            wire.parse_request_id(public.request_id),
+            public.request_id,
         )
         async with self._pool.connection() as conn:
             view = await runs.trigger_run(conn, command, actor)
@@ -512,24 +400,24 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         async with self._pool.connection() as conn:
             view = await runs.get_run(
                 conn,
-                wire.parse_slug(public.project_id, "project_id"),
-                wire.parse_uuid(public.run_id, "run_id"),
+                public.project_id,
+                uuid.UUID(public.run_id),
             )
         return rt.GetRunResponse(response=run_service_pb2.GetRunResponse(run=wire.run(view)))
 
     async def CancelRun(self, request: rt.CancelRunRequest, context: Context) -> Any:
         public = request.request
         actor = operator_of(request.caller)
-        project_id = wire.parse_slug(public.project_id, "project_id")
+        project_id = public.project_id
         binding = request.caller.role_binding
         if not request.caller.HasField("role_binding") or binding.project_id != project_id:
             raise Refused(Reason.ROLE_BINDING_FENCED, "no role binding was admitted for this")
         cancel = cancellation.CancelRequest(
             project_id=project_id,
-            run_id=wire.parse_uuid(public.run_id, "run_id"),
-            mutation_id=wire.parse_request_id(public.mutation_id, "mutation_id"),
+            run_id=uuid.UUID(public.run_id),
+            mutation_id=public.mutation_id,
             actor=actor,
-            principal_id=wire.parse_uuid(request.caller.principal_id, "caller.principal_id"),
+            principal_id=wire.caller_principal_id(request.caller),
             snapshot=BindingSnapshot(
                 project_version=binding.project_version,
                 binding_version=binding.role_binding_version,
@@ -552,12 +440,12 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         operator_of(request.caller)
         limit = _page_size(public.page_size)
         before = wire.parse_page_token(public.page_token)
-        task_id = wire.parse_uuid(public.task_id, "task_id") if public.task_id else None
+        task_id = uuid.UUID(public.task_id) if public.task_id else None
         states = _run_states(public.states)
         async with self._pool.connection() as conn:
             page = await runs.list_runs(
                 conn,
-                wire.parse_slug(public.project_id, "project_id"),
+                public.project_id,
                 limit=limit,
                 task_id=task_id,
                 states=states,
@@ -581,9 +469,9 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         """
         public = request.request
         operator_of(request.caller)
-        project_id = wire.parse_slug(public.project_id, "project_id")
-        run_id = wire.parse_uuid(public.run_id, "run_id")
-        after = _after_sequence(public.after_sequence)
+        project_id = public.project_id
+        run_id = uuid.UUID(public.run_id)
+        after = public.after_sequence
         while True:
             async with self._pool.connection() as conn:
                 events = await runs.list_events(
@@ -603,10 +491,9 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
     async def ListRunEvents(self, request: rt.ListRunEventsRequest, context: Context) -> Any:
         public = request.request
         operator_of(request.caller)
-        _after_sequence(public.after_sequence)
         limit = _page_size(public.page_size)
-        project_id = wire.parse_slug(public.project_id, "project_id")
-        run_id = wire.parse_uuid(public.run_id, "run_id")
+        project_id = public.project_id
+        run_id = uuid.UUID(public.run_id)
         async with self._pool.connection() as conn:
             events = await runs.list_events(
                 conn, project_id, run_id, after_sequence=public.after_sequence, limit=limit

@@ -1,15 +1,17 @@
 """Wrapping a gRPC method handler's behaviour, whatever the method's shape.
 
 Control's server interceptors (the caller check in server.py, the error interceptor in
-errors.py) each put something around every behaviour. A behaviour may be a coroutine
-(real servicers), an async generator (streaming servicers) or a plain function (the
-generated base servicers); these helpers take all of them, so an interceptor writes its
-unary and its streaming wrapper once.
+errors.py, the contract's rules in contract_bounds.py) each put something around the
+behaviour of the methods they cover: :class:`WrappingInterceptor` is their one shape.
+A behaviour may be a coroutine (real servicers), an async generator (streaming
+servicers) or a plain function (the generated base servicers); these helpers take all of
+them, so an interceptor writes its unary and its streaming wrapper once.
 """
 
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -77,3 +79,31 @@ async def responses(result: Any) -> AsyncIterator[Any]:
     elif result is not None:
         for response in result:
             yield response
+
+
+class WrappingInterceptor(grpc.aio.ServerInterceptor, ABC):
+    """A server interceptor that wraps the handler of every method it :meth:`covers`
+    (see :func:`rewrapped`) and passes every other call through untouched."""
+
+    @abstractmethod
+    def covers(self, method: str) -> bool:
+        """Whether the full method name (``/package.Service/Method``) is wrapped."""
+
+    @abstractmethod
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """The covered method's handler, with this interceptor's work around it."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not self.covers(method):
+            return handler
+        return self.wrap(handler, method)

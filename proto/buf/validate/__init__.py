@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for buf.validate (scripts/generate_protos.py)."""
