@@ -1,6 +1,7 @@
 """Fixtures of the failover suite (issue 10, SPEC §7 items 14-15, R-HA-1, R-HA-2).
 
-Real processes only: embedded PostgreSQL 18 with a synchronous streaming standby made by
+Real processes only: embedded PostgreSQL (18; the per-command promotion evidence on every
+version the embedded binaries ship, 16 too) with a synchronous streaming standby made by
 `pg_basebackup`, `qinglong up --replicas/--standby`, real Workers. Every scenario prints
 its tally; the terminal summary repeats them in one table.
 """
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from qinglong_cli.embedded_postgres import SUPPORTED_VERSIONS
 
 
 @pytest.fixture
@@ -25,3 +27,10 @@ def scratch() -> Iterator[Path]:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=sorted(SUPPORTED_VERSIONS, reverse=True), ids=lambda v: f"pg{v}")
+def postgres_version(request: pytest.FixtureRequest) -> int:
+    """Each PostgreSQL major version the embedded binaries ship (`up --postgres-version`)."""
+    version: int = request.param
+    return version

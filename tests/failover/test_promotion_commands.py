@@ -19,7 +19,8 @@ start time), the same renewed version (R-LC-8 renewal replay), ALREADY_COMPLETED
 states), ALREADY_REQUESTED, and the reconciler converges nothing of the old Runs (its log
 after the promotion counts exactly the one new Run converged there). Everything recorded
 is unchanged. Last, every Run is driven to its end on the new primary and the tally checks
-each is terminal exactly once.
+each is terminal exactly once. On every PostgreSQL version the embedded binaries ship (16
+and 18).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from tests.support.failover_probe import (
     RawWorker,
     on_promoted_standby,
     promote_standby,
+    server_major_version,
     snapshot,
     until_answered,
 )
@@ -66,7 +68,7 @@ _RECONCILED: Final = re.compile(r"reconciled: (\d+) leases expired, (\d+) runs c
 
 
 @pytest.fixture
-def stack(scratch: Path) -> Iterator[DevStack]:
+def stack(scratch: Path, postgres_version: int) -> Iterator[DevStack]:
     with dev_stack(
         scratch / "stack",
         environment={
@@ -74,7 +76,7 @@ def stack(scratch: Path) -> Iterator[DevStack]:
             ENV_TIMINGS_MS["lease_ttl_ms"]: HOLD_MS,
             ENV_TIMINGS_MS["session_ttl_ms"]: HOLD_MS,
         },
-        arguments=("--standby", "--postgres-version", "18"),
+        arguments=("--standby", "--postgres-version", str(postgres_version)),
     ) as up:
         yield up
 
@@ -90,9 +92,13 @@ def _reconciled(log: Path, offset: int = 0) -> tuple[int, int]:
 
 
 def test_every_command_replays_after_promotion(
-    stack: DevStack, report_tally: Callable[[Tally], None]
+    stack: DevStack,
+    report_tally: Callable[[Tally], None],
+    postgres_version: int,
 ) -> None:
     assert stack.document["postgres"]["standby"], "up --standby published no standby"
+    running_on = server_major_version(stack.migration_url)
+    assert running_on == postgres_version, f"the stack runs PostgreSQL {running_on}"
     operator = OperatorClient(stack)
     worker = RawWorker(stack)
     stub = worker.stub
@@ -280,7 +286,8 @@ def test_every_command_replays_after_promotion(
         "converge-probe": {"state": "cancelled"},
     }
     tally = compute_tally(
-        "replay AcknowledgeRunning, ControlLease, CompleteAttempt, CancelRun, convergence"
+        f"PostgreSQL {postgres_version}: replay AcknowledgeRunning, ControlLease,"
+        " CompleteAttempt, CancelRun, convergence"
         " after a promotion",
         stack.migration_url,
         [Expected(runs[label], label=label, **end) for label, end in ends.items() if label in runs],

@@ -89,14 +89,24 @@ def promote_standby(stack: DevStack) -> Promotion:
     return Promotion(len(terminated), promoted_at)
 
 
+def server_major_version(url: str) -> int:
+    """The major version of the server `url` leads to: what a test really ran on."""
+    with psycopg.connect(url, connect_timeout=5) as conn:
+        return conn.info.server_version // 10000
+
+
 def on_promoted_standby(stack: DevStack) -> list[str]:
-    """Problems if the stack's multi-host URL does not lead to the promoted standby."""
+    """Problems if the stack's multi-host URL does not lead to the promoted standby, of
+    the version the stack was started with."""
     problems = []
     with psycopg.connect(stack.migration_url, connect_timeout=5) as conn:
         if conn.execute("SELECT pg_is_in_recovery()").fetchone() != (False,):
             problems.append("the services' URL did not lead to the promoted standby")
         if conn.info.host != str(stack.standby_dir):
             problems.append(f"connected to {conn.info.host}, not the promoted standby")
+        wanted = stack.document["postgres"]["version"]
+        if conn.info.server_version // 10000 != wanted:
+            problems.append(f"the promoted standby runs {conn.info.server_version}, not {wanted}")
     return problems
 
 

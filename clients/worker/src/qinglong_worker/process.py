@@ -10,6 +10,8 @@ after reuse; a PID whose start time differs is not ours and is never signalled.
   supervisor's identity — the identity the inbox records and every stop targets. The
   timing variables fail closed: one-sided, negative, out-of-range or non-integer values
   refuse the start.
+* A spawn with a launch key is claimed durably by its supervisor before the executor
+  starts (:mod:`qinglong_worker.launch` settles it after a Worker crash).
 * The supervisor writes the executor's exit status durably into the status directory
   (one file per identity) before it exits, so the status survives a Worker crash:
   :meth:`ProcessController.poll` reads it whether or not the supervisor is this
@@ -240,10 +242,15 @@ class ProcessController:
         deadline_unix_ms: int | None,
         extra_environment: Mapping[str, str] | None = None,
         log_path: Path | None = None,
+        launch_key: str | None = None,
     ) -> ProcessIdentity:
         """Start ``argv`` under a supervisor in a new session; return the supervisor's
         identity. Raise ExecutorRefused, or an OSError (FileNotFoundError, …) when the
-        executable could not be started."""
+        executable could not be started.
+
+        ``launch_key``: the supervisor claims this launch durably before it starts the
+        executor, so that a Worker restarted before it persisted the identity returned
+        here can still learn it (:mod:`qinglong_worker.launch`)."""
         if not bounds.is_command_argv(argv):
             raise ExecutorRefused("argv is empty or out of bounds")
         environment = executor_environment(
@@ -270,6 +277,7 @@ class ProcessController:
                     str(status_dir),
                     "--ready-fd",
                     str(ready_write),
+                    *(() if launch_key is None else ("--launch", launch_key)),
                     "--",
                     *argv,
                 ],
@@ -304,7 +312,7 @@ class ProcessController:
             self._known.add(identity)
             return identity
         _kill_group(child)
-        raise _start_error(answer)
+        raise start_error(answer)
 
     def poll(self, identity: ProcessIdentity) -> ExitStatus | None:
         """None while the process runs; the executor's exit status once it ended.
@@ -523,7 +531,7 @@ def _read_ready(descriptor: int, timeout_seconds: float) -> str:
     return received.decode("ascii", "replace").strip()
 
 
-def _start_error(answer: str) -> OSError:
+def start_error(answer: str) -> OSError:
     """The OSError a failed exec raised in the supervisor (FileNotFoundError, …)."""
     parts = answer.split()
     if len(parts) == 3 and parts[0] == "error" and parts[1].isdigit() and int(parts[1]) > 0:

@@ -20,7 +20,9 @@ The start path of a claimed record runs here too: the capability is persisted be
 ClaimOffer (``claiming``), then AcknowledgeStarting, the R-TO-2 check of the activation
 against the plan, ``launching`` persisted, spawn, identity persisted (``started``),
 AcknowledgeRunning (``running_acknowledged``). A start that cannot be established is
-reported with ReportStartFailure.
+reported with ReportStartFailure. A ``launching`` record whose spawn outcome a crash
+took with it is settled from its launch claim first (:mod:`qinglong_worker.launch`): a
+started executor is adopted, and only one that never started is reported as a failure.
 
 Every call is retried inside the reconcile (see :mod:`qinglong_worker.client`) on
 ``UNAVAILABLE``, ``DEADLINE_EXCEEDED`` and a broken connection, for a lease-holding
@@ -67,6 +69,7 @@ from qinglong_worker.inbox import (
     QuarantineReason,
     RecordState,
 )
+from qinglong_worker.launch import LaunchState, forget_launch, launch_key, resolve_launch
 from qinglong_worker.process import (
     UNOBSERVED_EXIT,
     ExecutorRefused,
@@ -97,6 +100,9 @@ _COMPLETION_CONFLICTS: Final = frozenset(
 #: durable ``shutdown`` intent, which is the control plane's own).
 LOCAL_SHUTDOWN: Final = "local_shutdown"
 _SHUTDOWN_BEFORE_RUNNING: Final = "worker shut down before running was acknowledged"
+#: States whose spawn may still have a launch claim on disk: it goes when they are left
+#: (``started`` too: a crash may come between persisting it and removing the claim).
+_CLAIMED_LAUNCH: Final = frozenset({RecordState.LAUNCHING, RecordState.STARTED})
 
 
 class Mode(StrEnum):
@@ -403,6 +409,14 @@ class Reconciler:
             if status is not None:
                 self._persist_exit(record, status)
                 return None
+        if state is RecordState.LAUNCHING and record.start_failure is None:
+            # A spawn whose answer a crash took with it; local, so before (3): a
+            # started executor is adopted, and then stopped like any other if need be.
+            if await self._settle_launch(record):
+                return None
+            if not record.lease_lost_locally(self._clock()):
+                return Outcome.WAITING
+            # Still undecided past the lease: (3) quarantines it as unverified.
         if record.lease_lost_locally(self._clock()):  # (3) no control call
             return await self._lease_lost(record, "local lease estimate expired")
         if state is RecordState.CLAIMED:
@@ -490,6 +504,7 @@ class Reconciler:
                     "QINGLONG_ATTEMPT_ID": record.attempt_id or "",
                 },
                 log_path=self._log_path(record),
+                launch_key=_launch_key(record),
             )
         except (ExecutorRefused, OSError) as error:
             self._save(record, start_failure=_spawn_failure_summary(error))
@@ -507,6 +522,45 @@ class Reconciler:
             raise
         log.info("offer %s run %s: started %s", record.offer_id, record.run_id, identity.handle)
         return None
+
+    async def _settle_launch(self, record: InboxRecord) -> bool:
+        """Settle an interrupted spawn from its launch claim; False while undecided."""
+        key = _launch_key(record)
+        try:
+            verdict = resolve_launch(self._processes, key)
+            if verdict.state is LaunchState.PENDING and record.lease_lost_locally(self._clock()):
+                # Claimed but never answered, and the lease is gone: end the supervisor;
+                # its claim then says how far it got.
+                if verdict.identity is not None:
+                    await self._processes.stop(verdict.identity, grace_seconds=self._grace)
+                verdict = resolve_launch(self._processes, key)
+        except OSError as error:
+            log.warning("offer %s: launch claim unusable (%s)", record.offer_id, error.strerror)
+            return False
+        if verdict.state is LaunchState.PENDING:
+            log.info("offer %s: its supervisor has not answered yet", record.offer_id)
+            return False
+        if verdict.state is LaunchState.STARTED and verdict.identity is not None:
+            self._save(
+                record,
+                state=RecordState.STARTED,
+                executor_pid=verdict.identity.pid,
+                executor_start_ticks=verdict.identity.start_ticks,
+            )
+            log.info(
+                "offer %s run %s: adopted %s, started before the Worker restarted",
+                record.offer_id,
+                record.run_id,
+                verdict.identity.handle,
+            )
+            return True
+        summary = (
+            _RESTARTED_WHILE_LAUNCHING
+            if verdict.error is None
+            else _spawn_failure_summary(verdict.error)
+        )
+        self._save(record, start_failure=summary)
+        return True
 
     async def _acknowledge_running(self, record: InboxRecord) -> Outcome | None:
         identity = identity_of(record)
@@ -829,6 +883,9 @@ class Reconciler:
     def _save(self, record: InboxRecord, **changes: Any) -> InboxRecord:
         updated = dataclasses.replace(record, updated_unix_ms=self._clock(), **changes)
         written = self._inbox.compare_and_set(record, updated)
+        if written.state is not record.state and record.state in _CLAIMED_LAUNCH:
+            # The identity (or the start failure) is durable in the inbox now.
+            forget_launch(self._processes, _launch_key(record))
         if written.state is not record.state:
             log.info(
                 "offer %s run %s: %s -> %s",
@@ -853,6 +910,10 @@ class Reconciler:
     def _waiting(self, record: InboxRecord, failure: CallFailed) -> Outcome:
         log.info("offer %s: %s; will retry", record.offer_id, failure)
         return Outcome.WAITING
+
+
+def _launch_key(record: InboxRecord) -> str:
+    return launch_key(record.offer_id, record.attempt_id or "")
 
 
 def _spawn_failure_summary(error: Exception) -> str:

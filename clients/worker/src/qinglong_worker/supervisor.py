@@ -25,6 +25,19 @@ The supervisor is not tied to the Worker's lifetime: it is not in the Worker's p
 group and holds no parent-death signal, so it survives a Worker crash and a restarted
 Worker reads the status it left.
 
+The launch claim (``--launch KEY``). The Worker learns the supervisor's identity only
+from step 3, so a Worker killed between forking the supervisor and persisting that
+identity would come back knowing nothing of an executor that runs. Therefore, before
+step 2, the supervisor claims the launch: it creates ``<status dir>/launch-<KEY>.json``
+naming itself, exclusively (``link`` of a written, fsynced temp file: the file appears
+whole or not at all, and only once). Only a won claim starts the executor; the answer of
+step 3 is then recorded in the same file (replaced by ``rename``) before it is reported.
+A restarted Worker settles the launch the same way (see :mod:`qinglong_worker.launch`):
+it claims the file first with no supervisor in it -- "never started" -- or finds the
+supervisor that did, and adopts it. A claim that cannot be made durable starts nothing.
+And a Worker that died cannot read the ready descriptor any more: that report is best
+effort, never a reason to abandon a started executor.
+
 Stopping (by the Worker, after verifying PID + start time): SIGTERM to the supervisor
 alone is forwarded once to every other member of its group (the executor and what it
 started); SIGKILL goes to the whole group, so nothing survives it.
@@ -34,8 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +60,12 @@ from types import FrameType
 from typing import Final
 
 STATUS_VERSION: Final = 1
+LAUNCH_VERSION: Final = 1
+#: A launch key: hex, as :func:`qinglong_worker.launch.launch_key` makes it (never a path).
+LAUNCH_KEY: Final = re.compile(r"\A[0-9a-f]{32}\Z")
+#: The answer ``error 17 LaunchFenced`` (EEXIST): a restarted Worker already declared
+#: this launch not started, so this supervisor must not start it.
+LAUNCH_FENCED: Final = "LaunchFenced"
 EXIT_RECORDED: Final = 0
 EXIT_USAGE: Final = 2
 EXIT_NOT_STARTED: Final = 3
@@ -59,6 +80,26 @@ _received: list[int] = []
 def status_file_name(pid: int, start_ticks: int) -> str:
     """The status file of the supervisor with this identity (shared with the Worker)."""
     return f"{pid}-{start_ticks}.json"
+
+
+def launch_file_name(key: str) -> str:
+    """The launch claim of one inbox record (shared with the Worker)."""
+    if LAUNCH_KEY.match(key) is None:
+        raise ValueError("not a launch key")
+    return f"launch-{key}.json"
+
+
+def launch_document(key: str, supervisor: str | None, answer: str | None) -> dict[str, object]:
+    """``supervisor`` None: the launch was declared not started (by a restarted Worker).
+    ``answer`` None: the supervisor claimed it and has not started the executor yet."""
+    return {"version": LAUNCH_VERSION, "launch": key, "supervisor": supervisor, "answer": answer}
+
+
+def claim_launch(directory: str, key: str, supervisor: str | None) -> bool:
+    """Create the launch claim; False if somebody claimed it first (nothing written)."""
+    return _publish(
+        directory, launch_file_name(key), launch_document(key, supervisor, None), exclusive=True
+    )
 
 
 def _own_start_ticks() -> int:
@@ -95,10 +136,15 @@ def _executor_preexec(libc: ctypes.CDLL | None, supervisor_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _write_status(directory: str, name: str, document: dict[str, object]) -> None:
-    """Temp file, fsync, rename, fsync of the directory: the status is there or not at all."""
+def _publish(
+    directory: str, name: str, document: dict[str, object], *, exclusive: bool = False
+) -> bool:
+    """Temp file, fsync, then rename (replace) or link (``exclusive``: only if ``name``
+    does not exist yet), fsync of the directory: the document is there whole or not at
+    all. False only when ``exclusive`` found ``name`` taken."""
     payload = json.dumps(document, sort_keys=True).encode()
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    # The pid and a nonce: the supervisor and a restarted Worker may race for one name.
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     descriptor = os.open(
         temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
     )
@@ -107,18 +153,33 @@ def _write_status(directory: str, name: str, document: dict[str, object]) -> Non
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-    os.rename(temporary, os.path.join(directory, name))
+    published = True
+    try:
+        if exclusive:
+            try:
+                os.link(temporary, os.path.join(directory, name))
+            except FileExistsError:
+                published = False
+        else:
+            os.rename(temporary, os.path.join(directory, name))
+    finally:
+        if exclusive:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
     directory_descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(directory_descriptor)
     finally:
         os.close(directory_descriptor)
+    return published
 
 
 def _report(ready_fd: int, line: str) -> None:
-    try:
+    """Tell the Worker how the start went. A Worker killed meanwhile has closed the
+    other end (EPIPE): the launch claim holds the answer for the one that restarts."""
+    with contextlib.suppress(OSError):
         os.write(ready_fd, line.encode() + b"\n")
-    finally:
+    with contextlib.suppress(OSError):
         os.close(ready_fd)
 
 
@@ -130,16 +191,65 @@ def _load_libc() -> ctypes.CDLL | None:
         return None
 
 
+_USAGE: Final = "usage: supervisor.py --status-dir DIR --ready-fd N [--launch KEY] -- ARGV...\n"
+_OPTIONS: Final = ("--status-dir", "--ready-fd", "--launch")
+
+
+def _parse(argv: Sequence[str]) -> tuple[str, int, str | None, list[str]] | None:
+    """(status dir, ready descriptor, launch key or None, command); None if malformed."""
+    options: dict[str, str] = {}
+    index = 0
+    while index < len(argv) and argv[index] != "--":
+        name = argv[index]
+        if name not in _OPTIONS or name in options or index + 1 >= len(argv):
+            return None
+        options[name] = argv[index + 1]
+        index += 2
+    command = list(argv[index + 1 :])
+    launch = options.get("--launch")
+    if (
+        not command
+        or "--status-dir" not in options
+        or not options.get("--ready-fd", "").isdigit()
+        or (launch is not None and LAUNCH_KEY.match(launch) is None)
+    ):
+        return None
+    return options["--status-dir"], int(options["--ready-fd"]), launch, command
+
+
+def _error_answer(error: BaseException) -> str:
+    number = error.errno if isinstance(error, OSError) else None
+    return f"error {number or 0} {type(error).__name__}"
+
+
+def _claim(status_dir: str, key: str, handle: str) -> str | None:
+    """Claim the launch for this supervisor: None when won, else the answer to report."""
+    try:
+        if claim_launch(status_dir, key, handle):
+            return None
+    except OSError as error:
+        return _error_answer(error)  # not durable: then nothing may start
+    return f"error {errno.EEXIST} {LAUNCH_FENCED}"
+
+
 def run(argv: Sequence[str]) -> int:
-    if len(argv) < 6 or argv[0] != "--status-dir" or argv[2] != "--ready-fd" or argv[4] != "--":
-        sys.stderr.write("usage: supervisor.py --status-dir DIR --ready-fd N -- ARGV...\n")
+    parsed = _parse(argv)
+    if parsed is None:
+        sys.stderr.write(_USAGE)
         return EXIT_USAGE
-    status_dir, ready_fd, command = argv[1], int(argv[3]), list(argv[5:])
+    status_dir, ready_fd, launch, command = parsed
     for signal_number in FORWARDED_SIGNALS:
         signal.signal(signal_number, _forward)
     own_pid = os.getpid()
     own_start = _own_start_ticks()
+    handle = f"pid:{own_pid};start:{own_start}"
+    if launch is not None:
+        refused = _claim(status_dir, launch, handle)
+        if refused is not None:
+            _report(ready_fd, refused)
+            return EXIT_NOT_STARTED
     libc = _load_libc()
+    executor: subprocess.Popen[bytes] | None = None
     try:
         executor = subprocess.Popen(
             command,
@@ -148,26 +258,35 @@ def run(argv: Sequence[str]) -> int:
             # The supervisor is single-threaded: preexec_fn is safe here.
             preexec_fn=lambda: _executor_preexec(libc, own_pid),
         )
-    except OSError as error:
-        _report(ready_fd, f"error {error.errno or 0} {type(error).__name__}")
+        answer = f"ok {executor.pid}"
+    except (OSError, subprocess.SubprocessError) as error:
+        answer = _error_answer(error)
+    if launch is not None:
+        try:
+            _publish(status_dir, launch_file_name(launch), launch_document(launch, handle, answer))
+        except OSError as error:
+            # A start that cannot be made durable does not run: a restarted Worker
+            # would find this launch "claimed, no answer" and report it not started.
+            _report(ready_fd, _error_answer(error))
+            if executor is not None:
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # the executor's group, and us
+            return EXIT_NOT_STARTED
+    _report(ready_fd, answer)
+    if executor is None:
         return EXIT_NOT_STARTED
-    except subprocess.SubprocessError as error:
-        _report(ready_fd, f"error 0 {type(error).__name__}")
-        return EXIT_NOT_STARTED
-    _report(ready_fd, f"ok {executor.pid}")
     for early in dict.fromkeys(_received):
         _forward(early, None)
     code = executor.wait()
     document: dict[str, object] = {
         "version": STATUS_VERSION,
-        "supervisor": f"pid:{own_pid};start:{own_start}",
+        "supervisor": handle,
         "executor_pid": executor.pid,
         "exit_code": code if code >= 0 else None,
         "signal": -code if code < 0 else None,
         "finished_unix_ms": time.time_ns() // 1_000_000,
     }
     try:
-        _write_status(status_dir, status_file_name(own_pid, own_start), document)
+        _publish(status_dir, status_file_name(own_pid, own_start), document)
     except OSError as error:
         # Goes to the offer's log file; the Worker then sees no status (unobserved).
         sys.stderr.write(f"qinglong supervisor: exit status not recorded ({error.strerror})\n")
