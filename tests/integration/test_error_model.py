@@ -43,7 +43,7 @@ from qinglong_ingress.stages import Call, Verdict
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
-from tests.support.calls import failure, stream_failure
+from tests.support.calls import failure, queued_run, stream_failure
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import PROJECT, Stack, running_stack
 
@@ -96,37 +96,6 @@ async def cancelled_while_blocked(
             await asyncio.sleep(0.01)
         await locker.rollback()
         return await answer
-
-
-async def queued_run(channel: grpc.aio.Channel, tokens: dict[str, str]) -> str:
-    tasks = task_service_pb2_grpc.TaskServiceStub(channel)
-    meta = bearer(tokens, "alice")
-    task = await tasks.CreateTask(
-        task_service_pb2.CreateTaskRequest(
-            project_id=PROJECT, request_id=uuid.uuid4().hex, display_name="sample"
-        ),
-        metadata=meta,
-    )
-    await tasks.CreateTaskRevision(
-        task_service_pb2.CreateTaskRevisionRequest(
-            project_id=PROJECT,
-            task_id=task.task.task_id,
-            request_id="rev-1",
-            plan=execution_pb2.ExecutionPlan(
-                executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER,
-                command=["echo", "hi"],
-                timeout_ms=60_000,
-            ),
-        ),
-        metadata=meta,
-    )
-    run = await run_service_pb2_grpc.RunServiceStub(channel).TriggerRun(
-        run_service_pb2.TriggerRunRequest(
-            project_id=PROJECT, task_id=task.task.task_id, request_id=uuid.uuid4().hex
-        ),
-        metadata=meta,
-    )
-    return run.run.run_id
 
 
 # --- ingress: its storage failures, by the shared rule ---------------------------------------
@@ -197,7 +166,7 @@ async def test_a_storage_fault_in_control_reaches_the_caller_typed_unary_and_str
 ) -> None:
     operator = stack.operator_identity("ops")
     async with stack.channel(operator) as channel:
-        run_id = await queued_run(channel, stack.tokens)
+        run_id = await queued_run(channel, bearer(stack.tokens, "alice"), PROJECT)
         with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
             admin.execute("REVOKE SELECT ON qinglong.run_events FROM qinglong_runtime")
         runs = run_service_pb2_grpc.RunServiceStub(channel)
@@ -225,7 +194,7 @@ async def test_a_storage_fault_in_control_reaches_the_caller_typed_unary_and_str
 
 async def test_an_outage_in_control_reaches_the_caller_as_unavailable(stack: Stack) -> None:
     async with stack.channel(stack.operator_identity("ops")) as channel:
-        run_id = await queued_run(channel, stack.tokens)
+        run_id = await queued_run(channel, bearer(stack.tokens, "alice"), PROJECT)
         runs = run_service_pb2_grpc.RunServiceStub(channel)
         refused = await cancelled_while_blocked(
             stack.database,
@@ -361,7 +330,9 @@ async def test_a_new_rule_is_one_more_stage(
         async with grpc.aio.secure_channel(
             composed.ingress_address, mutual_tls_channel_credentials(tls)
         ) as channel:
-            run_id = await queued_run(channel, composed.tokens)  # alice, a user: admitted
+            run_id = await queued_run(
+                channel, bearer(composed.tokens, "alice"), PROJECT
+            )  # a user: admitted
             task_id = (
                 await run_service_pb2_grpc.RunServiceStub(channel).GetRun(
                     run_service_pb2.GetRunRequest(project_id=PROJECT, run_id=run_id),

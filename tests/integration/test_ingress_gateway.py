@@ -27,6 +27,7 @@ from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 
 from tests.support.calls import failure
+from tests.support.calls import queued_run as queued_run_through
 from tests.support.stack import PROJECT, Stack
 
 ws = worker_service_pb2
@@ -38,35 +39,7 @@ def bearer(stack: Stack, name: str) -> tuple[tuple[str, str], ...]:
 
 async def queued_run(stack: Stack, operator: str = "alice") -> str:
     async with stack.channel(stack.operator_identity(operator)) as channel:
-        tasks = task_service_pb2_grpc.TaskServiceStub(channel)
-        runs = run_service_pb2_grpc.RunServiceStub(channel)
-        meta = bearer(stack, operator)
-        task = await tasks.CreateTask(
-            task_service_pb2.CreateTaskRequest(
-                project_id=PROJECT, request_id=uuid.uuid4().hex, display_name="sample"
-            ),
-            metadata=meta,
-        )
-        await tasks.CreateTaskRevision(
-            task_service_pb2.CreateTaskRevisionRequest(
-                project_id=PROJECT,
-                task_id=task.task.task_id,
-                request_id="rev-1",
-                plan=execution_pb2.ExecutionPlan(
-                    executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER,
-                    command=["echo", "hi"],
-                    timeout_ms=60_000,
-                ),
-            ),
-            metadata=meta,
-        )
-        run = await runs.TriggerRun(
-            run_service_pb2.TriggerRunRequest(
-                project_id=PROJECT, task_id=task.task.task_id, request_id=uuid.uuid4().hex
-            ),
-            metadata=meta,
-        )
-    return run.run.run_id
+        return await queued_run_through(channel, bearer(stack, operator), PROJECT)
 
 
 async def open_session(worker: worker_service_pb2_grpc.WorkerServiceStub, worker_id: str) -> Any:

@@ -1,11 +1,20 @@
-"""Awaiting a gRPC call that must fail, for tests that assert on the status it gets."""
+"""Calls tests make through ingress: awaiting one that must fail (to assert on its
+status), and the operator steps that put a Run in the queue."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable
 from typing import Any
 
 import grpc
+from qinglong.control.v1 import (
+    run_service_pb2,
+    run_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+)
+from qinglong.rpc.v1 import execution_pb2
 
 
 async def failure(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
@@ -25,3 +34,37 @@ async def stream_failure(stream: Any) -> grpc.aio.AioRpcError:
     except grpc.aio.AioRpcError as error:
         return error
     raise AssertionError("the stream ended without an error")
+
+
+async def queued_run(
+    channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...], project_id: str
+) -> str:
+    """A Task with one revision (`echo hi`, 60 s timeout) and one Run of it, created
+    through ingress by the operator whose credentials `metadata` carries; the Run's id."""
+    tasks = task_service_pb2_grpc.TaskServiceStub(channel)
+    task = await tasks.CreateTask(
+        task_service_pb2.CreateTaskRequest(
+            project_id=project_id, request_id=uuid.uuid4().hex, display_name="sample"
+        ),
+        metadata=metadata,
+    )
+    await tasks.CreateTaskRevision(
+        task_service_pb2.CreateTaskRevisionRequest(
+            project_id=project_id,
+            task_id=task.task.task_id,
+            request_id="rev-1",
+            plan=execution_pb2.ExecutionPlan(
+                executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER,
+                command=["echo", "hi"],
+                timeout_ms=60_000,
+            ),
+        ),
+        metadata=metadata,
+    )
+    run = await run_service_pb2_grpc.RunServiceStub(channel).TriggerRun(
+        run_service_pb2.TriggerRunRequest(
+            project_id=project_id, task_id=task.task.task_id, request_id=uuid.uuid4().hex
+        ),
+        metadata=metadata,
+    )
+    return run.run.run_id
