@@ -61,6 +61,21 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION qinglong.enforce_join_token_single_use() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.used_at_ms IS NOT NULL
+       OR (NEW.token_digest, NEW.worker_id, NEW.created_at_ms, NEW.expires_at_ms)
+          IS DISTINCT FROM
+          (OLD.token_digest, OLD.worker_id, OLD.created_at_ms, OLD.expires_at_ms) THEN
+        RAISE EXCEPTION 'join token of worker % is used or fixed', OLD.worker_id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'worker_join_tokens_single_use';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION qinglong.enforce_lease_progress() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -165,6 +180,11 @@ CREATE TABLE qinglong.attempts (
     CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text, 'lost'::text])))
 );
 
+CREATE TABLE qinglong.cluster_admins (
+    principal_id uuid NOT NULL,
+    granted_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL
+);
+
 CREATE TABLE qinglong.offers (
     offer_id uuid NOT NULL,
     run_id uuid NOT NULL,
@@ -189,11 +209,18 @@ CREATE TABLE qinglong.operator_credentials (
     status text DEFAULT 'active'::text NOT NULL,
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
     expires_at_ms qinglong.epoch_ms,
+    issue_request_id text,
+    token_prefix text,
+    replaces_credential_id uuid,
     CONSTRAINT operator_credentials_certificate_uri_check CHECK (((length(certificate_uri) >= 1) AND (length(certificate_uri) <= 512))),
     CONSTRAINT operator_credentials_check CHECK (((kind = 'bearer_token'::text) = (token_digest IS NOT NULL))),
     CONSTRAINT operator_credentials_check1 CHECK (((kind = 'client_certificate'::text) = (certificate_uri IS NOT NULL))),
+    CONSTRAINT operator_credentials_issue_request_id_check CHECK ((issue_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT operator_credentials_kind_check CHECK ((kind = ANY (ARRAY['bearer_token'::text, 'client_certificate'::text]))),
-    CONSTRAINT operator_credentials_status_check CHECK ((status = ANY (ARRAY['active'::text, 'revoked'::text])))
+    CONSTRAINT operator_credentials_prefix_of_token CHECK (((token_prefix IS NULL) OR (kind = 'bearer_token'::text))),
+    CONSTRAINT operator_credentials_rotation_has_request CHECK (((replaces_credential_id IS NULL) OR (issue_request_id IS NOT NULL))),
+    CONSTRAINT operator_credentials_status_check CHECK ((status = ANY (ARRAY['active'::text, 'revoked'::text]))),
+    CONSTRAINT operator_credentials_token_prefix_check CHECK ((token_prefix ~ '^qlo1_[A-Za-z0-9_-]{6}$'::text))
 );
 
 CREATE TABLE qinglong.principals (
@@ -202,6 +229,8 @@ CREATE TABLE qinglong.principals (
     name text NOT NULL,
     status text DEFAULT 'active'::text NOT NULL,
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    create_request_id text,
+    CONSTRAINT principals_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'agent'::text, 'worker'::text, 'service'::text]))),
     CONSTRAINT principals_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
     CONSTRAINT principals_status_check CHECK ((status = ANY (ARRAY['active'::text, 'disabled'::text])))
@@ -213,6 +242,8 @@ CREATE TABLE qinglong.projects (
     status text DEFAULT 'active'::text NOT NULL,
     version bigint DEFAULT 1 NOT NULL,
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    create_request_id text,
+    CONSTRAINT projects_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT projects_display_name_check CHECK (((length(display_name) >= 1) AND (length(display_name) <= 200))),
     CONSTRAINT projects_status_check CHECK ((status = ANY (ARRAY['active'::text, 'archived'::text]))),
     CONSTRAINT projects_version_check CHECK ((version >= 1))
@@ -382,7 +413,7 @@ CREATE TABLE qinglong.security_audit (
     request_id text,
     peer text,
     CONSTRAINT security_audit_operation_check CHECK (((length(operation) >= 1) AND (length(operation) <= 200))),
-    CONSTRAINT security_audit_outcome_check CHECK ((outcome = ANY (ARRAY['admitted'::text, 'require_approval'::text, 'unauthenticated'::text, 'permission_denied'::text, 'invalid_argument'::text, 'unavailable'::text, 'internal'::text]))),
+    CONSTRAINT security_audit_outcome_check CHECK ((outcome = ANY (ARRAY['admitted'::text, 'require_approval'::text, 'unauthenticated'::text, 'permission_denied'::text, 'invalid_argument'::text, 'unavailable'::text, 'internal'::text, 'rate_limited'::text]))),
     CONSTRAINT security_audit_peer_check CHECK ((length(peer) <= 256)),
     CONSTRAINT security_audit_principal_id_check CHECK (((length(principal_id) >= 1) AND (length(principal_id) <= 512))),
     CONSTRAINT security_audit_principal_kind_check CHECK ((principal_kind = ANY (ARRAY['worker'::text, 'user'::text, 'agent'::text, 'service'::text, 'anonymous'::text]))),
@@ -412,8 +443,20 @@ CREATE TABLE qinglong.worker_identities (
     certificate_uri text NOT NULL,
     status text DEFAULT 'active'::text NOT NULL,
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    create_request_id text,
     CONSTRAINT worker_identities_certificate_uri_check CHECK (((length(certificate_uri) >= 1) AND (length(certificate_uri) <= 512))),
+    CONSTRAINT worker_identities_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT worker_identities_status_check CHECK ((status = ANY (ARRAY['active'::text, 'disabled'::text])))
+);
+
+CREATE TABLE qinglong.worker_join_tokens (
+    token_digest qinglong.sha256_hex NOT NULL,
+    worker_id qinglong.slug NOT NULL,
+    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    expires_at_ms qinglong.epoch_ms NOT NULL,
+    used_at_ms qinglong.epoch_ms,
+    CONSTRAINT worker_join_tokens_expire_after_creation CHECK (((expires_at_ms)::bigint > (created_at_ms)::bigint)),
+    CONSTRAINT worker_join_tokens_used_after_creation CHECK (((used_at_ms IS NULL) OR ((used_at_ms)::bigint >= (created_at_ms)::bigint)))
 );
 
 CREATE TABLE qinglong.worker_sessions (
@@ -451,6 +494,9 @@ ALTER TABLE ONLY qinglong.attempts
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_run_id_attempt_number_key UNIQUE (run_id, attempt_number);
 
+ALTER TABLE ONLY qinglong.cluster_admins
+    ADD CONSTRAINT cluster_admins_pkey PRIMARY KEY (principal_id);
+
 ALTER TABLE ONLY qinglong.offers
     ADD CONSTRAINT offers_offer_id_run_id_key UNIQUE (offer_id, run_id);
 
@@ -464,13 +510,22 @@ ALTER TABLE ONLY qinglong.operator_credentials
     ADD CONSTRAINT operator_credentials_pkey PRIMARY KEY (credential_id);
 
 ALTER TABLE ONLY qinglong.operator_credentials
+    ADD CONSTRAINT operator_credentials_replaces_credential_id_key UNIQUE (replaces_credential_id);
+
+ALTER TABLE ONLY qinglong.operator_credentials
     ADD CONSTRAINT operator_credentials_token_digest_key UNIQUE (token_digest);
+
+ALTER TABLE ONLY qinglong.principals
+    ADD CONSTRAINT principals_create_request_id_key UNIQUE (create_request_id);
 
 ALTER TABLE ONLY qinglong.principals
     ADD CONSTRAINT principals_kind_name_key UNIQUE (kind, name);
 
 ALTER TABLE ONLY qinglong.principals
     ADD CONSTRAINT principals_pkey PRIMARY KEY (principal_id);
+
+ALTER TABLE ONLY qinglong.projects
+    ADD CONSTRAINT projects_create_request_id_key UNIQUE (create_request_id);
 
 ALTER TABLE ONLY qinglong.projects
     ADD CONSTRAINT projects_pkey PRIMARY KEY (project_id);
@@ -530,10 +585,16 @@ ALTER TABLE ONLY qinglong.worker_identities
     ADD CONSTRAINT worker_identities_certificate_uri_key UNIQUE (certificate_uri);
 
 ALTER TABLE ONLY qinglong.worker_identities
+    ADD CONSTRAINT worker_identities_create_request_id_key UNIQUE (create_request_id);
+
+ALTER TABLE ONLY qinglong.worker_identities
     ADD CONSTRAINT worker_identities_pkey PRIMARY KEY (worker_id);
 
 ALTER TABLE ONLY qinglong.worker_identities
     ADD CONSTRAINT worker_identities_principal_id_key UNIQUE (principal_id);
+
+ALTER TABLE ONLY qinglong.worker_join_tokens
+    ADD CONSTRAINT worker_join_tokens_pkey PRIMARY KEY (token_digest);
 
 ALTER TABLE ONLY qinglong.worker_sessions
     ADD CONSTRAINT worker_sessions_pkey PRIMARY KEY (session_id);
@@ -547,11 +608,15 @@ ALTER TABLE ONLY qinglong.worker_sessions
 ALTER TABLE ONLY qinglong.worker_sessions
     ADD CONSTRAINT worker_sessions_worker_id_open_request_id_key UNIQUE (worker_id, open_request_id);
 
+CREATE INDEX attempts_live_by_worker ON qinglong.attempts USING btree (worker_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
+
 CREATE UNIQUE INDEX attempts_one_live_per_run ON qinglong.attempts USING btree (run_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
 
 CREATE UNIQUE INDEX offers_one_open_per_run ON qinglong.offers USING btree (run_id) WHERE (state = 'open'::text);
 
 CREATE INDEX offers_open_by_session ON qinglong.offers USING btree (session_id) WHERE (state = 'open'::text);
+
+CREATE UNIQUE INDEX operator_credentials_issue_request ON qinglong.operator_credentials USING btree (principal_id, issue_request_id) WHERE ((issue_request_id IS NOT NULL) AND (replaces_credential_id IS NULL));
 
 CREATE INDEX run_leases_leased_by_expiry ON qinglong.run_leases USING btree (expires_at_ms) WHERE (status = 'leased'::text);
 
@@ -569,6 +634,8 @@ CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) W
 
 CREATE INDEX security_audit_by_time ON qinglong.security_audit USING btree (occurred_at_ms);
 
+CREATE INDEX worker_join_tokens_by_worker ON qinglong.worker_join_tokens USING btree (worker_id, created_at_ms);
+
 CREATE UNIQUE INDEX worker_sessions_one_live_per_worker ON qinglong.worker_sessions USING btree (worker_id) WHERE (status = ANY (ARRAY['online'::text, 'draining'::text]));
 
 CREATE TRIGGER attempts_enforce_transition BEFORE UPDATE ON qinglong.attempts FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_attempt_transition();
@@ -579,6 +646,8 @@ CREATE TRIGGER run_leases_enforce_progress BEFORE UPDATE ON qinglong.run_leases 
 
 CREATE TRIGGER runs_enforce_transition BEFORE UPDATE ON qinglong.runs FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_run_transition();
 
+CREATE TRIGGER worker_join_tokens_enforce_single_use BEFORE UPDATE ON qinglong.worker_join_tokens FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_join_token_single_use();
+
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_offer_id_run_id_fkey FOREIGN KEY (offer_id, run_id) REFERENCES qinglong.offers(offer_id, run_id);
 
@@ -588,6 +657,9 @@ ALTER TABLE ONLY qinglong.attempts
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_session_id_worker_id_worker_generation_fkey FOREIGN KEY (session_id, worker_id, worker_generation) REFERENCES qinglong.worker_sessions(session_id, worker_id, generation);
 
+ALTER TABLE ONLY qinglong.cluster_admins
+    ADD CONSTRAINT cluster_admins_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES qinglong.principals(principal_id);
+
 ALTER TABLE ONLY qinglong.offers
     ADD CONSTRAINT offers_run_id_fkey FOREIGN KEY (run_id) REFERENCES qinglong.runs(run_id);
 
@@ -596,6 +668,9 @@ ALTER TABLE ONLY qinglong.offers
 
 ALTER TABLE ONLY qinglong.operator_credentials
     ADD CONSTRAINT operator_credentials_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES qinglong.principals(principal_id);
+
+ALTER TABLE ONLY qinglong.operator_credentials
+    ADD CONSTRAINT operator_credentials_replaces_credential_id_fkey FOREIGN KEY (replaces_credential_id) REFERENCES qinglong.operator_credentials(credential_id);
 
 ALTER TABLE ONLY qinglong.role_bindings
     ADD CONSTRAINT role_bindings_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES qinglong.principals(principal_id);
@@ -633,15 +708,20 @@ ALTER TABLE ONLY qinglong.tasks
 ALTER TABLE ONLY qinglong.worker_identities
     ADD CONSTRAINT worker_identities_principal_id_fkey FOREIGN KEY (principal_id) REFERENCES qinglong.principals(principal_id);
 
+ALTER TABLE ONLY qinglong.worker_join_tokens
+    ADD CONSTRAINT worker_join_tokens_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES qinglong.worker_identities(worker_id);
+
 ALTER TABLE ONLY qinglong.worker_sessions
     ADD CONSTRAINT worker_sessions_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES qinglong.worker_identities(worker_id);
 
 GRANT USAGE ON SCHEMA qinglong TO qinglong_runtime;
 GRANT USAGE ON SCHEMA qinglong TO qinglong_ingress;
+GRANT USAGE ON SCHEMA qinglong TO qinglong_admin;
 
 REVOKE ALL ON FUNCTION qinglong.db_now_ms() FROM PUBLIC;
 GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_runtime;
 GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_ingress;
+GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_admin;
 
 REVOKE ALL ON FUNCTION qinglong.enforce_attempt_transition() FROM PUBLIC;
 
@@ -652,19 +732,27 @@ REVOKE ALL ON FUNCTION qinglong.enforce_lease_progress() FROM PUBLIC;
 REVOKE ALL ON FUNCTION qinglong.enforce_run_transition() FROM PUBLIC;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempts TO qinglong_runtime;
+GRANT SELECT ON TABLE qinglong.attempts TO qinglong_admin;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.cluster_admins TO qinglong_admin;
+GRANT SELECT ON TABLE qinglong.cluster_admins TO qinglong_ingress;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.offers TO qinglong_runtime;
 
 GRANT SELECT ON TABLE qinglong.operator_credentials TO qinglong_ingress;
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.operator_credentials TO qinglong_admin;
 
 GRANT SELECT ON TABLE qinglong.principals TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.principals TO qinglong_ingress;
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.principals TO qinglong_admin;
 
 GRANT SELECT ON TABLE qinglong.projects TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.projects TO qinglong_ingress;
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.projects TO qinglong_admin;
 
 GRANT SELECT ON TABLE qinglong.role_bindings TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.role_bindings TO qinglong_ingress;
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.role_bindings TO qinglong_admin;
 
 GRANT SELECT,INSERT ON TABLE qinglong.run_events TO qinglong_runtime;
 
@@ -677,13 +765,18 @@ GRANT SELECT,INSERT ON TABLE qinglong.task_revisions TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.run_projection TO qinglong_runtime;
 
 GRANT INSERT ON TABLE qinglong.security_audit TO qinglong_ingress;
+GRANT SELECT ON TABLE qinglong.security_audit TO qinglong_admin;
 
 GRANT SELECT,INSERT ON TABLE qinglong.tasks TO qinglong_runtime;
 
 GRANT SELECT ON TABLE qinglong.worker_identities TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.worker_identities TO qinglong_ingress;
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_identities TO qinglong_admin;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_sessions TO qinglong_runtime;
+GRANT SELECT ON TABLE qinglong.worker_sessions TO qinglong_admin;
 
 GRANT SELECT(session_id) ON TABLE qinglong.worker_sessions TO qinglong_ingress;
 

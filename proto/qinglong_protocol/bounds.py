@@ -74,6 +74,9 @@ WORKER_REQUEST_MAX_BYTES: Final = 8 * 1024
 LEASE_CONTROL_REQUEST_MAX_BYTES: Final = 8 * 1024
 LEASE_CONTROL_RESPONSE_MAX_BYTES: Final = 4 * 1024
 RUN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
+ADMIN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
+#: A join token and a CSR: tight, since the enrollment listener asks for no credential.
+ENROLLMENT_REQUEST_MAX_BYTES: Final = 8 * 1024
 #: TaskService carries execution plans (argv up to 64 KiB in total).
 TASK_SERVICE_REQUEST_MAX_BYTES: Final = 128 * 1024
 #: Channel-level receive limit (gRPC's default); PullOffers stays below it.
@@ -120,6 +123,8 @@ LEASE_CAPABILITY_PREFIX: Final = "qlc1_"
 LEASE_CAPABILITY_SECRET_BYTES: Final = 32
 LEASE_CAPABILITY_LENGTH: Final = 48
 LEASE_CAPABILITY_PATTERN: Final = predefined_pattern(rules_pb2.lease_capability)
+#: A Worker's one-time join token (R-ADM-2): "qlj1_" + the same 43 characters.
+JOIN_TOKEN_PATTERN: Final = predefined_pattern(rules_pb2.join_token)
 #: A capability whose secret has fewer distinct byte values than this is weak.
 #: 32 uniform random bytes have about 30 distinct values; fewer than 16 happens
 #: with probability below 1e-14, so honest Workers never hit it.

@@ -4,9 +4,10 @@ The rules are the ``buf.validate`` annotations of the ``.proto`` files; protoval
 native engine evaluates them on the ``google.protobuf`` message in place (about 5 µs for
 a lease command, docs/decisions/0001). Ingress runs this before anything else touches a
 request's fields, and control runs it again on what ingress forwards, so neither holds a
-hand-written copy of any bound. Two things no rule can say are added here: a lease
-capability whose secret is weak (the rule only sees its shape), and violations that
-never repeat the offending value, because that value may be a secret (R-SEC-1).
+hand-written copy of any bound. What no rule can say is added here: a lease capability
+whose secret is weak (the rule only sees its shape), a Timestamp whose nanos are out of
+range (the rules compare instants), and violations that never repeat the offending
+value, because that value may be a secret (R-SEC-1).
 
 Needs the ``validation`` extra of qinglong-protocol (the services have it; Workers do
 not need it).
@@ -23,7 +24,7 @@ from typing import Any, Final, cast
 
 import protovalidate
 from google.protobuf import message_factory
-from google.protobuf.descriptor import Descriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 
@@ -108,7 +109,7 @@ def require_rules(roots: Iterable[Descriptor]) -> None:
 def request_violations(request: Message) -> list[FieldViolation]:
     """Every violation of the request's field rules (at most
     :data:`MAX_REPORTED_VIOLATIONS`); empty when it may proceed."""
-    found = itertools.chain(_rule_violations(request), _weak_capabilities(request))
+    found = itertools.chain(_rule_violations(request), _unseen_violations(request))
     return list(itertools.islice(found, MAX_REPORTED_VIOLATIONS))
 
 
@@ -144,36 +145,64 @@ def _without_controls(text: str) -> str:
     return _CONTROLS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
-# --- The capability's strength: what no rule can decode --------------------------------
+# --- What no rule can see: a capability's strength, a timestamp's nanos ----------------
+
+
+def _is_timestamp(field: FieldDescriptor) -> bool:
+    return field.message_type is not None and field.message_type.full_name == _TIMESTAMP
+
+
+_TIMESTAMP: Final = "google.protobuf.Timestamp"
+#: A Timestamp's nanos must be 0..999,999,999; the validator's timestamp rules compare
+#: instants and let any nanos through, and converting such a value fails.
+_NANOS_MAX: Final = 999_999_999
 
 
 @functools.cache
-def _capability_paths(message: Descriptor) -> tuple[tuple[str, ...], ...]:
-    """Field-name paths from ``message`` to every field marked as a lease capability."""
+def _paths(message: Descriptor, kind: str) -> tuple[tuple[str, ...], ...]:
+    """Field-name paths from ``message`` to every field of ``kind`` ("capability": marked
+    as a lease capability; "timestamp": a Timestamp), through singular messages."""
+    matches = is_capability if kind == "capability" else _is_timestamp
     paths: list[tuple[str, ...]] = []
     for field in message.fields:
-        if is_capability(field):
+        if matches(field):
             paths.append((field.name,))
-        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
-            nested = _capability_paths(field.message_type)
+        elif (
+            field.message_type is not None
+            and not field.message_type.GetOptions().map_entry
+            and not _is_timestamp(field)
+        ):
+            nested = _paths(field.message_type, kind)
             if nested and field.is_repeated:
-                raise RuntimeError(f"{field.full_name}: capabilities inside a repeated field")
+                raise RuntimeError(f"{field.full_name}: a {kind} inside a repeated field")
             paths.extend((field.name, *path) for path in nested)
     return tuple(paths)
 
 
-def _weak_capabilities(request: Message) -> Iterator[FieldViolation]:
-    for path in _capability_paths(cast(Descriptor, request.DESCRIPTOR)):
-        value: Any = request
-        for name in path[:-1]:
-            if not value.HasField(name):
-                break
-            value = getattr(value, name)
-        else:
-            raw = bounds.decode_lease_capability(getattr(value, path[-1]))
-            if raw is not None and bounds.is_weak_lease_secret(raw):
-                yield FieldViolation(
-                    ".".join(path),
-                    "the lease capability's secret has too little entropy",
-                    _REASON.ERROR_REASON_CAPABILITY_WEAK,
-                )
+def _present(request: Message, path: tuple[str, ...]) -> Any | None:
+    """The value at ``path`` if every message on the way (and a message at its end) is
+    set; None otherwise."""
+    value: Any = request
+    for name in path:
+        field = value.DESCRIPTOR.fields_by_name[name]
+        if field.message_type is not None and not value.HasField(name):
+            return None
+        value = getattr(value, name)
+    return value
+
+
+def _unseen_violations(request: Message) -> Iterator[FieldViolation]:
+    descriptor = cast(Descriptor, request.DESCRIPTOR)
+    for path in _paths(descriptor, "capability"):
+        capability = _present(request, path)
+        raw = None if capability is None else bounds.decode_lease_capability(capability)
+        if raw is not None and bounds.is_weak_lease_secret(raw):
+            yield FieldViolation(
+                ".".join(path),
+                "the lease capability's secret has too little entropy",
+                _REASON.ERROR_REASON_CAPABILITY_WEAK,
+            )
+    for path in _paths(descriptor, "timestamp"):
+        stamp = _present(request, path)
+        if stamp is not None and not 0 <= stamp.nanos <= _NANOS_MAX:
+            yield FieldViolation(".".join(path), f"nanos must be 0..{_NANOS_MAX}")

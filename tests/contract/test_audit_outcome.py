@@ -12,6 +12,7 @@ import uuid
 
 import psycopg
 import pytest
+from qinglong.admin.v1 import admin_pb2
 from qinglong_ingress.audit import AuditOutcome
 from qinglong_ingress.directory import AuditRecord, Directory
 from qinglong_ingress.pool import open_ingress_pool
@@ -54,3 +55,13 @@ async def test_every_outcome_is_written_by_the_ingress_role(
         ).fetchone()
     assert row == (outcome.value,)
     assert isinstance(audit_id, uuid.UUID)
+
+
+def test_the_admin_api_names_exactly_the_enum() -> None:
+    """AdminService's AuditOutcome (the filter and the record) spells the same values."""
+    named = {
+        name.removeprefix("AUDIT_OUTCOME_").lower()
+        for name in admin_pb2.AuditOutcome.keys()  # noqa: SIM118 - an enum wrapper, not a dict
+        if name != "AUDIT_OUTCOME_UNSPECIFIED"
+    }
+    assert named == {outcome.value for outcome in AuditOutcome}

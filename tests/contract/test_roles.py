@@ -1,4 +1,5 @@
-"""SPEC R-ROLE-1: three roles, proven on a real PostgreSQL by executing as each of them."""
+"""SPEC R-ROLE-1 and docs/decisions/0002: four roles, proven on a real PostgreSQL by
+executing as each of them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,19 @@ from psycopg import errors, sql
 from tests.support.postgres import MigratedDatabase
 
 RUNTIME_OWNED_TABLES = ("runs", "attempts", "run_leases", "run_events", "worker_sessions", "offers")
+#: What only an administrator writes (the admin role; the migration role owns them).
+IDENTITY_TABLES = (
+    "projects",
+    "principals",
+    "operator_credentials",
+    "role_bindings",
+    "worker_identities",
+    "worker_join_tokens",
+    "cluster_admins",
+)
+#: Everything else the admin role must not write: the runtime's tables, the audit,
+#: definitions.
+NOT_ADMINS = (*RUNTIME_OWNED_TABLES, "security_audit", "tasks", "task_revisions")
 
 # The whole privilege matrix. Anything not listed is denied; the test compares the catalog
 # against this, so a grant added by a later migration must be added here on purpose.
@@ -36,6 +50,13 @@ EXPECTED_TABLE_PRIVILEGES: dict[str, dict[str, set[str]]] = {
         "role_bindings": {"SELECT"},
         "operator_credentials": {"SELECT"},
         "worker_identities": {"SELECT"},
+        "cluster_admins": {"SELECT"},
+    },
+    "qinglong_admin": {
+        **{table: {"SELECT", "INSERT", "UPDATE"} for table in IDENTITY_TABLES},
+        "worker_sessions": {"SELECT"},
+        "attempts": {"SELECT"},
+        "security_audit": {"SELECT"},
     },
 }
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
@@ -62,6 +83,16 @@ def _any_column(table: str) -> str:
         "run_events": "payload",
         "worker_sessions": "status",
         "offers": "state",
+        "security_audit": "outcome",
+        "tasks": "display_name",
+        "task_revisions": "timeout_ms",
+        "projects": "display_name",
+        "principals": "name",
+        "operator_credentials": "status",
+        "role_bindings": "role",
+        "worker_identities": "status",
+        "worker_join_tokens": "used_at_ms",
+        "cluster_admins": "granted_at_ms",
     }[table]
 
 
@@ -72,6 +103,129 @@ def test_ingress_role_cannot_mutate_runtime_tables(database: MigratedDatabase, t
         for statement in _mutations(table):
             with pytest.raises(errors.InsufficientPrivilege):
                 conn.execute(statement)
+
+
+@pytest.mark.parametrize("table", IDENTITY_TABLES)
+def test_ingress_role_cannot_write_identity(database: MigratedDatabase, table: str) -> None:
+    """Ingress reads who exists; it can never change it (the new tables included)."""
+    with psycopg.connect(database.urls.ingress, autocommit=True) as conn:
+        for statement in _mutations(table):
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(statement)
+
+
+@pytest.mark.parametrize("table", NOT_ADMINS)
+def test_admin_role_cannot_write_outside_identity(database: MigratedDatabase, table: str) -> None:
+    """A compromised admin handler cannot touch a Run, a lease, an Event, a session, an
+    offer, a definition or the audit (docs/decisions/0002)."""
+    with psycopg.connect(database.urls.admin, autocommit=True) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("qinglong_admin",)
+        for statement in _mutations(table):
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(statement)
+
+
+@pytest.mark.parametrize("table", IDENTITY_TABLES)
+def test_admin_role_never_deletes_identity(database: MigratedDatabase, table: str) -> None:
+    """Identity is disabled or revoked, never erased: the record stays for the audit."""
+    _insert, _update, delete, truncate = _mutations(table)
+    with psycopg.connect(database.urls.admin, autocommit=True) as conn:
+        for statement in (delete, truncate):
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(statement)
+
+
+def test_admin_role_writes_every_identity_table(database: MigratedDatabase) -> None:
+    """The grants are enough for administration: one real row in each table, changed."""
+    principal, worker_principal = uuid.uuid4(), uuid.uuid4()
+    token = uuid.uuid4()
+    statements: list[tuple[str, tuple[object, ...]]] = [
+        ("INSERT INTO qinglong.projects (project_id, display_name) VALUES ('p-1', 'P')", ()),
+        ("UPDATE qinglong.projects SET status = 'archived' WHERE project_id = 'p-1'", ()),
+        (
+            "INSERT INTO qinglong.principals (principal_id, kind, name) VALUES (%s, 'user', 'u')",
+            (principal,),
+        ),
+        (
+            "UPDATE qinglong.principals SET status = 'disabled' WHERE principal_id = %s",
+            (principal,),
+        ),
+        ("INSERT INTO qinglong.cluster_admins (principal_id) VALUES (%s)", (principal,)),
+        (
+            "UPDATE qinglong.cluster_admins SET granted_at_ms = granted_at_ms"
+            " WHERE principal_id = %s",
+            (principal,),
+        ),
+        (
+            "INSERT INTO qinglong.operator_credentials (credential_id, principal_id, kind,"
+            " token_digest) VALUES (%s, %s, 'bearer_token', repeat('a', 64))",
+            (token, principal),
+        ),
+        (
+            "UPDATE qinglong.operator_credentials SET status = 'revoked' WHERE credential_id = %s",
+            (token,),
+        ),
+        (
+            "INSERT INTO qinglong.role_bindings (project_id, principal_id, role)"
+            " VALUES ('p-1', %s, 'viewer')",
+            (principal,),
+        ),
+        (
+            "UPDATE qinglong.role_bindings SET status = 'revoked' WHERE principal_id = %s",
+            (principal,),
+        ),
+        (
+            "INSERT INTO qinglong.principals (principal_id, kind, name) VALUES (%s, 'worker', 'w')",
+            (worker_principal,),
+        ),
+        (
+            "INSERT INTO qinglong.worker_identities (worker_id, principal_id, certificate_uri)"
+            " VALUES ('w', %s, 'spiffe://qinglong.local/worker/w')",
+            (worker_principal,),
+        ),
+        ("UPDATE qinglong.worker_identities SET status = 'disabled' WHERE worker_id = 'w'", ()),
+        (
+            "INSERT INTO qinglong.worker_join_tokens (token_digest, worker_id, expires_at_ms)"
+            " VALUES (repeat('b', 64), 'w', qinglong.db_now_ms() + 60000)",
+            (),
+        ),
+        (
+            "UPDATE qinglong.worker_join_tokens SET used_at_ms = qinglong.db_now_ms()"
+            " WHERE worker_id = 'w'",
+            (),
+        ),
+    ]
+    with psycopg.connect(database.urls.admin, autocommit=True) as conn:
+        for statement, params in statements:
+            assert conn.execute(statement.encode(), params).rowcount == 1, statement
+        # And it reads what the fleet and audit views need.
+        for table in ("worker_sessions", "attempts", "security_audit"):
+            conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier("qinglong", table)))
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM qinglong.runs")
+
+
+def test_a_join_token_is_used_once(database: MigratedDatabase) -> None:
+    """Single use is the database's rule, whoever writes."""
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO qinglong.principals (principal_id, kind, name)"
+            " VALUES (gen_random_uuid(), 'worker', 'w')"
+        )
+        conn.execute(
+            "INSERT INTO qinglong.worker_identities (worker_id, principal_id, certificate_uri)"
+            " SELECT 'w', principal_id, 'spiffe://x/worker/w' FROM qinglong.principals"
+        )
+        conn.execute(
+            "INSERT INTO qinglong.worker_join_tokens (token_digest, worker_id, expires_at_ms)"
+            " VALUES (repeat('c', 64), 'w', qinglong.db_now_ms() + 60000)"
+        )
+        used = "UPDATE qinglong.worker_join_tokens SET used_at_ms = qinglong.db_now_ms()"
+        conn.execute(used)
+        for again in (used, "UPDATE qinglong.worker_join_tokens SET expires_at_ms = 1"):
+            with pytest.raises(errors.CheckViolation) as refused:
+                conn.execute(again.encode())
+            assert refused.value.diag.constraint_name == "worker_join_tokens_single_use"
 
 
 def test_ingress_role_cannot_read_runs_or_events(database: MigratedDatabase) -> None:
@@ -171,7 +325,12 @@ def test_privilege_matrix_matches_catalog(database: MigratedDatabase) -> None:
             "SELECT rolname, rolsuper, rolcreaterole, rolcreatedb, rolbypassrls FROM pg_roles"
             " WHERE rolname LIKE 'qinglong\\_%%' ORDER BY 1"
         ).fetchall()
-    assert [r[0] for r in roles] == ["qinglong_ingress", "qinglong_migration", "qinglong_runtime"]
+    assert [r[0] for r in roles] == [
+        "qinglong_admin",
+        "qinglong_ingress",
+        "qinglong_migration",
+        "qinglong_runtime",
+    ]
     assert all(r[1:] == (False, False, False, False) for r in roles)
 
 

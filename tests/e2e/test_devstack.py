@@ -1,5 +1,6 @@
 """`qinglong up` as a real process tree: embedded PostgreSQL, control and ingress subprocesses,
-health over mutual TLS, one database credential per service, and a clean stop on SIGINT."""
+health over mutual TLS, the database credentials each service needs and no other, the first
+cluster admin's token, and a clean stop on SIGINT."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from qinglong_control.db.roles import RUNTIME_ROLE
+from qinglong_control.db.roles import ADMIN_ROLE, RUNTIME_ROLE
+from qinglong_control.settings import ENV_ADMIN_DATABASE_URL as CONTROL_ADMIN_DATABASE_URL
 from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL
 from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL
 
@@ -92,16 +94,33 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
         raise
 
 
-def _operator(stack_path: Path, *args: str) -> str:
+def _qinglong(*args: str) -> str:
     completed = subprocess.run(
-        [str(QINGLONG), *args[:2], "--stack", str(stack_path), *args[2:]],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        [str(QINGLONG), *args], capture_output=True, text=True, timeout=60, check=False
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed.stdout
+
+
+def _operator(stack_path: Path, *args: str) -> str:
+    # `--stack` before the command's own arguments: they may end in `-- CMD …`.
+    return _qinglong(*args[:2], "--stack", str(stack_path), *args[2:])
+
+
+def _as_admin(stack_path: Path, *args: str) -> list[dict[str, Any]]:
+    """`qinglong admin …` or `qinglong worker …` with the token `up` wrote; its JSON lines."""
+    out = _qinglong(*args, "--stack", str(stack_path))
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def _admin_token(stack: dict[str, Any], stack_path: Path) -> str:
+    """The first cluster admin's token: in a 0600 file that the stack file only names."""
+    token_file = Path(stack["admin"]["token_file"])
+    assert token_file.stat().st_mode & 0o077 == 0
+    token = token_file.read_text().strip()
+    assert token.startswith("qlo1_")
+    assert token not in stack_path.read_text()
+    return token
 
 
 def _probe(service: str, stack: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -169,6 +188,7 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
         token = token_file.read_text().strip()
         assert token.startswith("qlo1_")
         assert token not in stack_path.read_text()
+        admin_token = _admin_token(stack, stack_path)
 
         # The Worker's own command line reaches ingress with the Worker's identity.
         worker_check = subprocess.run(
@@ -195,6 +215,12 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
         assert types == ["run.queued", "run.cancel_requested", "run.cancelled"]
         assert token not in created + timeline
 
+        # The admin's commands with the token `up` bootstrapped: a project, and the fleet.
+        (project,) = _as_admin(stack_path, "admin", "project", "create", "e2e-admin")
+        assert project["state"] == "RESOURCE_STATE_ACTIVE"
+        fleet = _as_admin(stack_path, "worker", "list")
+        assert stack["worker"]["worker_id"] in [worker["workerId"] for worker in fleet]
+
         # The Kubernetes probe command of each service (mTLS; kubelet's gRPC probe can't).
         for service in ("control", "ingress"):
             probed = _probe(service, stack)
@@ -206,10 +232,12 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
         ingress_env = _environment(pids["ingress"])
         runtime_url = control_env[CONTROL_DATABASE_URL]
         assert RUNTIME_ROLE in runtime_url
+        assert ADMIN_ROLE in control_env[CONTROL_ADMIN_DATABASE_URL]
         assert INGRESS_DATABASE_URL not in control_env
         assert RUNTIME_ROLE not in ingress_env[INGRESS_DATABASE_URL]
         assert CONTROL_DATABASE_URL not in ingress_env
-        assert not [name for name, value in ingress_env.items() if RUNTIME_ROLE in value]
+        for role in (RUNTIME_ROLE, ADMIN_ROLE):
+            assert not [name for name, value in ingress_env.items() if role in value]
         for environment in (control_env, ingress_env):
             assert "PGPASSWORD" not in environment
             assert "inherited" not in environment.get(CONTROL_DATABASE_URL, "")
@@ -233,9 +261,10 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
     assert after_stop.returncode != 0
     assert "NOT_SERVING" in after_stop.stdout
     assert _probe("control", stack).returncode == 1
+    assert admin_token not in out + err
 
 
-def test_second_up_reuses_pki_and_database(tmp_path: Path) -> None:
+def test_second_up_reuses_pki_database_and_admin_token(tmp_path: Path) -> None:
     data_dir = tmp_path / "stack"
     stack_path = data_dir / "stack.json"
     pki_files = [
@@ -246,22 +275,25 @@ def test_second_up_reuses_pki_and_database(tmp_path: Path) -> None:
 
     first = _start_up(data_dir)
     try:
-        _wait_for_stack(first, stack_path)
+        admin_token = _admin_token(_wait_for_stack(first, stack_path), stack_path)
     except BaseException:
         first.kill()
         raise
     pki_before = {path: path.read_bytes() for path in pki_files}
     cluster_created = cluster_marker.stat().st_mtime_ns
-    _stop(first)
-    assert first.returncode == 0
+    out, err = _stop(first)
+    assert first.returncode == 0, out + err
 
     second = _start_up(data_dir)
     try:
         stack = _wait_for_stack(second, stack_path)
         assert _health(stack_path).returncode == 0
+        # Bootstrap found its cluster admin and issued nothing: the first token still works.
+        assert _admin_token(stack, stack_path) == admin_token
+        assert _as_admin(stack_path, "admin", "project", "list", "--all")
     finally:
-        _stop(second)
-    assert second.returncode == 0
+        out, err = _stop(second)
+    assert second.returncode == 0, out + err
     assert {path: path.read_bytes() for path in pki_files} == pki_before
     assert cluster_marker.stat().st_mtime_ns == cluster_created
     for pid in _service_pids(stack).values():

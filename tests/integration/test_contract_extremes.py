@@ -24,6 +24,7 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
+from google.protobuf.timestamp_pb2 import Timestamp
 from qinglong.control.v1 import (
     run_service_pb2,
     run_service_pb2_grpc,
@@ -203,9 +204,19 @@ def probes(f: FieldDescriptor, declared: FieldRule) -> Iterator[tuple[str, Any, 
             yield "above the highest", high + 1, False
     elif kind in (Kind.REQUIRED_ENUM, Kind.OPTIONAL_ENUM):
         values = _declared(f)
-        yield from (("declared", n, True) for n in values)
+        allowed = declared.allowed or values
+        yield from (("declared", n, n in allowed) for n in values)
         yield "unspecified", 0, kind is Kind.OPTIONAL_ENUM
         yield "undeclared", max(values) + 1, False
+    elif kind is Kind.TIMESTAMP:
+        earliest, latest = declared.int_range
+        yield "absent", ABSENT, True
+        yield "the earliest", Timestamp(seconds=earliest), True
+        yield "the latest", Timestamp(seconds=latest), True
+        yield "a second too early", Timestamp(seconds=earliest - 1), False
+        yield "a second too late", Timestamp(seconds=latest + 1), False
+    elif kind is Kind.BOOL:
+        yield from (("true", True, True), ("false", False, True))
     elif kind is Kind.ENUM_SET:
         yield from _enum_set_probes(f, declared)
     elif kind is Kind.ARGV:
@@ -293,6 +304,18 @@ def _text_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
         yield "unused low bits set", good[:-1] + "B", False
         yield "weak", bounds.encode_lease_capability(bytes(32)), False
         yield "one too long", good + "A", False
+    elif kind is Kind.JOIN_TOKEN:
+        good = "qlj1_" + bounds.encode_lease_capability(secrets.token_bytes(32))[5:]
+        yield "a token", good, True
+        yield "a trailing newline", good + "\n", False
+        yield "unused low bits set", good[:-1] + "B", False
+        yield "a lease capability's prefix", "qlc1_" + good[5:], False
+    elif kind is Kind.PEM:
+        first = declared.prefix or ""
+        yield "the shortest", first.ljust(shortest, "A"), True
+        yield "the longest", first.ljust(most, "A"), True
+        yield "one too long", first.ljust(most + 1, "A"), False
+        yield "without its first line", "A" * most, False
     elif kind is Kind.BYTES_TEXT:
         yield "the longest in 4-byte characters", fill(WIDE, most), True
         yield "the longest in ASCII", "a" * most, True
@@ -315,6 +338,8 @@ def _assign(message: Message, f: FieldDescriptor, value: Any) -> None:
         getattr(message, f.name).update(value)
     elif f.is_repeated:
         getattr(message, f.name).extend(value)
+    elif f.message_type is not None:
+        getattr(message, f.name).CopyFrom(value)
     else:
         setattr(message, f.name, value)
 

@@ -50,16 +50,21 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
+from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from qinglong.admin.v1 import admin_service_pb2
 from qinglong.control.v1 import (
     run_service_pb2,
     run_service_pb2_grpc,
     task_service_pb2,
     task_service_pb2_grpc,
 )
+from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.rpc.v1 import execution_pb2, fence_pb2, lifecycle_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb2_grpc
+from qinglong_control.domain.refusals import Refused
+from qinglong_control.issuing import IssuingAuthority
 from qinglong_ingress import validation
 from qinglong_protocol import bounds
 from qinglong_protocol.errors import (
@@ -68,6 +73,7 @@ from qinglong_protocol.errors import (
     field_violations_of,
     reason_name,
 )
+from qinglong_worker.join import new_private_key, signing_request
 
 from tests.support import protowire
 from tests.support.contract_fields import (
@@ -101,13 +107,23 @@ class PublicMethod:
 
     @property
     def audience(self) -> str:
-        return "worker" if self.service.startswith("qinglong.worker.") else "operator"
+        if self.service.startswith("qinglong.worker."):
+            return "worker"
+        if self.service.startswith("qinglong.enrollment."):
+            return "enrollment"
+        return "admin" if self.service.startswith("qinglong.admin.") else "operator"
 
 
 def _public_methods() -> list[PublicMethod]:
-    """Every method of the three public services, straight from their descriptors."""
+    """Every method of the public services, straight from their descriptors."""
     found = []
-    for module in (worker_service_pb2, task_service_pb2, run_service_pb2):
+    for module in (
+        worker_service_pb2,
+        task_service_pb2,
+        run_service_pb2,
+        admin_service_pb2,
+        enrollment_service_pb2,
+    ):
         for service in module.DESCRIPTOR.services_by_name.values():
             found.extend(PublicMethod(service.full_name, m) for m in service.methods)
     return found
@@ -162,10 +178,38 @@ class World:
         return "World(<the in-process stack>)"
 
     def known(self, method: PublicMethod) -> Known:
-        return self.worker if method.audience == "worker" else self.operator
+        if method.audience == "worker":
+            return self.worker
+        if method.audience == "enrollment":
+            return Known()  # a joining machine knows nothing of this world
+        if method.audience == "admin":
+            # The page token known is ListRuns'; an admin listing issues its own kind. The
+            # world's project stays out: DisableProject on it would lock everyone out of
+            # the world every other example relies on.
+            return Known(
+                texts={
+                    k: v
+                    for k, v in self.operator.texts.items()
+                    if k not in ("page_token", "project_id")
+                },
+                ints=self.operator.ints,
+                messages=self.operator.messages,
+            )
+        return self.operator
+
+    def issued_page_tokens(self, method: PublicMethod) -> list[str]:
+        """Tokens a previous response of this very method issued (only ListRuns has any
+        here): a token of another listing is not "a token from a previous response"."""
+        return self.operator.texts["page_token"] if method.descriptor.name == "ListRuns" else []
 
     def channel(self, method: PublicMethod) -> grpc.aio.Channel:
         """One long-lived channel per audience: examples pay for a call, not a handshake."""
+        if method.audience == "enrollment" and method.audience not in self._channels:
+            # The enrollment listener: server-authenticated TLS, no client certificate.
+            trust = grpc.ssl_channel_credentials(self.stack.pki.ca_cert.read_bytes())
+            self._channels[method.audience] = grpc.aio.secure_channel(
+                self.stack.enrollment_address, trust
+            )
         if method.audience not in self._channels:
             identity = (
                 self.stack.worker_identity("worker-a")
@@ -180,7 +224,10 @@ class World:
             await channel.close()
 
     def metadata(self, method: PublicMethod) -> tuple[tuple[str, str], ...]:
-        return () if method.audience == "worker" else self.operator_metadata
+        if method.audience == "admin":
+            # root: a cluster admin, so hostile requests reach control's admin handlers.
+            return (("authorization", f"Bearer {self.stack.tokens['root']}"),)
+        return () if method.audience in ("worker", "enrollment") else self.operator_metadata
 
     @property
     def operator_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -536,7 +583,21 @@ def _valid_text(rule: FieldRule) -> st.SearchStrategy[str]:
     if rule.kind is Kind.LEASE_CAPABILITY:
         secret = bounds.LEASE_CAPABILITY_SECRET_BYTES
         return st.binary(min_size=secret, max_size=secret).map(bounds.encode_lease_capability)
+    if rule.kind is Kind.JOIN_TOKEN:
+        secret = bounds.LEASE_CAPABILITY_SECRET_BYTES
+        return st.binary(min_size=secret, max_size=secret).map(join_token_of)
+    if rule.kind is Kind.PEM:
+        return st.sampled_from(SIGNING_REQUESTS)
     raise AssertionError(f"{rule.kind} is not a text kind")
+
+
+def join_token_of(secret: bytes) -> str:
+    """A join token's spelling of 32 bytes (what AdminService.CreateWorker issues)."""
+    return "qlj1_" + bounds.encode_lease_capability(secret).removeprefix("qlc1_")
+
+
+#: Real CSRs of fresh keys: what a joining Worker sends (made once; keys are slow).
+SIGNING_REQUESTS: Final = tuple(signing_request(new_private_key()) for _ in range(3))
 
 
 def forged_valid_text(rule: FieldRule) -> st.SearchStrategy[str]:
@@ -677,8 +738,13 @@ class Builder:
         known = self.known.ints.get(field_descriptor.name, [])
         strategy: st.SearchStrategy[int]
         if field_descriptor.enum_type is not None:
-            declared = [n for n in field_descriptor.enum_type.values_by_number if n != 0]
+            declared = list(rule.allowed or ()) or [
+                n for n in field_descriptor.enum_type.values_by_number if n != 0
+            ]
             strategy = hostile_enum(field_descriptor) if hostile else st.sampled_from(declared)
+        elif rule.kind is Kind.BOOL:
+            # Any varint is a bool on the wire; a valid one is 0 or 1.
+            strategy = st.sampled_from(INT_EXTREMES) if hostile else st.sampled_from([0, 1])
         elif hostile:
             strategy = hostile_int(rule)
         else:
@@ -699,10 +765,24 @@ class Builder:
         if f.is_repeated:
             return self.repeated(message, f, hostile, depth)
         if f.message_type is not None:
+            if rule_of(message, f.name).kind is Kind.TIMESTAMP:
+                return protowire.length_delimited(f.number, self.timestamp(message, f, hostile))
             return protowire.length_delimited(f.number, self.nested(f, hostile, depth))
         if f.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES):
             return protowire.text(f, self.text(message, f.name, hostile))
         return protowire.scalar(f, self.integer(message, f, hostile))
+
+    def timestamp(self, message: Descriptor, f: FieldDescriptor, hostile: bool) -> bytes:
+        """A time filter: within the declared window, or any seconds and nanos at all."""
+        earliest, latest = rule_of(message, f.name).int_range
+        if hostile:
+            int64 = [n for n in INT_EXTREMES if -(2**63) <= n < 2**63]  # a Timestamp's seconds
+            seconds = self.draw(st.sampled_from(int64) | st.integers(-(2**63), 2**63 - 1))
+            nanos = self.draw(st.integers(-(2**31), 2**31 - 1))
+        else:
+            seconds = self.draw(st.integers(earliest, latest))
+            nanos = self.draw(st.integers(0, 999_999_999))
+        return Timestamp(seconds=seconds, nanos=nanos).SerializeToString()
 
     def nested(self, f: FieldDescriptor, hostile: bool, depth: int) -> bytes:
         """A nested message: a real one, one built like any other, or, when it is the
@@ -934,6 +1014,12 @@ def contract_allows(method: PublicMethod, body: bytes, issued_tokens: Collection
         and request.outcome != worker_pb2.ATTEMPT_OUTCOME_CANCELLED
     ):
         return False
+    if method.descriptor.name == "JoinWorker":
+        # "a PKCS#10 certificate signing request ... signed with the Worker's new key"
+        try:
+            IssuingAuthority.check_request(request.certificate_signing_request_pem)
+        except Refused:
+            return False
     # "a token from a previous response": any other token may be refused.
     return getattr(request, "page_token", "") in ("", *issued_tokens)
 
@@ -1009,7 +1095,8 @@ def valid_default(rule: FieldRule) -> str:
     """A valid stand-in for a text field the real world has no value for."""
     shortest, most = rule.lengths
     if rule.kind is Kind.SLUG:
-        value = "proj-a"
+        # Not the world's project: an admin method could disable it for every other test.
+        value = "sweep-a"
     elif rule.kind is Kind.UUID:
         value = "6f1c8d3a-2b4e-4f5a-9c7d-8e9f0a1b2c3d"
     elif rule.kind in (Kind.UUID_OR_EMPTY, Kind.PAGE_TOKEN):
@@ -1022,6 +1109,10 @@ def valid_default(rule: FieldRule) -> str:
         value = "sweep/1"[:most].ljust(shortest, "s")
     elif rule.kind is Kind.LEASE_CAPABILITY:
         value = bounds.encode_lease_capability(hashlib.sha256(b"sweep").digest())
+    elif rule.kind is Kind.JOIN_TOKEN:
+        value = join_token_of(hashlib.sha256(b"sweep").digest())
+    elif rule.kind is Kind.PEM:
+        value = SIGNING_REQUESTS[0]
     else:
         raise AssertionError(f"{rule.kind} is not a text kind")
     assert rule.pattern is None or rule.pattern.fullmatch(value), (rule.kind, value)
@@ -1035,6 +1126,8 @@ def base_request(descriptor: Descriptor, known: Known) -> Message:
         rule = RULES[f.full_name]
         if rule.kind is Kind.LABELS:
             getattr(message, f.name).update({"team": "core"})
+        elif rule.kind is Kind.TIMESTAMP:
+            continue  # a time filter is optional; absent is within bounds
         elif f.message_type is not None:
             real = known.messages.get(f.name)
             sub = (
@@ -1052,8 +1145,11 @@ def base_request(descriptor: Descriptor, known: Known) -> Message:
         elif rule.kind in TEXT_KINDS:
             real_texts = known.texts.get(f.name)
             setattr(message, f.name, real_texts[0] if real_texts else valid_default(rule))
+        elif rule.kind is Kind.BOOL:
+            continue  # false, the default, is as valid as true
         elif rule.kind in (Kind.REQUIRED_ENUM, Kind.OPTIONAL_ENUM):
-            setattr(message, f.name, 1 if rule.kind is Kind.REQUIRED_ENUM else 0)
+            first = (rule.allowed or (1,))[0]
+            setattr(message, f.name, first if rule.kind is Kind.REQUIRED_ENUM else 0)
         else:
             real_ints = known.ints.get(f.name)
             setattr(message, f.name, real_ints[0] if real_ints else max(rule.int_range[0], 1))
@@ -1090,6 +1186,12 @@ def text_edges(rule: FieldRule) -> list[bytes]:
         edges += [widest.encode(), (widest + "a").encode(), b"a" * most, b"a" * (most + 1)]
     elif rule.kind is Kind.CHARS_TEXT:
         edges += [(WIDE * most).encode(), (WIDE * (most + 1)).encode(), b"\\" * most]
+    elif rule.kind is Kind.JOIN_TOKEN:
+        edges += [join_token_of(bytes(32)).encode(), ("qlj1_" + "A" * 44).encode()]
+    elif rule.kind is Kind.PEM:
+        first = rule.prefix or ""
+        edges += [csr.encode() for csr in SIGNING_REQUESTS[:1]]
+        edges += [first.ljust(most, "A").encode(), first.ljust(most + 1, "A").encode()]
     return edges
 
 
@@ -1099,7 +1201,18 @@ def declared_values(f: FieldDescriptor) -> list[int]:
     return sorted(n for n in f.enum_type.values_by_number if n)
 
 
+def timestamp_edges(rule: FieldRule) -> list[bytes]:
+    """At and past the window's ends, the extremes of seconds, and nanos out of range."""
+    earliest, latest = rule.int_range
+    seconds = [*INT_EXTREMES, earliest - 1, earliest, latest, latest + 1]
+    stamps = [Timestamp(seconds=s) for s in sorted(set(seconds)) if -(2**63) <= s < 2**63]
+    stamps += [Timestamp(seconds=earliest, nanos=n) for n in (-1, 999_999_999, 2**31 - 1)]
+    return [stamp.SerializeToString() for stamp in stamps]
+
+
 def int_edges(f: FieldDescriptor, rule: FieldRule) -> list[int]:
+    if rule.kind is Kind.BOOL:
+        return [0, 1, 2, 2**64 - 1]  # any varint is a bool on the wire
     if f.enum_type is not None:
         declared = sorted(f.enum_type.values_by_number)
         return [*declared, max(declared) + 1, -1, bounds.INT32_MAX, bounds.INT32_MIN]
@@ -1213,6 +1326,11 @@ def sweep(descriptor: Descriptor, base: Message, prefix: str = "") -> list[Varia
             variants += [Variant(path, replaced(edge), []) for edge in map_edges(f, rule)]
         elif f.is_repeated:
             variants += [Variant(path, replaced(edge), []) for edge in repeated_edges(f, rule)]
+        elif rule.kind is Kind.TIMESTAMP:
+            variants += [
+                Variant(path, replaced(protowire.length_delimited(f.number, edge)), [])
+                for edge in timestamp_edges(rule)
+            ]
         elif f.message_type is not None:
             for edge in (b"", b"\xff\xff\xff", protowire.unknown(99, protowire.VARINT, b"\x01")):
                 variants.append(
@@ -1253,7 +1371,7 @@ async def test_every_field_at_every_edge_is_answered_typed(
 ) -> None:
     descriptor = method.descriptor.input_type
     base = base_request(descriptor, world.known(method))
-    issued = world.operator.texts["page_token"]
+    issued = world.issued_page_tokens(method)
     # A base the contract allows: so each variant differs from a valid request in one field.
     assert contract_allows(method, base.SerializeToString(), issued)
     variants = sweep(descriptor, base)
@@ -1285,6 +1403,8 @@ def test_every_public_method_is_covered() -> None:
         "qinglong.worker.v1.WorkerService",
         "qinglong.control.v1.TaskService",
         "qinglong.control.v1.RunService",
+        "qinglong.admin.v1.AdminService",
+        "qinglong.enrollment.v1.EnrollmentService",
     }
     assert {m.path for m in METHODS} == set(validation.REQUEST_BYTE_CAPS)
 
@@ -1299,7 +1419,7 @@ async def test_no_request_is_answered_internal_or_unknown(
     answer = await call(world, method, built.body)
     reason = None if answer.error is None else error_info_of(answer.error)
     event(f"{answer.code.name} {'' if reason is None else reason.reason}")  # the statistics
-    check_answer(method, built, answer, world.operator.texts["page_token"])
+    check_answer(method, built, answer, world.issued_page_tokens(method))
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.descriptor.name)

@@ -73,6 +73,8 @@ class Kind(enum.Enum):
     SHA256_HEX = "sha256 hex"
     PAGE_TOKEN = "page token"
     LEASE_CAPABILITY = "lease capability"
+    JOIN_TOKEN = "join token"
+    PEM = "PEM text with a fixed first line"
     BYTES_TEXT = "printable text bounded in UTF-8 bytes"
     CHARS_TEXT = "printable text bounded in characters"
     INT_RANGE = "integer range"
@@ -81,6 +83,8 @@ class Kind(enum.Enum):
     ENUM_SET = "enum set"
     ARGV = "argv"
     LABELS = "labels"
+    BOOL = "boolean"
+    TIMESTAMP = "timestamp in a range of seconds"
     REQUIRED_MESSAGE = "required message"
     OPTIONAL_MESSAGE = "optional message"
 
@@ -95,10 +99,11 @@ PATTERN_KINDS: Final = frozenset(
         Kind.SHA256_HEX,
         Kind.PAGE_TOKEN,
         Kind.LEASE_CAPABILITY,
+        Kind.JOIN_TOKEN,
     }
 )
 #: Kinds of a singular string field.
-TEXT_KINDS: Final = PATTERN_KINDS | {Kind.BYTES_TEXT, Kind.CHARS_TEXT}
+TEXT_KINDS: Final = PATTERN_KINDS | {Kind.BYTES_TEXT, Kind.CHARS_TEXT, Kind.PEM}
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,9 @@ class FieldRule:
     * ``min_items``/``max_items``: a list's items or a map's entries;
     * ``max_total_bytes``: argv's items together (its CEL rule);
     * ``pattern``: a pattern kind's pattern (as Python spells it), or a label key's;
+    * ``prefix``: what a PEM text must begin with;
+    * ``allowed``: a required enum's permitted values when it names them (``in``);
+      otherwise every declared value but UNSPECIFIED;
     * ``presence``: the field has explicit presence, so leaving it out is within bounds.
     """
 
@@ -126,11 +134,13 @@ class FieldRule:
     max_items: int | None = None
     max_total_bytes: int | None = None
     pattern: re.Pattern[str] | None = None
+    allowed: tuple[int, ...] | None = None
+    prefix: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind in TEXT_KINDS and (self.min_length is None or self.max_length is None):
             raise ValueError(f"{self.kind} needs both length bounds")
-        if self.kind is Kind.INT_RANGE and (self.low is None or self.high is None):
+        if self.kind in (Kind.INT_RANGE, Kind.TIMESTAMP) and None in (self.low, self.high):
             raise ValueError("an integer range needs both ends")
 
     # The numbers of the rule's kind, for callers that need them (an error otherwise).
@@ -201,6 +211,7 @@ def _optional_group(pattern: re.Pattern[str]) -> str:
 #: Patterns the bounds module reads from the contract, by the kind they make.
 _KNOWN_PATTERNS: Final = {
     bounds.SLUG_PATTERN.pattern: Kind.SLUG,
+    bounds.JOIN_TOKEN_PATTERN.pattern: Kind.JOIN_TOKEN,
     bounds.UUID_PATTERN.pattern: Kind.UUID,
     _optional_group(bounds.UUID_PATTERN): Kind.UUID_OR_EMPTY,
     bounds.REQUEST_ID_PATTERN.pattern: Kind.REQUEST_ID,
@@ -272,6 +283,12 @@ def _classify(field: FieldDescriptor) -> FieldRule:
         if not has_rules(field):
             return FieldRule(Kind.OPTIONAL_MESSAGE)
         declared = field_rules(owner, field.name)
+        if _set_fields(declared) == {"timestamp"} and _set_fields(declared.timestamp) == {
+            "gte",
+            "lte",
+        }:
+            window = declared.timestamp
+            return FieldRule(Kind.TIMESTAMP, True, low=window.gte.seconds, high=window.lte.seconds)
         if _set_fields(declared) != {"required"}:
             raise LookupError(f"{where}: message rules no test kind knows: {declared}")
         return FieldRule(Kind.REQUIRED_MESSAGE if declared.required else Kind.OPTIONAL_MESSAGE)
@@ -290,6 +307,8 @@ def _classify(field: FieldDescriptor) -> FieldRule:
         return FieldRule(Kind.INT_RANGE, presence, low=low, high=high)
     if kind == "enum":
         return _enum(where, rules.enum, presence)
+    if kind == "bool" and not _set_fields(rules.bool):
+        return FieldRule(Kind.BOOL, presence)  # both values are fine, and it says so
     if kind == "repeated":
         return _repeated(where, rules)
     if kind == "map":
@@ -298,6 +317,15 @@ def _classify(field: FieldDescriptor) -> FieldRule:
 
 
 def _string(where: str, rules: validate_pb2.StringRules, presence: bool) -> FieldRule:
+    if _set_fields(rules) == {"min_len", "max_len", "prefix"} and not _named_rules(rules):
+        # PEM (a CSR): lines, so no printable rule; its first line is declared.
+        return FieldRule(
+            Kind.PEM,
+            presence,
+            min_length=rules.min_len,
+            max_length=rules.max_len,
+            prefix=rules.prefix,
+        )
     pattern, capability = _string_pattern(where, rules)
     lengths = _set_fields(rules) - {"pattern"}
     known = Kind.LEASE_CAPABILITY if capability else _KNOWN_PATTERNS.get(pattern.pattern)
@@ -323,6 +351,10 @@ def _string(where: str, rules: validate_pb2.StringRules, presence: bool) -> Fiel
 
 def _enum(where: str, rules: validate_pb2.EnumRules, presence: bool) -> FieldRule:
     declared = _set_fields(rules)
+    named = list(getattr(rules, "in"))  # `in` is a Python keyword
+    if declared == {"in"} and 0 not in named:
+        # A subset of the declared values, named (CreatePrincipal: USER or AGENT).
+        return FieldRule(Kind.REQUIRED_ENUM, presence, allowed=tuple(sorted(named)))
     if not rules.defined_only or not declared <= {"defined_only", "not_in"}:
         raise LookupError(f"{where}: enum rules no test kind knows: {rules}")
     if list(rules.not_in) == [0]:

@@ -24,7 +24,7 @@ TEMPLATE_DATABASE = "qinglong_template"
 
 @dataclass(frozen=True)
 class MigratedDatabase:
-    """A migrated database of its own, reachable as each of the three roles."""
+    """A migrated database of its own, reachable as each of its four roles."""
 
     name: str
     version: int

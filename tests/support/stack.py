@@ -1,5 +1,6 @@
 """An in-process stack for integration tests: control + ingress over real mTLS on
-loopback, each with its own database role, and clients holding real certificates."""
+loopback, each with its own database role (control also the admin role, for
+AdminService), and clients holding real certificates."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ from qinglong_control.db.identities import (
     enroll_operator_token,
     enroll_worker,
     ensure_project,
+    grant_cluster_admin,
 )
-from qinglong_control.db.pool import open_runtime_pool
+from qinglong_control.db.pool import open_admin_pool, open_runtime_pool
 from qinglong_control.domain.timings import Timings
+from qinglong_control.issuing import IssuingAuthority
 from qinglong_control.server import create_server as create_control_server
 from qinglong_control.servicer import RuntimeServicer
 from qinglong_control.settings import ControlSettings
@@ -38,10 +41,11 @@ from qinglong_ingress.directory import Directory
 from qinglong_ingress.gateway import Gateway
 from qinglong_ingress.handlers import public_handlers
 from qinglong_ingress.pool import open_ingress_pool
+from qinglong_ingress.routes import ENROLLMENT_ROUTES
+from qinglong_ingress.server import create_enrollment_server, open_control_channel
 from qinglong_ingress.server import create_server as create_ingress_server
-from qinglong_ingress.server import open_control_channel
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
-from qinglong_ingress.stages import Stage, admission_stages
+from qinglong_ingress.stages import Stage, admission_stages, enrollment_stages
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from tests.support.postgres import MigratedDatabase
@@ -87,6 +91,8 @@ class Stack:
     control_calls: CallCounter
     tokens: dict[str, str]
     control_server: grpc.aio.Server
+    enrollment_address: str
+    """The Worker enrollment listener: server-authenticated TLS, JoinWorker only."""
 
     def channel(self, identity: TlsFiles) -> grpc.aio.Channel:
         return grpc.aio.secure_channel(
@@ -110,22 +116,26 @@ class Stack:
 
 def enroll_people(database: MigratedDatabase, pki: DevPki) -> dict[str, str]:
     """Workers worker-a/b; operators alice (operator), vera (viewer), bot (agent, operator),
-    mallory (no role), each with a bearer token; `carol` (operator) by certificate only.
-    Returns the bearer tokens."""
+    mallory (no role), and root (a cluster admin, no project role), each with a bearer
+    token; `carol` (operator) by certificate only. Returns the bearer tokens."""
     tokens = {
-        name: "qlo1_" + secrets.token_urlsafe(32) for name in ("alice", "vera", "bot", "mallory")
+        name: "qlo1_" + secrets.token_urlsafe(32)
+        for name in ("alice", "vera", "bot", "mallory", "root")
     }
-    kinds = {"alice": "user", "vera": "user", "bot": "agent", "mallory": "user"}
+    kinds = {"alice": "user", "vera": "user", "bot": "agent", "mallory": "user", "root": "user"}
     roles = {"alice": "operator", "vera": "viewer", "bot": "operator"}
     with psycopg.connect(database.urls.migration, autocommit=True) as conn:
         ensure_project(conn, PROJECT, PROJECT)
         for worker_id in ("worker-a", "worker-b"):
             enroll_worker(conn, worker_id, worker_uri(pki.trust_domain, worker_id))
+        principal_ids = {}
         for name, token in tokens.items():
             digest = hashlib.sha256(token.encode()).hexdigest()
             principal = enroll_operator_token(conn, name, kinds[name], digest)  # type: ignore[arg-type]
+            principal_ids[name] = principal
             if name in roles:
                 bind_role(conn, PROJECT, principal, roles[name])  # type: ignore[arg-type]
+        grant_cluster_admin(conn, principal_ids["root"])
         carol = enroll_operator_certificate(
             conn, "carol", "user", operator_uri(pki.trust_domain, "carol")
         )
@@ -142,6 +152,7 @@ async def running_stack(
     tokens = enroll_people(database, pki)
     counter = CallCounter()
     runtime_pool = await open_runtime_pool(database.urls.runtime, min_size=1, max_size=4)
+    admin_pool = await open_admin_pool(database.urls.admin)
     ingress_pool = await open_ingress_pool(database.urls.ingress, min_size=1, max_size=4)
     control, control_port = await create_control_server(
         ControlSettings(
@@ -149,7 +160,14 @@ async def running_stack(
             tls=pki.control_server,
             allowed_caller_uris=frozenset({service_uri(pki.trust_domain, "ingress")}),
         ),
-        runtime_servicer=RuntimeServicer(runtime_pool, Timings()),
+        runtime_servicer=RuntimeServicer(
+            runtime_pool,
+            Timings(),
+            admin_pool=admin_pool,
+            trust_domain=pki.trust_domain,
+            # The dev CA signs joining Workers' certificates, as in `qinglong up`.
+            issuing=IssuingAuthority.load(pki.ca_cert, pki.ca_key),
+        ),
         interceptors=[counter],
     )
     await control.start()
@@ -165,13 +183,29 @@ async def running_stack(
     gateway = Gateway(directory, channel, pki.trust_domain, stages=stages)
     ingress, ingress_port = await create_ingress_server(settings, public_handlers(gateway))
     await ingress.start()
+    # Generous limits: tests join many times from one host; the limit has its own test.
+    joining = Gateway(directory, channel, pki.trust_domain, stages=enrollment_stages(600, 600))
+    enrollment, enrollment_port = await create_enrollment_server(
+        "127.0.0.1:0", pki.ingress_server, public_handlers(joining, ENROLLMENT_ROUTES)
+    )
+    await enrollment.start()
     try:
-        yield Stack(pki, database, f"127.0.0.1:{ingress_port}", counter, tokens, control)
+        yield Stack(
+            pki,
+            database,
+            f"127.0.0.1:{ingress_port}",
+            counter,
+            tokens,
+            control,
+            f"127.0.0.1:{enrollment_port}",
+        )
     finally:
+        await enrollment.stop(None)
         await ingress.stop(None)
         await channel.close()
         await control.stop(None)
         await ingress_pool.close()
+        await admin_pool.close()
         await runtime_pool.close()
 
 

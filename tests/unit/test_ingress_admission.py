@@ -15,10 +15,15 @@ from qinglong_ingress.stages import (
     Authentication,
     Authorisation,
     Bounds,
+    JoiningMachine,
+    RateLimit,
+    Refusal,
     SizeCap,
     TransportSecurity,
     admission_stages,
+    enrollment_stages,
 )
+from qinglong_protocol.errors import code_for
 
 _E = ErrorReason
 
@@ -79,3 +84,53 @@ def test_a_refusal_is_audited_as_the_code_it_is_answered_with(
 def test_ingress_cannot_audit_a_refusal_it_never_gives() -> None:
     with pytest.raises(ValueError, match=grpc.StatusCode.ABORTED.name):
         refused_outcome(_E.ERROR_REASON_LEASE_VERSION_FENCED)
+
+
+# --- the enrollment listener's rate limit ---------------------------------------------------
+
+
+class _Peer:
+    """What RateLimit reads of a call: the peer it came from (no server needed)."""
+
+    def __init__(self, peer: str) -> None:
+        self.context = self
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+
+def test_enrollment_stages_limit_rate_before_they_trust_anything() -> None:
+    stages = enrollment_stages(per_peer_per_minute=3, total_per_minute=10)
+    kinds = [type(stage) for stage in stages]
+    assert kinds == [TransportSecurity, SizeCap, RateLimit, JoiningMachine, Bounds]
+
+
+async def test_rate_limit_per_peer_host_and_in_total_and_refills_with_time() -> None:
+    now = [1000.0]
+    limit = RateLimit(per_peer_per_minute=3, total_per_minute=5, clock=lambda: now[0])
+
+    async def attempt(peer: str) -> bool:
+        reasons = []
+        try:
+            await limit.check(_Peer(peer))  # type: ignore[arg-type]
+        except Refusal as refusal:
+            reasons.append(refusal.answer.reason)
+        assert reasons in ([], [_E.ERROR_REASON_RATE_LIMITED])
+        return not reasons
+
+    # One host gets three, whatever port it comes from; another host gets the rest.
+    assert [await attempt(f"ipv4:10.0.0.1:{port}") for port in range(4)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    # The total (5 a minute) runs out before the second host's own three do.
+    assert [await attempt("ipv4:10.0.0.2:1") for _ in range(3)] == [True, True, False]
+    # Twenty seconds refill a third of a minute: one more for the first host, and then
+    # the total has less than one left for a third host.
+    now[0] += 20
+    assert await attempt("ipv4:10.0.0.1:9")
+    assert not await attempt("ipv4:10.0.0.3:9"), "the total of 5 per minute holds"
+    assert code_for(_E.ERROR_REASON_RATE_LIMITED) == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -15,7 +15,9 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import Descriptor, FileDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
+from qinglong.admin.v1 import admin_pb2, admin_service_pb2
 from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.rpc.v1 import execution_pb2, fence_pb2, lifecycle_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2
@@ -38,6 +40,8 @@ from qinglong_protocol.request_bounds import require_rules
 W = "/qinglong.worker.v1.WorkerService/"
 T = "/qinglong.control.v1.TaskService/"
 R = "/qinglong.control.v1.RunService/"
+A = "/qinglong.admin.v1.AdminService/"
+E = "/qinglong.enrollment.v1.EnrollmentService/"
 
 WORKER = "edge-01"
 PROJECT = "proj-a"
@@ -61,6 +65,10 @@ TOO_LARGE = ErrorReason.ERROR_REASON_REQUEST_TOO_LARGE
 ws = worker_service_pb2
 ts = task_service_pb2
 rs = run_service_pb2
+ad = admin_service_pb2
+en = enrollment_service_pb2
+#: The shape a PEM CSR has (the contract bounds its length and prefix; control parses it).
+CSR = "-----BEGIN CERTIFICATE REQUEST-----\n" + "A" * 64 + "\n-----END CERTIFICATE REQUEST-----\n"
 
 
 def fence() -> fence_pb2.Fence:
@@ -152,6 +160,40 @@ def valid_requests() -> dict[str, Message]:
             project_id=PROJECT, run_id=RUN, after_sequence=12
         ),
         R + "CancelRun": rs.CancelRunRequest(project_id=PROJECT, run_id=RUN, mutation_id="stop-1"),
+        A + "CreateProject": ad.CreateProjectRequest(
+            request_id="project-1", project_id=PROJECT, display_name="Project A"
+        ),
+        A + "ListProjects": ad.ListProjectsRequest(page_size=10),
+        A + "DisableProject": ad.DisableProjectRequest(project_id=PROJECT),
+        A + "CreatePrincipal": ad.CreatePrincipalRequest(
+            request_id="alice-1", kind=admin_pb2.PRINCIPAL_KIND_USER, name="alice"
+        ),
+        A + "ListPrincipals": ad.ListPrincipalsRequest(kind=admin_pb2.PRINCIPAL_KIND_AGENT),
+        A + "DisablePrincipal": ad.DisablePrincipalRequest(principal_id=TASK),
+        A + "IssueToken": ad.IssueTokenRequest(
+            request_id="token-1", principal_id=TASK, ttl_seconds=3600
+        ),
+        A + "ListTokens": ad.ListTokensRequest(principal_id=TASK),
+        A + "RevokeToken": ad.RevokeTokenRequest(token_id=RUN),
+        A + "RotateToken": ad.RotateTokenRequest(
+            request_id="rotate-1", token_id=RUN, overlap_seconds=600
+        ),
+        A + "GrantRole": ad.GrantRoleRequest(
+            project_id=PROJECT, principal_id=TASK, role=admin_pb2.PROJECT_ROLE_OPERATOR
+        ),
+        A + "RevokeRole": ad.RevokeRoleRequest(project_id=PROJECT, principal_id=TASK),
+        A + "ListRoleBindings": ad.ListRoleBindingsRequest(project_id=PROJECT),
+        A + "CreateWorker": ad.CreateWorkerRequest(request_id="worker-1", worker_id=WORKER),
+        A + "ListWorkers": ad.ListWorkersRequest(),
+        A + "DisableWorker": ad.DisableWorkerRequest(worker_id=WORKER),
+        E + "JoinWorker": en.JoinWorkerRequest(
+            join_token="qlj1_" + TOKEN.removeprefix("qlc1_"), certificate_signing_request_pem=CSR
+        ),
+        A + "ListAuditRecords": ad.ListAuditRecordsRequest(
+            principal_id=TASK,
+            operation="RunService/CancelRun",
+            outcome=admin_pb2.AUDIT_OUTCOME_PERMISSION_DENIED,
+        ),
     }
 
 
@@ -165,6 +207,8 @@ def public_services() -> list[ServiceDescriptor]:
         worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"],
         task_service_pb2.DESCRIPTOR.services_by_name["TaskService"],
         run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
+        admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],
+        enrollment_service_pb2.DESCRIPTOR.services_by_name["EnrollmentService"],
     ]
 
 
@@ -524,11 +568,17 @@ def test_several_violations_are_reported_in_field_order() -> None:
     assert paths == ["request_id", "worker_id", "executor_types", "max_concurrent_attempts"]
 
 
-def test_every_method_refuses_its_empty_request() -> None:
-    """No public request is all-optional: the default instance always has a violation."""
+#: Listings whose every filter is optional: their empty request is the whole first page.
+ALL_OPTIONAL: Final = frozenset(
+    {A + "ListProjects", A + "ListPrincipals", A + "ListWorkers", A + "ListAuditRecords"}
+)
+
+
+def test_every_method_refuses_its_empty_request_unless_all_optional() -> None:
+    """Every other public request names something: its default instance has a violation."""
     for method, request in valid_requests().items():
         empty = type(request)()
-        assert validate_request(empty), method
+        assert bool(validate_request(empty)) is (method not in ALL_OPTIONAL), method
 
 
 def test_violations_are_frozen_and_hide_the_token() -> None:
@@ -634,6 +684,8 @@ def test_byte_caps_per_method() -> None:
         R + "ListRunEvents": 8 * kib,
         R + "WatchRunEvents": 8 * kib,
         R + "CancelRun": 8 * kib,
+        **{A + method.name: 8 * kib for method in public_services()[3].methods},
+        E + "JoinWorker": 8 * kib,
     }
     assert REQUEST_BYTE_CAPS[W + "ControlLease"] == bounds.LEASE_CONTROL_REQUEST_MAX_BYTES
     assert MAX_RECEIVE_MESSAGE_BYTES == max(REQUEST_BYTE_CAPS.values()) == 128 * kib
@@ -730,7 +782,8 @@ def test_every_field_of_every_public_request_has_a_fitting_rule() -> None:
     assert "qinglong.rpc.v1.Fence" in reachable
     assert "qinglong.rpc.v1.ExecutionPlan" in reachable
     assert "qinglong.rpc.v1.RetryPolicy" in reachable
-    assert len(reachable) == 23  # 20 requests + Fence + ExecutionPlan + RetryPolicy
+    # 38 requests + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
+    assert len(reachable) == 42
     assert _coverage_problems(public_services()) == []
 
 

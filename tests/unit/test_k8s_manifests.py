@@ -63,11 +63,13 @@ DB_SECRET_OF_ROLE = {
     "qinglong_migration": "qinglong-db-migration",
     "qinglong_runtime": "qinglong-db-runtime",
     "qinglong_ingress": "qinglong-db-ingress",
+    "qinglong_admin": "qinglong-db-admin",
 }
 DB_URL_VARIABLES = {
     "QINGLONG_MIGRATION_DATABASE_URL",
     "QINGLONG_DATABASE_URL",
     "QINGLONG_INGRESS_DATABASE_URL",
+    "QINGLONG_CONTROL_ADMIN_DATABASE_URL",
 }
 
 # Pod labels of the workloads (what Services, PDBs and NetworkPolicies select).
@@ -566,10 +568,11 @@ def _all_text(resource: Resource) -> str:
     return json.dumps(resource, sort_keys=True)
 
 
-def test_control_holds_only_the_runtime_role() -> None:
+def test_control_holds_only_the_runtime_and_admin_roles() -> None:
     control = _find("Deployment", CONTROL)
     assert _secret_references(_pod_spec(control)) == {
         "qinglong-db-runtime",
+        "qinglong-db-admin",
         "qinglong-control-tls",
         POSTGRES_CA_SECRET,
     }
@@ -578,7 +581,14 @@ def test_control_holds_only_the_runtime_role() -> None:
         "name": "qinglong-db-runtime",
         "key": "url",
     }
-    assert DB_URL_VARIABLES & set(env) == {"QINGLONG_DATABASE_URL"}
+    assert env["QINGLONG_CONTROL_ADMIN_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "qinglong-db-admin",
+        "key": "url",
+    }
+    assert DB_URL_VARIABLES & set(env) == {
+        "QINGLONG_DATABASE_URL",
+        "QINGLONG_CONTROL_ADMIN_DATABASE_URL",
+    }
 
 
 def test_ingress_never_sees_the_runtime_or_migration_role() -> None:
@@ -596,7 +606,13 @@ def test_ingress_never_sees_the_runtime_or_migration_role() -> None:
     }
     assert DB_URL_VARIABLES & set(env) == {"QINGLONG_INGRESS_DATABASE_URL"}
     text = _all_text(ingress)
-    for forbidden in ("qinglong-db-runtime", "qinglong-db-migration", "qinglong_runtime"):
+    for forbidden in (
+        "qinglong-db-runtime",
+        "qinglong-db-migration",
+        "qinglong-db-admin",
+        "qinglong_runtime",
+        "qinglong_admin",
+    ):
         assert forbidden not in text
 
 
@@ -622,6 +638,7 @@ def test_each_role_secret_is_held_by_exactly_one_workload() -> None:
         "qinglong-db-runtime": [CONTROL],
         "qinglong-db-ingress": [INGRESS],
         "qinglong-db-migration": [MIGRATE],
+        "qinglong-db-admin": [CONTROL],
     }
 
 

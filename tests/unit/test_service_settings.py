@@ -58,3 +58,25 @@ def test_ingress_takes_the_same_storage_bound() -> None:
         INGRESS_TLS, environ={"QINGLONG_STORAGE_TIMEOUT_SECONDS": "1.5"}
     )
     assert settings.storage == StorageBounds(1.5)
+
+
+def test_control_admin_database_and_trust_domain() -> None:
+    """The admin role's URL (optional: without it AdminService answers UNAVAILABLE) and
+    the trust domain new Workers' SAN URIs are formed in, from flag or environment."""
+    plain = parse_control_settings(TLS, environ={})
+    assert (plain.admin_database_url, plain.trust_domain) == (None, "qinglong.local")
+    url = "postgresql://qinglong_admin:s3cret@db/qinglong"
+    from_env = parse_control_settings(
+        TLS,
+        environ={
+            "QINGLONG_CONTROL_ADMIN_DATABASE_URL": url,
+            "QINGLONG_CONTROL_TRUST_DOMAIN": "example.org",
+        },
+    )
+    assert (from_env.admin_database_url, from_env.trust_domain) == (url, "example.org")
+    assert "s3cret" not in repr(from_env)
+    flag = parse_control_settings(
+        [*TLS, "--admin-database-url", "postgresql:///x", "--trust-domain", "corp.example"],
+        environ={"QINGLONG_CONTROL_ADMIN_DATABASE_URL": url},
+    )
+    assert (flag.admin_database_url, flag.trust_domain) == ("postgresql:///x", "corp.example")

@@ -1,6 +1,7 @@
 """Control enforces the contract's own field rules on what ingress forwards, and keeps no
-copy of any bound: the servicer and wire.py only convert (issue 8). Its page-size default
-is the one constant the contract's comments state (run_service.proto)."""
+copy of any bound: the servicers and their wire modules only convert (issue 8). The
+numbers only the contract's comments can state (page-size default, list caps, the join
+token's default lifetime, token lengths) are constants held to those comments."""
 
 from __future__ import annotations
 
@@ -10,24 +11,55 @@ from pathlib import Path
 import pytest
 from qinglong.control.v1 import run_service_pb2
 from qinglong.runtime.v1 import runtime_service_pb2
-from qinglong_control import servicer
+from qinglong_control import wire
 from qinglong_control.contract_bounds import check_public_request, public_request_types
+from qinglong_control.domain import administration
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.server import RUNTIME_SERVICE
 from qinglong_protocol import bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SERVICE_PROTO = ROOT / "proto/qinglong/control/v1/run_service.proto"
+ADMIN_SERVICE_PROTO = ROOT / "proto/qinglong/admin/v1/admin_service.proto"
 CONTROL = ROOT / "services/control/src/qinglong_control"
 
 
 def test_page_size_zero_means_the_default_the_contract_states() -> None:
     stated = re.findall(r"0 means the default of (\d+)", RUN_SERVICE_PROTO.read_text())
     assert len(stated) == 2, "ListRuns and ListRunEvents each state their default"
-    assert {int(value) for value in stated} == {bounds.PAGE_SIZE_DEFAULT}
-    assert servicer._page_size(0) == bounds.PAGE_SIZE_DEFAULT
-    assert servicer._page_size(1) == 1
-    assert servicer._page_size(bounds.PAGE_SIZE_MAX) == bounds.PAGE_SIZE_MAX
+    admin = re.findall(r"0 means the default of (\d+)", ADMIN_SERVICE_PROTO.read_text())
+    assert len(admin) == 4, "ListProjects, ListPrincipals, ListWorkers, ListAuditRecords"
+    assert {int(value) for value in stated + admin} == {bounds.PAGE_SIZE_DEFAULT}
+    assert wire.page_size(0) == bounds.PAGE_SIZE_DEFAULT
+    assert wire.page_size(1) == 1
+    assert wire.page_size(bounds.PAGE_SIZE_MAX) == bounds.PAGE_SIZE_MAX
+
+
+def _response_bound(message: str, field: str) -> str:
+    """The `Bound:` comment of ``message.field`` in admin_service.proto."""
+    text = ADMIN_SERVICE_PROTO.read_text()
+    body = text[text.index(f"message {message} {{") :]
+    found = re.search(rf"// Bound: ([^\n]+)\n\s+\S.* {field} = ", body)
+    assert found is not None, (message, field)
+    return found[1]
+
+
+def test_administration_constants_are_the_contracts() -> None:
+    text = ADMIN_SERVICE_PROTO.read_text()
+    assert "absent means one hour" in text
+    assert administration.JOIN_TOKEN_TTL_DEFAULT_SECONDS == 60 * 60
+    tokens = _response_bound("ListTokensResponse", "tokens")
+    assert tokens == f"0..{administration.TOKENS_LISTED_MAX} items."
+    bindings = _response_bound("ListRoleBindingsResponse", "bindings")
+    assert bindings == f"0..{administration.ROLE_BINDINGS_LISTED_MAX} items."
+    for message, field in (
+        ("IssueTokenResponse", "token"),
+        ("RotateTokenResponse", "token"),
+        ("CreateWorkerResponse", "join_token"),
+    ):
+        assert _response_bound(message, field) == "0 or 48 ASCII chars."
+    assert len(administration.new_operator_token().plaintext) == 48
+    assert len(administration.new_join_token().plaintext) == 48
 
 
 def _list_runs(page_size: int) -> runtime_service_pb2.ListRunsRequest:
@@ -56,7 +88,9 @@ def test_every_runtime_method_is_checked_against_the_contract() -> None:
     )
 
 
-@pytest.mark.parametrize("module", ["servicer.py", "wire.py"])
+@pytest.mark.parametrize(
+    "module", ["servicer.py", "wire.py", "admin_servicer.py", "admin_wire.py", "paging.py"]
+)
 def test_control_writes_no_bound_of_its_own(module: str) -> None:
     """A bound written here would drift from the contract: no numbers, no range checks."""
     text = (CONTROL / module).read_text()

@@ -345,6 +345,7 @@ def test_every_mapped_constraint_exists_in_the_schema() -> None:
     names = (
         set(errors._FIELD_CONSTRAINTS)
         | set(errors._CONFLICT_CONSTRAINTS)
+        | set(errors._TAKEN_CONSTRAINTS)
         | set(errors._MISSING_PARENT)
     )
     missing = sorted(name for name in names if name not in schema)

@@ -5,7 +5,8 @@ server shows its gRPC code, its ErrorInfo reason, its message and every field vi
 of its BadRequest. Exit codes:
 
 * 0 — done;
-* 1 — the server refused the request (invalid, not found, not allowed, a conflict);
+* 1 — the server refused the request (invalid, not found, not allowed, a conflict), or
+  a name the command was given matches nothing the server listed;
 * 2 — a usage or local configuration problem (bad flags, an unreadable stack file);
 * 3 — the stack could not be reached, or answered UNAVAILABLE: try again later.
 """
@@ -27,6 +28,11 @@ _UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DE
 
 class ConfigurationError(Exception):
     """A local problem the user can fix (the message says which file and what)."""
+
+
+class NotFoundError(Exception):
+    """A name the user gave matches nothing the server listed (a principal's name, looked
+    up by the CLI before the call that needs its id): a refusal, like the server's own."""
 
 
 def report_rpc_error(error: grpc.aio.AioRpcError, err: TextIO) -> int:
@@ -51,3 +57,8 @@ def report_rpc_error(error: grpc.aio.AioRpcError, err: TextIO) -> int:
 def report_configuration_error(error: ConfigurationError, err: TextIO) -> int:
     print(f"error: {error}", file=err)
     return EXIT_USAGE
+
+
+def report_not_found(error: NotFoundError, err: TextIO) -> int:
+    print(f"error: {grpc.StatusCode.NOT_FOUND.name}: {error}", file=err)
+    return EXIT_REFUSED

@@ -2,20 +2,23 @@
 
 `up` starts, in order: the embedded PostgreSQL (and, with ``--standby``, a
 synchronous streaming standby of it), its roles/database/migrations, the
-development PKI, N control replicas, then N ingress replicas (each service a
-subprocess of its own; ``--replicas N``, default 1), waits until all answer
-SERVING over mutual TLS, writes ``stack.json`` and supervises them until
-SIGINT/SIGTERM: a service that exits is started again on the same address, with
-backoff, instead of taking the stack down (SPEC R-HA-1). On a stop it stops
-ingress, control and PostgreSQL in that order -- PostgreSQL by its data
-directory, so also a server someone restarted from outside. A second `up` on
-the same data directory reuses the PKI and the database.
+development PKI and identities, the first cluster admin (``qinglong-control
+bootstrap-admin``, its token in a 0600 file that stack.json names), N control
+replicas, then N ingress replicas (each service a subprocess of its own;
+``--replicas N``, default 1), waits until all answer SERVING over mutual TLS,
+writes ``stack.json`` and supervises them until SIGINT/SIGTERM: a service that
+exits is started again on the same address, with backoff, instead of taking the
+stack down (SPEC R-HA-1). On a stop it stops ingress, control and PostgreSQL in
+that order -- PostgreSQL by its data directory, so also a server someone
+restarted from outside. A second `up` on the same data directory reuses the PKI,
+the database and the admin token file (bootstrap issues nothing the second time).
 
-Each service gets exactly its own database URL in its environment (never on
-the command line, where `ps` would show it): control the runtime role's,
-ingress the worker-ingress role's (SPEC R-ROLE-2). With a standby, both URLs are
-libpq multi-host URLs (primary, standby; ``target_session_attrs=read-write``), so
-after the standby's promotion the services' pools reconnect to it (SPEC R-HA-2).
+Each service gets exactly its own database URLs in its environment (never on
+the command line, where `ps` would show them): control the runtime role's and
+the admin role's (docs/decisions/0002), ingress the worker-ingress role's (SPEC
+R-ROLE-2). With a standby, all are libpq multi-host URLs (primary, standby;
+``target_session_attrs=read-write``), so after the standby's promotion the
+services' pools reconnect to it (SPEC R-HA-2).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import functools
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
@@ -39,6 +43,8 @@ from typing import Any, TextIO, TypeVar
 from psycopg.conninfo import make_conninfo
 from qinglong_control.db.bootstrap import bootstrap_database
 from qinglong_control.db.roles import RoleUrls
+from qinglong_control.migrate_command import ENV_MIGRATION_DATABASE_URL
+from qinglong_control.settings import ENV_ADMIN_DATABASE_URL as CONTROL_ADMIN_DATABASE_URL_VARIABLE
 from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL_VARIABLE
 from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL_VARIABLE
 from qinglong_protocol.health import NOT_SERVING, health_status
@@ -73,6 +79,7 @@ STACK_FORMAT = 1
 DATABASE_NAME = "qinglong"
 DEFAULT_WORKER_ID = "local-worker"
 DEFAULT_OPERATOR_NAME = "local-operator"
+DEFAULT_ADMIN_NAME = "admin"
 # The dev stack binds loopback only; its server certificates name 127.0.0.1.
 LOOPBACK_HOST = "127.0.0.1"
 SERVING = "SERVING"
@@ -163,6 +170,8 @@ class StackFile:
     operator_token_file: Path
     operator_name: str
     operator: ClientIdentity
+    admin_name: str
+    admin_token_file: Path
     postgres_version: int
     postgres: DatabaseServer
     standby: DatabaseServer | None
@@ -202,6 +211,8 @@ class StackFile:
                 # A path, not the token: the stack file may be shown or copied freely.
                 "token_file": str(self.operator_token_file),
             },
+            # The first cluster admin's token (`qinglong admin …` reads it), also by path.
+            "admin": {"name": self.admin_name, "token_file": str(self.admin_token_file)},
             "postgres": {
                 "version": self.postgres_version,
                 **self.postgres.to_json(),
@@ -364,13 +375,14 @@ async def start_service(
 
 
 def service_environment(
-    inherited: Mapping[str, str], database_variable: str, database_url: str
+    inherited: Mapping[str, str], database_urls: Mapping[str, str]
 ) -> dict[str, str]:
-    """`inherited` without any database credential, plus exactly one database URL."""
+    """`inherited` without any database credential, plus exactly `database_urls` (by
+    variable name)."""
     environment = {
         name: value for name, value in inherited.items() if not _is_database_credential(name)
     }
-    environment[database_variable] = database_url
+    environment.update(database_urls)
     return environment
 
 
@@ -379,11 +391,13 @@ def _is_database_credential(name: str) -> bool:
     return name.startswith("PG") or (name.startswith("QINGLONG_") and "DATABASE_URL" in name)
 
 
-def refuse_runtime_credential(environment: Mapping[str, str], runtime_url: str) -> None:
-    """Ingress must never receive the runtime role's URL, under any variable name."""
-    leaking = sorted(name for name, value in environment.items() if runtime_url in value)
-    if leaking:
-        raise StartupError(f"refusing to start ingress: {leaking} carry the runtime credential")
+def refuse_credentials(environment: Mapping[str, str], urls: Mapping[str, str]) -> None:
+    """Ingress must never receive a control role's URL (`urls`, by role), under any
+    variable name."""
+    for role, url in urls.items():
+        leaking = sorted(name for name, value in environment.items() if url in value)
+        if leaking:
+            raise StartupError(f"refusing to start ingress: {leaking} carry the {role} credential")
 
 
 async def _discard(stream: asyncio.StreamReader) -> None:
@@ -638,9 +652,7 @@ def multi_host_urls(urls: RoleUrls, servers: Sequence[DatabaseServer]) -> RoleUr
         return make_conninfo(url, host=hosts, port=ports, target_session_attrs="read-write")
 
     return RoleUrls(
-        migration=rewrite(urls.migration),
-        runtime=rewrite(urls.runtime),
-        ingress=rewrite(urls.ingress),
+        **{role.name: rewrite(getattr(urls, role.name)) for role in dataclasses.fields(urls)}
     )
 
 
@@ -680,10 +692,18 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
         operator_token_file=data_dir / "secrets" / "operator.token",
     )
     await asyncio.to_thread(enroll_development_identities, role_urls.migration, identities)
+    admin_token_file = data_dir / "secrets" / "admin.token"
+    await asyncio.to_thread(
+        bootstrap_admin, role_urls.migration, admin_token_file, options.ready_timeout_seconds
+    )
     logs = data_dir / "logs"
 
     control_environment = service_environment(
-        os.environ, CONTROL_DATABASE_URL_VARIABLE, service_urls.runtime
+        os.environ,
+        {
+            CONTROL_DATABASE_URL_VARIABLE: service_urls.runtime,
+            CONTROL_ADMIN_DATABASE_URL_VARIABLE: service_urls.admin,
+        },
     )
     controls: list[SupervisedService] = []
     for index in range(options.replicas):
@@ -701,10 +721,10 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
         controls.append(control)
 
     ingress_environment = service_environment(
-        os.environ, INGRESS_DATABASE_URL_VARIABLE, service_urls.ingress
+        os.environ, {INGRESS_DATABASE_URL_VARIABLE: service_urls.ingress}
     )
-    refuse_runtime_credential(ingress_environment, role_urls.runtime)
-    refuse_runtime_credential(ingress_environment, service_urls.runtime)
+    for urls in (role_urls, service_urls):
+        refuse_credentials(ingress_environment, {"runtime": urls.runtime, "admin": urls.admin})
     ingresses: list[SupervisedService] = []
     for index in range(options.replicas):
         name = replica_name("ingress", index)
@@ -746,11 +766,45 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
             operator_tls.cert,
             operator_tls.key,
         ),
+        admin_name=DEFAULT_ADMIN_NAME,
+        admin_token_file=admin_token_file,
         postgres_version=postgres.version,
         postgres=primary,
         standby=standby_server,
         supervisor_pid=os.getpid(),
     )
+
+
+def bootstrap_admin(migration_url: str, token_file: Path, timeout_seconds: float) -> None:
+    """The first cluster admin and its token, written 0600 to `token_file`; nothing when a
+    cluster admin exists already (a second `up`), so the file from the first stays valid.
+
+    The real `qinglong-control bootstrap-admin` command, as the Kubernetes Job runs it, with
+    the migration role's URL in its environment, not on its command line.
+    """
+    token_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "qinglong_control.main", "bootstrap-admin"]
+    command += ["--name", DEFAULT_ADMIN_NAME, "--token-file", str(token_file)]
+    environment = service_environment(os.environ, {ENV_MIGRATION_DATABASE_URL: migration_url})
+    try:
+        completed = subprocess.run(
+            command,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_seconds,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise StartupError(
+            f"bootstrap-admin did not finish within {timeout_seconds:.0f} s"
+        ) from None
+    if completed.returncode != 0:
+        # stderr only: stdout is where the command would print a token.
+        raise StartupError(
+            f"bootstrap-admin exited with {completed.returncode}:\n{completed.stderr}"
+        )
 
 
 def _control_arguments(pki: DevPki, port: int) -> list[str]:
@@ -760,6 +814,9 @@ def _control_arguments(pki: DevPki, port: int) -> list[str]:
         *_tls_flags("--tls", pki.control_server),
         "--allowed-caller-uri",
         service_uri(pki.trust_domain, "ingress"),
+        # Control forms an enrolled Worker's SAN URI in the stack's trust domain.
+        "--trust-domain",
+        pki.trust_domain,
         "--shutdown-grace-seconds",
         str(_SERVICE_SHUTDOWN_GRACE_SECONDS),
     ]
@@ -811,11 +868,19 @@ def _print_summary(stack: StackFile, data_dir: Path, stack_path: Path, out: Text
         "\n".join(lines) + "\n"
         f"  worker    {stack.worker.identity}\n"
         f"  operator  {stack.operator.identity}\n"
+        f"  admin     {_admin_token_note(stack.admin_token_file)}\n"
         f"  stack     {stack_path}\n"
         "Press Ctrl-C to stop.",
         file=out,
         flush=True,
     )
+
+
+def _admin_token_note(token_file: Path) -> str:
+    if token_file.exists():
+        return f"token in {token_file} (`qinglong admin …`)"
+    # Bootstrap issues a token only while no cluster admin exists: a deleted file stays lost.
+    return f"no token file at {token_file}; a cluster admin exists, ask it for a token"
 
 
 @contextlib.contextmanager

@@ -1,19 +1,17 @@
 """`qinglong task …` and `qinglong run …`: the operator's commands, through ingress.
 
-Connection and identity come from a stack file (`qinglong up` writes one): the ingress
-address, the CA, the operator's client certificate, and the file holding the operator's
-bearer token. Answers go to stdout as a table on a terminal and as JSON lines otherwise
-(`--output table|json|jsonl`, see output.py); errors go to stderr with their gRPC code,
-ErrorInfo reason, message and field violations, and documented exit codes (cli_errors.py).
+Connection and identity come from a stack file (`qinglong up` writes one) and the
+operator's bearer token (ingress_client.py). Answers go to stdout as a table on a terminal
+and as JSON lines otherwise (`--output table|json|jsonl`, see output.py); errors go to
+stderr with their gRPC code, ErrorInfo reason, message and field violations, and
+documented exit codes (cli_errors.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+import functools
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,15 +23,16 @@ from qinglong.control.v1 import (
     task_service_pb2_grpc,
 )
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
-from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
-from qinglong_cli.cli_errors import (
-    EXIT_OK,
-    ConfigurationError,
-    report_configuration_error,
-    report_rpc_error,
+from qinglong_cli.ingress_client import (
+    OPERATOR_TOKEN,
+    Refused,
+    Session,
+    add_connection_flags,
+    print_pages,
+    run_through_ingress,
 )
-from qinglong_cli.output import OutputFormat, Printer
+from qinglong_cli.output import enum_names
 
 #: `--retry-on` names: the endings a retry policy may opt into.
 _RETRYABLE = {
@@ -41,66 +40,13 @@ _RETRYABLE = {
     "start-failed": execution_pb2.RETRYABLE_OUTCOME_START_FAILED,
 }
 #: `run list --state` names: the Run states (lower case, as `run get` shows them).
-_RUN_STATES = {
-    name.removeprefix("RUN_STATE_").lower(): value
-    for name, value in lifecycle_pb2.RunState.items()
-    if value != lifecycle_pb2.RUN_STATE_UNSPECIFIED
-}
-_TIMEOUT_SECONDS = 10.0
-
-
-@dataclass(frozen=True)
-class OperatorContext:
-    address: str
-    tls: TlsFiles
-    token_file: Path
-    project_id: str
-
-    @classmethod
-    def from_stack(cls, path: Path, project_id: str | None) -> OperatorContext:
-        """Read the stack file; any problem is a ConfigurationError naming the file."""
-        try:
-            stack = json.loads(path.read_text())
-            operator = stack["operator"]
-            context = cls(
-                address=stack["ingress"]["address"],
-                tls=TlsFiles(Path(stack["ca_cert"]), Path(operator["cert"]), Path(operator["key"])),
-                token_file=Path(operator["token_file"]),
-                project_id=project_id or stack["project_id"],
-            )
-        except FileNotFoundError:
-            raise ConfigurationError(
-                f"no stack file at {path}; start the stack with `qinglong up` or pass --stack"
-            ) from None
-        except (OSError, ValueError) as error:
-            raise ConfigurationError(f"cannot read stack file {path}: {error}") from None
-        except (KeyError, TypeError) as error:
-            raise ConfigurationError(
-                f"stack file {path} is not one `qinglong up` wrote (missing {error})"
-            ) from None
-        return context
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        # Read at call time and never printed.
-        try:
-            token = self.token_file.read_text().strip()
-        except OSError as error:
-            raise ConfigurationError(
-                f"cannot read the operator token file {self.token_file}: {error.strerror}"
-            ) from None
-        return (("authorization", "Bearer " + token),)
+_RUN_STATES = enum_names(lifecycle_pb2.RunState, "RUN_STATE_")
 
 
 def add_operator_commands(commands: Any, default_stack: Path) -> None:
     def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--stack", type=Path, default=default_stack)
+        add_connection_flags(parser, default_stack, OPERATOR_TOKEN)
         parser.add_argument("--project", help="project id (default: the stack's project)")
-        parser.add_argument(
-            "--output",
-            type=OutputFormat,
-            choices=list(OutputFormat),
-            help="table (default on a terminal), json, or jsonl (default otherwise)",
-        )
 
     def plan_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--timeout-ms", type=int, help="durable execution timeout")
@@ -180,35 +126,7 @@ async def run_operator_command(
     args: argparse.Namespace, out: TextIO, err: TextIO | None = None
 ) -> int:
     """Run one operator command; the process exit code (see cli_errors)."""
-    err = sys.stderr if err is None else err
-    output = args.output or (OutputFormat.TABLE if out.isatty() else OutputFormat.JSONL)
-    printer = Printer(out, output)
-    try:
-        context = OperatorContext.from_stack(args.stack, args.project)
-        credentials = mutual_tls_channel_credentials(context.tls)
-        async with grpc.aio.secure_channel(context.address, credentials) as channel:
-            await _dispatch(args, context, channel, printer, err)
-    except ConfigurationError as error:
-        return report_configuration_error(error, err)
-    except _Refused as refused:
-        printer.close()
-        code = report_rpc_error(refused.error, err)
-        print(refused.note, file=err)
-        return code
-    except grpc.aio.AioRpcError as error:
-        printer.close()
-        return report_rpc_error(error, err)
-    printer.close()
-    return EXIT_OK
-
-
-class _Refused(Exception):
-    """A refused call that left something behind the user should know about."""
-
-    def __init__(self, error: grpc.aio.AioRpcError, note: str) -> None:
-        super().__init__(note)
-        self.error = error
-        self.note = note
+    return await run_through_ingress(args, OPERATOR_TOKEN, _dispatch, out, err)
 
 
 def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
@@ -230,18 +148,13 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
     return plan
 
 
-async def _dispatch(
-    args: argparse.Namespace,
-    context: OperatorContext,
-    channel: grpc.aio.Channel,
-    printer: Printer,
-    err: TextIO,
-) -> None:
-    tasks = task_service_pb2_grpc.TaskServiceStub(channel)
-    runs = run_service_pb2_grpc.RunServiceStub(channel)
-    meta = context.metadata()
-    project = context.project_id
-    call: dict[str, Any] = {"metadata": meta, "timeout": _TIMEOUT_SECONDS}
+async def _dispatch(args: argparse.Namespace, session: Session) -> None:
+    tasks = task_service_pb2_grpc.TaskServiceStub(session.channel)
+    runs = run_service_pb2_grpc.RunServiceStub(session.channel)
+    printer, err = session.printer, session.err
+    call = session.call_options()
+    meta = call["metadata"]
+    project = session.context.project_id
     if args.command == "task" and args.action == "create":
         created = await tasks.CreateTask(
             task_service_pb2.CreateTaskRequest(
@@ -261,7 +174,7 @@ async def _dispatch(
             )
         except grpc.aio.AioRpcError as error:
             # The task exists without a revision: say which, so it can be revised.
-            raise _Refused(
+            raise Refused(
                 error,
                 f"task {created.task.task_id} was created, but its first revision was "
                 f"refused; fix the plan and run `qinglong task revise {created.task.task_id}`",
@@ -297,7 +210,8 @@ async def _dispatch(
         )
         printer.item(got.run)
     elif args.action == "list":
-        listed = await runs.ListRuns(
+        await print_pages(
+            functools.partial(runs.ListRuns, **call),
             run_service_pb2.ListRunsRequest(
                 project_id=project,
                 page_size=args.limit,
@@ -305,12 +219,11 @@ async def _dispatch(
                 task_id=args.task or "",
                 states=[_RUN_STATES[name] for name in args.state],
             ),
-            **call,
+            lambda page: page.runs,
+            printer,
+            err,
+            follow=False,
         )
-        for listed_run in listed.runs:
-            printer.item(listed_run)
-        if listed.next_page_token:
-            print(f"next page: --page-token {listed.next_page_token}", file=err)
     elif args.action == "events":
         page = await runs.ListRunEvents(
             run_service_pb2.ListRunEventsRequest(project_id=project, run_id=args.run_id), **call

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any, TextIO, cast
+from typing import Any, Protocol, TextIO, TypeVar, cast
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.json_format import MessageToDict
@@ -27,6 +27,7 @@ _INT64_TYPES = frozenset(
         FieldDescriptor.TYPE_SFIXED64,
     }
 )
+_V = TypeVar("_V", bound=int)
 _WELL_KNOWN = ("google.protobuf.Timestamp", "google.protobuf.Duration")
 
 
@@ -58,29 +59,67 @@ def _numbers(descriptor: Descriptor, document: dict[str, Any]) -> None:
                 _numbers(field.message_type, item)
 
 
+_RESOURCE_STATE = "RESOURCE_STATE_"
+
 #: Columns of a table: header and how to read the cell from the JSON document.
 Columns = Sequence[tuple[str, Callable[[dict[str, Any]], object]]]
 
 
-def _get(*path: str) -> Callable[[dict[str, Any]], object]:
+def _get(*path: str, absent: object = "") -> Callable[[dict[str, Any]], object]:
+    # Protobuf JSON leaves out zero values: `absent` is what a missing one shows as.
     def read(document: dict[str, Any]) -> object:
         value: Any = document
         for key in path:
-            value = value.get(key, "") if isinstance(value, dict) else ""
+            value = value.get(key, absent) if isinstance(value, dict) else absent
         return value
 
     return read
 
 
-def _state(key: str, prefix: str) -> Callable[[dict[str, Any]], object]:
-    return lambda document: str(document.get(key, "")).removeprefix(prefix).lower()
+def _state(*path: str, prefix: str) -> Callable[[dict[str, Any]], object]:
+    read = _get(*path)
+    return lambda document: _enum_name(str(read(document)), prefix)
+
+
+def _enum_name(name: str, prefix: str) -> str:
+    return name.removeprefix(prefix).lower()
+
+
+class _Enum(Protocol[_V]):
+    """A generated protobuf enum (its class's metaclass has `items`)."""
+
+    def items(self) -> list[tuple[str, _V]]: ...
+
+
+def enum_names(enum: _Enum[_V], prefix: str) -> dict[str, _V]:
+    """An enum's values by the names the CLI takes and shows (`RUN_STATE_QUEUED` is
+    `queued`), without the UNSPECIFIED zero value."""
+    return {
+        _enum_name(name, prefix): value
+        for name, value in enum.items()
+        if not name.endswith("_UNSPECIFIED")
+    }
+
+
+def _yes(key: str) -> Callable[[dict[str, Any]], object]:
+    return lambda document: "yes" if document.get(key) else ""
+
+
+def _executors(document: dict[str, Any]) -> object:
+    types = document.get("session", {}).get("executorTypes", [])
+    return ",".join(_enum_name(name, "EXECUTOR_TYPE_") for name in types)
+
+
+def _load(document: dict[str, Any]) -> object:
+    capacity = document.get("session", {}).get("maxConcurrentAttempts", "-")
+    return f"{document.get('liveAttempts', 0)}/{capacity}"
 
 
 #: Tables by message type; other messages print as `key: value` lines.
 TABLES: dict[str, Columns] = {
     "qinglong.control.v1.Run": (
         ("RUN", _get("runId")),
-        ("STATE", _state("state", "RUN_STATE_")),
+        ("STATE", _state("state", prefix="RUN_STATE_")),
         ("ATTEMPTS", lambda d: f"{d.get('attemptCount', 0)}/{d.get('maxAttempts', 1)}"),
         ("CREATED", _get("createdAt")),
         ("ERROR", _get("errorCode")),
@@ -88,7 +127,10 @@ TABLES: dict[str, Columns] = {
     "qinglong.control.v1.RunEvent": (
         ("SEQ", _get("sequence")),
         ("TYPE", _get("type")),
-        ("ACTOR", lambda d: f"{_state('actorKind', 'ACTOR_KIND_')(d)}:{d.get('actorId', '')}"),
+        (
+            "ACTOR",
+            lambda d: f"{_state('actorKind', prefix='ACTOR_KIND_')(d)}:{d.get('actorId', '')}",
+        ),
         ("AT", _get("occurredAt")),
     ),
     "qinglong.control.v1.Task": (
@@ -102,6 +144,78 @@ TABLES: dict[str, Columns] = {
         ("REVISION", _get("revisionNumber")),
         ("COMMAND", lambda d: " ".join(d.get("plan", {}).get("command", []))),
         ("TIMEOUT_MS", _get("plan", "timeoutMs")),
+    ),
+    "qinglong.admin.v1.Project": (
+        ("PROJECT", _get("projectId")),
+        ("NAME", _get("displayName")),
+        ("STATE", _state("state", prefix=_RESOURCE_STATE)),
+        ("VERSION", _get("version")),
+        ("CREATED", _get("createdAt")),
+    ),
+    "qinglong.admin.v1.Principal": (
+        ("PRINCIPAL", _get("principalId")),
+        ("KIND", _state("kind", prefix="PRINCIPAL_KIND_")),
+        ("NAME", _get("name")),
+        ("STATE", _state("state", prefix=_RESOURCE_STATE)),
+        ("CLUSTER_ADMIN", _yes("clusterAdmin")),
+        ("CREATED", _get("createdAt")),
+    ),
+    "qinglong.admin.v1.OperatorToken": (
+        ("TOKEN_ID", _get("tokenId")),
+        ("PRINCIPAL", _get("principalId")),
+        ("PREFIX", _get("prefix")),
+        ("STATE", _state("state", prefix=_RESOURCE_STATE)),
+        ("CREATED", _get("createdAt")),
+        ("EXPIRES", _get("expireTime", absent="never")),
+    ),
+    "qinglong.admin.v1.RoleBinding": (
+        ("PROJECT", _get("projectId")),
+        ("PRINCIPAL", _get("principalId")),
+        ("ROLE", _state("role", prefix="PROJECT_ROLE_")),
+        ("STATE", _state("state", prefix=_RESOURCE_STATE)),
+        ("VERSION", _get("version")),
+        ("UPDATED", _get("updateTime")),
+    ),
+    "qinglong.admin.v1.Worker": (
+        ("WORKER", _get("workerId")),
+        ("STATE", _state("state", prefix=_RESOURCE_STATE)),
+        ("SESSION", _get("session", "state", absent="-")),
+        ("GENERATION", _get("session", "generation")),
+        ("RENEWED", _get("session", "renewTime")),
+        ("REMAINING", _get("session", "remaining")),
+        ("LOAD", _load),
+        ("EXECUTORS", _executors),
+        ("VERSION", _get("session", "agentVersion")),
+        # Growing fast: two machines share one identity (R-ADM-3).
+        ("SESSIONS", _get("sessionCount", absent=0)),
+    ),
+    "qinglong.admin.v1.AuditRecord": (
+        ("TIME", _get("occurTime")),
+        ("OUTCOME", _state("outcome", prefix="AUDIT_OUTCOME_")),
+        ("REASON", _get("reason")),
+        ("OPERATION", _get("operation")),
+        ("CALLER", lambda d: f"{d.get('principalKind', '')}:{d.get('principalId', '')}"),
+        ("PROJECT", _get("projectId")),
+    ),
+    # The answers that carry a secret: one row, the secret in the last column (empty on
+    # a replayed create, which cannot show it again).
+    "qinglong.admin.v1.IssueTokenResponse": (
+        ("TOKEN_ID", _get("issued", "tokenId")),
+        ("PRINCIPAL", _get("issued", "principalId")),
+        ("EXPIRES", _get("issued", "expireTime", absent="never")),
+        ("TOKEN", _get("token")),
+    ),
+    "qinglong.admin.v1.RotateTokenResponse": (
+        ("TOKEN_ID", _get("issued", "tokenId")),
+        ("REPLACES", _get("replaced", "tokenId")),
+        ("OLD_EXPIRES", _get("replaced", "expireTime")),
+        ("TOKEN", _get("token")),
+    ),
+    "qinglong.admin.v1.CreateWorkerResponse": (
+        ("WORKER", _get("worker", "workerId")),
+        ("PRINCIPAL", _get("worker", "principalId")),
+        ("JOIN_TOKEN_EXPIRES", _get("joinTokenExpireTime")),
+        ("JOIN_TOKEN", _get("joinToken")),
     ),
 }
 

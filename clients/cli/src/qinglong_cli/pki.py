@@ -41,9 +41,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from qinglong_protocol.tls import TlsFiles
 
-DEFAULT_TRUST_DOMAIN = "qinglong.local"
+# Re-exported: the dev stack and the tests name identities through this module.
+from qinglong_protocol.identities import DEFAULT_TRUST_DOMAIN as DEFAULT_TRUST_DOMAIN
+from qinglong_protocol.identities import operator_uri as operator_uri
+from qinglong_protocol.identities import service_uri as service_uri
+from qinglong_protocol.identities import worker_uri as worker_uri
+from qinglong_protocol.tls import TlsFiles
 
 # Names every development server certificate answers to, so that clients can
 # dial "localhost", "127.0.0.1" or "[::1]" with full hostname verification.
@@ -73,18 +77,6 @@ _PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 class CertificatePurpose(Enum):
     SERVER = "server"
     CLIENT = "client"
-
-
-def service_uri(trust_domain: str, service: str) -> str:
-    return f"spiffe://{trust_domain}/service/{service}"
-
-
-def worker_uri(trust_domain: str, worker_id: str) -> str:
-    return f"spiffe://{trust_domain}/worker/{worker_id}"
-
-
-def operator_uri(trust_domain: str, name: str) -> str:
-    return f"spiffe://{trust_domain}/operator/{name}"
 
 
 @dataclass(frozen=True)

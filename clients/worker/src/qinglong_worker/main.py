@@ -1,5 +1,7 @@
 """`qinglong-worker`: the Worker's command line.
 
+* `qinglong-worker join --ingress HOST:PORT --ca CA.pem --token-file T --dir DIR` enrolls
+  this machine with a one-time join token (:mod:`qinglong_worker.join`).
 * `qinglong-worker check` opens the one mTLS channel a Worker uses and asks ingress
   whether it serves.
 * `qinglong-worker run --stack .qinglong/stack.json --inbox PATH` is the daemon
@@ -39,6 +41,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     _take_shutdown_signals()
     import asyncio
     import logging
+
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["join"]:
+        from qinglong_worker.join import join_main
+
+        sys.exit(join_main(arguments[1:]))
 
     from qinglong_worker.settings import parse_worker_settings
 

@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from qinglong_protocol import bounds
 from qinglong_protocol.tls import TlsFiles
@@ -52,6 +53,25 @@ def _variable(name: str) -> str:
     return ENV_PREFIX + name.upper().replace("-", "_")
 
 
+_CONNECTION = ("worker_id", "ingress_address", "tls_ca", "tls_cert", "tls_key")
+
+
+def _from_stack(stack: Any) -> dict[str, str]:
+    """The dev stack's own Worker (``qinglong up`` writes stack.json)."""
+    return {
+        "worker_id": stack["worker"]["worker_id"],
+        "ingress_address": stack["ingress"]["address"],
+        "tls_ca": stack["ca_cert"],
+        "tls_cert": stack["worker"]["cert"],
+        "tls_key": stack["worker"]["key"],
+    }
+
+
+def _from_identity(identity: Any) -> dict[str, str]:
+    """What ``qinglong-worker join`` wrote (worker.json beside the key)."""
+    return {name: identity[name] for name in _CONNECTION}
+
+
 def parse_worker_settings(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> tuple[str, WorkerSettings]:
@@ -65,7 +85,13 @@ def parse_worker_settings(
         choices=["check", "run"],
         help="check: is ingress serving us? run: the Worker daemon (until SIGTERM/SIGINT)",
     )
-    parser.add_argument("--stack", type=Path, help="read everything below from a stack.json")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--stack", type=Path, help="read everything below from a stack.json")
+    source.add_argument(
+        "--identity",
+        type=Path,
+        help="read everything below from the worker.json `qinglong-worker join` wrote",
+    )
     for name in ("worker-id", "ingress-address", "tls-ca", "tls-cert", "tls-key"):
         variable = _variable(name)
         parser.add_argument(f"--{name}", default=env.get(variable), help=f"or ${variable}")
@@ -114,23 +140,21 @@ def parse_worker_settings(
         " are stopped and reported cancelled (a second signal stops at once)",
     )
     args = parser.parse_args(argv)
-    if args.stack is not None:
+    for flag, path, read in (
+        ("--stack", args.stack, _from_stack),
+        ("--identity", args.identity, _from_identity),
+    ):
+        if path is None:
+            continue
         try:
-            stack = json.loads(args.stack.read_text())
-            args.worker_id = args.worker_id or stack["worker"]["worker_id"]
-            args.ingress_address = args.ingress_address or stack["ingress"]["address"]
-            args.tls_ca = args.tls_ca or stack["ca_cert"]
-            args.tls_cert = args.tls_cert or stack["worker"]["cert"]
-            args.tls_key = args.tls_key or stack["worker"]["key"]
+            found = read(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as error:
             # One line naming the file, not a traceback.
             reason = getattr(error, "strerror", None) or type(error).__name__
-            parser.error(f"--stack {args.stack}: {reason}")
-    missing = [
-        name
-        for name in ("worker_id", "ingress_address", "tls_ca", "tls_cert", "tls_key")
-        if not getattr(args, name)
-    ]
+            parser.error(f"{flag} {path}: {reason}")
+        for name, value in found.items():  # a flag given explicitly wins
+            setattr(args, name, getattr(args, name) or value)
+    missing = [name for name in _CONNECTION if not getattr(args, name)]
     if missing:
         parser.error("missing " + ", ".join("--" + m.replace("_", "-") for m in missing))
     tls = TlsFiles(ca_cert=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key))

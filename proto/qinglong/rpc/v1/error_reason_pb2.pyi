@@ -98,6 +98,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A completion used a callback sequence that is not the attempt's current one (e.g. closed by start failure). gRPC code: ABORTED."""
     ERROR_REASON_RUNTIME_UNAVAILABLE: _ErrorReason.ValueType  # 37
     """Ingress could not reach the runtime (control) service; the call was audited but not executed. gRPC code: UNAVAILABLE."""
+    ERROR_REASON_RATE_LIMITED: _ErrorReason.ValueType  # 38
+    """Too many attempts from this peer, or in all, on a rate-limited listener (the Worker enrollment listener); retry later. gRPC code: RESOURCE_EXHAUSTED."""
+    ERROR_REASON_PRINCIPAL_NOT_FOUND: _ErrorReason.ValueType  # 39
+    """The principal does not exist (AdminService). gRPC code: NOT_FOUND."""
+    ERROR_REASON_TOKEN_NOT_FOUND: _ErrorReason.ValueType  # 40
+    """The operator token does not exist (AdminService). gRPC code: NOT_FOUND."""
+    ERROR_REASON_WORKER_NOT_FOUND: _ErrorReason.ValueType  # 41
+    """The Worker is not enrolled (AdminService). gRPC code: NOT_FOUND."""
+    ERROR_REASON_ROLE_BINDING_NOT_FOUND: _ErrorReason.ValueType  # 42
+    """The principal has no role binding in the project (AdminService.RevokeRole). gRPC code: NOT_FOUND."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the one low-cardinality vocabulary of failure reasons used by
@@ -193,4 +203,14 @@ ERROR_REASON_CALLBACK_SEQUENCE_FENCED: ErrorReason.ValueType  # 36
 """A completion used a callback sequence that is not the attempt's current one (e.g. closed by start failure). gRPC code: ABORTED."""
 ERROR_REASON_RUNTIME_UNAVAILABLE: ErrorReason.ValueType  # 37
 """Ingress could not reach the runtime (control) service; the call was audited but not executed. gRPC code: UNAVAILABLE."""
+ERROR_REASON_RATE_LIMITED: ErrorReason.ValueType  # 38
+"""Too many attempts from this peer, or in all, on a rate-limited listener (the Worker enrollment listener); retry later. gRPC code: RESOURCE_EXHAUSTED."""
+ERROR_REASON_PRINCIPAL_NOT_FOUND: ErrorReason.ValueType  # 39
+"""The principal does not exist (AdminService). gRPC code: NOT_FOUND."""
+ERROR_REASON_TOKEN_NOT_FOUND: ErrorReason.ValueType  # 40
+"""The operator token does not exist (AdminService). gRPC code: NOT_FOUND."""
+ERROR_REASON_WORKER_NOT_FOUND: ErrorReason.ValueType  # 41
+"""The Worker is not enrolled (AdminService). gRPC code: NOT_FOUND."""
+ERROR_REASON_ROLE_BINDING_NOT_FOUND: ErrorReason.ValueType  # 42
+"""The principal has no role binding in the project (AdminService.RevokeRole). gRPC code: NOT_FOUND."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

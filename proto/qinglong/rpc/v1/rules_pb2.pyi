@@ -18,6 +18,7 @@ SHA256_HEX_FIELD_NUMBER: _builtins.int
 PAGE_TOKEN_FIELD_NUMBER: _builtins.int
 PRINTABLE_FIELD_NUMBER: _builtins.int
 LEASE_CAPABILITY_FIELD_NUMBER: _builtins.int
+JOIN_TOKEN_FIELD_NUMBER: _builtins.int
 SAFE_POSITIVE_FIELD_NUMBER: _builtins.int
 SAFE_NON_NEGATIVE_FIELD_NUMBER: _builtins.int
 slug: _extension_dict._ExtensionFieldDescriptor[_validate_pb2.StringRules, _builtins.bool]
@@ -40,6 +41,10 @@ lease_capability: _extension_dict._ExtensionFieldDescriptor[_validate_pb2.String
 """The lease capability (R-CLAIM-2): 'qlc1_' + the canonical unpadded base64url encoding
 of exactly 32 random bytes (48 ASCII characters; the last character carries 2 unused
 bits, which must be zero). Weak secrets are refused by code: CEL cannot decode base64.
+"""
+join_token: _extension_dict._ExtensionFieldDescriptor[_validate_pb2.StringRules, _builtins.bool]
+"""A Worker join token (R-ADM-2): 'qlj1_' + the canonical unpadded base64url encoding
+of exactly 32 random bytes, like the lease capability.
 """
 safe_positive: _extension_dict._ExtensionFieldDescriptor[_validate_pb2.Int64Rules, _builtins.bool]
 """Versions, generations and revision numbers: 1..2^53-1 (JavaScript-safe, R-TO-2)."""

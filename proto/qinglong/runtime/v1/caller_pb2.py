@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n qinglong/runtime/v1/caller.proto\x12\x13qinglong.runtime.v1\"\xe9\x01\n\x06\x43\x61ller\x12:\n\x0eprincipal_kind\x18\x01 \x01(\x0e\x32\".qinglong.runtime.v1.PrincipalKind\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12:\n\ncredential\x18\x04 \x01(\x0b\x32&.qinglong.runtime.v1.CredentialBinding\x12>\n\x0crole_binding\x18\x05 \x01(\x0b\x32(.qinglong.runtime.v1.RoleBindingSnapshot\"\x87\x01\n\x11\x43redentialBinding\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.qinglong.runtime.v1.CredentialKind\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x19\n\x11\x63redential_sha256\x18\x03 \x01(\t\x12\x13\n\x0btls_version\x18\x04 \x01(\t\"\xa9\x01\n\x13RoleBindingSnapshot\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x17\n\x0fproject_version\x18\x02 \x01(\x03\x12\x17\n\x0frole_binding_id\x18\x03 \x01(\t\x12\x1c\n\x14role_binding_version\x18\x04 \x01(\x03\x12.\n\x04role\x18\x05 \x01(\x0e\x32 .qinglong.runtime.v1.ProjectRole*\x99\x01\n\rPrincipalKind\x12\x1e\n\x1aPRINCIPAL_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15PRINCIPAL_KIND_WORKER\x10\x01\x12\x17\n\x13PRINCIPAL_KIND_USER\x10\x02\x12\x18\n\x14PRINCIPAL_KIND_AGENT\x10\x03\x12\x1a\n\x16PRINCIPAL_KIND_SERVICE\x10\x04*y\n\x0e\x43redentialKind\x12\x1f\n\x1b\x43REDENTIAL_KIND_UNSPECIFIED\x10\x00\x12$\n CREDENTIAL_KIND_MTLS_CERTIFICATE\x10\x01\x12 \n\x1c\x43REDENTIAL_KIND_BEARER_TOKEN\x10\x02*\x8f\x01\n\x0bProjectRole\x12\x1c\n\x18PROJECT_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12PROJECT_ROLE_OWNER\x10\x01\x12\x16\n\x12PROJECT_ROLE_ADMIN\x10\x02\x12\x19\n\x15PROJECT_ROLE_OPERATOR\x10\x03\x12\x17\n\x13PROJECT_ROLE_VIEWER\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n qinglong/runtime/v1/caller.proto\x12\x13qinglong.runtime.v1\"\xe9\x01\n\x06\x43\x61ller\x12:\n\x0eprincipal_kind\x18\x01 \x01(\x0e\x32\".qinglong.runtime.v1.PrincipalKind\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12:\n\ncredential\x18\x04 \x01(\x0b\x32&.qinglong.runtime.v1.CredentialBinding\x12>\n\x0crole_binding\x18\x05 \x01(\x0b\x32(.qinglong.runtime.v1.RoleBindingSnapshot\"\x87\x01\n\x11\x43redentialBinding\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.qinglong.runtime.v1.CredentialKind\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x19\n\x11\x63redential_sha256\x18\x03 \x01(\t\x12\x13\n\x0btls_version\x18\x04 \x01(\t\"\xa9\x01\n\x13RoleBindingSnapshot\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x17\n\x0fproject_version\x18\x02 \x01(\x03\x12\x17\n\x0frole_binding_id\x18\x03 \x01(\t\x12\x1c\n\x14role_binding_version\x18\x04 \x01(\x03\x12.\n\x04role\x18\x05 \x01(\x0e\x32 .qinglong.runtime.v1.ProjectRole*\xb7\x01\n\rPrincipalKind\x12\x1e\n\x1aPRINCIPAL_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15PRINCIPAL_KIND_WORKER\x10\x01\x12\x17\n\x13PRINCIPAL_KIND_USER\x10\x02\x12\x18\n\x14PRINCIPAL_KIND_AGENT\x10\x03\x12\x1a\n\x16PRINCIPAL_KIND_SERVICE\x10\x04\x12\x1c\n\x18PRINCIPAL_KIND_ANONYMOUS\x10\x05*\x99\x01\n\x0e\x43redentialKind\x12\x1f\n\x1b\x43REDENTIAL_KIND_UNSPECIFIED\x10\x00\x12$\n CREDENTIAL_KIND_MTLS_CERTIFICATE\x10\x01\x12 \n\x1c\x43REDENTIAL_KIND_BEARER_TOKEN\x10\x02\x12\x1e\n\x1a\x43REDENTIAL_KIND_JOIN_TOKEN\x10\x03*\x8f\x01\n\x0bProjectRole\x12\x1c\n\x18PROJECT_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12PROJECT_ROLE_OWNER\x10\x01\x12\x16\n\x12PROJECT_ROLE_ADMIN\x10\x02\x12\x19\n\x15PROJECT_ROLE_OPERATOR\x10\x03\x12\x17\n\x13PROJECT_ROLE_VIEWER\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qinglong.runtime.v1.caller_
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PRINCIPALKIND']._serialized_start=604
-  _globals['_PRINCIPALKIND']._serialized_end=757
-  _globals['_CREDENTIALKIND']._serialized_start=759
-  _globals['_CREDENTIALKIND']._serialized_end=880
-  _globals['_PROJECTROLE']._serialized_start=883
-  _globals['_PROJECTROLE']._serialized_end=1026
+  _globals['_PRINCIPALKIND']._serialized_end=787
+  _globals['_CREDENTIALKIND']._serialized_start=790
+  _globals['_CREDENTIALKIND']._serialized_end=943
+  _globals['_PROJECTROLE']._serialized_start=946
+  _globals['_PROJECTROLE']._serialized_end=1089
   _globals['_CALLER']._serialized_start=58
   _globals['_CALLER']._serialized_end=291
   _globals['_CREDENTIALBINDING']._serialized_start=294

@@ -33,6 +33,10 @@ class _PrincipalKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Princip
     """An automated agent; mutations like run.stop need approval (R-CAN-2)."""
     PRINCIPAL_KIND_SERVICE: _PrincipalKind.ValueType  # 4
     """Another QingLong service (e.g. a tool acting for the deployment)."""
+    PRINCIPAL_KIND_ANONYMOUS: _PrincipalKind.ValueType  # 5
+    """A machine joining as a Worker (EnrollmentService.JoinWorker): it has no
+    identity yet; its one-time join token, which control checks, is the proof.
+    """
 
 class PrincipalKind(_PrincipalKind, metaclass=_PrincipalKindEnumTypeWrapper):
     """PrincipalKind is the kind of authenticated principal."""
@@ -47,6 +51,10 @@ PRINCIPAL_KIND_AGENT: PrincipalKind.ValueType  # 3
 """An automated agent; mutations like run.stop need approval (R-CAN-2)."""
 PRINCIPAL_KIND_SERVICE: PrincipalKind.ValueType  # 4
 """Another QingLong service (e.g. a tool acting for the deployment)."""
+PRINCIPAL_KIND_ANONYMOUS: PrincipalKind.ValueType  # 5
+"""A machine joining as a Worker (EnrollmentService.JoinWorker): it has no
+identity yet; its one-time join token, which control checks, is the proof.
+"""
 Global___PrincipalKind: _TypeAlias = PrincipalKind  # noqa: Y015
 
 class _CredentialKind:
@@ -61,6 +69,8 @@ class _CredentialKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Creden
     """An mTLS client certificate verified against the deployment CA."""
     CREDENTIAL_KIND_BEARER_TOKEN: _CredentialKind.ValueType  # 2
     """A bearer token verified by ingress."""
+    CREDENTIAL_KIND_JOIN_TOKEN: _CredentialKind.ValueType  # 3
+    """A one-time Worker join token, carried in the request and checked by control."""
 
 class CredentialKind(_CredentialKind, metaclass=_CredentialKindEnumTypeWrapper):
     """CredentialKind is how the principal proved its identity."""
@@ -71,6 +81,8 @@ CREDENTIAL_KIND_MTLS_CERTIFICATE: CredentialKind.ValueType  # 1
 """An mTLS client certificate verified against the deployment CA."""
 CREDENTIAL_KIND_BEARER_TOKEN: CredentialKind.ValueType  # 2
 """A bearer token verified by ingress."""
+CREDENTIAL_KIND_JOIN_TOKEN: CredentialKind.ValueType  # 3
+"""A one-time Worker join token, carried in the request and checked by control."""
 Global___CredentialKind: _TypeAlias = CredentialKind  # noqa: Y015
 
 class _ProjectRole:

@@ -5,8 +5,10 @@ isort:skip_file
 
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from qinglong.admin.v1 import admin_service_pb2 as _admin_service_pb2
 from qinglong.control.v1 import run_service_pb2 as _run_service_pb2
 from qinglong.control.v1 import task_service_pb2 as _task_service_pb2
+from qinglong.enrollment.v1 import enrollment_service_pb2 as _enrollment_service_pb2
 from qinglong.runtime.v1 import caller_pb2 as _caller_pb2
 from qinglong.worker.v1 import worker_service_pb2 as _worker_service_pb2
 import builtins as _builtins
@@ -1219,3 +1221,1083 @@ class CancelRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelRunResponse: _TypeAlias = CancelRunResponse  # noqa: Y015
+
+@_typing.final
+class CreateProjectRequest(_message.Message):
+    """CreateProjectRequest is the forwarded AdminService.CreateProject call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.CreateProjectRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.CreateProjectRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateProjectRequest: _TypeAlias = CreateProjectRequest  # noqa: Y015
+
+@_typing.final
+class CreateProjectResponse(_message.Message):
+    """CreateProjectResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.CreateProjectResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.CreateProjectResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateProjectResponse: _TypeAlias = CreateProjectResponse  # noqa: Y015
+
+@_typing.final
+class ListProjectsRequest(_message.Message):
+    """ListProjectsRequest is the forwarded AdminService.ListProjects call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.ListProjectsRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.ListProjectsRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProjectsRequest: _TypeAlias = ListProjectsRequest  # noqa: Y015
+
+@_typing.final
+class ListProjectsResponse(_message.Message):
+    """ListProjectsResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.ListProjectsResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.ListProjectsResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProjectsResponse: _TypeAlias = ListProjectsResponse  # noqa: Y015
+
+@_typing.final
+class DisableProjectRequest(_message.Message):
+    """DisableProjectRequest is the forwarded AdminService.DisableProject call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.DisableProjectRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.DisableProjectRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DisableProjectRequest: _TypeAlias = DisableProjectRequest  # noqa: Y015
+
+@_typing.final
+class DisableProjectResponse(_message.Message):
+    """DisableProjectResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.DisableProjectResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.DisableProjectResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DisableProjectResponse: _TypeAlias = DisableProjectResponse  # noqa: Y015
+
+@_typing.final
+class CreatePrincipalRequest(_message.Message):
+    """CreatePrincipalRequest is the forwarded AdminService.CreatePrincipal call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.CreatePrincipalRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.CreatePrincipalRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePrincipalRequest: _TypeAlias = CreatePrincipalRequest  # noqa: Y015
+
+@_typing.final
+class CreatePrincipalResponse(_message.Message):
+    """CreatePrincipalResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.CreatePrincipalResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.CreatePrincipalResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePrincipalResponse: _TypeAlias = CreatePrincipalResponse  # noqa: Y015
+
+@_typing.final
+class ListPrincipalsRequest(_message.Message):
+    """ListPrincipalsRequest is the forwarded AdminService.ListPrincipals call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.ListPrincipalsRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.ListPrincipalsRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPrincipalsRequest: _TypeAlias = ListPrincipalsRequest  # noqa: Y015
+
+@_typing.final
+class ListPrincipalsResponse(_message.Message):
+    """ListPrincipalsResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.ListPrincipalsResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.ListPrincipalsResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPrincipalsResponse: _TypeAlias = ListPrincipalsResponse  # noqa: Y015
+
+@_typing.final
+class DisablePrincipalRequest(_message.Message):
+    """DisablePrincipalRequest is the forwarded AdminService.DisablePrincipal call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.DisablePrincipalRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.DisablePrincipalRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DisablePrincipalRequest: _TypeAlias = DisablePrincipalRequest  # noqa: Y015
+
+@_typing.final
+class DisablePrincipalResponse(_message.Message):
+    """DisablePrincipalResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.DisablePrincipalResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.DisablePrincipalResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DisablePrincipalResponse: _TypeAlias = DisablePrincipalResponse  # noqa: Y015
+
+@_typing.final
+class IssueTokenRequest(_message.Message):
+    """IssueTokenRequest is the forwarded AdminService.IssueToken call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.IssueTokenRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.IssueTokenRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueTokenRequest: _TypeAlias = IssueTokenRequest  # noqa: Y015
+
+@_typing.final
+class IssueTokenResponse(_message.Message):
+    """IssueTokenResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.IssueTokenResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.IssueTokenResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueTokenResponse: _TypeAlias = IssueTokenResponse  # noqa: Y015
+
+@_typing.final
+class ListTokensRequest(_message.Message):
+    """ListTokensRequest is the forwarded AdminService.ListTokens call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.ListTokensRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.ListTokensRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTokensRequest: _TypeAlias = ListTokensRequest  # noqa: Y015
+
+@_typing.final
+class ListTokensResponse(_message.Message):
+    """ListTokensResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.ListTokensResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.ListTokensResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTokensResponse: _TypeAlias = ListTokensResponse  # noqa: Y015
+
+@_typing.final
+class RevokeTokenRequest(_message.Message):
+    """RevokeTokenRequest is the forwarded AdminService.RevokeToken call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.RevokeTokenRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.RevokeTokenRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTokenRequest: _TypeAlias = RevokeTokenRequest  # noqa: Y015
+
+@_typing.final
+class RevokeTokenResponse(_message.Message):
+    """RevokeTokenResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.RevokeTokenResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.RevokeTokenResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTokenResponse: _TypeAlias = RevokeTokenResponse  # noqa: Y015
+
+@_typing.final
+class RotateTokenRequest(_message.Message):
+    """RotateTokenRequest is the forwarded AdminService.RotateToken call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.RotateTokenRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.RotateTokenRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateTokenRequest: _TypeAlias = RotateTokenRequest  # noqa: Y015
+
+@_typing.final
+class RotateTokenResponse(_message.Message):
+    """RotateTokenResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.RotateTokenResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.RotateTokenResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateTokenResponse: _TypeAlias = RotateTokenResponse  # noqa: Y015
+
+@_typing.final
+class GrantRoleRequest(_message.Message):
+    """GrantRoleRequest is the forwarded AdminService.GrantRole call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.GrantRoleRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.GrantRoleRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantRoleRequest: _TypeAlias = GrantRoleRequest  # noqa: Y015
+
+@_typing.final
+class GrantRoleResponse(_message.Message):
+    """GrantRoleResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.GrantRoleResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.GrantRoleResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantRoleResponse: _TypeAlias = GrantRoleResponse  # noqa: Y015
+
+@_typing.final
+class RevokeRoleRequest(_message.Message):
+    """RevokeRoleRequest is the forwarded AdminService.RevokeRole call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.RevokeRoleRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.RevokeRoleRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeRoleRequest: _TypeAlias = RevokeRoleRequest  # noqa: Y015
+
+@_typing.final
+class RevokeRoleResponse(_message.Message):
+    """RevokeRoleResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.RevokeRoleResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.RevokeRoleResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeRoleResponse: _TypeAlias = RevokeRoleResponse  # noqa: Y015
+
+@_typing.final
+class ListRoleBindingsRequest(_message.Message):
+    """ListRoleBindingsRequest is the forwarded AdminService.ListRoleBindings call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.ListRoleBindingsRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.ListRoleBindingsRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoleBindingsRequest: _TypeAlias = ListRoleBindingsRequest  # noqa: Y015
+
+@_typing.final
+class ListRoleBindingsResponse(_message.Message):
+    """ListRoleBindingsResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.ListRoleBindingsResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.ListRoleBindingsResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoleBindingsResponse: _TypeAlias = ListRoleBindingsResponse  # noqa: Y015
+
+@_typing.final
+class CreateWorkerRequest(_message.Message):
+    """CreateWorkerRequest is the forwarded AdminService.CreateWorker call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.CreateWorkerRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.CreateWorkerRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWorkerRequest: _TypeAlias = CreateWorkerRequest  # noqa: Y015
+
+@_typing.final
+class CreateWorkerResponse(_message.Message):
+    """CreateWorkerResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.CreateWorkerResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.CreateWorkerResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWorkerResponse: _TypeAlias = CreateWorkerResponse  # noqa: Y015
+
+@_typing.final
+class ListWorkersRequest(_message.Message):
+    """ListWorkersRequest is the forwarded AdminService.ListWorkers call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.ListWorkersRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.ListWorkersRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkersRequest: _TypeAlias = ListWorkersRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkersResponse(_message.Message):
+    """ListWorkersResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.ListWorkersResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.ListWorkersResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
+
+@_typing.final
+class DisableWorkerRequest(_message.Message):
+    """DisableWorkerRequest is the forwarded AdminService.DisableWorker call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.DisableWorkerRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.DisableWorkerRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DisableWorkerRequest: _TypeAlias = DisableWorkerRequest  # noqa: Y015
+
+@_typing.final
+class DisableWorkerResponse(_message.Message):
+    """DisableWorkerResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.DisableWorkerResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.DisableWorkerResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DisableWorkerResponse: _TypeAlias = DisableWorkerResponse  # noqa: Y015
+
+@_typing.final
+class ListAuditRecordsRequest(_message.Message):
+    """ListAuditRecordsRequest is the forwarded AdminService.ListAuditRecords call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.ListAuditRecordsRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.ListAuditRecordsRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditRecordsRequest: _TypeAlias = ListAuditRecordsRequest  # noqa: Y015
+
+@_typing.final
+class ListAuditRecordsResponse(_message.Message):
+    """ListAuditRecordsResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.ListAuditRecordsResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.ListAuditRecordsResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditRecordsResponse: _TypeAlias = ListAuditRecordsResponse  # noqa: Y015
+
+@_typing.final
+class JoinWorkerRequest(_message.Message):
+    """JoinWorkerRequest is the forwarded EnrollmentService.JoinWorker call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The anonymous joining machine ingress audited (its join token is the proof)."""
+
+    @_builtins.property
+    def request(self) -> _enrollment_service_pb2.JoinWorkerRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _enrollment_service_pb2.JoinWorkerRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinWorkerRequest: _TypeAlias = JoinWorkerRequest  # noqa: Y015
+
+@_typing.final
+class JoinWorkerResponse(_message.Message):
+    """JoinWorkerResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _enrollment_service_pb2.JoinWorkerResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _enrollment_service_pb2.JoinWorkerResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinWorkerResponse: _TypeAlias = JoinWorkerResponse  # noqa: Y015

@@ -145,6 +145,96 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
+        self.JoinWorker = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/JoinWorker',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.JoinWorkerRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.JoinWorkerResponse.FromString,
+                _registered_method=True)
+        self.CreateProject = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/CreateProject',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateProjectRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateProjectResponse.FromString,
+                _registered_method=True)
+        self.ListProjects = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ListProjects',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsResponse.FromString,
+                _registered_method=True)
+        self.DisableProject = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/DisableProject',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableProjectRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableProjectResponse.FromString,
+                _registered_method=True)
+        self.CreatePrincipal = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/CreatePrincipal',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreatePrincipalRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreatePrincipalResponse.FromString,
+                _registered_method=True)
+        self.ListPrincipals = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ListPrincipals',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsResponse.FromString,
+                _registered_method=True)
+        self.DisablePrincipal = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/DisablePrincipal',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisablePrincipalRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisablePrincipalResponse.FromString,
+                _registered_method=True)
+        self.IssueToken = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/IssueToken',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueTokenRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueTokenResponse.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ListTokens',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTokensResponse.FromString,
+                _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/RevokeToken',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeTokenResponse.FromString,
+                _registered_method=True)
+        self.RotateToken = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/RotateToken',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RotateTokenRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RotateTokenResponse.FromString,
+                _registered_method=True)
+        self.GrantRole = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/GrantRole',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GrantRoleRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GrantRoleResponse.FromString,
+                _registered_method=True)
+        self.RevokeRole = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/RevokeRole',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeRoleRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeRoleResponse.FromString,
+                _registered_method=True)
+        self.ListRoleBindings = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ListRoleBindings',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListRoleBindingsRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListRoleBindingsResponse.FromString,
+                _registered_method=True)
+        self.CreateWorker = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/CreateWorker',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerResponse.FromString,
+                _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ListWorkers',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
+        self.DisableWorker = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/DisableWorker',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerResponse.FromString,
+                _registered_method=True)
+        self.ListAuditRecords = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ListAuditRecords',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListAuditRecordsRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListAuditRecordsResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -301,6 +391,132 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinWorker(self, request, context):
+        """Forwarded EnrollmentService.JoinWorker (from the enrollment listener).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateProject(self, request, context):
+        """Forwarded AdminService.CreateProject.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProjects(self, request, context):
+        """Forwarded AdminService.ListProjects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DisableProject(self, request, context):
+        """Forwarded AdminService.DisableProject.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreatePrincipal(self, request, context):
+        """Forwarded AdminService.CreatePrincipal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPrincipals(self, request, context):
+        """Forwarded AdminService.ListPrincipals.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DisablePrincipal(self, request, context):
+        """Forwarded AdminService.DisablePrincipal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IssueToken(self, request, context):
+        """Forwarded AdminService.IssueToken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Forwarded AdminService.ListTokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeToken(self, request, context):
+        """Forwarded AdminService.RevokeToken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateToken(self, request, context):
+        """Forwarded AdminService.RotateToken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GrantRole(self, request, context):
+        """Forwarded AdminService.GrantRole.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeRole(self, request, context):
+        """Forwarded AdminService.RevokeRole.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRoleBindings(self, request, context):
+        """Forwarded AdminService.ListRoleBindings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateWorker(self, request, context):
+        """Forwarded AdminService.CreateWorker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkers(self, request, context):
+        """Forwarded AdminService.ListWorkers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DisableWorker(self, request, context):
+        """Forwarded AdminService.DisableWorker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAuditRecords(self, request, context):
+        """Forwarded AdminService.ListAuditRecords.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -403,6 +619,96 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'JoinWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinWorker,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.JoinWorkerRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.JoinWorkerResponse.SerializeToString,
+            ),
+            'CreateProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateProject,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateProjectRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateProjectResponse.SerializeToString,
+            ),
+            'ListProjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProjects,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsResponse.SerializeToString,
+            ),
+            'DisableProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.DisableProject,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableProjectRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableProjectResponse.SerializeToString,
+            ),
+            'CreatePrincipal': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePrincipal,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreatePrincipalRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreatePrincipalResponse.SerializeToString,
+            ),
+            'ListPrincipals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPrincipals,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsResponse.SerializeToString,
+            ),
+            'DisablePrincipal': grpc.unary_unary_rpc_method_handler(
+                    servicer.DisablePrincipal,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisablePrincipalRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisablePrincipalResponse.SerializeToString,
+            ),
+            'IssueToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueToken,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueTokenRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueTokenResponse.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTokensRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTokensResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeTokenResponse.SerializeToString,
+            ),
+            'RotateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateToken,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RotateTokenRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RotateTokenResponse.SerializeToString,
+            ),
+            'GrantRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantRole,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GrantRoleRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GrantRoleResponse.SerializeToString,
+            ),
+            'RevokeRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeRole,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeRoleRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeRoleResponse.SerializeToString,
+            ),
+            'ListRoleBindings': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRoleBindings,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListRoleBindingsRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListRoleBindingsResponse.SerializeToString,
+            ),
+            'CreateWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWorker,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListWorkersRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'DisableWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DisableWorker,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerResponse.SerializeToString,
+            ),
+            'ListAuditRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditRecords,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListAuditRecordsRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListAuditRecordsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -956,6 +1262,492 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/CancelRun',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/JoinWorker',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.JoinWorkerRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.JoinWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/CreateProject',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateProjectRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ListProjects',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DisableProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/DisableProject',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableProjectRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePrincipal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/CreatePrincipal',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreatePrincipalRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreatePrincipalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPrincipals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ListPrincipals',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DisablePrincipal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/DisablePrincipal',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisablePrincipalRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisablePrincipalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/IssueToken',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueTokenRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ListTokens',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTokensRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/RevokeToken',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeTokenRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/RotateToken',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RotateTokenRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RotateTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/GrantRole',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GrantRoleRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GrantRoleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/RevokeRole',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeRoleRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RevokeRoleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRoleBindings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ListRoleBindings',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListRoleBindingsRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListRoleBindingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/CreateWorker',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ListWorkers',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListWorkersRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DisableWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/DisableWorker',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ListAuditRecords',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListAuditRecordsRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListAuditRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -84,6 +84,42 @@ class RuntimeServiceStub:
     """Streams a Run's Events (RunService.WatchRunEvents)."""
     CancelRun: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CancelRunRequest, _runtime_service_pb2.CancelRunResponse]
     """Records a user cancel intent (RunService.CancelRun)."""
+    JoinWorker: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.JoinWorkerRequest, _runtime_service_pb2.JoinWorkerResponse]
+    """Forwarded EnrollmentService.JoinWorker (from the enrollment listener)."""
+    CreateProject: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateProjectRequest, _runtime_service_pb2.CreateProjectResponse]
+    """Forwarded AdminService.CreateProject."""
+    ListProjects: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListProjectsRequest, _runtime_service_pb2.ListProjectsResponse]
+    """Forwarded AdminService.ListProjects."""
+    DisableProject: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableProjectRequest, _runtime_service_pb2.DisableProjectResponse]
+    """Forwarded AdminService.DisableProject."""
+    CreatePrincipal: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreatePrincipalRequest, _runtime_service_pb2.CreatePrincipalResponse]
+    """Forwarded AdminService.CreatePrincipal."""
+    ListPrincipals: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListPrincipalsRequest, _runtime_service_pb2.ListPrincipalsResponse]
+    """Forwarded AdminService.ListPrincipals."""
+    DisablePrincipal: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.DisablePrincipalRequest, _runtime_service_pb2.DisablePrincipalResponse]
+    """Forwarded AdminService.DisablePrincipal."""
+    IssueToken: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.IssueTokenRequest, _runtime_service_pb2.IssueTokenResponse]
+    """Forwarded AdminService.IssueToken."""
+    ListTokens: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListTokensRequest, _runtime_service_pb2.ListTokensResponse]
+    """Forwarded AdminService.ListTokens."""
+    RevokeToken: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RevokeTokenRequest, _runtime_service_pb2.RevokeTokenResponse]
+    """Forwarded AdminService.RevokeToken."""
+    RotateToken: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RotateTokenRequest, _runtime_service_pb2.RotateTokenResponse]
+    """Forwarded AdminService.RotateToken."""
+    GrantRole: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GrantRoleRequest, _runtime_service_pb2.GrantRoleResponse]
+    """Forwarded AdminService.GrantRole."""
+    RevokeRole: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RevokeRoleRequest, _runtime_service_pb2.RevokeRoleResponse]
+    """Forwarded AdminService.RevokeRole."""
+    ListRoleBindings: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListRoleBindingsRequest, _runtime_service_pb2.ListRoleBindingsResponse]
+    """Forwarded AdminService.ListRoleBindings."""
+    CreateWorker: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateWorkerRequest, _runtime_service_pb2.CreateWorkerResponse]
+    """Forwarded AdminService.CreateWorker."""
+    ListWorkers: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListWorkersRequest, _runtime_service_pb2.ListWorkersResponse]
+    """Forwarded AdminService.ListWorkers."""
+    DisableWorker: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableWorkerRequest, _runtime_service_pb2.DisableWorkerResponse]
+    """Forwarded AdminService.DisableWorker."""
+    ListAuditRecords: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListAuditRecordsRequest, _runtime_service_pb2.ListAuditRecordsResponse]
+    """Forwarded AdminService.ListAuditRecords."""
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -141,6 +177,42 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Streams a Run's Events (RunService.WatchRunEvents)."""
     CancelRun: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CancelRunRequest, _runtime_service_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Records a user cancel intent (RunService.CancelRun)."""
+    JoinWorker: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.JoinWorkerRequest, _runtime_service_pb2.JoinWorkerResponse]  # type: ignore[assignment]
+    """Forwarded EnrollmentService.JoinWorker (from the enrollment listener)."""
+    CreateProject: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateProjectRequest, _runtime_service_pb2.CreateProjectResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.CreateProject."""
+    ListProjects: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListProjectsRequest, _runtime_service_pb2.ListProjectsResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.ListProjects."""
+    DisableProject: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableProjectRequest, _runtime_service_pb2.DisableProjectResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.DisableProject."""
+    CreatePrincipal: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreatePrincipalRequest, _runtime_service_pb2.CreatePrincipalResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.CreatePrincipal."""
+    ListPrincipals: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListPrincipalsRequest, _runtime_service_pb2.ListPrincipalsResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.ListPrincipals."""
+    DisablePrincipal: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.DisablePrincipalRequest, _runtime_service_pb2.DisablePrincipalResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.DisablePrincipal."""
+    IssueToken: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.IssueTokenRequest, _runtime_service_pb2.IssueTokenResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.IssueToken."""
+    ListTokens: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListTokensRequest, _runtime_service_pb2.ListTokensResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.ListTokens."""
+    RevokeToken: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RevokeTokenRequest, _runtime_service_pb2.RevokeTokenResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.RevokeToken."""
+    RotateToken: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RotateTokenRequest, _runtime_service_pb2.RotateTokenResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.RotateToken."""
+    GrantRole: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GrantRoleRequest, _runtime_service_pb2.GrantRoleResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.GrantRole."""
+    RevokeRole: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RevokeRoleRequest, _runtime_service_pb2.RevokeRoleResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.RevokeRole."""
+    ListRoleBindings: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListRoleBindingsRequest, _runtime_service_pb2.ListRoleBindingsResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.ListRoleBindings."""
+    CreateWorker: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateWorkerRequest, _runtime_service_pb2.CreateWorkerResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.CreateWorker."""
+    ListWorkers: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListWorkersRequest, _runtime_service_pb2.ListWorkersResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.ListWorkers."""
+    DisableWorker: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableWorkerRequest, _runtime_service_pb2.DisableWorkerResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.DisableWorker."""
+    ListAuditRecords: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListAuditRecordsRequest, _runtime_service_pb2.ListAuditRecordsResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.ListAuditRecords."""
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
     """RuntimeService is the internal API from ingress to the control (runtime)
@@ -315,5 +387,149 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.CancelRunResponse, _abc.Awaitable[_runtime_service_pb2.CancelRunResponse]]:
         """Records a user cancel intent (RunService.CancelRun)."""
+
+    @_abc_1.abstractmethod
+    def JoinWorker(
+        self,
+        request: _runtime_service_pb2.JoinWorkerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.JoinWorkerResponse, _abc.Awaitable[_runtime_service_pb2.JoinWorkerResponse]]:
+        """Forwarded EnrollmentService.JoinWorker (from the enrollment listener)."""
+
+    @_abc_1.abstractmethod
+    def CreateProject(
+        self,
+        request: _runtime_service_pb2.CreateProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.CreateProjectResponse, _abc.Awaitable[_runtime_service_pb2.CreateProjectResponse]]:
+        """Forwarded AdminService.CreateProject."""
+
+    @_abc_1.abstractmethod
+    def ListProjects(
+        self,
+        request: _runtime_service_pb2.ListProjectsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListProjectsResponse, _abc.Awaitable[_runtime_service_pb2.ListProjectsResponse]]:
+        """Forwarded AdminService.ListProjects."""
+
+    @_abc_1.abstractmethod
+    def DisableProject(
+        self,
+        request: _runtime_service_pb2.DisableProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.DisableProjectResponse, _abc.Awaitable[_runtime_service_pb2.DisableProjectResponse]]:
+        """Forwarded AdminService.DisableProject."""
+
+    @_abc_1.abstractmethod
+    def CreatePrincipal(
+        self,
+        request: _runtime_service_pb2.CreatePrincipalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.CreatePrincipalResponse, _abc.Awaitable[_runtime_service_pb2.CreatePrincipalResponse]]:
+        """Forwarded AdminService.CreatePrincipal."""
+
+    @_abc_1.abstractmethod
+    def ListPrincipals(
+        self,
+        request: _runtime_service_pb2.ListPrincipalsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListPrincipalsResponse, _abc.Awaitable[_runtime_service_pb2.ListPrincipalsResponse]]:
+        """Forwarded AdminService.ListPrincipals."""
+
+    @_abc_1.abstractmethod
+    def DisablePrincipal(
+        self,
+        request: _runtime_service_pb2.DisablePrincipalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.DisablePrincipalResponse, _abc.Awaitable[_runtime_service_pb2.DisablePrincipalResponse]]:
+        """Forwarded AdminService.DisablePrincipal."""
+
+    @_abc_1.abstractmethod
+    def IssueToken(
+        self,
+        request: _runtime_service_pb2.IssueTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.IssueTokenResponse, _abc.Awaitable[_runtime_service_pb2.IssueTokenResponse]]:
+        """Forwarded AdminService.IssueToken."""
+
+    @_abc_1.abstractmethod
+    def ListTokens(
+        self,
+        request: _runtime_service_pb2.ListTokensRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListTokensResponse, _abc.Awaitable[_runtime_service_pb2.ListTokensResponse]]:
+        """Forwarded AdminService.ListTokens."""
+
+    @_abc_1.abstractmethod
+    def RevokeToken(
+        self,
+        request: _runtime_service_pb2.RevokeTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.RevokeTokenResponse, _abc.Awaitable[_runtime_service_pb2.RevokeTokenResponse]]:
+        """Forwarded AdminService.RevokeToken."""
+
+    @_abc_1.abstractmethod
+    def RotateToken(
+        self,
+        request: _runtime_service_pb2.RotateTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.RotateTokenResponse, _abc.Awaitable[_runtime_service_pb2.RotateTokenResponse]]:
+        """Forwarded AdminService.RotateToken."""
+
+    @_abc_1.abstractmethod
+    def GrantRole(
+        self,
+        request: _runtime_service_pb2.GrantRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.GrantRoleResponse, _abc.Awaitable[_runtime_service_pb2.GrantRoleResponse]]:
+        """Forwarded AdminService.GrantRole."""
+
+    @_abc_1.abstractmethod
+    def RevokeRole(
+        self,
+        request: _runtime_service_pb2.RevokeRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.RevokeRoleResponse, _abc.Awaitable[_runtime_service_pb2.RevokeRoleResponse]]:
+        """Forwarded AdminService.RevokeRole."""
+
+    @_abc_1.abstractmethod
+    def ListRoleBindings(
+        self,
+        request: _runtime_service_pb2.ListRoleBindingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListRoleBindingsResponse, _abc.Awaitable[_runtime_service_pb2.ListRoleBindingsResponse]]:
+        """Forwarded AdminService.ListRoleBindings."""
+
+    @_abc_1.abstractmethod
+    def CreateWorker(
+        self,
+        request: _runtime_service_pb2.CreateWorkerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.CreateWorkerResponse, _abc.Awaitable[_runtime_service_pb2.CreateWorkerResponse]]:
+        """Forwarded AdminService.CreateWorker."""
+
+    @_abc_1.abstractmethod
+    def ListWorkers(
+        self,
+        request: _runtime_service_pb2.ListWorkersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListWorkersResponse, _abc.Awaitable[_runtime_service_pb2.ListWorkersResponse]]:
+        """Forwarded AdminService.ListWorkers."""
+
+    @_abc_1.abstractmethod
+    def DisableWorker(
+        self,
+        request: _runtime_service_pb2.DisableWorkerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.DisableWorkerResponse, _abc.Awaitable[_runtime_service_pb2.DisableWorkerResponse]]:
+        """Forwarded AdminService.DisableWorker."""
+
+    @_abc_1.abstractmethod
+    def ListAuditRecords(
+        self,
+        request: _runtime_service_pb2.ListAuditRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListAuditRecordsResponse, _abc.Awaitable[_runtime_service_pb2.ListAuditRecordsResponse]]:
+        """Forwarded AdminService.ListAuditRecords."""
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -10,9 +10,10 @@ rule ingress shares (`qinglong_protocol.storage_errors`: transient SQLSTATE clas
 UNAVAILABLE, data exceptions FIELD_INVALID, anything unknown INTERNAL); what only control
 knows is its schema, so a constraint is answered here by its name: a bound the request
 broke is INVALID_ARGUMENT naming the field, a state guard that fired is a conflict, a
-missing parent is NOT_FOUND. Anything else is a generic INTERNAL with no detail, logged
-with its traceback so operators can see it and callers cannot. No driver message ever
-reaches a caller: it can carry SQL, values, hosts and role names.
+taken name is ALREADY_EXISTS, a missing parent is NOT_FOUND. Anything else is a generic
+INTERNAL with no detail, logged with its traceback so operators can see it and callers
+cannot. No driver message ever reaches a caller: it can carry SQL, values, hosts and
+role names.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ _FIELD_CONSTRAINTS: Final[Mapping[str, str]] = {
     "attempts_executor_handle_check": "executor_handle",
     "attempts_log_artifact_id_check": "log_artifact_id",
     "attempts_callback_sequence_check": "callback_sequence",
+    "projects_display_name_check": "display_name",
+    "projects_create_request_id_check": "request_id",
+    "principals_create_request_id_check": "request_id",
+    "worker_identities_create_request_id_check": "request_id",
+    "operator_credentials_issue_request_id_check": "request_id",
 }
 
 #: The database's own guards of the state machines and of idempotency keys: when one
@@ -99,6 +105,25 @@ _CONFLICT_CONSTRAINTS: Final = frozenset(
         "attempts_offer_id_key",
         "attempts_run_id_attempt_number_key",
         "run_leases_offer_id_key",
+        # Administration: a create with the same request id, a second rotation of one
+        # token, a join token used twice.
+        "projects_create_request_id_key",
+        "principals_create_request_id_key",
+        "worker_identities_create_request_id_key",
+        "operator_credentials_issue_request",
+        "operator_credentials_replaces_credential_id_key",
+        "worker_join_tokens_single_use",
+    }
+)
+
+#: Administration's names and ids, when another request took one first: the creates
+#: check under a lock before they write, so these fire only if that check was missed.
+_TAKEN_CONSTRAINTS: Final = frozenset(
+    {
+        "projects_pkey",
+        "principals_kind_name_key",
+        "worker_identities_pkey",
+        "worker_identities_certificate_uri_key",
     }
 )
 
@@ -114,6 +139,7 @@ _MISSING_PARENT: Final[Mapping[str, Reason]] = {
     "offers_run_id_fkey": Reason.RUN_NOT_FOUND,
     "attempts_run_id_fkey": Reason.RUN_NOT_FOUND,
     "attempts_offer_id_run_id_fkey": Reason.OFFER_NOT_FOUND,
+    "role_bindings_project_id_fkey": Reason.PROJECT_NOT_FOUND,
 }
 
 
@@ -155,6 +181,9 @@ def _constraint_refusal(constraint: str) -> Refused | None:
     if constraint in _CONFLICT_CONSTRAINTS:
         _log.info("constraint %s refused a concurrent change", constraint)
         return Refused(Reason.STATE_CONFLICT, "a concurrent change came first")
+    if constraint in _TAKEN_CONSTRAINTS:
+        _log.info("constraint %s refused a name another request took", constraint)
+        return Refused(Reason.ALREADY_EXISTS, "it already exists")
     missing = _MISSING_PARENT.get(constraint)
     if missing is not None:
         return Refused(missing, "a row this request refers to does not exist")

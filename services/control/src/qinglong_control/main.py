@@ -1,5 +1,6 @@
 """`qinglong-control`: run the control (runtime) service until SIGTERM or SIGINT.
 
+Subcommands: `migrate` (the schema), `bootstrap-admin` (the first cluster admin), `probe`.
 Process conventions (listening line, logging, signals): qinglong_protocol.serving.
 """
 
@@ -7,15 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 from qinglong_protocol.probe import run_probe
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
 
-from qinglong_control.db.pool import open_runtime_pool
+from qinglong_control.bootstrap_admin_command import bootstrap_admin_main
+from qinglong_control.db.pool import open_admin_pool, open_runtime_pool
+from qinglong_control.issuing import IssuingAuthority
 from qinglong_control.migrate_command import migrate_main
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_control.server import create_server
@@ -34,28 +41,56 @@ _log = logging.getLogger(__name__)
 async def serve(settings: ControlSettings) -> None:
     if settings.database_url is None:
         raise SystemExit("qinglong-control needs the runtime role's --database-url")
-    pool = await open_runtime_pool(settings.database_url, bounds=settings.storage)
-    try:
-        timings = settings.timings
-        servicer = RuntimeServicer(pool, timings)
-        server, port = await create_server(settings, runtime_servicer=servicer)
-        await server.start()
-        announce_listening(SERVICE, port, settings.listen_address)
-        cadence = None
-        if settings.reconcile_interval_seconds > 0:
-            reconciler = Reconciler(pool, ReconcilerLimits(), timings)
-            cadence = asyncio.create_task(
-                drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"
-            )
-        await wait_for_stop_signal()
-        _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
-        if cadence is not None:
-            cadence.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await cadence
-        await server.stop(settings.shutdown_grace_seconds)
-    finally:
-        await pool.close()
+    async with contextlib.AsyncExitStack() as pools:
+        pool = await open_runtime_pool(settings.database_url, bounds=settings.storage)
+        pools.push_async_callback(pool.close)
+        admin_pool = None
+        if settings.admin_database_url is None:
+            _log.warning("no --admin-database-url: AdminService calls are answered UNAVAILABLE")
+        else:
+            admin_pool = await open_admin_pool(settings.admin_database_url, bounds=settings.storage)
+            pools.push_async_callback(admin_pool.close)
+        await _serve(settings, pool, admin_pool)
+
+
+async def _serve(
+    settings: ControlSettings,
+    pool: AsyncConnectionPool[AsyncConnection[Any]],
+    admin_pool: AsyncConnectionPool[AsyncConnection[Any]] | None,
+) -> None:
+    timings = settings.timings
+    issuing = None
+    if settings.issuing_ca is not None:
+        issuing = IssuingAuthority.load(
+            settings.issuing_ca.cert,
+            settings.issuing_ca.key,
+            dt.timedelta(days=settings.issuing_ca.worker_certificate_days),
+        )
+    else:
+        _log.warning("no issuing CA: EnrollmentService.JoinWorker is answered UNAVAILABLE")
+    servicer = RuntimeServicer(
+        pool,
+        timings,
+        admin_pool=admin_pool,
+        trust_domain=settings.trust_domain,
+        issuing=issuing,
+    )
+    server, port = await create_server(settings, runtime_servicer=servicer)
+    await server.start()
+    announce_listening(SERVICE, port, settings.listen_address)
+    cadence = None
+    if settings.reconcile_interval_seconds > 0:
+        reconciler = Reconciler(pool, ReconcilerLimits(), timings)
+        cadence = asyncio.create_task(
+            drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"
+        )
+    await wait_for_stop_signal()
+    _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
+    if cadence is not None:
+        cadence.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cadence
+    await server.stop(settings.shutdown_grace_seconds)
 
 
 async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
@@ -85,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments[:1] == ["migrate"]:
         migrate_main(arguments[1:])
         return
+    if arguments[:1] == ["bootstrap-admin"]:
+        sys.exit(bootstrap_admin_main(arguments[1:]))
     if arguments[:1] == ["probe"]:
         sys.exit(
             run_probe(

@@ -1,5 +1,8 @@
 """RuntimeService: the internal API ingress forwards to. Translation only.
 
+The Worker, Task and Run methods are here; the AdminService ones are in admin_servicer.py
+(their own database role and pool), which this servicer extends.
+
 Each method checks the caller ingress vouched for, parses the public request into domain
 values (wire.py), runs one repository command on a pooled connection and renders the
 answer. Fencing, state and time are decided in the repository's transaction. A method
@@ -19,11 +22,13 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from qinglong.control.v1 import run_service_pb2, task_service_pb2
 from qinglong.rpc.v1 import lifecycle_pb2
-from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
+from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2
 from qinglong_protocol import bounds
+from qinglong_protocol.identities import DEFAULT_TRUST_DOMAIN
 
 from qinglong_control import wire
+from qinglong_control.admin_servicer import AdminMethods
 from qinglong_control.db import (
     cancellation,
     definitions,
@@ -33,7 +38,6 @@ from qinglong_control.db import (
     sessions,
     start_facts,
 )
-from qinglong_control.db.events import Actor
 from qinglong_control.domain.cancellation import BindingSnapshot
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.completion import CompletionReport
@@ -41,6 +45,8 @@ from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.timings import Timings
+from qinglong_control.enrollment_servicer import EnrollmentMethods
+from qinglong_control.issuing import IssuingAuthority
 
 Context = grpc.aio.ServicerContext[Any, Any]
 rt = runtime_service_pb2
@@ -86,14 +92,6 @@ def worker_of(caller: caller_pb2.Caller, worker_id: str) -> str:
     return worker_id
 
 
-def operator_of(caller: caller_pb2.Caller) -> Actor:
-    kinds = {caller_pb2.PRINCIPAL_KIND_USER: "user", caller_pb2.PRINCIPAL_KIND_AGENT: "agent"}
-    kind = kinds.get(caller.principal_kind)
-    if kind is None or not caller.principal_id:
-        raise Refused(Reason.FIELD_INVALID, "caller is not an operator principal")
-    return Actor(kind, caller.principal_id)
-
-
 def session_claim(request: Any) -> SessionClaim:
     return SessionClaim(
         request.worker_id,
@@ -110,11 +108,6 @@ def session_response(view: sessions.SessionView, renew_interval_ms: int) -> Any:
     }
 
 
-def _page_size(value: int) -> int:
-    """A list's page size: 0 means the contract's default (``run_service.proto``)."""
-    return value or bounds.PAGE_SIZE_DEFAULT
-
-
 def _run_states(numbers: Any) -> tuple[str, ...]:
     """The filter's state names (the contract's rule admits only known, distinct states)."""
     return tuple(
@@ -122,8 +115,21 @@ def _run_states(numbers: Any) -> tuple[str, ...]:
     )
 
 
-class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], timings: Timings) -> None:
+class RuntimeServicer(AdminMethods, EnrollmentMethods):
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        timings: Timings,
+        *,
+        admin_pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None,
+        trust_domain: str = DEFAULT_TRUST_DOMAIN,
+        issuing: IssuingAuthority | None = None,
+    ) -> None:
+        """``pool`` is the runtime role's; ``admin_pool`` the admin role's, for the
+        AdminService and enrollment methods only (without it they answer UNAVAILABLE);
+        ``issuing`` the CA that signs joining Workers' certificates."""
+        AdminMethods.__init__(self, pool, admin_pool, trust_domain)
+        EnrollmentMethods.__init__(self, admin_pool, issuing)
         self._pool = pool
         self._timings = timings
 
@@ -316,7 +322,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     async def CreateTask(self, request: rt.CreateTaskRequest, context: Context) -> Any:
         public = request.request
-        actor = operator_of(request.caller)
+        actor = wire.operator_of(request.caller)
         async with self._pool.connection() as conn:
             view = await definitions.create_task(
                 conn,
@@ -332,7 +338,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     async def GetTask(self, request: rt.GetTaskRequest, context: Context) -> Any:
         public = request.request
-        operator_of(request.caller)
+        wire.operator_of(request.caller)
         async with self._pool.connection() as conn:
             view = await definitions.get_task(
                 conn,
@@ -345,7 +351,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         self, request: rt.CreateTaskRevisionRequest, context: Context
     ) -> Any:
         public = request.request
-        actor = operator_of(request.caller)
+        actor = wire.operator_of(request.caller)
         plan = public.plan
         executor_type = wire.EXECUTOR_TYPES[plan.executor_type]
         timeout_ms = plan.timeout_ms if plan.HasField("timeout_ms") else None
@@ -366,7 +372,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     async def GetTaskRevision(self, request: rt.GetTaskRevisionRequest, context: Context) -> Any:
         public = request.request
-        operator_of(request.caller)
+        wire.operator_of(request.caller)
         async with self._pool.connection() as conn:
             view = await definitions.get_revision(
                 conn,
@@ -380,7 +386,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     async def TriggerRun(self, request: rt.TriggerRunRequest, context: Context) -> Any:
         public = request.request
-        actor = operator_of(request.caller)
+        actor = wire.operator_of(request.caller)
         revision_number = public.revision_number if public.HasField("revision_number") else None
         command = runs.TriggerRun(
             public.project_id,
@@ -396,7 +402,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     async def GetRun(self, request: rt.GetRunRequest, context: Context) -> Any:
         public = request.request
-        operator_of(request.caller)
+        wire.operator_of(request.caller)
         async with self._pool.connection() as conn:
             view = await runs.get_run(
                 conn,
@@ -407,7 +413,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     async def CancelRun(self, request: rt.CancelRunRequest, context: Context) -> Any:
         public = request.request
-        actor = operator_of(request.caller)
+        actor = wire.operator_of(request.caller)
         project_id = public.project_id
         binding = request.caller.role_binding
         if not request.caller.HasField("role_binding") or binding.project_id != project_id:
@@ -437,8 +443,8 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     async def ListRuns(self, request: rt.ListRunsRequest, context: Context) -> Any:
         public = request.request
-        operator_of(request.caller)
-        limit = _page_size(public.page_size)
+        wire.operator_of(request.caller)
+        limit = wire.page_size(public.page_size)
         before = wire.parse_page_token(public.page_token)
         task_id = uuid.UUID(public.task_id) if public.task_id else None
         states = _run_states(public.states)
@@ -468,7 +474,7 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
         refuses Workers), so this stream is not a Worker mailbox (R-ING-4).
         """
         public = request.request
-        operator_of(request.caller)
+        wire.operator_of(request.caller)
         project_id = public.project_id
         run_id = uuid.UUID(public.run_id)
         after = public.after_sequence
@@ -490,8 +496,8 @@ class RuntimeServicer(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     async def ListRunEvents(self, request: rt.ListRunEventsRequest, context: Context) -> Any:
         public = request.request
-        operator_of(request.caller)
-        limit = _page_size(public.page_size)
+        wire.operator_of(request.caller)
+        limit = wire.page_size(public.page_size)
         project_id = public.project_id
         run_id = uuid.UUID(public.run_id)
         async with self._pool.connection() as conn:

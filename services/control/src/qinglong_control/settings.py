@@ -1,8 +1,9 @@
 """Settings of the control (runtime) service, from flags and ``QINGLONG_*`` variables.
 
-A flag wins over its environment variable. The database URL is best given by
-environment (``QINGLONG_DATABASE_URL``) so that it does not show in the process
-list; it is kept out of ``repr`` so a logged settings object cannot leak it.
+A flag wins over its environment variable. The database URLs are best given by
+environment (``QINGLONG_DATABASE_URL``, ``QINGLONG_CONTROL_ADMIN_DATABASE_URL``) so that
+they do not show in the process list; they are kept out of ``repr`` so a logged settings
+object cannot leak them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qinglong_protocol.identities import DEFAULT_TRUST_DOMAIN, service_uri
 from qinglong_protocol.storage import (
     StorageBounds,
     add_storage_timeout_argument,
@@ -23,7 +25,7 @@ from qinglong_protocol.tls import TlsFiles
 from qinglong_control.domain.timings import Timings
 
 DEFAULT_LISTEN_ADDRESS = "[::]:50052"
-DEFAULT_ALLOWED_CALLER_URI = "spiffe://qinglong.local/service/ingress"
+DEFAULT_ALLOWED_CALLER_URI = service_uri(DEFAULT_TRUST_DOMAIN, "ingress")
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 
 ENV_LISTEN_ADDRESS = "QINGLONG_CONTROL_LISTEN_ADDRESS"
@@ -32,6 +34,12 @@ ENV_TLS_CERT = "QINGLONG_CONTROL_TLS_CERT"
 ENV_TLS_KEY = "QINGLONG_CONTROL_TLS_KEY"
 ENV_ALLOWED_CALLER_URIS = "QINGLONG_CONTROL_ALLOWED_CALLER_URIS"  # comma separated
 ENV_DATABASE_URL = "QINGLONG_DATABASE_URL"  # the runtime role
+ENV_ADMIN_DATABASE_URL = "QINGLONG_CONTROL_ADMIN_DATABASE_URL"  # the admin role
+ENV_TRUST_DOMAIN = "QINGLONG_CONTROL_TRUST_DOMAIN"
+ENV_ISSUING_CA_CERT = "QINGLONG_CONTROL_ISSUING_CA_CERT"
+ENV_ISSUING_CA_KEY = "QINGLONG_CONTROL_ISSUING_CA_KEY"
+ENV_WORKER_CERTIFICATE_DAYS = "QINGLONG_CONTROL_WORKER_CERTIFICATE_DAYS"
+DEFAULT_WORKER_CERTIFICATE_DAYS = 7.0
 ENV_SHUTDOWN_GRACE_SECONDS = "QINGLONG_CONTROL_SHUTDOWN_GRACE_SECONDS"
 ENV_RECONCILE_INTERVAL_SECONDS = "QINGLONG_CONTROL_RECONCILE_INTERVAL_SECONDS"
 DEFAULT_RECONCILE_INTERVAL_SECONDS = 2.0
@@ -44,6 +52,13 @@ ENV_TIMINGS_MS = {
 
 
 @dataclass(frozen=True)
+class IssuingCaFiles:
+    cert: Path
+    key: Path
+    worker_certificate_days: float = DEFAULT_WORKER_CERTIFICATE_DAYS
+
+
+@dataclass(frozen=True)
 class ControlSettings:
     listen_address: str
     tls: TlsFiles
@@ -53,6 +68,15 @@ class ControlSettings:
     allowed_caller_uris: frozenset[str]
     # libpq URL of the runtime role; optional until the runtime repository lands.
     database_url: str | None = field(default=None, repr=False)
+    # libpq URL of the admin role (docs/decisions/0002), used only by the AdminService
+    # handlers through a small pool of their own; without it they answer UNAVAILABLE.
+    admin_database_url: str | None = field(default=None, repr=False)
+    # The trust domain of the certificates a new Worker's SAN URI is formed in (the same
+    # one ingress maps certificates to workers with).
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    # The issuing CA that signs joining Workers' CSRs (R-ADM-2); without it JoinWorker
+    # answers UNAVAILABLE. Only control holds this key.
+    issuing_ca: IssuingCaFiles | None = None
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     # How long a call may wait for PostgreSQL before it answers UNAVAILABLE (R-ERR-2).
     storage: StorageBounds = field(default_factory=StorageBounds)
@@ -99,6 +123,33 @@ def parse_control_settings(
         help=f"runtime role libpq URL; prefer the environment [{ENV_DATABASE_URL}]",
     )
     parser.add_argument(
+        "--admin-database-url",
+        default=env.get(ENV_ADMIN_DATABASE_URL),
+        help=f"admin role libpq URL, for AdminService only; prefer the environment "
+        f"[{ENV_ADMIN_DATABASE_URL}]",
+    )
+    parser.add_argument(
+        "--trust-domain",
+        default=env.get(ENV_TRUST_DOMAIN, DEFAULT_TRUST_DOMAIN),
+        help=f"SPIFFE trust domain of enrolled Workers' certificates [{ENV_TRUST_DOMAIN}]",
+    )
+    parser.add_argument(
+        "--issuing-ca-cert",
+        default=env.get(ENV_ISSUING_CA_CERT),
+        help=f"CA certificate that signs Worker certificates at join [{ENV_ISSUING_CA_CERT}]",
+    )
+    parser.add_argument(
+        "--issuing-ca-key",
+        default=env.get(ENV_ISSUING_CA_KEY),
+        help=f"its private key (PEM) [{ENV_ISSUING_CA_KEY}]",
+    )
+    parser.add_argument(
+        "--worker-certificate-days",
+        type=float,
+        default=env.get(ENV_WORKER_CERTIFICATE_DAYS, str(DEFAULT_WORKER_CERTIFICATE_DAYS)),
+        help=f"lifetime of a Worker certificate issued at join [{ENV_WORKER_CERTIFICATE_DAYS}]",
+    )
+    parser.add_argument(
         "--shutdown-grace-seconds",
         type=float,
         # argparse applies `type` to a string default, so a bad variable is a usage error.
@@ -133,11 +184,23 @@ def parse_control_settings(
         parser.error("--shutdown-grace-seconds must not be negative")
     if args.reconcile_interval_seconds < 0:
         parser.error("--reconcile-interval-seconds must not be negative")
+    if bool(args.issuing_ca_cert) != bool(args.issuing_ca_key):
+        parser.error("--issuing-ca-cert and --issuing-ca-key go together")
+    if not 0 < args.worker_certificate_days <= 365:
+        parser.error("--worker-certificate-days must be in (0, 365]")
+    issuing_ca = None
+    if args.issuing_ca_cert:
+        issuing_ca = IssuingCaFiles(
+            Path(args.issuing_ca_cert), Path(args.issuing_ca_key), args.worker_certificate_days
+        )
     return ControlSettings(
         listen_address=args.listen_address,
         tls=TlsFiles(ca_cert=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key)),
         allowed_caller_uris=frozenset(allowed),
         database_url=args.database_url or None,
+        admin_database_url=args.admin_database_url or None,
+        trust_domain=args.trust_domain,
+        issuing_ca=issuing_ca,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         storage=storage_bounds_of(parser, args),
         timings=_timings(parser, args),

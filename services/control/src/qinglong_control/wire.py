@@ -9,7 +9,6 @@ Answers are rendered back with DB-time timestamps and remaining durations.
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +21,9 @@ from qinglong.runtime.v1 import caller_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2
 from qinglong_protocol import bounds
 
+from qinglong_control import paging
 from qinglong_control.db.definitions import RevisionView, TaskView
+from qinglong_control.db.events import Actor
 from qinglong_control.db.placement import PlacedOffer, Plan
 from qinglong_control.db.runs import EventView, RunView
 from qinglong_control.domain.capability import TokenDigest, digest_of_capability, parse_digest
@@ -39,6 +40,20 @@ RETRYABLE_ENDINGS = {
     execution_pb2.RETRYABLE_OUTCOME_START_FAILED: Ending.START_FAILED,
 }
 RETRYABLE_OUTCOMES = {ending: value for value, ending in RETRYABLE_ENDINGS.items()}
+
+
+def operator_of(caller: caller_pb2.Caller) -> Actor:
+    """The user or agent ingress vouched for; anything else is not an operator call."""
+    kinds = {caller_pb2.PRINCIPAL_KIND_USER: "user", caller_pb2.PRINCIPAL_KIND_AGENT: "agent"}
+    kind = kinds.get(caller.principal_kind)
+    if kind is None or not caller.principal_id:
+        raise Refused(Reason.FIELD_INVALID, "caller is not an operator principal")
+    return Actor(kind, caller.principal_id)
+
+
+def page_size(value: int) -> int:
+    """A list's page size: 0 means the contract's default (the list requests' comments)."""
+    return value or bounds.PAGE_SIZE_DEFAULT
 
 
 def caller_principal_id(caller: caller_pb2.Caller) -> uuid.UUID:
@@ -83,33 +98,13 @@ def parse_fence(fence: fence_pb2.Fence, prefix: str = "fence.") -> Fence:
 
 
 def page_token(cursor: tuple[int, uuid.UUID] | None) -> str:
-    """An opaque keyset cursor: unpadded base64url of `<created_at_ms>:<run_id>`."""
-    if cursor is None:
-        return ""
-    text = f"{cursor[0]}:{cursor[1]}".encode()
-    return base64.urlsafe_b64encode(text).decode("ascii").rstrip("=")
+    """A ListRuns cursor, `(created_at_ms, run_id)`, as an opaque token (paging.py)."""
+    return paging.page_token(cursor)
 
 
 def parse_page_token(token: str, field: str = "page_token") -> tuple[int, uuid.UUID] | None:
-    """The cursor of a token this server issued; anything else is FIELD_INVALID.
-
-    Only the exact spelling `page_token` produces is accepted: one cursor has one token,
-    and a cursor no server could have issued (outside 0..2^53-1 ms, which would overflow
-    the query's bigint; a run id spelled another way) is refused here, never by the
-    database.
-    """
-    if not token:
-        return None
-    refused = Refused(Reason.FIELD_INVALID, f"{field} is not one this server issued", field=field)
-    try:
-        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
-        created_text, run_text = text.split(":", 1)
-        cursor = (int(created_text), uuid.UUID(run_text))
-    except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
-        raise refused from None
-    if not bounds.is_safe_non_negative(cursor[0]) or page_token(cursor) != token:
-        raise refused
-    return cursor
+    """The ListRuns cursor of a token this server issued; anything else is FIELD_INVALID."""
+    return paging.time_and_id(token, field)
 
 
 def timestamp(epoch_ms: int) -> Timestamp:

@@ -1,9 +1,11 @@
 """The outcome an audit row records, defined once for the code and the database.
 
 `qinglong.security_audit.outcome` has a CHECK listing exactly these values (migrations
-0001 and 0005); tests/contract/test_audit_outcome.py reads that CHECK from a migrated
-database and compares. A refusal's outcome is the gRPC code its reason is sent with, so
-a refusal cannot be audited as something other than what the caller is told.
+0001, 0005 and 0007); tests/contract/test_audit_outcome.py reads that CHECK from a
+migrated database and compares, and AdminService's AuditOutcome enum (how an
+administrator filters and reads them) is compared with this one too. A refusal's
+outcome is the gRPC code its reason is sent with, so a refusal cannot be audited as
+something other than what the caller is told.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class AuditOutcome(StrEnum):
     INVALID_ARGUMENT = "invalid_argument"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
+    RATE_LIMITED = "rate_limited"
+    """Refused by a listener's rate limit (the Worker enrollment listener)."""
 
 
 #: The outcome of a refusal, by the code its reason is sent with.
@@ -36,6 +40,7 @@ _REFUSED_WITH: Final[Mapping[grpc.StatusCode, AuditOutcome]] = {
     grpc.StatusCode.INVALID_ARGUMENT: AuditOutcome.INVALID_ARGUMENT,
     grpc.StatusCode.UNAVAILABLE: AuditOutcome.UNAVAILABLE,
     grpc.StatusCode.INTERNAL: AuditOutcome.INTERNAL,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: AuditOutcome.RATE_LIMITED,
 }
 
 

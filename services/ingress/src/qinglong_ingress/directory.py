@@ -24,6 +24,8 @@ _OPERATOR_BY_URI = SQL["directory.operator_by_uri"]
 
 _OPERATOR_BY_CREDENTIAL_DIGEST = SQL["directory.operator_by_credential_digest"]
 
+_IS_CLUSTER_ADMIN = SQL["directory.is_cluster_admin"]
+
 _SESSION_OWNER = SQL["directory.session_owner"]
 
 _ROLE_BINDING = SQL["directory.role_binding"]
@@ -74,6 +76,12 @@ class Directory:
 
     async def operator_by_token_digest(self, digest: str) -> OperatorRow | None:
         return await self._operator(_OPERATOR_BY_CREDENTIAL_DIGEST, digest)
+
+    async def is_cluster_admin(self, principal_id: uuid.UUID) -> bool:
+        """Whether the (already authenticated, active) principal may administer the cluster."""
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(_IS_CLUSTER_ADMIN, (principal_id,))).fetchone()
+        return bool(row is not None and row[0])
 
     async def session_owner(self, session_id: uuid.UUID) -> str | None:
         async with self._pool.connection() as conn:

@@ -60,10 +60,12 @@ _PRINCIPAL_KINDS = {
     PrincipalKind.WORKER: caller_pb2.PRINCIPAL_KIND_WORKER,
     PrincipalKind.USER: caller_pb2.PRINCIPAL_KIND_USER,
     PrincipalKind.AGENT: caller_pb2.PRINCIPAL_KIND_AGENT,
+    PrincipalKind.ANONYMOUS: caller_pb2.PRINCIPAL_KIND_ANONYMOUS,
 }
 _CREDENTIAL_KINDS = {
     CredentialKind.CERTIFICATE: caller_pb2.CREDENTIAL_KIND_MTLS_CERTIFICATE,
     CredentialKind.BEARER_TOKEN: caller_pb2.CREDENTIAL_KIND_BEARER_TOKEN,
+    CredentialKind.JOIN_TOKEN: caller_pb2.CREDENTIAL_KIND_JOIN_TOKEN,
 }
 _PROJECT_ROLES = {
     "owner": caller_pb2.PROJECT_ROLE_OWNER,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import grpc
@@ -83,9 +83,13 @@ def _server_stream(gateway: Gateway, route: Route) -> grpc.RpcMethodHandler[Any,
     )
 
 
-def public_handlers(gateway: Gateway) -> list[grpc.GenericRpcHandler]:
+def public_handlers(
+    gateway: Gateway, routes: Sequence[Route] = ROUTES
+) -> list[grpc.GenericRpcHandler]:
+    """Handlers of ``routes`` (the public listener's by default; the enrollment listener
+    passes ENROLLMENT_ROUTES), each going through ``gateway``."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = defaultdict(dict)
-    for route in ROUTES:
+    for route in routes:
         make = _server_stream if route.server_streaming else _unary
         by_service[route.service][route.name] = make(gateway, route)
     return [

@@ -14,11 +14,14 @@ class PrincipalKind(StrEnum):
     WORKER = "worker"
     USER = "user"
     AGENT = "agent"
+    ANONYMOUS = "anonymous"
+    """A machine joining with a one-time token: it has no identity yet (R-ADM-2)."""
 
 
 class CredentialKind(StrEnum):
     CERTIFICATE = "certificate"
     BEARER_TOKEN = "bearer_token"  # noqa: S105 - a kind name, not a secret
+    JOIN_TOKEN = "join_token"  # noqa: S105 - a kind name, not a secret
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,13 @@ class Principal:
     @property
     def worker_id(self) -> str | None:
         return self.id if self.kind is PrincipalKind.WORKER else None
+
+
+#: Who an enrollment call is before control has checked its join token: ingress cannot
+#: check it (it holds no identity write and no CA), so the caller stays anonymous.
+JOINING_MACHINE = Principal(
+    PrincipalKind.ANONYMOUS, "joining-worker", "joining-worker", CredentialKind.JOIN_TOKEN, "join"
+)
 
 
 def worker_uri_prefix(trust_domain: str) -> str:

@@ -1,7 +1,8 @@
 """Every public method ingress serves, derived from the contracts, with its policy.
 
 Worker methods are authorised by binding the certificate's worker to the request;
-operator methods by project policy (admission.py). A method missing from `_OPERATOR`
+operator methods by project policy (admission.py); AdminService methods only for a
+cluster-admin principal (docs/decisions/0002). A method missing from `_OPERATOR`
 policy or from the runtime API makes this module fail at import, so a new RPC cannot
 be served without a decision about who may call it.
 
@@ -14,18 +15,20 @@ that outcome (CancelRun, R-CAN-2); any other method answers the typed status
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
+from qinglong.admin.v1 import admin_service_pb2
 from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.runtime.v1 import runtime_service_pb2
 from qinglong.worker.v1 import worker_service_pb2
 
 from qinglong_ingress.admission import Permission
 
-Audience = Literal["worker", "operator"]
+Audience = Literal["worker", "operator", "admin", "enrollment"]
 
 _OPERATOR: dict[str, Permission] = {
     "CreateTask": Permission.TASK_WRITE,
@@ -77,14 +80,10 @@ class Route:
         return f"{self.service.rsplit('.', 1)[-1]}/{self.name}"
 
 
-def _routes() -> tuple[Route, ...]:
+def _routes(services: tuple[tuple[Any, str, Audience], ...]) -> tuple[Route, ...]:
     runtime = runtime_service_pb2.DESCRIPTOR.services_by_name["RuntimeService"]
     found = []
-    for module, service_name, audience in (
-        (worker_service_pb2, "WorkerService", "worker"),
-        (task_service_pb2, "TaskService", "operator"),
-        (run_service_pb2, "RunService", "operator"),
-    ):
+    for module, service_name, audience in services:
         service = module.DESCRIPTOR.services_by_name[service_name]
         for method in service.methods:
             permission = _OPERATOR[method.name] if audience == "operator" else None
@@ -100,7 +99,7 @@ def _routes() -> tuple[Route, ...]:
                     runtime_response_type=GetMessageClass(
                         runtime.methods_by_name[method.name].output_type
                     ),
-                    audience=audience,  # type: ignore[arg-type]
+                    audience=audience,
                     permission=permission,
                     server_streaming=method.server_streaming,
                     approval_outcome=_approval_outcome(method),
@@ -126,4 +125,16 @@ def _approval_outcome(method: MethodDescriptor) -> tuple[str, int] | None:
     return None
 
 
-ROUTES: tuple[Route, ...] = _routes()
+#: What the public (mutual TLS) listener serves.
+ROUTES: tuple[Route, ...] = _routes(
+    (
+        (worker_service_pb2, "WorkerService", "worker"),
+        (task_service_pb2, "TaskService", "operator"),
+        (run_service_pb2, "RunService", "operator"),
+        (admin_service_pb2, "AdminService", "admin"),
+    )
+)
+#: What the Worker enrollment listener serves, and nothing else (R-ADM-2).
+ENROLLMENT_ROUTES: tuple[Route, ...] = _routes(
+    ((enrollment_service_pb2, "EnrollmentService", "enrollment"),)
+)

@@ -13,21 +13,33 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from qinglong.admin.v1 import admin_service_pb2
 from qinglong.control.v1 import (
     run_service_pb2,
     task_service_pb2,
 )
 from qinglong.worker.v1 import worker_service_pb2
 from qinglong_protocol.telemetry import client_interceptors, server_interceptors
-from qinglong_protocol.tls import mutual_tls_channel_credentials, mutual_tls_server_credentials
+from qinglong_protocol.tls import (
+    TlsFiles,
+    mutual_tls_channel_credentials,
+    mutual_tls_server_credentials,
+    read_tls_material,
+)
 
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
-from qinglong_ingress.validation import MAX_RECEIVE_MESSAGE_BYTES
+from qinglong_ingress.validation import MAX_RECEIVE_MESSAGE_BYTES, REQUEST_BYTE_CAPS
 
 WORKER_SERVICE_NAME: str = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 TASK_SERVICE_NAME: str = task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name
 RUN_SERVICE_NAME: str = run_service_pb2.DESCRIPTOR.services_by_name["RunService"].full_name
-PUBLIC_SERVICE_NAMES = (WORKER_SERVICE_NAME, TASK_SERVICE_NAME, RUN_SERVICE_NAME)
+ADMIN_SERVICE_NAME: str = admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
+PUBLIC_SERVICE_NAMES = (
+    WORKER_SERVICE_NAME,
+    TASK_SERVICE_NAME,
+    RUN_SERVICE_NAME,
+    ADMIN_SERVICE_NAME,
+)
 
 
 async def create_server(
@@ -59,6 +71,29 @@ async def create_server(
         settings.listen_address, mutual_tls_server_credentials(settings.tls)
     )
     return server, port
+
+
+async def create_enrollment_server(
+    address: str, tls: TlsFiles, handlers: Sequence[grpc.GenericRpcHandler]
+) -> tuple[grpc.aio.Server, int]:
+    """The Worker enrollment listener (R-ADM-2): the public server certificate, no client
+    certificate asked for (a joining machine has none yet), EnrollmentService only, and a
+    receive limit at its byte cap. TLS 1.3 is enforced by its admission stages, as on the
+    public listener. Bound, not started."""
+    server = grpc.aio.server(
+        interceptors=server_interceptors(),
+        options=[("grpc.max_receive_message_length", REQUEST_BYTE_CAPS[_JOIN_WORKER])],
+    )
+    server.add_generic_rpc_handlers(tuple(handlers))
+    material = read_tls_material(tls)
+    port = server.add_secure_port(
+        address,
+        grpc.ssl_server_credentials([(material.key, material.cert)], require_client_auth=False),
+    )
+    return server, port
+
+
+_JOIN_WORKER = "/qinglong.enrollment.v1.EnrollmentService/JoinWorker"
 
 
 def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:

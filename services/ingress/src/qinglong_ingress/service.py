@@ -19,12 +19,14 @@ from qinglong_ingress.directory import Directory
 from qinglong_ingress.gateway import Gateway
 from qinglong_ingress.handlers import public_handlers
 from qinglong_ingress.pool import open_ingress_pool
-from qinglong_ingress.server import create_server, open_control_channel
+from qinglong_ingress.routes import ENROLLMENT_ROUTES
+from qinglong_ingress.server import create_enrollment_server, create_server, open_control_channel
 from qinglong_ingress.settings import (
     DEFAULT_LISTEN_ADDRESS,
     IngressSettings,
     parse_ingress_settings,
 )
+from qinglong_ingress.stages import enrollment_stages
 
 SERVICE = "ingress"
 
@@ -41,11 +43,35 @@ async def serve(settings: IngressSettings) -> None:
                 Directory(pool), control_channel, settings.trust_domain, settings.storage
             )
             server, port = await create_server(settings, public_handlers(gateway))
-            await server.start()
+            servers = [server]
+            enrollment = settings.enrollment
+            if enrollment is not None:
+                joining = Gateway(
+                    Directory(pool),
+                    control_channel,
+                    settings.trust_domain,
+                    settings.storage,
+                    stages=enrollment_stages(
+                        enrollment.attempts_per_peer_per_minute, enrollment.attempts_per_minute
+                    ),
+                )
+                enrollment_server, enrollment_port = await create_enrollment_server(
+                    enrollment.listen_address,
+                    settings.tls,
+                    public_handlers(joining, ENROLLMENT_ROUTES),
+                )
+                servers.append(enrollment_server)
+            for each in servers:
+                await each.start()
             announce_listening(SERVICE, port, settings.listen_address)
+            if enrollment is not None:
+                announce_listening(
+                    SERVICE + "-enrollment", enrollment_port, enrollment.listen_address
+                )
             await wait_for_stop_signal()
             _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
-            await server.stop(settings.shutdown_grace_seconds)
+            for each in servers:
+                await each.stop(settings.shutdown_grace_seconds)
     finally:
         await pool.close()
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qinglong_protocol import identities
 from qinglong_protocol.storage import (
     StorageBounds,
     add_storage_timeout_argument,
@@ -25,6 +26,11 @@ DEFAULT_LISTEN_ADDRESS = "[::]:50051"
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 
 ENV_LISTEN_ADDRESS = "QINGLONG_INGRESS_LISTEN_ADDRESS"
+ENV_ENROLLMENT_LISTEN_ADDRESS = "QINGLONG_INGRESS_ENROLLMENT_LISTEN_ADDRESS"
+#: A machine joins once; ten tries a minute is plenty for a person retyping a token and
+#: hopeless for anyone guessing 256-bit ones.
+DEFAULT_ENROLLMENT_PER_PEER_PER_MINUTE = 10.0
+DEFAULT_ENROLLMENT_PER_MINUTE = 120.0
 ENV_TLS_CA = "QINGLONG_INGRESS_TLS_CA"
 ENV_TLS_CERT = "QINGLONG_INGRESS_TLS_CERT"
 ENV_TLS_KEY = "QINGLONG_INGRESS_TLS_KEY"
@@ -35,7 +41,7 @@ ENV_CONTROL_TLS_KEY = "QINGLONG_INGRESS_CONTROL_TLS_KEY"
 ENV_DATABASE_URL = "QINGLONG_INGRESS_DATABASE_URL"  # the worker-ingress role
 ENV_SHUTDOWN_GRACE_SECONDS = "QINGLONG_INGRESS_SHUTDOWN_GRACE_SECONDS"
 ENV_TRUST_DOMAIN = "QINGLONG_INGRESS_TRUST_DOMAIN"
-DEFAULT_TRUST_DOMAIN = "qinglong.local"
+DEFAULT_TRUST_DOMAIN = identities.DEFAULT_TRUST_DOMAIN
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,17 @@ class ControlChannelSettings:
 
     address: str
     tls: TlsFiles
+
+
+@dataclass(frozen=True)
+class EnrollmentSettings:
+    """The Worker enrollment listener (R-ADM-2): server-authenticated TLS with the public
+    server certificate, no client certificate, JoinWorker only, rate-limited per peer
+    host and in total (per replica)."""
+
+    listen_address: str
+    attempts_per_peer_per_minute: float = DEFAULT_ENROLLMENT_PER_PEER_PER_MINUTE
+    attempts_per_minute: float = DEFAULT_ENROLLMENT_PER_MINUTE
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,8 @@ class IngressSettings:
     storage: StorageBounds = field(default_factory=StorageBounds)
     # Certificates name workers and operators as spiffe://<trust domain>/worker/<id> etc.
     trust_domain: str = DEFAULT_TRUST_DOMAIN
+    # None: no enrollment listener (Workers get certificates another way).
+    enrollment: EnrollmentSettings | None = None
 
 
 def parse_ingress_settings(
@@ -86,6 +105,25 @@ def parse_ingress_settings(
     )
     public.add_argument(
         "--tls-key", default=env.get(ENV_TLS_KEY), help=f"server private key [{ENV_TLS_KEY}]"
+    )
+    joining = parser.add_argument_group("Worker enrollment listener (off unless an address)")
+    joining.add_argument(
+        "--enrollment-listen-address",
+        default=env.get(ENV_ENROLLMENT_LISTEN_ADDRESS),
+        help="host:port where machines join with a one-time token (server-authenticated "
+        f"TLS, no client certificate) [{ENV_ENROLLMENT_LISTEN_ADDRESS}]",
+    )
+    joining.add_argument(
+        "--enrollment-attempts-per-peer-per-minute",
+        type=float,
+        default=DEFAULT_ENROLLMENT_PER_PEER_PER_MINUTE,
+        help="join attempts one peer host may make per minute",
+    )
+    joining.add_argument(
+        "--enrollment-attempts-per-minute",
+        type=float,
+        default=DEFAULT_ENROLLMENT_PER_MINUTE,
+        help="join attempts all peers together may make per minute (per replica)",
     )
     internal = parser.add_argument_group("internal channel to control")
     internal.add_argument(
@@ -142,6 +180,16 @@ def parse_ingress_settings(
         parser.error("missing " + ", ".join("--" + dest.replace("_", "-") for dest in missing))
     if args.shutdown_grace_seconds < 0:
         parser.error("--shutdown-grace-seconds must not be negative")
+    limits = (args.enrollment_attempts_per_peer_per_minute, args.enrollment_attempts_per_minute)
+    if min(limits) < 1:
+        parser.error("enrollment rate limits must allow at least one attempt a minute")
+    enrollment = None
+    if args.enrollment_listen_address:
+        enrollment = EnrollmentSettings(
+            args.enrollment_listen_address,
+            args.enrollment_attempts_per_peer_per_minute,
+            args.enrollment_attempts_per_minute,
+        )
     return IngressSettings(
         listen_address=args.listen_address,
         tls=TlsFiles(ca_cert=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key)),
@@ -157,4 +205,5 @@ def parse_ingress_settings(
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         storage=storage_bounds_of(parser, args),
         trust_domain=args.trust_domain,
+        enrollment=enrollment,
     )

@@ -15,6 +15,9 @@ order every call goes through:
    needs a project role for the method's permission (an agent asking to stop a Run
    needs an approval).
 
+The Worker enrollment listener uses :func:`enrollment_stages` instead: transport, size, a
+rate limit, an anonymous caller (the join token is control's to check), bounds.
+
 A new rule (an approval for another method, a rate limit) is one more class with
 ``check``, placed in that list where what it needs is known: after authentication for
 anything about the caller, after bounds for anything that trusts a field. The gateway
@@ -25,11 +28,12 @@ stage neither times, audits nor catches anything itself.
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import grpc
 from google.protobuf.message import Message
@@ -41,6 +45,7 @@ from qinglong_ingress.admission import Decision, decide
 from qinglong_ingress.audit import AuditOutcome, refused_outcome
 from qinglong_ingress.directory import Directory, RoleBinding
 from qinglong_ingress.principals import (
+    JOINING_MACHINE,
     CredentialKind,
     Principal,
     PrincipalKind,
@@ -241,7 +246,8 @@ class Bounds:
 
 class Authorisation:
     """5. A worker speaks only for itself and its sessions (SPEC R-ING-1); an operator
-    needs a project role for the method's permission (admission.py)."""
+    needs a project role for the method's permission (admission.py); an administrator
+    must be a cluster admin, whatever its project roles (docs/decisions/0002)."""
 
     def __init__(self, directory: Directory) -> None:
         self._directory = directory
@@ -256,6 +262,13 @@ class Authorisation:
                 if owner != principal.id:
                     raise _mismatch("the session belongs to another worker")
             return Verdict.PASS
+        if call.route.audience == "admin":
+            if not await self._directory.is_cluster_admin(uuid.UUID(principal.id)):
+                raise Refusal(
+                    ErrorReason.ERROR_REASON_PERMISSION_DENIED,
+                    "only a cluster admin may call AdminService",
+                )
+            return Verdict.PASS
         # Every operator request names its project (the bounds stage refused it otherwise).
         assert call.route.permission is not None
         assert targets.project_id is not None
@@ -269,6 +282,90 @@ class Authorisation:
         if decision is Decision.REQUIRE_APPROVAL:
             return Verdict.REQUIRE_APPROVAL
         return Verdict.PASS
+
+
+class JoiningMachine:
+    """3'. An enrollment call has no credential but its join token, which only control
+    can check (ingress holds no CA and writes no identity): the caller stays anonymous."""
+
+    async def check(self, call: Call) -> Verdict:
+        call.principal = JOINING_MACHINE
+        return Verdict.PASS
+
+
+class RateLimit:
+    """A token bucket per peer host and one for everyone: a listener that accepts calls
+    without a credential must not let anyone guess join tokens at line rate. Per replica
+    (an attacker gains at most a factor of the replica count); refused attempts are
+    audited like any other."""
+
+    def __init__(
+        self,
+        per_peer_per_minute: float,
+        total_per_minute: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._per_peer = per_peer_per_minute
+        self._total = _Bucket(total_per_minute, clock())
+        self._peers: dict[str, _Bucket] = {}
+        self._clock = clock
+
+    async def check(self, call: Call) -> Verdict:
+        now = self._clock()
+        host = _peer_host(call.context.peer())
+        if len(self._peers) > _MAX_TRACKED_PEERS:
+            self._peers = {k: b for k, b in self._peers.items() if not b.full(now)}
+        peer = self._peers.setdefault(host, _Bucket(self._per_peer, now))
+        if not (peer.take(now) and self._total.take(now)):
+            raise Refusal(ErrorReason.ERROR_REASON_RATE_LIMITED, "too many attempts; retry later")
+        return Verdict.PASS
+
+
+#: Beyond this many peers, buckets that refilled completely are forgotten.
+_MAX_TRACKED_PEERS: Final = 10_000
+
+
+@dataclass
+class _Bucket:
+    per_minute: float
+    updated: float
+    tokens: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            self.tokens = self.per_minute  # a full minute's worth to start with
+
+    def _refill(self, now: float) -> None:
+        elapsed = max(0.0, now - self.updated)
+        self.tokens = min(self.per_minute, self.tokens + elapsed * self.per_minute / 60.0)
+        self.updated = now
+
+    def take(self, now: float) -> bool:
+        self._refill(now)
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+    def full(self, now: float) -> bool:
+        self._refill(now)
+        return self.tokens >= self.per_minute
+
+
+def _peer_host(peer: str) -> str:
+    """``ipv4:10.0.0.7:51234`` -> ``ipv4:10.0.0.7``; one bucket per host, not per port."""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
+def enrollment_stages(per_peer_per_minute: float, total_per_minute: float) -> tuple[Stage, ...]:
+    """The admission order of the enrollment listener: no authentication, a rate limit."""
+    return (
+        TransportSecurity(),
+        SizeCap(),
+        RateLimit(per_peer_per_minute, total_per_minute),
+        JoiningMachine(),
+        Bounds(),
+    )
 
 
 def admission_stages(directory: Directory, trust_domain: str) -> tuple[Stage, ...]:

@@ -31,7 +31,9 @@ from typing import Final
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
+from qinglong.admin.v1 import admin_service_pb2
 from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2
 from qinglong_protocol import bounds
@@ -78,6 +80,14 @@ PUBLIC_SERVICES: Final[Sequence[tuple[ServiceDescriptor, int]]] = (
     (
         run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
         bounds.RUN_SERVICE_REQUEST_MAX_BYTES,
+    ),
+    (
+        admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],
+        bounds.ADMIN_SERVICE_REQUEST_MAX_BYTES,
+    ),
+    (
+        enrollment_service_pb2.DESCRIPTOR.services_by_name["EnrollmentService"],
+        bounds.ENROLLMENT_REQUEST_MAX_BYTES,
     ),
 )
 

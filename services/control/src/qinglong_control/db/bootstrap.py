@@ -11,18 +11,11 @@ import psycopg
 from psycopg import sql
 
 from qinglong_control.db.migrate import migrate
-from qinglong_control.db.roles import (
-    ALL_ROLES,
-    INGRESS_ROLE,
-    MIGRATION_ROLE,
-    RUNTIME_ROLE,
-    RoleUrls,
-    role_urls,
-)
+from qinglong_control.db.roles import ALL_ROLES, MIGRATION_ROLE, RoleUrls, role_urls
 
 
 def ensure_roles(admin_url: str) -> None:
-    """Create the three login roles if they are missing; none has any cluster privilege."""
+    """Create the login roles if they are missing; none has any cluster privilege."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
         for role in ALL_ROLES:
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
@@ -38,7 +31,7 @@ def ensure_roles(admin_url: str) -> None:
 def create_database(admin_url: str, database: str, *, template: str | None = None) -> bool:
     """Create `database` owned by the migration role; return False if it already existed.
 
-    Only the three roles may connect: CONNECT is revoked from PUBLIC. Database ACLs are not
+    Only QingLong's roles may connect: CONNECT is revoked from PUBLIC. Database ACLs are not
     copied from a template, so they are set here every time.
     """
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -56,11 +49,9 @@ def create_database(admin_url: str, database: str, *, template: str | None = Non
             sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(database))
         )
         conn.execute(
-            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}, {}, {}").format(
+            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
                 sql.Identifier(database),
-                sql.Identifier(MIGRATION_ROLE),
-                sql.Identifier(RUNTIME_ROLE),
-                sql.Identifier(INGRESS_ROLE),
+                sql.SQL(", ").join(sql.Identifier(role) for role in ALL_ROLES),
             )
         )
     return exists is None

@@ -1,7 +1,7 @@
 """User cancellation as one short serializable transaction (SPEC R-CAN-3).
 
 Order: the project's advisory lock (shared; an administrator changing bindings takes it
-exclusively, see identities.bind_role), the project and the caller's current binding,
+exclusively, see admin.grant_role), the project and the caller's current binding,
 the Run FOR UPDATE, DB time — then the intent, the Run's version and event sequence and
 one actor-bound `run.cancel_requested` Event. The runtime role may not lock identity
 rows, hence the advisory lock; SERIALIZABLE makes the reads and the write one decision.
@@ -18,9 +18,9 @@ from typing import Any
 from psycopg import AsyncConnection, errors
 from psycopg.rows import kwargs_row, scalar_row
 
+from qinglong_control.db.admin import PROJECT_LOCK
 from qinglong_control.db.command_tx import command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
-from qinglong_control.db.identities import PROJECT_LOCK
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.cancellation import (
     BindingSnapshot,

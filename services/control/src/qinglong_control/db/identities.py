@@ -1,8 +1,9 @@
-"""Administration of who exists: projects, principals, credentials and role bindings.
+"""Enrollment tooling: idempotent "ensure" writes of projects, principals, credentials
+and role bindings, run synchronously as the migration role (which owns the schema).
 
-These rows are written by an administrator (here: the migration role, which owns the
-schema), never by the runtime or ingress roles. The dev stack and the tests use these
-functions to enroll a development Worker and operator.
+The dev stack and the tests use these to enroll a development Worker and operators. The
+administration API (db/admin.py, the admin role) is the service's way to do the same;
+role-binding changes here run its statements (admin.sql), under the same project lock.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from typing import Literal
 
 import psycopg
 
-OperatorKind = Literal["user", "agent"]
+from qinglong_control.db.admin import LOCK_PROJECT, PROJECT_LOCK, REVOKE_BINDING, UPSERT_BINDING
 
-PROJECT_LOCK = "qinglong.project:"
-"""Advisory-lock namespace of a project: binding changes take it exclusively, cancellation
-shared, so a cancel decides under a binding that cannot change until it commits."""
+OperatorKind = Literal["user", "agent"]
 ProjectRole = Literal["owner", "admin", "operator", "viewer"]
 
 
@@ -80,38 +79,28 @@ def enroll_operator_certificate(
     return principal_id
 
 
+def grant_cluster_admin(conn: psycopg.Connection, principal_id: uuid.UUID) -> None:
+    """Make an operator principal a cluster admin (it may call AdminService)."""
+    conn.execute(
+        "INSERT INTO qinglong.cluster_admins (principal_id) VALUES (%s)"
+        " ON CONFLICT (principal_id) DO NOTHING",
+        (principal_id,),
+    )
+
+
 def bind_role(
     conn: psycopg.Connection, project_id: str, principal_id: uuid.UUID, role: ProjectRole
 ) -> None:
     """Grant `role` in `project_id`; a change advances the binding's version (SPEC R-CAN-3)."""
+    values = {"project_id": project_id, "principal_id": principal_id, "role": role}
     with conn.transaction():
-        _lock_project(conn, project_id)
-        conn.execute(
-            "INSERT INTO qinglong.role_bindings (project_id, principal_id, role)"
-            " VALUES (%s, %s, %s)"
-            " ON CONFLICT (project_id, principal_id) DO UPDATE"
-            " SET role = EXCLUDED.role, status = 'active',"
-            "     version = qinglong.role_bindings.version + 1,"
-            "     updated_at_ms = qinglong.db_now_ms()"
-            " WHERE (qinglong.role_bindings.role, qinglong.role_bindings.status)"
-            "       IS DISTINCT FROM (EXCLUDED.role, 'active')",
-            (project_id, principal_id, role),
-        )
+        conn.execute(LOCK_PROJECT, (PROJECT_LOCK, project_id))
+        conn.execute(UPSERT_BINDING, values)
 
 
 def revoke_role(conn: psycopg.Connection, project_id: str, principal_id: uuid.UUID) -> None:
     """Revoke a binding; its version advances, so mutations admitted under it are fenced."""
+    values = {"project_id": project_id, "principal_id": principal_id}
     with conn.transaction():
-        _lock_project(conn, project_id)
-        conn.execute(
-            "UPDATE qinglong.role_bindings"
-            " SET status = 'revoked', version = version + 1, updated_at_ms = qinglong.db_now_ms()"
-            " WHERE project_id = %s AND principal_id = %s AND status = 'active'",
-            (project_id, principal_id),
-        )
-
-
-def _lock_project(conn: psycopg.Connection, project_id: str) -> None:
-    conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended(%s || %s, 0))", (PROJECT_LOCK, project_id)
-    )
+        conn.execute(LOCK_PROJECT, (PROJECT_LOCK, project_id))
+        conn.execute(REVOKE_BINDING, values)

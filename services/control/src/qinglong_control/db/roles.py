@@ -1,4 +1,4 @@
-"""The three database roles of SPEC R-ROLE-1 and the libpq URLs that connect as them."""
+"""The database roles (SPEC R-ROLE-1, docs/decisions/0002) and the URLs that connect as them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ RUNTIME_ROLE = "qinglong_runtime"
 INGRESS_ROLE = "qinglong_ingress"
 """Writes the security audit and reads what authentication and admission need."""
 
-ALL_ROLES = (MIGRATION_ROLE, RUNTIME_ROLE, INGRESS_ROLE)
+ADMIN_ROLE = "qinglong_admin"
+"""Writes the identity tables (projects, principals, credentials, role bindings, Workers,
+join tokens, cluster admins) and reads the fleet and the audit; control's admin handlers
+only, through their own small pool."""
+
+ALL_ROLES = (MIGRATION_ROLE, RUNTIME_ROLE, INGRESS_ROLE, ADMIN_ROLE)
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,9 @@ class RoleUrls:
     migration: str
     runtime: str
     ingress: str
+    # Defaulted so that a caller written before the admin role still builds one; such a
+    # RoleUrls has no admin URL ("") and control then answers admin calls UNAVAILABLE.
+    admin: str = ""
 
 
 def url_for_role(base_url: str, role: str, database: str, password: str | None = None) -> str:
@@ -42,4 +50,5 @@ def role_urls(base_url: str, database: str) -> RoleUrls:
         migration=url_for_role(base_url, MIGRATION_ROLE, database),
         runtime=url_for_role(base_url, RUNTIME_ROLE, database),
         ingress=url_for_role(base_url, INGRESS_ROLE, database),
+        admin=url_for_role(base_url, ADMIN_ROLE, database),
     )

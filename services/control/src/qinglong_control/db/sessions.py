@@ -1,4 +1,4 @@
-"""Worker sessions: open (replacing the previous generation), renew, drain."""
+"""Worker sessions: open (replacing the previous generation), renew, drain, fence."""
 
 from __future__ import annotations
 
@@ -144,6 +144,20 @@ async def drain_session(
         await tx.execute("session.drain", _DRAIN_SESSION, values)
         await tx.execute("offers.withdraw", _WITHDRAW_OPEN_OFFERS, values)
         return SessionView(row.session_id, row.generation, "draining", timings.session_ttl_ms)
+
+
+async def fence_sessions(conn: AsyncConnection[Any], worker_id: str) -> None:
+    """Fence the Worker's live session, as a new generation would (a disabled Worker,
+    docs/decisions/0002): its next fenced command fails SESSION_FENCED, which stops its
+    executions, and its open offers go back to the pool. Serialised with OpenSession by
+    the Worker's lock, so no session opened before the Worker was disabled survives."""
+    async with command_transaction(conn) as tx:
+        await tx.execute("lock.worker", _LOCK_WORKER, (worker_id,))
+        await tx.execute("lock.live_session", _LOCK_LIVE_SESSION, (worker_id,))
+        now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
+        values = {"worker_id": worker_id, "now": await _one(now)}
+        await tx.execute("session.replace", _REPLACE_LIVE_SESSION, values)
+        await tx.execute("offers.withdraw", _WITHDRAW_OPEN_OFFERS, values)
 
 
 @dataclass(frozen=True)

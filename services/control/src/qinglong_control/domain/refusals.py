@@ -33,11 +33,20 @@ class Reason(StrEnum):
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
     REVISION_NOT_FOUND = "REVISION_NOT_FOUND"
     PROJECT_NOT_FOUND = "PROJECT_NOT_FOUND"
+    PRINCIPAL_NOT_FOUND = "PRINCIPAL_NOT_FOUND"
+    TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # noqa: S105 - a reason name, not a secret
+    WORKER_NOT_FOUND = "WORKER_NOT_FOUND"
+    ROLE_BINDING_NOT_FOUND = "ROLE_BINDING_NOT_FOUND"
     # Validation (gRPC INVALID_ARGUMENT).
     CAPABILITY_MALFORMED = "CAPABILITY_MALFORMED"
     CAPABILITY_WEAK = "CAPABILITY_WEAK"
     FIELD_INVALID = "FIELD_INVALID"
+    # A create collided with a resource another request made (gRPC ALREADY_EXISTS).
     ALREADY_EXISTS = "ALREADY_EXISTS"
+    # Authentication that only control can decide (a Worker's join token).
+    UNAUTHENTICATED_PRINCIPAL = "UNAUTHENTICATED_PRINCIPAL"
+    # This replica cannot reach the storage a command needs (gRPC UNAVAILABLE).
+    STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
 
 
 class Refused(Exception):

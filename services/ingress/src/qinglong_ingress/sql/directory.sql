@@ -18,6 +18,9 @@ SELECT p.principal_id, p.kind, p.name
    AND p.kind IN ('user', 'agent')
    AND (c.expires_at_ms IS NULL OR c.expires_at_ms > qinglong.db_now_ms())
 
+-- name: is_cluster_admin
+SELECT EXISTS (SELECT 1 FROM qinglong.cluster_admins WHERE principal_id = %s)
+
 -- name: session_owner
 SELECT worker_id FROM qinglong.worker_sessions WHERE session_id = %s
 

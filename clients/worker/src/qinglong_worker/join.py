@@ -1,0 +1,173 @@
+"""`qinglong-worker join`: a new Worker machine gets its identity (R-ADM-2).
+
+An administrator creates the Worker (`qinglong admin worker create NAME`) and hands its
+one-time join token to the machine. Here the machine generates its private key, sends
+only a certificate signing request and the token to ingress's enrollment listener
+(server-authenticated TLS: the machine has no client certificate yet, so it checks the
+server against the CA it was given), and writes the certificate it gets back next to
+its key. The key never leaves the machine; the token is used once and never written.
+
+The directory then holds everything `qinglong-worker run` needs:
+
+    worker.key   the private key (0600)
+    worker.crt   the client certificate, naming the Worker in its SAN URI
+    ca.crt       the CA certificates that verify ingress
+    worker.json  the worker id, the ingress address and these paths
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from qinglong.enrollment.v1 import enrollment_service_pb2, enrollment_service_pb2_grpc
+
+KEY_FILE: Final = "worker.key"
+CERTIFICATE_FILE: Final = "worker.crt"
+CA_FILE: Final = "ca.crt"
+IDENTITY_FILE: Final = "worker.json"
+DEFAULT_TIMEOUT_SECONDS: Final = 15.0
+
+
+@dataclass(frozen=True)
+class JoinedIdentity:
+    worker_id: str
+    ingress_address: str
+    directory: Path
+
+    @property
+    def key(self) -> Path:
+        return self.directory / KEY_FILE
+
+    @property
+    def certificate(self) -> Path:
+        return self.directory / CERTIFICATE_FILE
+
+    @property
+    def ca(self) -> Path:
+        return self.directory / CA_FILE
+
+
+def new_private_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def signing_request(key: ec.EllipticCurvePrivateKey) -> str:
+    """A CSR for ``key``. Its subject is a placeholder: the CA names the certificate after
+    the Worker the join token belongs to and takes only the public key from here."""
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "qinglong-worker")])
+    csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
+    return csr.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+def join(
+    ingress_address: str,
+    ca_pem: bytes,
+    join_token: str,
+    directory: Path,
+    *,
+    server_name: str | None = None,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+) -> JoinedIdentity:
+    """Enroll this machine; raises ``grpc.RpcError`` with the server's typed status when
+    the token is refused (nothing is written then but the new, unused key). A one-shot
+    command, so a blocking channel."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = new_private_key()
+    # The key is on disk (0600) before anything leaves the machine, so a certificate is
+    # never issued for a key that could be lost.
+    _write_private(directory / KEY_FILE, _pem(key))
+    options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
+    with grpc.secure_channel(ingress_address, credentials, options=options) as channel:
+        stub = enrollment_service_pb2_grpc.EnrollmentServiceStub(channel)
+        answer = stub.JoinWorker(
+            enrollment_service_pb2.JoinWorkerRequest(
+                join_token=join_token, certificate_signing_request_pem=signing_request(key)
+            ),
+            timeout=timeout_seconds,
+        )
+    _write_public(directory / CERTIFICATE_FILE, answer.certificate_pem)
+    _write_public(directory / CA_FILE, answer.ca_certificates_pem)
+    identity = JoinedIdentity(answer.worker_id, ingress_address, directory)
+    _write_public(
+        directory / IDENTITY_FILE,
+        json.dumps(
+            {
+                "worker_id": identity.worker_id,
+                "ingress_address": ingress_address,
+                "tls_ca": str(identity.ca),
+                "tls_cert": str(identity.certificate),
+                "tls_key": str(identity.key),
+                "expire_time": answer.expire_time.ToJsonString(),
+            },
+            indent=2,
+        )
+        + "\n",
+    )
+    return identity
+
+
+def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Created 0600 from the first byte (never world-readable, not even briefly)."""
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def _write_public(path: Path, text: str) -> None:
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(text, encoding="ascii")
+    os.replace(temporary, path)
+
+
+def join_main(argv: list[str]) -> int:
+    """``qinglong-worker join``; exit 0 once the identity is written, 1 when refused."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="qinglong-worker join", description="Enroll this machine as a Worker."
+    )
+    parser.add_argument("--ingress", required=True, help="the enrollment listener, HOST:PORT")
+    parser.add_argument("--ca", type=Path, required=True, help="CA certificate(s) of ingress")
+    token = parser.add_mutually_exclusive_group(required=True)
+    token.add_argument("--token", help="the join token (visible to other users in ps)")
+    token.add_argument("--token-file", type=Path, help="a file holding the join token")
+    parser.add_argument("--dir", type=Path, required=True, help="where the identity is written")
+    parser.add_argument("--server-name", help="name to expect in ingress's certificate")
+    args = parser.parse_args(argv)
+    join_token = args.token or args.token_file.read_text(encoding="ascii").strip()
+    try:
+        identity = join(
+            args.ingress, args.ca.read_bytes(), join_token, args.dir, server_name=args.server_name
+        )
+    except grpc.RpcError as error:
+        # A failed call's error is also its grpc.Call (the stubs cannot say so).
+        call: Any = error
+        print(f"join refused: {call.code().name}: {call.details()}", file=sys.stderr)
+        return 1
+    print(
+        f"joined as {identity.worker_id}; run with: qinglong-worker run "
+        f"--identity {identity.directory / IDENTITY_FILE} --inbox PATH"
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for qinglong.admin (scripts/generate_protos.py)."""

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for qinglong.enrollment (scripts/generate_protos.py)."""

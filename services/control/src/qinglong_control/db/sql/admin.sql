@@ -1,0 +1,260 @@
+-- Statements of db/admin.py (and the role-binding statements db/identities.py shares),
+-- run as the admin role: it writes identity tables and only reads the fleet and audit.
+
+-- name: lock_creates
+-- Administration is rare: every create of one kind (project, principal, worker)
+-- serialises on one lock, so its replay and taken-name reads see a settled table.
+SELECT pg_advisory_xact_lock(hashtextextended('qinglong.admin.create:' || %s, 0))
+
+-- name: lock_project
+-- Exclusive: a binding or project change waits for cancellations deciding under the
+-- project (they hold it shared, cancellation.lock_project_shared), and they for it.
+SELECT pg_advisory_xact_lock(hashtextextended(%s || %s, 0))
+
+-- name: project
+SELECT project_id, display_name, status, version, created_at_ms
+  FROM qinglong.projects
+ WHERE project_id = %s
+
+-- name: project_by_request
+SELECT project_id, display_name, status, version, created_at_ms
+  FROM qinglong.projects
+ WHERE create_request_id = %s
+
+-- name: insert_project
+INSERT INTO qinglong.projects (project_id, display_name, create_request_id, created_at_ms)
+VALUES (%(project_id)s, %(display_name)s, %(request_id)s, %(now)s)
+RETURNING project_id, display_name, status, version, created_at_ms
+
+-- name: list_projects
+-- Oldest first, keyset-paginated by (created_at_ms, project_id).
+SELECT project_id, display_name, status, version, created_at_ms
+  FROM qinglong.projects
+ WHERE %(after_created)s::bigint IS NULL
+    OR (created_at_ms, project_id) > (%(after_created)s, %(after_id)s::text)
+ ORDER BY created_at_ms, project_id
+ LIMIT %(limit)s
+
+-- name: archive_project
+-- The version advances so that an admission decided before fails ROLE_BINDING_FENCED.
+UPDATE qinglong.projects SET status = 'archived', version = version + 1
+ WHERE project_id = %s AND status = 'active'
+
+-- name: principal
+SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
+       EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                WHERE c.principal_id = p.principal_id) AS cluster_admin
+  FROM qinglong.principals p
+ WHERE p.principal_id = %s
+
+-- name: principal_by_request
+SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
+       EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                WHERE c.principal_id = p.principal_id) AS cluster_admin
+  FROM qinglong.principals p
+ WHERE p.create_request_id = %s
+
+-- name: principal_by_name
+SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
+       EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                WHERE c.principal_id = p.principal_id) AS cluster_admin
+  FROM qinglong.principals p
+ WHERE p.kind = %s AND p.name = %s
+
+-- name: lock_principal
+-- Serialises token issues for, and changes of, one principal.
+SELECT principal_id FROM qinglong.principals WHERE principal_id = %s FOR NO KEY UPDATE
+
+-- name: insert_principal
+INSERT INTO qinglong.principals (principal_id, kind, name, create_request_id, created_at_ms)
+VALUES (%(principal_id)s, %(kind)s, %(name)s, %(request_id)s, %(now)s)
+
+-- name: insert_cluster_admin
+INSERT INTO qinglong.cluster_admins (principal_id, granted_at_ms) VALUES (%(principal_id)s, %(now)s)
+
+-- name: active_cluster_admin
+SELECT EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                 JOIN qinglong.principals p ON p.principal_id = c.principal_id
+                WHERE p.status = 'active')
+
+-- name: list_principals
+-- Oldest first, keyset-paginated by (created_at_ms, principal_id); service principals
+-- have no kind on the wire and are not listed.
+SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
+       EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                WHERE c.principal_id = p.principal_id) AS cluster_admin
+  FROM qinglong.principals p
+ WHERE p.kind = ANY(%(kinds)s::text[])
+   AND (%(after_created)s::bigint IS NULL
+        OR (p.created_at_ms, p.principal_id) > (%(after_created)s, %(after_id)s::uuid))
+ ORDER BY p.created_at_ms, p.principal_id
+ LIMIT %(limit)s
+
+-- name: disable_principal
+UPDATE qinglong.principals SET status = 'disabled' WHERE principal_id = %s AND status = 'active'
+
+-- name: token
+SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
+       created_at_ms, expires_at_ms
+  FROM qinglong.operator_credentials
+ WHERE credential_id = %s AND kind = 'bearer_token'
+
+-- name: lock_token
+-- Serialises the rotation and revocation of one token.
+SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
+       created_at_ms, expires_at_ms
+  FROM qinglong.operator_credentials
+ WHERE credential_id = %s AND kind = 'bearer_token'
+   FOR NO KEY UPDATE
+
+-- name: token_by_issue_request
+SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
+       created_at_ms, expires_at_ms
+  FROM qinglong.operator_credentials
+ WHERE principal_id = %s AND issue_request_id = %s AND replaces_credential_id IS NULL
+
+-- name: successor
+-- The token that replaced this one, with the request id that made it.
+SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
+       created_at_ms, expires_at_ms, issue_request_id
+  FROM qinglong.operator_credentials
+ WHERE replaces_credential_id = %s
+
+-- name: insert_token
+INSERT INTO qinglong.operator_credentials
+       (credential_id, principal_id, kind, token_digest, token_prefix, issue_request_id,
+        replaces_credential_id, created_at_ms, expires_at_ms)
+VALUES (%(token_id)s, %(principal_id)s, 'bearer_token', %(digest)s, %(prefix)s,
+        %(request_id)s, %(replaces)s, %(now)s, %(expires)s)
+RETURNING credential_id AS token_id, principal_id, token_prefix AS prefix, status,
+          created_at_ms, expires_at_ms
+
+-- name: list_tokens
+-- Newest first; the digests never leave the database.
+SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
+       created_at_ms, expires_at_ms
+  FROM qinglong.operator_credentials
+ WHERE principal_id = %s AND kind = 'bearer_token'
+ ORDER BY created_at_ms DESC, credential_id DESC
+ LIMIT %s
+
+-- name: revoke_token
+UPDATE qinglong.operator_credentials SET status = 'revoked'
+ WHERE credential_id = %s AND status = 'active'
+
+-- name: end_token
+UPDATE qinglong.operator_credentials SET expires_at_ms = %(expires)s
+ WHERE credential_id = %(token_id)s
+
+-- name: binding
+SELECT project_id, principal_id, role, status, version, updated_at_ms
+  FROM qinglong.role_bindings
+ WHERE project_id = %s AND principal_id = %s
+
+-- name: upsert_binding
+-- Grant or change; the version advances unless the binding already says exactly this
+-- (SPEC R-CAN-3: a cancellation admitted under the old version is fenced).
+INSERT INTO qinglong.role_bindings (project_id, principal_id, role)
+VALUES (%(project_id)s, %(principal_id)s, %(role)s)
+    ON CONFLICT (project_id, principal_id) DO UPDATE
+   SET role = EXCLUDED.role, status = 'active',
+       version = qinglong.role_bindings.version + 1,
+       updated_at_ms = qinglong.db_now_ms()
+ WHERE (qinglong.role_bindings.role, qinglong.role_bindings.status)
+       IS DISTINCT FROM (EXCLUDED.role, 'active')
+
+-- name: revoke_binding
+UPDATE qinglong.role_bindings
+   SET status = 'revoked', version = version + 1, updated_at_ms = qinglong.db_now_ms()
+ WHERE project_id = %(project_id)s AND principal_id = %(principal_id)s AND status = 'active'
+
+-- name: list_bindings
+SELECT project_id, principal_id, role, status, version, updated_at_ms
+  FROM qinglong.role_bindings
+ WHERE project_id = %s
+ ORDER BY principal_id
+ LIMIT %s
+
+-- name: worker_by_request
+SELECT worker_id FROM qinglong.worker_identities WHERE create_request_id = %s
+
+-- name: worker_taken
+-- A worker id names both the identity and its principal: either taken is taken.
+SELECT EXISTS (SELECT 1 FROM qinglong.worker_identities WHERE worker_id = %(worker_id)s)
+    OR EXISTS (SELECT 1 FROM qinglong.principals
+                WHERE kind = 'worker' AND name = %(worker_id)s)
+
+-- name: insert_worker
+INSERT INTO qinglong.worker_identities
+       (worker_id, principal_id, certificate_uri, create_request_id, created_at_ms)
+VALUES (%(worker_id)s, %(principal_id)s, %(certificate_uri)s, %(request_id)s, %(now)s)
+
+-- name: insert_join_token
+INSERT INTO qinglong.worker_join_tokens (token_digest, worker_id, created_at_ms, expires_at_ms)
+VALUES (%(digest)s, %(worker_id)s, %(now)s, %(expires)s)
+
+-- name: first_join_token_expiry
+-- The join token CreateWorker made (the Worker's first), for a retried create's answer.
+SELECT expires_at_ms FROM qinglong.worker_join_tokens
+ WHERE worker_id = %s
+ ORDER BY created_at_ms, token_digest
+ LIMIT 1
+
+-- name: disable_worker
+-- The identity (ingress refuses the certificate from the next call on) and its principal.
+WITH identity AS (
+    UPDATE qinglong.worker_identities SET status = 'disabled'
+     WHERE worker_id = %(worker_id)s AND status = 'active'
+    RETURNING principal_id
+)
+UPDATE qinglong.principals SET status = 'disabled'
+ WHERE principal_id IN (SELECT principal_id FROM identity) AND status = 'active'
+
+-- name: fleet
+-- Each Worker with its newest session, its live Attempts and how many sessions its id
+-- has opened; remaining_ms is measured on DB time. Keyset-paginated by worker id.
+SELECT w.worker_id, w.principal_id, w.status, w.created_at_ms,
+       s.session_id, s.status AS session_status, s.generation, s.renewed_at_ms,
+       greatest(s.expires_at_ms - qinglong.db_now_ms(), 0) AS remaining_ms,
+       s.agent_version, s.executor_types, s.max_concurrency,
+       (SELECT count(*) FROM qinglong.attempts a
+         WHERE a.worker_id = w.worker_id
+           AND a.state IN ('claimed', 'starting', 'running')) AS live_attempts,
+       (SELECT count(*) FROM qinglong.worker_sessions c
+         WHERE c.worker_id = w.worker_id) AS session_count
+  FROM qinglong.worker_identities w
+  LEFT JOIN LATERAL (
+        SELECT ws.session_id, ws.status, ws.generation, ws.renewed_at_ms, ws.expires_at_ms,
+               ws.agent_version, ws.executor_types, ws.max_concurrency
+          FROM qinglong.worker_sessions ws
+         WHERE ws.worker_id = w.worker_id
+         ORDER BY ws.generation DESC
+         LIMIT 1) s ON true
+ WHERE (%(worker_id)s::text IS NULL OR w.worker_id = %(worker_id)s)
+   AND (%(after)s::text IS NULL OR w.worker_id > %(after)s)
+ ORDER BY w.worker_id
+ LIMIT %(limit)s
+
+-- name: list_audit
+-- Newest first, keyset-paginated by (occurred_at_ms, audit_id); every filter optional.
+SELECT audit_id, occurred_at_ms, principal_kind, principal_id, operation, outcome, reason,
+       project_id, run_id, worker_id, peer
+  FROM qinglong.security_audit
+ WHERE (%(principal_id)s::text IS NULL OR principal_id = %(principal_id)s)
+   AND (%(operation)s::text IS NULL OR operation = %(operation)s)
+   AND (%(outcome)s::text IS NULL OR outcome = %(outcome)s)
+   AND (%(start_ms)s::bigint IS NULL OR occurred_at_ms >= %(start_ms)s)
+   AND (%(end_ms)s::bigint IS NULL OR occurred_at_ms < %(end_ms)s)
+   AND (%(before_at)s::bigint IS NULL
+        OR (occurred_at_ms, audit_id) < (%(before_at)s, %(before_id)s::uuid))
+ ORDER BY occurred_at_ms DESC, audit_id DESC
+ LIMIT %(limit)s
+
+-- name: token_holder
+-- The principal a token authenticates.
+SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
+       EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                WHERE c.principal_id = p.principal_id) AS cluster_admin
+  FROM qinglong.principals p
+  JOIN qinglong.operator_credentials t ON t.principal_id = p.principal_id
+ WHERE t.credential_id = %s

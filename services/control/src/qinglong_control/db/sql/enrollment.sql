@@ -1,0 +1,15 @@
+-- Statements of db/enrollment.py, run as the admin role: a join token is consumed in the
+-- same transaction that reads the Worker it enrolls.
+
+-- name: consume_join_token
+-- Single use and short-lived: the UPDATE succeeds only for an unused, unexpired token of
+-- an active Worker, and at most once (a concurrent second use finds used_at_ms set).
+UPDATE qinglong.worker_join_tokens AS t
+   SET used_at_ms = qinglong.db_now_ms()
+  FROM qinglong.worker_identities AS w
+ WHERE t.token_digest = %s
+   AND t.used_at_ms IS NULL
+   AND t.expires_at_ms > qinglong.db_now_ms()
+   AND w.worker_id = t.worker_id
+   AND w.status = 'active'
+RETURNING t.worker_id, w.certificate_uri, qinglong.db_now_ms() AS now_ms

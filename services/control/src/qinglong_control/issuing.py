@@ -1,0 +1,153 @@
+"""The issuing CA that turns a joining Worker's CSR into its client certificate (R-ADM-2).
+
+Only control holds the issuing key (ingress never sees it; docs/decisions/0002): the dev
+stack points control at its development CA, Kubernetes mounts a Secret. A certificate
+takes nothing but the public key from the CSR: its subject and its one SAN URI come from
+the Worker the join token was issued for, so a CSR cannot ask for another identity, a
+server certificate or a CA. Certificates are short-lived (default seven days) and the
+Worker renews them; its private key never leaves its machine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from qinglong_control.domain.refusals import Reason, Refused
+
+DEFAULT_WORKER_CERTIFICATE_LIFETIME: Final = dt.timedelta(days=7)
+#: Clocks of the Worker's machine may run a little behind control's.
+_BACKDATE: Final = dt.timedelta(minutes=5)
+_MIN_RSA_BITS: Final = 2048
+_ACCEPTED_CURVES: Final = (ec.SECP256R1, ec.SECP384R1)
+CSR_FIELD: Final = "certificate_signing_request_pem"
+
+_IssuingKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
+
+
+@dataclass(frozen=True)
+class IssuedCertificate:
+    certificate_pem: str
+    not_after: dt.datetime
+
+
+@dataclass(frozen=True)
+class IssuingAuthority:
+    certificate: x509.Certificate
+    key: _IssuingKey
+    lifetime: dt.timedelta = DEFAULT_WORKER_CERTIFICATE_LIFETIME
+
+    @classmethod
+    def load(
+        cls,
+        certificate_path: Path,
+        key_path: Path,
+        lifetime: dt.timedelta = DEFAULT_WORKER_CERTIFICATE_LIFETIME,
+    ) -> IssuingAuthority:
+        certificate = x509.load_pem_x509_certificate(certificate_path.read_bytes())
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        if not isinstance(key, _IssuingKey):
+            raise ValueError(f"{key_path}: unsupported issuing key type {type(key).__name__}")
+        if key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        ) != certificate.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        ):
+            raise ValueError(f"{key_path} is not the key of {certificate_path}")
+        return cls(certificate, key, lifetime)
+
+    @property
+    def ca_certificates_pem(self) -> str:
+        return self.certificate.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+    @staticmethod
+    def check_request(csr_pem: str) -> None:
+        """Refuse a CSR this CA would not sign, before anything is spent on it (a join
+        token is consumed only for a request that can be answered)."""
+        _verified_public_key(csr_pem)
+
+    def issue_worker_certificate(
+        self, csr_pem: str, worker_id: str, worker_uri: str, now: dt.datetime
+    ) -> IssuedCertificate:
+        """A client certificate for the CSR's public key, naming ``worker_uri`` only."""
+        public_key = _verified_public_key(csr_pem)
+        not_after = min(now + self.lifetime, self.certificate.not_valid_after_utc)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, worker_id)]))
+            .issuer_name(self.certificate.subject)
+            .public_key(public_key)
+            .serial_number(int.from_bytes(secrets.token_bytes(16), "big") >> 1)
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(worker_uri)]),
+                critical=False,
+            )
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=isinstance(public_key, rsa.RSAPublicKey),
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
+        )
+        algorithm = None if isinstance(self.key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
+        certificate = builder.sign(self.key, algorithm)
+        return IssuedCertificate(
+            certificate.public_bytes(serialization.Encoding.PEM).decode("ascii"), not_after
+        )
+
+
+_WorkerKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
+
+
+def _verified_public_key(csr_pem: str) -> _WorkerKey:
+    """The CSR's public key, if the CSR parses, is signed by that key, and the key is one
+    we issue for; anything else is a FIELD_INVALID refusal that names no value."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem.encode("ascii"))
+        signed = csr.is_signature_valid
+        key = csr.public_key()
+    except (ValueError, UnicodeError, InvalidSignature):
+        raise _bad_csr("is not a well-formed PEM certificate signing request") from None
+    if not signed:
+        raise _bad_csr("is not signed by its own key")
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        if isinstance(key.curve, _ACCEPTED_CURVES):
+            return key
+        raise _bad_csr("uses an elliptic curve other than P-256 or P-384")
+    if isinstance(key, rsa.RSAPublicKey):
+        if key.key_size >= _MIN_RSA_BITS:
+            return key
+        raise _bad_csr(f"has an RSA key shorter than {_MIN_RSA_BITS} bits")
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return key
+    raise _bad_csr("has a key type this CA does not issue for")
+
+
+def _bad_csr(problem: str) -> Refused:
+    return Refused(Reason.FIELD_INVALID, f"{CSR_FIELD} {problem}", field=CSR_FIELD)

@@ -1,0 +1,241 @@
+"""The cluster admin's CLI as a user meets it: the real `qinglong admin …` and `qinglong
+worker list` executables against a real stack (AdminService through ingress, control's
+admin role, PostgreSQL). Answers on stdout, secrets there exactly once, errors on stderr
+with their code and reason and documented exit codes — never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from qinglong_cli.ingress_client import ADMIN_TOKEN, OperatorContext
+
+from tests.integration.test_cli_operator import Outcome, qinglong, stack_file
+from tests.support.stack import Stack
+
+__all__ = ["stack_file"]  # the operator's stack file fixture, extended here
+
+
+@pytest.fixture
+def admin_stack_file(stack_file: Path, stack: Stack, tmp_path: Path) -> Path:
+    """The operator's stack file (alice) with the admin section `qinglong up` adds: root,
+    a cluster admin."""
+    document = json.loads(stack_file.read_text())
+    root_token = _secret_file(tmp_path / "root.token", stack.tokens["root"])
+    document["admin"] = {"name": "root", "token_file": str(root_token)}
+    stack_file.write_text(json.dumps(document))
+    return stack_file
+
+
+def _secret_file(path: Path, secret: str) -> Path:
+    path.write_text(secret)
+    path.chmod(0o600)
+    return path
+
+
+class Cli:
+    """`qinglong` against one stack file; `admin` for `qinglong admin …`."""
+
+    def __init__(self, stack_file: Path) -> None:
+        self.stack_file = stack_file
+
+    async def run(self, *args: str) -> Outcome:
+        """`qinglong COMMAND ACTION …`: `--stack` goes before the rest, which may end in
+        `-- CMD …`."""
+        return await qinglong(*args[:2], "--stack", str(self.stack_file), *args[2:])
+
+    async def admin(self, *args: str) -> Outcome:
+        return await qinglong("admin", *args, "--stack", str(self.stack_file))
+
+    async def ok(self, *args: str) -> Outcome:
+        """`qinglong admin …`, which must succeed."""
+        outcome = await self.admin(*args)
+        assert outcome.code == 0, outcome.err
+        return outcome
+
+    async def item(self, *args: str) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads((await self.ok(*args, "--output", "json")).out)
+        return document
+
+    async def items(self, *args: str) -> list[dict[str, Any]]:
+        # jsonl (the default off a terminal): one document per line, however many.
+        return [json.loads(line) for line in (await self.ok(*args)).out.splitlines()]
+
+
+@pytest.fixture
+def cli(admin_stack_file: Path) -> Cli:
+    return Cli(admin_stack_file)
+
+
+async def test_projects_users_tokens_and_roles(cli: Cli, tmp_path: Path) -> None:
+    project = await cli.item("project", "create", "cli-proj", "--display-name", "CLI project")
+    assert (project["projectId"], project["state"]) == ("cli-proj", "RESOURCE_STATE_ACTIVE")
+    assert project["version"] == 1  # an int64, printed as a number
+    assert "cli-proj" in [p["projectId"] for p in await cli.items("project", "list", "--all")]
+
+    dora = await cli.item("user", "create", "dora")
+    assert (dora["kind"], dora["name"]) == ("PRINCIPAL_KIND_USER", "dora")
+    assert [u["name"] for u in await cli.items("user", "list", "--all")].count("dora") == 1
+
+    granted = await cli.item("role", "grant", "cli-proj", "dora", "operator")
+    assert (granted["principalId"], granted["role"]) == (
+        dora["principalId"],
+        "PROJECT_ROLE_OPERATOR",
+    )
+    table = (await cli.ok("role", "list", "cli-proj", "--output", "table")).out.splitlines()
+    assert table[0].split() == ["PROJECT", "PRINCIPAL", "ROLE", "STATE", "VERSION", "UPDATED"]
+    assert table[1].split()[:4] == ["cli-proj", dora["principalId"], "operator", "active"]
+
+    # The token is issued to the name, printed once, and works as dora's operator token.
+    issued = await cli.ok("token", "issue", "dora", "--ttl", "3600", "--output", "json")
+    token = json.loads(issued.out)["token"]
+    assert token.startswith("qlo1_")
+    assert "shown only this once" in issued.err
+    token_file = _secret_file(tmp_path / "dora.token", token)
+    as_dora = await cli.run(
+        "task", "create", "--project", "cli-proj", "--token-file", str(token_file),
+        "--name", "by-dora", "--", "true",
+    )  # fmt: skip
+    assert as_dora.code == 0, as_dora.err
+    (listed,) = await cli.items("token", "list", dora["principalId"])
+    assert listed["prefix"] == token[:11]
+    assert token not in json.dumps(listed)
+
+    rotated = json.loads(
+        (await cli.ok("token", "rotate", listed["tokenId"], "--output", "json")).out
+    )
+    assert rotated["token"] != token
+    assert rotated["replaced"]["tokenId"] == listed["tokenId"]
+    # --overlap 0 (the default): the old token stops at once.
+    stale = await cli.run("run", "list", "--project", "cli-proj", "--token-file", str(token_file))
+    assert (stale.code, stale.out) == (1, "")
+    assert stale.err.startswith("error: UNAUTHENTICATED")
+    revoked = await cli.item("token", "revoke", rotated["issued"]["tokenId"])
+    assert revoked["state"] == "RESOURCE_STATE_DISABLED"
+
+    revoked_role = await cli.item("role", "revoke", "cli-proj", "dora")
+    assert revoked_role["state"] == "RESOURCE_STATE_DISABLED"
+    assert revoked_role["version"] > granted["version"]
+    assert (await cli.item("user", "disable", "dora"))["state"] == "RESOURCE_STATE_DISABLED"
+    disabled = await cli.item("project", "disable", "cli-proj")
+    assert disabled["state"] == "RESOURCE_STATE_DISABLED"
+
+
+async def test_a_replayed_create_does_not_show_the_secret_again(cli: Cli) -> None:
+    await cli.ok("agent", "create", "replayer")
+    first = await cli.ok("token", "issue", "replayer", "--request-id", "issue-1")
+    again = await cli.ok("token", "issue", "replayer", "--request-id", "issue-1")
+    shown, replayed = json.loads(first.out), json.loads(again.out)
+    assert replayed["issued"]["tokenId"] == shown["issued"]["tokenId"]
+    assert shown["token"].startswith("qlo1_")
+    assert "token" not in replayed
+    assert "request issue-1 was answered before" in again.err
+    assert shown["token"] not in again.out + again.err
+
+
+async def test_agents_and_cluster_admins(cli: Cli) -> None:
+    robot = await cli.item("agent", "create", "robot", "--cluster-admin")
+    assert (robot["kind"], robot["clusterAdmin"]) == ("PRINCIPAL_KIND_AGENT", True)
+    assert "robot" in [a["name"] for a in await cli.items("agent", "list", "--all")]
+    assert "robot" not in [u["name"] for u in await cli.items("user", "list", "--all")]
+    table = (await cli.ok("agent", "list", "--all", "--output", "table")).out.splitlines()
+    assert table[0].split() == ["PRINCIPAL", "KIND", "NAME", "STATE", "CLUSTER_ADMIN", "CREATED"]
+    assert any(row.split()[1:5] == ["agent", "robot", "active", "yes"] for row in table[1:])
+    # By id as well as by name.
+    disabled = await cli.item("agent", "disable", robot["principalId"])
+    assert disabled["state"] == "RESOURCE_STATE_DISABLED"
+
+
+async def test_workers_join_tokens_and_the_fleet(cli: Cli) -> None:
+    created = await cli.ok(
+        "worker", "create", "edge-1", "--join-token-ttl", "600", "--request-id", "edge-1"
+    )
+    answer = json.loads(created.out)
+    assert answer["worker"]["workerId"] == "edge-1"
+    assert answer["joinToken"].startswith("qlj1_")
+    assert "join token above is shown only this once" in created.err
+    replayed = await cli.ok("worker", "create", "edge-1", "--request-id", "edge-1")
+    assert "joinToken" not in json.loads(replayed.out)
+    assert "was answered before" in replayed.err
+
+    fleet = await qinglong("worker", "list", "--stack", str(cli.stack_file))
+    assert fleet.code == 0, fleet.err
+    workers = {w["workerId"]: w for w in map(json.loads, fleet.out.splitlines())}
+    assert {"worker-a", "worker-b", "edge-1"} <= set(workers)
+    assert "session" not in workers["edge-1"]  # never opened one
+    table = await cli.run("worker", "list", "--output", "table")
+    assert table.out.splitlines()[0].split()[:3] == ["WORKER", "STATE", "SESSION"]
+
+    disabled = await cli.item("worker", "disable", "edge-1")
+    assert disabled["state"] == "RESOURCE_STATE_DISABLED"
+    one_page = await cli.ok("worker", "list", "--page-size", "1")
+    assert len(one_page.out.splitlines()) == 1
+    assert one_page.err.startswith("next page: --page-token ")
+
+
+async def test_audit_records_filtered_and_paged(cli: Cli) -> None:
+    await cli.ok("project", "list")
+    root = next(u for u in await cli.items("user", "list", "--all") if u["name"] == "root")
+    records = await cli.items(
+        "audit", "list", "--principal", "root", "--operation", "AdminService/ListProjects",
+        "--outcome", "admitted", "--since", "1h", "--all",
+    )  # fmt: skip
+    assert records
+    for record in records:
+        assert record["principalId"] == root["principalId"]
+        assert record["outcome"] == "AUDIT_OUTCOME_ADMITTED"
+        assert record["operation"] == "AdminService/ListProjects"
+    future = await cli.items("audit", "list", "--since", "2999-01-01T00:00:00Z")
+    assert future == []
+    first = await cli.ok("audit", "list", "--page-size", "1")
+    assert len(first.out.splitlines()) == 1
+    assert "next page: --page-token " in first.err
+
+
+async def test_a_non_admin_is_refused_on_stderr_with_exit_1(cli: Cli, tmp_path: Path) -> None:
+    alice = tmp_path / "alice.token"  # the operator's token: a project role, no admin
+    for refused in (
+        await cli.admin("project", "list", "--token-file", str(alice)),
+        await cli.run("worker", "list", "--token-file", str(alice)),
+    ):
+        assert (refused.code, refused.out) == (1, "")
+        assert refused.err.startswith("error: PERMISSION_DENIED PERMISSION_DENIED")
+        assert "Traceback" not in refused.err
+    # Both refusals are in the audit, which the admin reads by outcome.
+    denied = await cli.items("audit", "list", "--outcome", "permission_denied", "--all")
+    operations = {record["operation"] for record in denied}
+    assert {"AdminService/ListProjects", "AdminService/ListWorkers"} <= operations
+
+
+async def test_names_and_times_that_mean_nothing_are_explained(cli: Cli) -> None:
+    ghost = await cli.admin("token", "issue", "ghost")
+    assert (ghost.code, ghost.out) == (1, "")
+    assert ghost.err == "error: NOT_FOUND: no agent or user is named 'ghost'\n"
+    malformed = await cli.admin("token", "revoke", "not-a-uuid")
+    assert malformed.code == 1
+    assert "  token_id: " in malformed.err
+    bad_time = await cli.admin("audit", "list", "--since", "yesterday")
+    assert bad_time.code == 2
+    assert "not a time: 'yesterday'" in bad_time.err
+
+
+async def test_a_stack_file_without_an_admin_token(cli: Cli, tmp_path: Path) -> None:
+    document = json.loads(cli.stack_file.read_text())
+    root_token = Path(document.pop("admin")["token_file"])
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(document))
+    refused = await qinglong("worker", "list", "--stack", str(older))
+    assert (refused.code, refused.out) == (2, "")
+    assert "names no admin token file" in refused.err
+    assert "QINGLONG_ADMIN_TOKEN_FILE" in refused.err
+    # The environment names it instead (the flag would win over both).
+    context = OperatorContext.from_stack(
+        older, ADMIN_TOKEN, environ={"QINGLONG_ADMIN_TOKEN_FILE": str(root_token)}
+    )
+    assert context.token_file == root_token
+    flagged = OperatorContext.from_stack(
+        older, ADMIN_TOKEN, token_file=tmp_path / "x", environ={"QINGLONG_ADMIN_TOKEN_FILE": "y"}
+    )
+    assert flagged.token_file == tmp_path / "x"

@@ -1,0 +1,206 @@
+"""A Worker joins with a one-time token and works (R-ADM-2), through the real listeners.
+
+An admin creates the Worker over AdminService; `qinglong-worker join` runs as a real
+process against ingress's enrollment listener (server-authenticated TLS, no client
+certificate); the certificate control signs with the dev CA then opens a session on the
+public mutual-TLS listener. A used, expired or wrong token is refused the same way and
+audited; no token reaches an audit row, the Worker's output or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import psycopg
+from cryptography import x509
+from qinglong.admin.v1 import admin_service_pb2, admin_service_pb2_grpc
+from qinglong.enrollment.v1 import enrollment_service_pb2, enrollment_service_pb2_grpc
+from qinglong.rpc.v1 import execution_pb2
+from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong_ingress.routes import ENROLLMENT_ROUTES, ROUTES
+from qinglong_protocol.errors import error_reason_of
+from qinglong_protocol.identities import worker_uri
+from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
+from qinglong_worker.join import new_private_key, signing_request
+
+from tests.support.calls import failure
+from tests.support.stack import Stack
+
+JOIN_TIMEOUT_SECONDS = 60
+
+
+async def create_worker(stack: Stack, worker_id: str) -> str:
+    """The join token AdminService.CreateWorker returns (shown once)."""
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        created = await admin_service_pb2_grpc.AdminServiceStub(channel).CreateWorker(
+            admin_service_pb2.CreateWorkerRequest(
+                request_id=f"create-{worker_id}", worker_id=worker_id
+            ),
+            metadata=(("authorization", f"Bearer {stack.tokens['root']}"),),
+        )
+    assert created.join_token.startswith("qlj1_")
+    return created.join_token
+
+
+async def run_join(stack: Stack, token: str, directory: Path, tmp_path: Path) -> Joined:
+    """`qinglong-worker join` as a real process. Awaited, not blocked on: the in-process
+    servers it talks to run on this very event loop."""
+    token_file = tmp_path / f"{directory.name}.token"
+    token_file.write_text(token)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "qinglong_worker.main",
+        "join",
+        "--ingress",
+        stack.enrollment_address,
+        "--ca",
+        str(stack.pki.ca_cert),
+        "--token-file",
+        str(token_file),
+        "--dir",
+        str(directory),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), JOIN_TIMEOUT_SECONDS)
+    assert process.returncode is not None
+    return Joined(process.returncode, out.decode(), err.decode())
+
+
+@dataclass(frozen=True)
+class Joined:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def test_a_machine_joins_with_its_token_and_opens_a_session(
+    stack: Stack, tmp_path: Path
+) -> None:
+    token = await create_worker(stack, "edge-07")
+    identity_dir = tmp_path / "edge-07"
+    joined = await run_join(stack, token, identity_dir, tmp_path)
+    assert joined.returncode == 0, joined.stderr
+    assert token not in joined.stdout + joined.stderr
+    # The key never left the machine and nobody else may read it; the certificate names
+    # the Worker the token was for, whatever the CSR said.
+    assert stat.S_IMODE((identity_dir / "worker.key").stat().st_mode) == 0o600
+    certificate = x509.load_pem_x509_certificate((identity_dir / "worker.crt").read_bytes())
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.UniformResourceIdentifier) == [
+        worker_uri(stack.pki.trust_domain, "edge-07")
+    ]
+    described = json.loads((identity_dir / "worker.json").read_text())
+    assert described["worker_id"] == "edge-07"
+    assert described["ingress_address"] == stack.enrollment_address
+    # The new identity is a Worker on the public listener.
+    files = TlsFiles(
+        ca_cert=Path(described["tls_ca"]),
+        cert=Path(described["tls_cert"]),
+        key=Path(described["tls_key"]),
+    )
+    async with grpc.aio.secure_channel(
+        stack.ingress_address, mutual_tls_channel_credentials(files)
+    ) as channel:
+        session = await worker_service_pb2_grpc.WorkerServiceStub(channel).OpenSession(
+            worker_service_pb2.OpenSessionRequest(
+                request_id="first",
+                worker_id="edge-07",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            )
+        )
+    assert session.worker_generation >= 1
+
+
+async def test_a_used_expired_or_wrong_token_is_refused_alike_and_audited(
+    stack: Stack, tmp_path: Path
+) -> None:
+    used = await create_worker(stack, "edge-08")
+    expired = await create_worker(stack, "edge-09")
+    assert (await run_join(stack, used, tmp_path / "first", tmp_path)).returncode == 0
+    # Expire the second token without waiting its minimum TTL out: as the table's owner,
+    # past the trigger that otherwise keeps a token's expiry fixed.
+    with psycopg.connect(stack.database.urls.migration) as conn:
+        conn.execute(
+            "ALTER TABLE qinglong.worker_join_tokens"
+            " DISABLE TRIGGER worker_join_tokens_enforce_single_use"
+        )
+        conn.execute(
+            "UPDATE qinglong.worker_join_tokens SET expires_at_ms = created_at_ms + 1"
+            " WHERE worker_id = 'edge-09'"
+        )
+        conn.execute(
+            "ALTER TABLE qinglong.worker_join_tokens"
+            " ENABLE TRIGGER worker_join_tokens_enforce_single_use"
+        )
+    wrong = "qlj1_" + "A" * 43
+    credentials = grpc.ssl_channel_credentials(root_certificates=stack.pki.ca_cert.read_bytes())
+    answers = []
+    async with grpc.aio.secure_channel(stack.enrollment_address, credentials) as channel:
+        enrollment = enrollment_service_pb2_grpc.EnrollmentServiceStub(channel)
+        for token in (used, expired, wrong):
+            refused = await failure(
+                enrollment.JoinWorker(
+                    enrollment_service_pb2.JoinWorkerRequest(
+                        join_token=token,
+                        certificate_signing_request_pem=signing_request(new_private_key()),
+                    )
+                )
+            )
+            answers.append((refused.code(), error_reason_of(refused), refused.details()))
+            assert token not in (refused.details() or "")
+        # The enrollment listener serves enrollment only.
+        other = await failure(
+            worker_service_pb2_grpc.WorkerServiceStub(channel).OpenSession(
+                worker_service_pb2.OpenSessionRequest()
+            )
+        )
+        assert other.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert (
+        answers
+        == [
+            (
+                grpc.StatusCode.UNAUTHENTICATED,
+                "UNAUTHENTICATED_PRINCIPAL",
+                "the join token is not valid",
+            )
+        ]
+        * 3
+    )
+    rows = [r for r in stack.audit_rows() if r["operation"] == "EnrollmentService/JoinWorker"]
+    assert len(rows) == 4  # the successful join and the three refused attempts
+    assert {r["principal_kind"] for r in rows} == {"anonymous"}
+    for token in (used, expired, wrong):
+        assert token not in repr(rows)
+
+
+async def test_a_bad_csr_spends_no_token(stack: Stack, tmp_path: Path) -> None:
+    token = await create_worker(stack, "edge-10")
+    credentials = grpc.ssl_channel_credentials(root_certificates=stack.pki.ca_cert.read_bytes())
+    async with grpc.aio.secure_channel(stack.enrollment_address, credentials) as channel:
+        refused = await failure(
+            enrollment_service_pb2_grpc.EnrollmentServiceStub(channel).JoinWorker(
+                enrollment_service_pb2.JoinWorkerRequest(
+                    join_token=token,
+                    certificate_signing_request_pem="-----BEGIN CERTIFICATE REQUEST-----\n"
+                    + "A" * 64
+                    + "\n-----END CERTIFICATE REQUEST-----\n",
+                )
+            )
+        )
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # The token is still good for a real request.
+    assert (await run_join(stack, token, tmp_path / "edge-10", tmp_path)).returncode == 0
+
+
+def test_the_public_listener_does_not_serve_enrollment() -> None:
+    assert {r.service for r in ROUTES}.isdisjoint({r.service for r in ENROLLMENT_ROUTES})
+    assert [r.name for r in ENROLLMENT_ROUTES] == ["JoinWorker"]
