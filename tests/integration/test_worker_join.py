@@ -59,6 +59,8 @@ async def run_join(stack: Stack, token: str, directory: Path, tmp_path: Path) ->
         "qinglong_worker.main",
         "join",
         "--ingress",
+        stack.ingress_address,
+        "--enrollment",
         stack.enrollment_address,
         "--ca",
         str(stack.pki.ca_cert),
@@ -99,7 +101,7 @@ async def test_a_machine_joins_with_its_token_and_opens_a_session(
     ]
     described = json.loads((identity_dir / "worker.json").read_text())
     assert described["worker_id"] == "edge-07"
-    assert described["ingress_address"] == stack.enrollment_address
+    assert described["ingress_address"] == stack.ingress_address  # where it will run
     # The new identity is a Worker on the public listener.
     files = TlsFiles(
         ca_cert=Path(described["tls_ca"]),

@@ -1,5 +1,8 @@
 """`qinglong-worker join`: a new Worker machine gets its identity (R-ADM-2).
 
+    qinglong-worker join --ingress HOST:PORT --enrollment HOST:PORT --ca CA.pem \
+                         --token-file TOKEN --dir DIR
+
 An administrator creates the Worker (`qinglong admin worker create NAME`) and hands its
 one-time join token to the machine. Here the machine generates its private key, sends
 only a certificate signing request and the token to ingress's enrollment listener
@@ -74,10 +77,13 @@ def join(
     join_token: str,
     directory: Path,
     *,
+    enrollment_address: str | None = None,
     server_name: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> JoinedIdentity:
-    """Enroll this machine; raises ``grpc.RpcError`` with the server's typed status when
+    """Enroll this machine at ``enrollment_address`` (ingress's enrollment listener;
+    default: ``ingress_address``) and record ``ingress_address`` (its public listener) as
+    where the Worker will run; raises ``grpc.RpcError`` with the server's typed status when
     the token is refused (nothing is written then but the new, unused key). A one-shot
     command, so a blocking channel."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -87,7 +93,8 @@ def join(
     _write_private(directory / KEY_FILE, _pem(key))
     options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
     credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
-    with grpc.secure_channel(ingress_address, credentials, options=options) as channel:
+    target = enrollment_address or ingress_address
+    with grpc.secure_channel(target, credentials, options=options) as channel:
         stub = enrollment_service_pb2_grpc.EnrollmentServiceStub(channel)
         answer = stub.JoinWorker(
             enrollment_service_pb2.JoinWorkerRequest(
@@ -148,7 +155,13 @@ def join_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="qinglong-worker join", description="Enroll this machine as a Worker."
     )
-    parser.add_argument("--ingress", required=True, help="the enrollment listener, HOST:PORT")
+    parser.add_argument(
+        "--ingress", required=True, help="ingress's public listener, HOST:PORT (recorded)"
+    )
+    parser.add_argument(
+        "--enrollment",
+        help="ingress's enrollment listener, HOST:PORT (default: --ingress)",
+    )
     parser.add_argument("--ca", type=Path, required=True, help="CA certificate(s) of ingress")
     token = parser.add_mutually_exclusive_group(required=True)
     token.add_argument("--token", help="the join token (visible to other users in ps)")
@@ -159,7 +172,12 @@ def join_main(argv: list[str]) -> int:
     join_token = args.token or args.token_file.read_text(encoding="ascii").strip()
     try:
         identity = join(
-            args.ingress, args.ca.read_bytes(), join_token, args.dir, server_name=args.server_name
+            args.ingress,
+            args.ca.read_bytes(),
+            join_token,
+            args.dir,
+            enrollment_address=args.enrollment,
+            server_name=args.server_name,
         )
     except grpc.RpcError as error:
         # A failed call's error is also its grpc.Call (the stubs cannot say so).
