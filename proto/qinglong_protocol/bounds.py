@@ -123,6 +123,9 @@ LEASE_CAPABILITY_PREFIX: Final = "qlc1_"
 LEASE_CAPABILITY_SECRET_BYTES: Final = 32
 LEASE_CAPABILITY_LENGTH: Final = 48
 LEASE_CAPABILITY_PATTERN: Final = predefined_pattern(rules_pb2.lease_capability)
+#: An operator bearer token (AdminService issues them): "qlo1_" + unpadded base64url of
+#: 32 random bytes. Sent in a header, not a field, so no contract rule declares it.
+OPERATOR_TOKEN_PATTERN: Final = re.compile(r"\Aqlo1_[A-Za-z0-9_-]{43}\Z")
 #: A Worker's one-time join token (R-ADM-2): "qlj1_" + the same 43 characters.
 JOIN_TOKEN_PATTERN: Final = predefined_pattern(rules_pb2.join_token)
 #: A capability whose secret has fewer distinct byte values than this is weak.

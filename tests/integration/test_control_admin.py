@@ -11,6 +11,7 @@ process. No secret reaches a log line. Last, the whole chain through ingress
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -512,6 +513,32 @@ def test_bootstrap_admin_writes_a_private_token_file(
     assert second.stdout == ""
     assert target.read_text().strip() == token  # untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["admin.token"]  # no leftovers
+
+
+def test_bootstrap_admin_enrolls_a_token_from_a_mounted_secret(
+    database_pg18: MigratedDatabase, tmp_path: Path
+) -> None:
+    """Kubernetes: the Job mounts a Secret holding a token made out of band; bootstrap
+    enrolls its digest and shows nothing secret; a malformed file is refused unread."""
+    token = "qlo1_" + base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
+    mounted = tmp_path / "token"
+    mounted.write_text(token + "\n")
+    bad = tmp_path / "bad"
+    bad.write_text("not-a-token-but-a-secret")
+    refused = bootstrap(database_pg18.urls.migration, "--token-from-file", str(bad))
+    assert refused.returncode == 2
+    assert "not-a-token-but-a-secret" not in refused.stdout + refused.stderr
+    enrolled = bootstrap(database_pg18.urls.migration, "--token-from-file", str(mounted))
+    assert enrolled.returncode == 0, enrolled.stderr
+    assert token not in enrolled.stdout + enrolled.stderr
+    with psycopg.connect(database_pg18.urls.migration) as owner:
+        digests = owner.execute(
+            "SELECT c.token_digest FROM qinglong.operator_credentials c"
+            " JOIN qinglong.cluster_admins a USING (principal_id)"
+        ).fetchall()
+    assert digests == [(hashlib.sha256(token.encode()).hexdigest(),)]
+    again = bootstrap(database_pg18.urls.migration, "--token-from-file", str(mounted))
+    assert (again.returncode, again.stdout) == (0, "")
 
 
 # --- through ingress ---------------------------------------------------------------------

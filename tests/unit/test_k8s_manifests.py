@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 import yaml
+from qinglong_protocol import bounds
 
 try:
     import kubernetes_validate
@@ -618,15 +619,39 @@ def test_ingress_never_sees_the_runtime_or_migration_role() -> None:
 
 def test_the_migration_job_holds_only_the_migration_role() -> None:
     job = _find("Job", MIGRATE)
-    assert _secret_references(_pod_spec(job)) == {"qinglong-db-migration", POSTGRES_CA_SECRET}
-    container = _only_container(job)
-    assert container["command"] == ["qinglong-control", "migrate"]
-    env = _env(container)
-    assert set(env) == {"QINGLONG_MIGRATION_DATABASE_URL"}
-    assert env["QINGLONG_MIGRATION_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
-        "name": "qinglong-db-migration",
-        "key": "url",
+    assert _secret_references(_pod_spec(job)) == {
+        "qinglong-db-migration",
+        "qinglong-admin-token",
+        POSTGRES_CA_SECRET,
     }
+    for container in _containers(job):
+        env = _env(container)
+        assert set(env) == {"QINGLONG_MIGRATION_DATABASE_URL"}
+        assert env["QINGLONG_MIGRATION_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+            "name": "qinglong-db-migration",
+            "key": "url",
+        }
+
+
+def test_the_migration_job_migrates_then_enrolls_the_first_cluster_admin() -> None:
+    """bootstrap-admin needs the migrated schema, so migrate is the init container; the
+    token comes from a mounted Secret (read-only, owner-only), never from the API."""
+    spec = _pod_spec(_find("Job", MIGRATE))
+    (migrate,) = spec["initContainers"]
+    (bootstrap,) = spec["containers"]
+    assert migrate["command"] == ["qinglong-control", "migrate"]
+    assert bootstrap["command"][:3] == ["qinglong-control", "bootstrap-admin", "--token-from-file"]
+    token_path = bootstrap["command"][3]
+    (mount,) = [m for m in bootstrap["volumeMounts"] if m["name"] == "admin-token"]
+    assert mount["readOnly"] is True
+    assert token_path == f"{mount['mountPath']}/token"
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "admin-token"]
+    assert volume["secret"]["secretName"] == "qinglong-admin-token"
+    assert volume["secret"]["defaultMode"] == 0o400
+    secret = _find("Secret", "qinglong-admin-token")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert PLACEHOLDER_MARK in token, "a marked placeholder, not a secret"
+    assert bounds.OPERATOR_TOKEN_PATTERN.match(token), "in the shape bootstrap-admin accepts"
 
 
 def test_each_role_secret_is_held_by_exactly_one_workload() -> None:

@@ -6,6 +6,10 @@ nothing and says so (exit 0). Otherwise it creates the user ``--name`` as a clus
 admin with one operator token, in one transaction, and shows the token exactly once:
 on stdout, or written to ``--token-file`` (mode 0600) with only the path on stdout.
 Nothing else goes to stdout, so a script may take it whole. The token is never logged.
+
+With ``--token-from-file`` it enrolls a token made elsewhere instead (a Kubernetes
+Secret the Job mounts, so the Job needs no API access to publish one) and prints nothing
+secret: the token's holder already has it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import psycopg
 from qinglong_protocol import bounds
 
 from qinglong_control.db.admin import Issued, bootstrap_admin
+from qinglong_control.domain.administration import NewSecret, given_operator_token
 from qinglong_control.domain.refusals import Refused
 from qinglong_control.migrate_command import ENV_MIGRATION_DATABASE_URL
 
@@ -41,19 +46,32 @@ def bootstrap_admin_main(argv: Sequence[str], environ: Mapping[str, str] | None 
     parser.add_argument(
         "--name", default=DEFAULT_NAME, help=f"the admin user's name [{DEFAULT_NAME}]"
     )
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--token-file", type=Path, help="write the token here (mode 0600) instead of stdout"
+    )
+    source.add_argument(
+        "--token-from-file",
+        type=Path,
+        help="enroll the token this file holds (e.g. a mounted Secret) instead of a new one",
     )
     args = parser.parse_args(argv)
     if not args.database_url:
         parser.error(f"the database URL is required ({ENV_MIGRATION_DATABASE_URL})")
     if not bounds.is_slug(args.name):
         parser.error("--name must be a slug: 1..63 characters of a-z, 0-9 and '-'")
+    given = None
+    if args.token_from_file is not None:
+        try:
+            given = given_operator_token(args.token_from_file.read_text(encoding="ascii"))
+        except (OSError, UnicodeError, ValueError) as error:
+            # Never the file's content: it is (or was meant to be) a secret.
+            parser.error(f"--token-from-file {args.token_from_file}: {type(error).__name__}")
     # The file is opened before anything is issued: a token that cannot be written must
     # not exist, since it would never be shown and bootstrap would not run again.
     sink = _PrivateFile(args.token_file) if args.token_file is not None else None
     try:
-        issued = asyncio.run(_bootstrap(args.database_url, args.name))
+        issued = asyncio.run(_bootstrap(args.database_url, args.name, given))
         if issued is not None and sink is not None:
             sink.keep(issued.secret)
     except Refused as refused:
@@ -64,6 +82,8 @@ def bootstrap_admin_main(argv: Sequence[str], environ: Mapping[str, str] | None 
             sink.discard()  # nothing once kept
     if issued is None:
         print("bootstrap-admin: a cluster admin exists already; nothing issued", file=sys.stderr)
+    elif given is not None:
+        print(f"bootstrap-admin: cluster admin {args.name} enrolled with the given token")
     elif sink is None:
         print(issued.secret, flush=True)
     else:
@@ -71,9 +91,9 @@ def bootstrap_admin_main(argv: Sequence[str], environ: Mapping[str, str] | None 
     return 0
 
 
-async def _bootstrap(url: str, name: str) -> Issued | None:
+async def _bootstrap(url: str, name: str, given: NewSecret | None) -> Issued | None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        return await bootstrap_admin(conn, name)
+        return await bootstrap_admin(conn, name, given)
 
 
 class _PrivateFile:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-_BEARER = re.compile(r"\ABearer (qlo1_[A-Za-z0-9_-]{43})\Z")
+from qinglong_protocol import bounds
+
+_BEARER_SCHEME = "Bearer "
 
 
 class PrincipalKind(StrEnum):
@@ -59,7 +60,7 @@ def bearer_token_digest(authorization: str) -> str | None:
 
     The token itself goes no further than this function.
     """
-    match = _BEARER.match(authorization)
-    if match is None:
+    token = authorization.removeprefix(_BEARER_SCHEME)
+    if token == authorization or bounds.OPERATOR_TOKEN_PATTERN.match(token) is None:
         return None
-    return hashlib.sha256(match[1].encode("ascii")).hexdigest()
+    return hashlib.sha256(token.encode("ascii")).hexdigest()

@@ -27,6 +27,7 @@ from qinglong_control.domain.administration import (
     AuditFilter,
     AuditRow,
     BindingRow,
+    NewSecret,
     PrincipalRow,
     ProjectRow,
     SessionSummary,
@@ -239,9 +240,11 @@ async def disable_principal(conn: AsyncConnection[Any], principal_id: uuid.UUID)
     return await _one(disabled)
 
 
-async def bootstrap_admin(conn: AsyncConnection[Any], name: str) -> Issued | None:
-    """The first cluster admin, a user named ``name``, and one token for it; None (and
-    nothing written) when an active cluster admin already exists."""
+async def bootstrap_admin(
+    conn: AsyncConnection[Any], name: str, given: NewSecret | None = None
+) -> Issued | None:
+    """The first cluster admin, a user named ``name``, and one token for it (``given``, or
+    a new one); None (and nothing written) when an active cluster admin already exists."""
     async with command_transaction(conn) as tx:
         await tx.execute("lock.creates", _LOCK_CREATES, ("principal",))
         exists = await tx.execute("cluster_admin.active", _ACTIVE_CLUSTER_ADMIN, (), scalar_row)
@@ -256,7 +259,9 @@ async def bootstrap_admin(conn: AsyncConnection[Any], name: str) -> Issued | Non
         values = _new_principal("user", name, None, now_ms)
         await tx.execute("principal.insert", _INSERT_PRINCIPAL, values)
         await tx.execute("cluster_admin.insert", _INSERT_CLUSTER_ADMIN, values)
-        return await _insert_token(tx, values["principal_id"], None, None, now_ms, None)
+        return await _insert_token(
+            tx, values["principal_id"], None, None, now_ms, None, secret=given
+        )
 
 
 # --- operator tokens -------------------------------------------------------------------
@@ -360,8 +365,10 @@ async def _insert_token(
     replaces: uuid.UUID | None,
     now_ms: int,
     expires_at_ms: int | None,
+    *,
+    secret: NewSecret | None = None,
 ) -> Issued:
-    secret = new_operator_token()
+    secret = secret or new_operator_token()
     values = {
         "token_id": uuid.uuid4(),
         "principal_id": principal_id,

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
+from qinglong_protocol import bounds
+
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import LIVE_SESSION_STATES
 
@@ -65,6 +67,15 @@ def _new_secret(prefix: str) -> NewSecret:
 
 def new_operator_token() -> NewSecret:
     return _new_secret(OPERATOR_TOKEN_PREFIX)
+
+
+def given_operator_token(text: str) -> NewSecret:
+    """A token made elsewhere (a Kubernetes Secret) for bootstrap-admin to enroll; it must
+    have the shape of one this server would issue."""
+    token = text.strip()
+    if bounds.OPERATOR_TOKEN_PATTERN.match(token) is None:
+        raise ValueError("an operator token is 'qlo1_' followed by 43 base64url characters")
+    return NewSecret(token)
 
 
 def new_join_token() -> NewSecret:
