@@ -19,6 +19,8 @@ from qinglong_control.settings import ENV_ADMIN_DATABASE_URL as CONTROL_ADMIN_DA
 from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL
 from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL
 
+from tests.support.devstack_process import admin_cli, operator_cli
+
 QINGLONG = Path(sys.executable).with_name("qinglong")
 QINGLONG_WORKER = Path(sys.executable).with_name("qinglong-worker")
 START_TIMEOUT_SECONDS = 120.0
@@ -94,25 +96,6 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
         raise
 
 
-def _qinglong(*args: str) -> str:
-    completed = subprocess.run(
-        [str(QINGLONG), *args], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    return completed.stdout
-
-
-def _operator(stack_path: Path, *args: str) -> str:
-    # `--stack` before the command's own arguments: they may end in `-- CMD …`.
-    return _qinglong(*args[:2], "--stack", str(stack_path), *args[2:])
-
-
-def _as_admin(stack_path: Path, *args: str) -> list[dict[str, Any]]:
-    """`qinglong admin …` or `qinglong worker …` with the token `up` wrote; its JSON lines."""
-    out = _qinglong(*args, "--stack", str(stack_path))
-    return [json.loads(line) for line in out.splitlines()]
-
-
 def _admin_token(stack: dict[str, Any], stack_path: Path) -> str:
     """The first cluster admin's token: in a 0600 file that the stack file only names."""
     token_file = Path(stack["admin"]["token_file"])
@@ -174,6 +157,9 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
         assert stack["replicas"]["count"] == 1
         assert stack["replicas"]["ingress"] == [stack["ingress"]]
         assert stack["replicas"]["control"] == [stack["control"]]
+        # Workers join at ingress's enrollment listener, on loopback like the rest by default.
+        assert stack["ingress"]["enrollment"]["address"].startswith("127.0.0.1:")
+        assert "enrollment" not in stack["control"]
         assert stack["postgres"]["standby"] is None
         assert len(stack["postgres"]["hosts"]) == 1
         assert Path(stack["ca_cert"]).is_file()
@@ -203,22 +189,22 @@ def test_up_health_and_stop(tmp_path: Path) -> None:
 
         # The operator CLI through ingress: create, trigger, cancel, and watch the
         # control plane's convergence end the queued Run (nobody is pulling work).
-        created = _operator(stack_path, "task", "create", "--name", "e2e", "--", "echo", "hi")
+        created = operator_cli(stack_path, "task", "create", "--name", "e2e", "--", "echo", "hi")
         task_id = json.loads(created)["taskId"]
-        run = json.loads(_operator(stack_path, "run", "trigger", "--task", task_id))
+        run = json.loads(operator_cli(stack_path, "run", "trigger", "--task", task_id))
         assert run["state"] == "RUN_STATE_QUEUED"
-        assert run["runId"] in _operator(stack_path, "run", "list")
-        cancel = json.loads(_operator(stack_path, "run", "cancel", run["runId"]))
+        assert run["runId"] in operator_cli(stack_path, "run", "list")
+        cancel = json.loads(operator_cli(stack_path, "run", "cancel", run["runId"]))
         assert cancel["outcome"] == "CANCEL_RUN_OUTCOME_ACCEPTED"
-        timeline = _operator(stack_path, "run", "watch", run["runId"])
+        timeline = operator_cli(stack_path, "run", "watch", run["runId"])
         types = [json.loads(line)["type"] for line in timeline.splitlines()]
         assert types == ["run.queued", "run.cancel_requested", "run.cancelled"]
         assert token not in created + timeline
 
         # The admin's commands with the token `up` bootstrapped: a project, and the fleet.
-        (project,) = _as_admin(stack_path, "admin", "project", "create", "e2e-admin")
+        (project,) = admin_cli(stack_path, "admin", "project", "create", "e2e-admin")
         assert project["state"] == "RESOURCE_STATE_ACTIVE"
-        fleet = _as_admin(stack_path, "worker", "list")
+        fleet = admin_cli(stack_path, "worker", "list")
         assert stack["worker"]["worker_id"] in [worker["workerId"] for worker in fleet]
 
         # The Kubernetes probe command of each service (mTLS; kubelet's gRPC probe can't).
@@ -290,7 +276,7 @@ def test_second_up_reuses_pki_database_and_admin_token(tmp_path: Path) -> None:
         assert _health(stack_path).returncode == 0
         # Bootstrap found its cluster admin and issued nothing: the first token still works.
         assert _admin_token(stack, stack_path) == admin_token
-        assert _as_admin(stack_path, "admin", "project", "list", "--all")
+        assert admin_cli(stack_path, "admin", "project", "list", "--all")
     finally:
         out, err = _stop(second)
     assert second.returncode == 0, out + err

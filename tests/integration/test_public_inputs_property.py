@@ -1014,7 +1014,7 @@ def contract_allows(method: PublicMethod, body: bytes, issued_tokens: Collection
         and request.outcome != worker_pb2.ATTEMPT_OUTCOME_CANCELLED
     ):
         return False
-    if method.descriptor.name == "JoinWorker":
+    if "certificate_signing_request_pem" in method.descriptor.input_type.fields_by_name:
         # "a PKCS#10 certificate signing request ... signed with the Worker's new key"
         try:
             IssuingAuthority.check_request(request.certificate_signing_request_pem)

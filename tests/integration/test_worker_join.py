@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import psycopg
+import pytest
 from cryptography import x509
 from qinglong.admin.v1 import admin_service_pb2, admin_service_pb2_grpc
 from qinglong.enrollment.v1 import enrollment_service_pb2, enrollment_service_pb2_grpc
@@ -27,7 +28,9 @@ from qinglong_ingress.routes import ENROLLMENT_ROUTES, ROUTES
 from qinglong_protocol.errors import error_reason_of
 from qinglong_protocol.identities import worker_uri
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
+from qinglong_worker.client import CallFailed, ClientSettings, WorkerClient
 from qinglong_worker.join import new_private_key, signing_request
+from qinglong_worker.renewal import CertificateRenewer
 
 from tests.support.calls import failure
 from tests.support.stack import Stack
@@ -206,3 +209,75 @@ async def test_a_bad_csr_spends_no_token(stack: Stack, tmp_path: Path) -> None:
 def test_the_public_listener_does_not_serve_enrollment() -> None:
     assert {r.service for r in ROUTES}.isdisjoint({r.service for r in ENROLLMENT_ROUTES})
     assert [r.name for r in ENROLLMENT_ROUTES] == ["JoinWorker"]
+
+
+async def test_a_joined_worker_renews_its_certificate_and_keeps_working(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Two thirds into its lifetime the Worker makes a new key, gets a successor over its
+    present mTLS channel, switches worker.json in one rename and its channel to the new
+    identity; the old key is gone. A disabled Worker cannot renew."""
+    token = await create_worker(stack, "edge-11")
+    identity_dir = tmp_path / "edge-11"
+    assert (await run_join(stack, token, identity_dir, tmp_path)).returncode == 0
+    identity_file = identity_dir / "worker.json"
+    before = on_disk(identity_file)
+    start, end = before.certificate.not_valid_before_utc, before.certificate.not_valid_after_utc
+    client = WorkerClient(ClientSettings(stack.ingress_address, before.files))
+    try:
+        early = CertificateRenewer(client, identity_file, "edge-11", clock=lambda: start)
+        assert not await early.renew_if_due()
+        later = start + (end - start) * 0.7
+        renewer = CertificateRenewer(client, identity_file, "edge-11", clock=lambda: later)
+        assert await renewer.renew_if_due()
+        after = on_disk(identity_file)
+        assert after.certificate.serial_number != before.certificate.serial_number
+        assert after.certificate.public_key() != before.certificate.public_key()
+        assert after.certificate.subject == before.certificate.subject
+        assert after.key_mode == 0o600
+        assert not before.files.key.exists(), "the superseded key is removed"
+        # The client now presents the new certificate, and the Worker still works.
+        session = await client.open_session(
+            worker_service_pb2.OpenSessionRequest(
+                request_id="after-renewal",
+                worker_id="edge-11",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            )
+        )
+        assert session.worker_generation >= 1
+        # Disabled: the next renewal is refused (at ingress already: no active identity).
+        async with stack.channel(stack.operator_identity("ops")) as channel:
+            await admin_service_pb2_grpc.AdminServiceStub(channel).DisableWorker(
+                admin_service_pb2.DisableWorkerRequest(worker_id="edge-11"),
+                metadata=(("authorization", f"Bearer {stack.tokens['root']}"),),
+            )
+        with pytest.raises(CallFailed) as refused:
+            await client.renew_certificate(
+                worker_service_pb2.RenewCertificateRequest(
+                    worker_id="edge-11",
+                    certificate_signing_request_pem=signing_request(new_private_key()),
+                )
+            )
+        assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await client.close()
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    files: TlsFiles
+    certificate: x509.Certificate
+    key_mode: int
+
+
+def on_disk(identity_file: Path) -> OnDisk:
+    """What worker.json names now: its files, its certificate and its key's mode."""
+    identity = json.loads(identity_file.read_text())
+    files = TlsFiles(
+        ca_cert=Path(identity["tls_ca"]),
+        cert=Path(identity["tls_cert"]),
+        key=Path(identity["tls_key"]),
+    )
+    certificate = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    return OnDisk(files, certificate, stat.S_IMODE(files.key.stat().st_mode))

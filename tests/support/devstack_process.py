@@ -47,6 +47,11 @@ class DevStack:
         return str(self.document["ingress"]["address"])
 
     @property
+    def enrollment_address(self) -> str:
+        """Where a Worker joins (ingress's enrollment listener, replica 0)."""
+        return str(self.document["ingress"]["enrollment"]["address"])
+
+    @property
     def project_id(self) -> str:
         return str(self.document["project_id"])
 
@@ -112,6 +117,27 @@ class DevStack:
 
     def running(self) -> bool:
         return self.process.poll() is None
+
+
+def qinglong(*args: str) -> str:
+    """`qinglong ARGS` must exit 0; its stdout (JSON lines: stdout is not a terminal)."""
+    completed = subprocess.run(
+        [str(QINGLONG), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
+def operator_cli(stack_path: Path, *args: str) -> str:
+    """`qinglong task|run …` as the stack's operator."""
+    # `--stack` before the command's own arguments: they may end in `-- CMD …`.
+    return qinglong(*args[:2], "--stack", str(stack_path), *args[2:])
+
+
+def admin_cli(stack_path: Path, *args: str) -> list[dict[str, Any]]:
+    """`qinglong admin …` or `qinglong worker …` with the token `up` wrote; its JSON lines."""
+    out = qinglong(*args, "--stack", str(stack_path))
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def _wait_for_stack_file(process: subprocess.Popen[str], stack_path: Path) -> dict[str, Any]:

@@ -137,6 +137,9 @@ def valid_requests() -> dict[str, Message]:
             outcome=worker_pb2.AttemptOutcome.ATTEMPT_OUTCOME_SUCCEEDED,
             exit_code=0,
         ),
+        W + "RenewCertificate": ws.RenewCertificateRequest(
+            worker_id=WORKER, certificate_signing_request_pem=CSR
+        ),
         T + "CreateTask": ts.CreateTaskRequest(
             project_id=PROJECT,
             request_id="task-1",
@@ -674,6 +677,7 @@ def test_byte_caps_per_method() -> None:
         W + "ReportStartFailure": 8 * kib,
         W + "ControlLease": 8 * kib,  # R-LC-1
         W + "CompleteAttempt": 8 * kib,
+        W + "RenewCertificate": 8 * kib,
         T + "CreateTask": 128 * kib,
         T + "GetTask": 128 * kib,
         T + "CreateTaskRevision": 128 * kib,
@@ -782,8 +786,8 @@ def test_every_field_of_every_public_request_has_a_fitting_rule() -> None:
     assert "qinglong.rpc.v1.Fence" in reachable
     assert "qinglong.rpc.v1.ExecutionPlan" in reachable
     assert "qinglong.rpc.v1.RetryPolicy" in reachable
-    # 38 requests + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
-    assert len(reachable) == 42
+    # 39 requests + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
+    assert len(reachable) == 43
     assert _coverage_problems(public_services()) == []
 
 

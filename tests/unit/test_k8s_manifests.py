@@ -21,6 +21,8 @@ import copy
 import functools
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator, Mapping
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -30,6 +32,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 import yaml
 from qinglong_protocol import bounds
+from qinglong_worker.join import IDENTITY_FILE
 
 try:
     import kubernetes_validate
@@ -58,6 +61,22 @@ TRUST_DOMAIN = "qinglong.local"
 CONTROL = "qinglong-control"
 INGRESS = "qinglong-ingress"
 MIGRATE = "qinglong-migrate"
+WORKER = "qinglong-worker"
+WORKLOAD_KIND = {
+    CONTROL: "Deployment",
+    INGRESS: "Deployment",
+    MIGRATE: "Job",
+    WORKER: "StatefulSet",
+}
+
+# cert-manager's CA Secret (Certificate qinglong-ca): it signs every certificate, and
+# control signs joining Workers' certificates with it (the issuing CA).
+CA_SECRET = "qinglong-ca"
+WORKER_JOIN_SECRET = "qinglong-worker-join"
+# ingress's two listeners: mutual TLS, and Worker enrollment (server-authenticated TLS).
+PUBLIC_PORT = 8443
+ENROLLMENT_PORT = 9443
+INGRESS_HOST = f"{INGRESS}.{NAMESPACE}.svc.cluster.local"
 
 # One Secret per database role; the role names are qinglong_control.db.roles.
 DB_SECRET_OF_ROLE = {
@@ -77,6 +96,7 @@ DB_URL_VARIABLES = {
 CONTROL_POD = {"app.kubernetes.io/name": "qinglong", "app.kubernetes.io/component": "control"}
 INGRESS_POD = {"app.kubernetes.io/name": "qinglong", "app.kubernetes.io/component": "ingress"}
 MIGRATE_POD = {"app.kubernetes.io/name": "qinglong", "app.kubernetes.io/component": "migrate"}
+WORKER_POD = {"app.kubernetes.io/name": "qinglong", "app.kubernetes.io/component": "worker"}
 POSTGRES_POD = {"cnpg.io/cluster": POSTGRES_CLUSTER, "cnpg.io/podRole": "instance"}
 # Pods that must never reach control or PostgreSQL: unlabelled, a stranger that borrows
 # the app name, the database itself.
@@ -569,15 +589,32 @@ def _all_text(resource: Resource) -> str:
     return json.dumps(resource, sort_keys=True)
 
 
-def test_control_holds_only_the_runtime_and_admin_roles() -> None:
+def test_control_holds_only_the_runtime_and_admin_roles_and_the_issuing_ca() -> None:
     control = _find("Deployment", CONTROL)
     assert _secret_references(_pod_spec(control)) == {
         "qinglong-db-runtime",
         "qinglong-db-admin",
         "qinglong-control-tls",
         POSTGRES_CA_SECRET,
+        CA_SECRET,
     }
-    env = _env(_only_container(control))
+    container = _only_container(control)
+    env = _env(container)
+    # Every variable naming a Secret-backed value, and what it names.
+    secret_env = {name for name, variable in env.items() if "valueFrom" in variable}
+    assert secret_env == {"QINGLONG_DATABASE_URL", "QINGLONG_CONTROL_ADMIN_DATABASE_URL"}
+    issuing = {
+        variable: _mounted_secret_file(
+            _pod_spec(control), container, _env_value(container, variable)
+        )
+        for variable in ("QINGLONG_CONTROL_ISSUING_CA_CERT", "QINGLONG_CONTROL_ISSUING_CA_KEY")
+    }
+    assert issuing == {
+        "QINGLONG_CONTROL_ISSUING_CA_CERT": (CA_SECRET, "tls.crt"),
+        "QINGLONG_CONTROL_ISSUING_CA_KEY": (CA_SECRET, "tls.key"),
+    }
+    days = float(_env_value(container, "QINGLONG_CONTROL_WORKER_CERTIFICATE_DAYS"))
+    assert 0 < days <= 7, "Worker certificates are short-lived (R-ADM-2)"
     assert env["QINGLONG_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
         "name": "qinglong-db-runtime",
         "key": "url",
@@ -788,25 +825,31 @@ def test_only_ingress_pods_reach_control() -> None:
             assert set(peer) == {"podSelector"}, f"control admits {peer}"
             assert _selects(peer["podSelector"], INGRESS_POD)
     assert _admitted(CONTROL_POD, INGRESS_POD) == {("TCP", 7443)}
-    for source in (CONTROL_POD, MIGRATE_POD, POSTGRES_POD, *STRANGER_PODS):
+    for source in (CONTROL_POD, MIGRATE_POD, WORKER_POD, POSTGRES_POD, *STRANGER_PODS):
         assert _admitted(CONTROL_POD, source) == set(), f"{source} can reach control"
 
 
-def test_ingress_pods_are_reachable_on_their_port_from_anywhere() -> None:
-    open_rules = [rule for rule in _rules(INGRESS_POD, "Ingress") if not rule.get("from")]
+def test_ingress_pods_are_reachable_on_their_two_ports_from_anywhere() -> None:
+    rules = _rules(INGRESS_POD, "Ingress")
+    open_rules = [rule for rule in rules if not rule.get("from")]
     assert open_rules, "ingress must be reachable from outside the namespace"
-    assert all(_ports(rule) == {("TCP", 8443)} for rule in _rules(INGRESS_POD, "Ingress"))
+    both = {("TCP", PUBLIC_PORT), ("TCP", ENROLLMENT_PORT)}
+    assert set().union(*(_ports(rule) for rule in open_rules)) == both
+    assert all(_ports(rule) <= both for rule in rules)
+    for source in (WORKER_POD, *STRANGER_PODS):
+        assert _admitted(INGRESS_POD, source) == both, source
 
 
-def test_migration_pods_accept_nothing() -> None:
-    assert _policies(MIGRATE_POD, "Ingress")
-    assert _rules(MIGRATE_POD, "Ingress") == []
+@pytest.mark.parametrize("labels", [MIGRATE_POD, WORKER_POD], ids=["migrate", "worker"])
+def test_pods_that_only_dial_out_accept_nothing(labels: dict[str, str]) -> None:
+    assert _policies(labels, "Ingress")
+    assert _rules(labels, "Ingress") == []
 
 
 def test_postgres_accepts_only_role_holders_and_its_own_machinery() -> None:
     for source in (CONTROL_POD, INGRESS_POD, MIGRATE_POD):
         assert _admitted(POSTGRES_POD, source) == {("TCP", 5432)}, source
-    for source in STRANGER_PODS:
+    for source in (WORKER_POD, *STRANGER_PODS):
         assert _admitted(POSTGRES_POD, source) == set(), f"{source} can reach PostgreSQL"
     assert _admitted(POSTGRES_POD, POSTGRES_POD) == {("TCP", 5432), ("TCP", 8000)}
 
@@ -829,6 +872,10 @@ def _destination(rule: Resource) -> str:
     if _selects(pods, CONTROL_POD) and not _selects(pods, INGRESS_POD):
         assert _ports(rule) == {("TCP", 7443)}
         return "control"
+    if _selects(pods, INGRESS_POD) and not _selects(pods, CONTROL_POD):
+        # Exactly ingress's two listeners: the mTLS channel and enrollment.
+        assert _ports(rule) == {("TCP", PUBLIC_PORT), ("TCP", ENROLLMENT_PORT)}
+        return "ingress"
     pytest.fail(f"unexpected egress destination {peer}")
 
 
@@ -838,8 +885,9 @@ def _destination(rule: Resource) -> str:
         (CONTROL_POD, {"dns", "postgres"}),
         (INGRESS_POD, {"dns", "postgres", "control"}),
         (MIGRATE_POD, {"dns", "postgres"}),
+        (WORKER_POD, {"dns", "ingress"}),
     ],
-    ids=["control", "ingress", "migrate"],
+    ids=["control", "ingress", "migrate", "worker"],
 )
 def test_egress_is_restricted(labels: dict[str, str], allowed: set[str]) -> None:
     assert _policies(labels, "Egress"), f"egress of {labels} is not restricted"
@@ -868,9 +916,16 @@ def _check_resources(container: Resource) -> None:
         assert {"cpu", "memory"} <= set(resources.get(bound, {})), (container["name"], bound)
 
 
-@pytest.mark.parametrize("name", [CONTROL, INGRESS, MIGRATE])
+def test_the_workloads_are_exactly_these() -> None:
+    assert {_label(w) for w in _workloads()} == {
+        f"{kind}/{name}" for name, kind in WORKLOAD_KIND.items()
+    }
+
+
+@pytest.mark.parametrize("name", list(WORKLOAD_KIND))
 def test_every_container_is_locked_down(name: str) -> None:
-    workload = _find("Job" if name == MIGRATE else "Deployment", name)
+    workload = _find(WORKLOAD_KIND[name], name)
+    claims = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
     pod_spec = _pod_spec(workload)
     assert pod_spec["automountServiceAccountToken"] is False
     account = _find("ServiceAccount", pod_spec["serviceAccountName"])
@@ -880,11 +935,18 @@ def test_every_container_is_locked_down(name: str) -> None:
     for container in _containers(workload):
         _check_security_context(pod_spec, container)
         _check_resources(container)
-        # Writable paths are only memory-backed scratch space.
+        # Writable paths are only memory-backed scratch space and, for the Worker, its
+        # own claim (identity and inbox).
         volumes = {volume["name"]: volume for volume in pod_spec.get("volumes", [])}
         for mount in container.get("volumeMounts", []):
+            if mount["name"] in claims:
+                assert mount["name"] not in volumes, "a claim shadowed by a pod volume"
+                continue
             volume = volumes[mount["name"]]
-            if "emptyDir" not in volume:
+            if "emptyDir" in volume:
+                assert volume["emptyDir"].get("medium") == "Memory", mount
+                assert volume["emptyDir"].get("sizeLimit"), mount
+            else:
                 assert mount.get("readOnly") is True, mount
 
 
@@ -955,13 +1017,15 @@ def test_migration_job_runs_once_per_release_before_the_services() -> None:
         annotations = _find(kind, name)["metadata"].get("annotations", {})
         return int(annotations.get("argocd.argoproj.io/sync-wave", "0"))
 
-    for secret in DB_SECRET_OF_ROLE.values():
+    for secret in [*DB_SECRET_OF_ROLE.values(), WORKER_JOIN_SECRET]:
         assert wave("Secret", secret) < wave("Cluster", POSTGRES_CLUSTER)
+    # The Worker joins through ingress's enrollment listener, so it comes last.
     assert (
         wave("Cluster", POSTGRES_CLUSTER)
         < wave("Job", MIGRATE)
         < wave("Deployment", CONTROL)
         < wave("Deployment", INGRESS)
+        < wave("StatefulSet", WORKER)
     )
 
 
@@ -972,12 +1036,31 @@ def _listen_port(container: Resource, variable: str) -> int:
     return int(_env_value(container, variable).rpartition(":")[2])
 
 
+def _service_target(service_name: str, port: int) -> int:
+    """The container port behind `port` of a Service (resolved through the named port of
+    the Deployment it selects)."""
+    service = _find("Service", service_name)
+    container = _only_container(_find("Deployment", service_name))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    (service_port,) = [p for p in service["spec"]["ports"] if p["port"] == port]
+    target = service_port["targetPort"]
+    return ports[target] if isinstance(target, str) else int(target)
+
+
 def test_services_route_to_the_listening_ports() -> None:
     control = _only_container(_find("Deployment", CONTROL))
     ingress = _only_container(_find("Deployment", INGRESS))
-    for name, container, variable, kind in (
-        (CONTROL, control, "QINGLONG_CONTROL_LISTEN_ADDRESS", "ClusterIP"),
-        (INGRESS, ingress, "QINGLONG_INGRESS_LISTEN_ADDRESS", "LoadBalancer"),
+    for name, container, variables, kind in (
+        (CONTROL, control, {"grpc": "QINGLONG_CONTROL_LISTEN_ADDRESS"}, "ClusterIP"),
+        (
+            INGRESS,
+            ingress,
+            {
+                "grpc": "QINGLONG_INGRESS_LISTEN_ADDRESS",
+                "enroll": "QINGLONG_INGRESS_ENROLLMENT_LISTEN_ADDRESS",
+            },
+            "LoadBalancer",
+        ),
     ):
         service = _find("Service", name)
         assert service["spec"]["type"] == kind
@@ -985,8 +1068,12 @@ def test_services_route_to_the_listening_ports() -> None:
             {"matchLabels": service["spec"]["selector"]}, _pod_labels(_find("Deployment", name))
         )
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        (service_port,) = service["spec"]["ports"]
-        assert ports[service_port["targetPort"]] == _listen_port(container, variable)
+        assert set(ports) == set(variables), f"{name}: container ports"
+        service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+        assert set(service_ports) == set(variables), f"{name}: Service ports"
+        for port_name, variable in variables.items():
+            assert service_ports[port_name]["targetPort"] == port_name
+            assert ports[port_name] == _listen_port(container, variable), (name, port_name)
     address = _env_value(ingress, "QINGLONG_INGRESS_CONTROL_ADDRESS")
     control_service = _find("Service", CONTROL)
     assert address == (
@@ -1056,6 +1143,263 @@ def test_server_certificates_fit_their_names_and_the_probe(deployment: str, vari
         assert host in spec["dnsNames"]
 
 
+# --- Workers and enrollment ----------------------------------------------------------------------
+
+
+def _worker() -> Resource:
+    return _find("StatefulSet", WORKER)
+
+
+def _worker_containers() -> tuple[Resource, Resource]:
+    spec = _pod_spec(_worker())
+    (join,) = spec["initContainers"]
+    (daemon,) = spec["containers"]
+    return join, daemon
+
+
+def _expand(container: Resource, value: str, environ: Mapping[str, str] | None = None) -> str:
+    """Kubernetes' $(VAR) expansion in command/args, from the container's own env."""
+    values = {name: variable.get("value") for name, variable in _env(container).items()}
+    values.update(environ or {})
+
+    def one(match: re.Match[str]) -> str:
+        found = values.get(match[1])
+        assert isinstance(found, str), f"$({match[1]}) is not a literal variable"
+        return found
+
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", one, value)
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    assert all(a.startswith("--") for a in argv[::2]), argv
+    flags = dict(zip(argv[::2], argv[1::2], strict=True))
+    assert len(flags) == len(argv) // 2, f"a repeated flag in {argv}"
+    return flags
+
+
+def _join_flags() -> dict[str, str]:
+    join, _ = _worker_containers()
+    return {flag: _expand(join, value) for flag, value in _flags(join["args"]).items()}
+
+
+def _daemon_flags() -> dict[str, str]:
+    _, daemon = _worker_containers()
+    assert daemon["command"][:2] == ["qinglong-worker", "run"]
+    assert not daemon.get("args")
+    return _flags(daemon["command"][2:])
+
+
+def _claim_mount(container: Resource) -> PurePosixPath:
+    (template,) = _worker()["spec"]["volumeClaimTemplates"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == template["metadata"]["name"]]
+    assert not mount.get("readOnly"), "the claim holds what the Worker writes"
+    assert "subPath" not in mount
+    return PurePosixPath(mount["mountPath"])
+
+
+def _run_join_guard(tmp_path: Path, identity: Path, token: Path) -> tuple[int, list[str]]:
+    """Run the init container's command as the kubelet would (its $(VAR)s expanded, the
+    identity and token paths moved under tmp_path) against a stand-in qinglong-worker that
+    records its argv and writes worker.json as a successful join does; return the exit
+    status and the argv lists the stand-in received."""
+    join, _ = _worker_containers()
+    environ = {"IDENTITY_DIR": str(identity), "JOIN_TOKEN_FILE": str(token)}
+    argv = [_expand(join, part, environ) for part in [*join["command"], *join["args"]]]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls"
+    stand_in = bin_dir / "qinglong-worker"
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{calls}"\n'
+        'while [ "$#" -gt 0 ]; do\n'
+        '  if [ "$1" = --dir ]; then mkdir -p "$2" && echo "{}" > "$2/' + IDENTITY_FILE + '"; fi\n'
+        "  shift\n"
+        "done\n"
+    )
+    stand_in.chmod(0o755)
+    shell = shutil.which(SHELL)
+    assert shell, f"no {SHELL} to run the guard with"
+    result = subprocess.run(
+        [shell, *argv[1:]],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", **environ},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    made = calls.read_text().splitlines() if calls.exists() else []
+    calls.unlink(missing_ok=True)
+    return result.returncode, made
+
+
+def test_the_worker_joins_at_most_once(tmp_path: Path) -> None:
+    """A join token is single use: a restarted pod, whose claim already holds worker.json
+    (the file a successful join writes last), must not join again."""
+    join, _ = _worker_containers()
+    assert join["command"][:2] == [SHELL, "-c"]
+    script = join["command"][2]
+    assert f"/{IDENTITY_FILE}" in script, "the guard tests the file join writes last"
+    assert "exec qinglong-worker join" in script
+    flags = _join_flags()
+    identity_dir = _expand(join, "$(IDENTITY_DIR)")
+    assert flags["--dir"] == identity_dir
+
+    token = tmp_path / "token"
+    token.write_text("qlj1_x\n")
+    identity = tmp_path / "claim" / "identity"
+    # First start: no identity yet, so it joins, once, with the manifest's flags.
+    status, calls = _run_join_guard(tmp_path, identity, token)
+    assert status == 0
+    (call,) = calls
+    assert call.split()[0] == "join"
+    assert f"--dir {identity}" in call
+    assert f"--token-file {token}" in call
+    assert (identity / IDENTITY_FILE).is_file()
+    # Restarts: the identity is there; it does not join again, even with a token.
+    for _ in range(2):
+        assert _run_join_guard(tmp_path, identity, token) == (0, [])
+    # A fresh claim without the (optional) token Secret fails loudly, joining nothing.
+    status, calls = _run_join_guard(tmp_path, tmp_path / "other", tmp_path / "absent")
+    assert status != 0
+    assert calls == []
+
+
+def test_the_worker_reads_its_token_and_ca_from_the_named_secrets() -> None:
+    worker = _worker()
+    spec = _pod_spec(worker)
+    join, daemon = _worker_containers()
+    assert _secret_references(spec) == {WORKER_JOIN_SECRET, CA_SECRET}
+    assert not _secret_references({"containers": [join, daemon]}), "no Secret in env"
+    flags = _join_flags()
+    assert "--token" not in flags, "a token on the command line is visible in ps"
+    assert _mounted_secret_file(spec, join, flags["--token-file"]) == (WORKER_JOIN_SECRET, "token")
+    assert _mounted_secret_file(spec, join, flags["--ca"]) == (CA_SECRET, "ca.crt")
+    volumes = {v["name"]: v["secret"] for v in spec["volumes"] if "secret" in v}
+    by_secret = {secret["secretName"]: secret for secret in volumes.values()}
+    assert len(by_secret) == len(volumes)
+    # Only the needed keys: never the CA's key, the token owner-read-only.
+    assert by_secret[WORKER_JOIN_SECRET]["items"] == [{"key": "token", "path": "token"}]
+    assert by_secret[WORKER_JOIN_SECRET]["defaultMode"] == 0o400
+    assert by_secret[CA_SECRET]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    # The daemon needs neither: its files are on the claim (worker.json names them).
+    assert {m["name"] for m in daemon["volumeMounts"]} & set(volumes) == set()
+    secret = _find("Secret", WORKER_JOIN_SECRET)
+    assert set(secret["data"]) == {"token"}
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert PLACEHOLDER_MARK in token, "a marked placeholder, not a secret"
+    assert bounds.JOIN_TOKEN_PATTERN.match(token), "in the shape join accepts"
+
+
+def test_the_worker_keeps_its_identity_and_inbox_on_the_claim() -> None:
+    worker = _worker()
+    spec = worker["spec"]
+    assert spec["replicas"] == 1, "one join token, one identity"
+    (template,) = spec["volumeClaimTemplates"]
+    assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert spec["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": "Retain",
+        "whenScaled": "Retain",
+    }
+    join, daemon = _worker_containers()
+    claim = _claim_mount(join)
+    assert _claim_mount(daemon) == claim
+    identity_dir = PurePosixPath(_join_flags()["--dir"])
+    assert identity_dir.is_relative_to(claim)
+    flags = _daemon_flags()
+    assert set(flags) == {"--identity", "--inbox"}
+    assert PurePosixPath(flags["--identity"]) == identity_dir / IDENTITY_FILE
+    inbox = PurePosixPath(flags["--inbox"])
+    # logs/ and exits/ are created beside the inbox: on the claim too, apart from the key.
+    assert inbox.is_relative_to(claim)
+    assert not inbox.is_relative_to(identity_dir)
+    # Time to drain: > drain grace (30 s) + stop grace (5 s), README "Workers".
+    assert _pod_spec(worker)["terminationGracePeriodSeconds"] >= 45
+
+
+def test_the_worker_dials_ingress_by_its_service_names() -> None:
+    flags = _join_flags()
+    ingress_secret, _ = _tls_secret(INGRESS, "QINGLONG_INGRESS_TLS_CERT")
+    names = _certificate_for_secret(ingress_secret)["spec"]["dnsNames"]
+    ingress = _only_container(_find("Deployment", INGRESS))
+    for flag, variable in (
+        ("--ingress", "QINGLONG_INGRESS_LISTEN_ADDRESS"),
+        ("--enrollment", "QINGLONG_INGRESS_ENROLLMENT_LISTEN_ADDRESS"),
+    ):
+        host, _, port = flags[flag].rpartition(":")
+        assert host == INGRESS_HOST, flag
+        assert _service_target(INGRESS, int(port)) == _listen_port(ingress, variable), flag
+    # The name both listeners' certificate carries (`run` checks the --ingress host).
+    assert flags["--server-name"] == INGRESS_HOST
+    assert INGRESS_HOST in names
+    # ... and the CA the Worker is given is the one that signs that certificate.
+    issuer = _certificate_for_secret(ingress_secret)["spec"]["issuerRef"]["name"]
+    assert _find("Issuer", issuer)["spec"]["ca"]["secretName"] == CA_SECRET
+
+
+def test_the_worker_reaches_exactly_ingress_two_ports() -> None:
+    egress = _rules(WORKER_POD, "Egress")
+    assert {_destination(rule) for rule in egress} == {"dns", "ingress"}
+    (to_ingress,) = [rule for rule in egress if _destination(rule) == "ingress"]
+    assert _ports(to_ingress) == {("TCP", PUBLIC_PORT), ("TCP", ENROLLMENT_PORT)}
+    # ... and ingress admits it there.
+    assert _admitted(INGRESS_POD, WORKER_POD) == _ports(to_ingress)
+
+
+def _secret_volume_sources(volume: Resource) -> list[tuple[str, Resource]]:
+    """(Secret name, its projection) of a secret volume or of a projected volume."""
+    if "secret" in volume:
+        return [(volume["secret"]["secretName"], volume["secret"])]
+    sources = volume.get("projected", {}).get("sources", [])
+    return [(s["secret"]["name"], s["secret"]) for s in sources if "secret" in s]
+
+
+def test_control_alone_mounts_the_issuing_ca_key() -> None:
+    """Every Secret that backs a CA Issuer holds the CA's private key: only control may
+    project its tls.key (to sign joining Workers); anyone else gets ca.crt at most."""
+    ca_secrets = {i["spec"]["ca"]["secretName"] for i in _of_kind("Issuer") if "ca" in i["spec"]}
+    assert ca_secrets == {CA_SECRET}
+    holders: dict[str, set[str]] = {}
+    for workload in _workloads():
+        for volume in _pod_spec(workload).get("volumes", []):
+            for name, secret in _secret_volume_sources(volume):
+                if name not in ca_secrets:
+                    continue
+                assert "items" in secret, f"{_label(workload)} projects all of {name}"
+                holders.setdefault(_label(workload), set()).update(
+                    item["key"] for item in secret["items"]
+                )
+    assert holders == {
+        f"Deployment/{CONTROL}": {"tls.crt", "tls.key"},
+        f"StatefulSet/{WORKER}": {"ca.crt"},
+    }
+    (volume,) = [
+        v
+        for v in _pod_spec(_find("Deployment", CONTROL))["volumes"]
+        if v.get("secret", {}).get("secretName") == CA_SECRET
+    ]
+    assert volume["secret"]["defaultMode"] == 0o400
+    for workload in _workloads():
+        if workload["metadata"]["name"] != CONTROL:
+            assert "ISSUING_CA" not in _all_text(workload), _label(workload)
+
+
+def test_the_enrollment_port_is_served_and_open() -> None:
+    ingress = _only_container(_find("Deployment", INGRESS))
+    port = _listen_port(ingress, "QINGLONG_INGRESS_ENROLLMENT_LISTEN_ADDRESS")
+    assert port == ENROLLMENT_PORT
+    assert port != _listen_port(ingress, "QINGLONG_INGRESS_LISTEN_ADDRESS"), "a listener of its own"
+    assert _env_value(ingress, "QINGLONG_INGRESS_ENROLLMENT_LISTEN_ADDRESS").startswith("0.0.0.0:")
+    (service_port,) = [
+        p for p in _find("Service", INGRESS)["spec"]["ports"] if p["targetPort"] == "enroll"
+    ]
+    assert _service_target(INGRESS, service_port["port"]) == port
+    assert any(
+        not rule.get("from") and ("TCP", port) in _ports(rule)
+        for rule in _rules(INGRESS_POD, "Ingress")
+    ), "the enrollment port is open to every source"
+
+
 # --- the image ------------------------------------------------------------------------------------
 
 
@@ -1065,11 +1409,24 @@ def _dockerfile_lines() -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
+# The only program a container may run that the image's base (Debian python-slim) brings
+# rather than the workspace: a POSIX shell for the Worker's join guard.
+SHELL = "sh"
+
+
 def _commands_used() -> set[str]:
     commands = set()
     for workload in _workloads():
         for container in _containers(workload):
-            commands.add(container["command"][0])
+            command = container["command"]
+            if command[0] == SHELL:
+                assert command[1] == "-c", command
+                # What the script runs is what must be installed.
+                execs = re.findall(r"\bexec\s+(\S+)", command[2])
+                assert execs, f"{container['name']}: a shell that execs nothing"
+                commands.update(execs)
+                continue
+            commands.add(command[0])
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if "exec" in container.get(kind, {}):
                     commands.add(container[kind]["exec"]["command"][0])
@@ -1084,6 +1441,11 @@ def test_the_dockerfile_builds_the_locked_workspace_as_a_non_root_user() -> None
     assert syncs
     assert all("--locked" in line and "--no-dev" in line for line in syncs)
     final = lines[lines.index(stages[-1]) :]
+    base = re.search(r"ARG PYTHON_IMAGE=(\S+)", " ".join(lines))
+    assert base, "the base image is an ARG"
+    assert re.fullmatch(r"python:[\d.]+-slim(-\w+)?", base[1]), (
+        f"{base[1]}: the Worker's init container needs the {SHELL} of a Debian slim image"
+    )
     users = [line.split()[1] for line in final if line.upper().startswith("USER ")]
     assert users, "the final stage sets USER"
     uid = users[-1].split(":")[0]

@@ -13,6 +13,12 @@ that order -- PostgreSQL by its data directory, so also a server someone
 restarted from outside. A second `up` on the same data directory reuses the PKI,
 the database and the admin token file (bootstrap issues nothing the second time).
 
+Workers of other machines join (R-ADM-2): every ingress replica also runs the enrollment
+listener, and control signs joining Workers' CSRs with the dev CA. ``--listen-host`` binds
+ingress's two listeners where other machines reach them (control stays on loopback), and
+the advertised host (``--advertise-host``, default the listen host) is what ingress's
+certificate names besides loopback and what stack.json and the summary show.
+
 Each service gets exactly its own database URLs in its environment (never on
 the command line, where `ps` would show them): control the runtime role's and
 the admin role's (docs/decisions/0002), ingress the worker-ingress role's (SPEC
@@ -80,8 +86,12 @@ DATABASE_NAME = "qinglong"
 DEFAULT_WORKER_ID = "local-worker"
 DEFAULT_OPERATOR_NAME = "local-operator"
 DEFAULT_ADMIN_NAME = "admin"
-# The dev stack binds loopback only; its server certificates name 127.0.0.1.
+# Control always binds loopback, and so does ingress unless `--listen-host` says otherwise;
+# every server certificate names 127.0.0.1.
 LOOPBACK_HOST = "127.0.0.1"
+# Listening on every interface: reachable from this machine on loopback, but no name for
+# others to dial, so `up` asks for `--advertise-host` then.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})  # noqa: S104 -- recognised, not bound
 SERVING = "SERVING"
 
 # Services get little grace in the dev stack; the supervisor kills after `stop_timeout`.
@@ -116,6 +126,38 @@ class UpOptions:
     stop_timeout_seconds: float
     replicas: int = 1
     standby: bool = False
+    # Ingress's Worker enrollment listener: replica i on enrollment_port + i (0 = any).
+    enrollment_port: int = 0
+    # Where ingress's public and enrollment listeners bind, and the name other machines
+    # dial (None: the listen host). Control stays on loopback whatever these say.
+    listen_host: str = LOOPBACK_HOST
+    advertise_host: str | None = None
+
+    @property
+    def advertised_host(self) -> str:
+        return advertised_host(self.listen_host, self.advertise_host)
+
+
+def advertised_host(listen_host: str, advertise_host: str | None) -> str:
+    """The host other machines dial ingress at; ValueError for a wildcard listen host
+    without an advertised name (0.0.0.0 is no address a client can be given)."""
+    if advertise_host:
+        return advertise_host
+    if listen_host in WILDCARD_HOSTS:
+        raise ValueError(f"--listen-host {listen_host} needs --advertise-host NAME")
+    return listen_host
+
+
+def local_host(listen_host: str) -> str:
+    """An address on this machine that reaches a listener bound to `listen_host`."""
+    if listen_host in WILDCARD_HOSTS:
+        return "::1" if ":" in listen_host else LOOPBACK_HOST
+    return listen_host
+
+
+def host_port(host: str, port: int) -> str:
+    # An IPv6 literal needs brackets in HOST:PORT, as gRPC targets and `--listen-address`.
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # --- the stack file -------------------------------------------------------------------------
@@ -128,6 +170,8 @@ class ServiceEntry:
     identity: str
     log: Path
     restarts: int = 0
+    # Ingress only: its Worker enrollment listener (server-authenticated TLS).
+    enrollment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -253,13 +297,16 @@ def read_stack_endpoints(path: Path) -> StackEndpoints:
 
 
 def _service_json(entry: ServiceEntry) -> dict[str, Any]:
-    return {
+    document: dict[str, Any] = {
         "address": entry.address,
         "pid": entry.pid,
         "identity": entry.identity,
         "log": str(entry.log),
         "restarts": entry.restarts,
     }
+    if entry.enrollment is not None:
+        document["enrollment"] = {"address": entry.enrollment}
+    return document
 
 
 def _identity_json(identity: ClientIdentity) -> dict[str, Any]:
@@ -307,18 +354,27 @@ class ServiceProcess:
     name: str
     process: asyncio.subprocess.Process
     log: Path
-    port: int = 0
+    # The bound port of each listener, in the order the service announced them.
+    ports: tuple[int, ...] = ()
     _drain: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    @property
-    def address(self) -> str:
-        return f"{LOOPBACK_HOST}:{self.port}"
+    async def wait_listening(self, timeout_seconds: float, listeners: int = 1) -> None:
+        """Read the service's `listeners` JSON lines announcing its bound ports (control
+        has one listener; ingress with enrollment two, the public one first)."""
+        assert self.process.stdout is not None
+        deadline = asyncio.get_running_loop().time() + timeout_seconds
+        ports = []
+        for _ in range(listeners):
+            remaining = deadline - asyncio.get_running_loop().time()
+            ports.append(await self._read_announcement(max(remaining, 0.0), timeout_seconds))
+        self.ports = tuple(ports)
+        # Keep the pipe drained so a chatty service can never block on a full pipe.
+        self._drain = asyncio.create_task(_discard(self.process.stdout))
 
-    async def wait_listening(self, timeout_seconds: float) -> None:
-        """Read the service's one JSON line announcing its bound port."""
+    async def _read_announcement(self, remaining_seconds: float, timeout_seconds: float) -> int:
         assert self.process.stdout is not None
         try:
-            line = await asyncio.wait_for(self.process.stdout.readline(), timeout_seconds)
+            line = await asyncio.wait_for(self.process.stdout.readline(), remaining_seconds)
         except TimeoutError:
             raise StartupError(
                 f"{self.name} did not report listening within {timeout_seconds:.0f} s; "
@@ -332,10 +388,8 @@ class ServiceProcess:
             )
         announcement = json.loads(line)
         if announcement.get("event") != "listening":
-            raise StartupError(f"{self.name}: unexpected first line {line!r}")
-        self.port = int(announcement["port"])
-        # Keep the pipe drained so a chatty service can never block on a full pipe.
-        self._drain = asyncio.create_task(_discard(self.process.stdout))
+            raise StartupError(f"{self.name}: unexpected line {line!r}")
+        return int(announcement["port"])
 
     async def stop(self, timeout_seconds: float) -> None:
         """SIGTERM, then SIGKILL if it has not exited within `timeout_seconds`."""
@@ -439,29 +493,49 @@ async def _completed(starting: Coroutine[Any, Any, _T], record: Callable[[_T], N
 class SupervisedService:
     """One replica as the supervisor sees it: how to start it, and its current process.
 
-    The port is pinned once the first process has bound it, so a restarted replica comes
-    back on the address that stack.json, the ingress replicas and Workers already know.
+    The ports are pinned once the first process has bound them, so a restarted replica
+    comes back on the addresses that stack.json, the ingress replicas and Workers already
+    know. `ports` has one entry per listener (0 = any free port): the main one first, then
+    ingress's enrollment listener.
     """
 
     name: str
     module: str
-    arguments: Callable[[int], list[str]]
+    arguments: Callable[[tuple[int, ...]], list[str]]
     environment: dict[str, str]
     log: Path
     identity: str
-    port: int
+    ports: tuple[int, ...]
+    # Where the listeners bind, and the host clients are told to dial.
+    listen_host: str = LOOPBACK_HOST
+    advertised_host: str = LOOPBACK_HOST
     current: ServiceProcess | None = None
     restarts: int = 0
     listening_since: float = 0.0
 
     @property
     def address(self) -> str:
-        return f"{LOOPBACK_HOST}:{self.port}"
+        """The main listener as clients are told to dial it."""
+        return host_port(self.advertised_host, self.ports[0])
+
+    @property
+    def local_address(self) -> str:
+        """The main listener as this machine reaches it (the advertised name may resolve
+        elsewhere, e.g. to a NAT's public address)."""
+        return host_port(local_host(self.listen_host), self.ports[0])
 
     def entry(self) -> ServiceEntry:
         assert self.current is not None
+        enrollment = None
+        if len(self.ports) > 1:
+            enrollment = host_port(self.advertised_host, self.ports[1])
         return ServiceEntry(
-            self.address, self.current.process.pid, self.identity, self.log, self.restarts
+            self.address,
+            self.current.process.pid,
+            self.identity,
+            self.log,
+            self.restarts,
+            enrollment,
         )
 
 
@@ -495,17 +569,17 @@ class _RunningStack:
         starting = start_service(
             service.name,
             service.module,
-            service.arguments(service.port),
+            service.arguments(service.ports),
             service.environment,
             service.log,
         )
         process = await _completed(starting, record)
         try:
-            await process.wait_listening(self._ready_timeout_seconds)
+            await process.wait_listening(self._ready_timeout_seconds, len(service.ports))
         except StartupError:
             await process.stop(self._stop_timeout_seconds)
             raise
-        service.port = process.port
+        service.ports = process.ports
         service.listening_since = time.monotonic()
 
     def _record_postgres(self, postgres: EmbeddedPostgres) -> None:
@@ -680,7 +754,9 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
     service_urls = role_urls
     if standby_server is not None:
         service_urls = multi_host_urls(role_urls, [primary, standby_server])
-    pki = await asyncio.to_thread(ensure_dev_pki, data_dir / "pki", options.trust_domain)
+    pki = await asyncio.to_thread(
+        ensure_dev_pki, data_dir / "pki", options.trust_domain, _ingress_names(options)
+    )
     worker_tls = await asyncio.to_thread(ensure_worker_identity, pki, options.worker_id)
     operator_tls = await asyncio.to_thread(ensure_operator_identity, pki, options.operator_name)
     identities = DevIdentities(
@@ -711,11 +787,11 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
         control = SupervisedService(
             name=name,
             module="qinglong_control.main",
-            arguments=lambda port: _control_arguments(pki, port),
+            arguments=functools.partial(_control_arguments, pki),
             environment=control_environment,
             log=logs / f"{name}.log",
             identity=service_uri(pki.trust_domain, "control"),
-            port=_replica_port(options.control_port, index),
+            ports=(_replica_port(options.control_port, index),),
         )
         await running.start_service(control)
         controls.append(control)
@@ -735,11 +811,21 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
         ingress = SupervisedService(
             name=name,
             module="qinglong_ingress.main",
-            arguments=functools.partial(_ingress_arguments, pki, control_address=control_address),
+            arguments=functools.partial(
+                _ingress_arguments,
+                pki,
+                listen_host=options.listen_host,
+                control_address=control_address,
+            ),
             environment=ingress_environment,
             log=logs / f"{name}.log",
             identity=service_uri(pki.trust_domain, "ingress"),
-            port=_replica_port(options.ingress_port, index),
+            ports=(
+                _replica_port(options.ingress_port, index),
+                _replica_port(options.enrollment_port, index),
+            ),
+            listen_host=options.listen_host,
+            advertised_host=options.advertised_host,
         )
         await running.start_service(ingress)
         ingresses.append(ingress)
@@ -747,7 +833,7 @@ async def _start(options: UpOptions, data_dir: Path, running: _RunningStack) -> 
     # Health is open to any certificate from the CA, so the operator's identity
     # probes every replica (control reserves its runtime API for ingress).
     for service in (*controls, *ingresses):
-        await wait_until_serving(service.address, operator_tls, options.ready_timeout_seconds)
+        await wait_until_serving(service.local_address, operator_tls, options.ready_timeout_seconds)
 
     return StackFile(
         trust_domain=pki.trust_domain,
@@ -807,11 +893,26 @@ def bootstrap_admin(migration_url: str, token_file: Path, timeout_seconds: float
         )
 
 
-def _control_arguments(pki: DevPki, port: int) -> list[str]:
+def _ingress_names(options: UpOptions) -> list[str]:
+    """What the ingress certificate must name besides loopback: the advertised host, and
+    the listen host, which `up` itself dials for health."""
+    names = [options.advertised_host]
+    if options.listen_host not in WILDCARD_HOSTS:
+        names.append(options.listen_host)
+    return names
+
+
+def _control_arguments(pki: DevPki, ports: tuple[int, ...]) -> list[str]:
+    (port,) = ports
     return [
         "--listen-address",
-        f"{LOOPBACK_HOST}:{port}",
+        host_port(LOOPBACK_HOST, port),
         *_tls_flags("--tls", pki.control_server),
+        # Control signs joining Workers' CSRs with the dev CA (R-ADM-2).
+        "--issuing-ca-cert",
+        str(pki.ca_cert),
+        "--issuing-ca-key",
+        str(pki.ca_key),
         "--allowed-caller-uri",
         service_uri(pki.trust_domain, "ingress"),
         # Control forms an enrolled Worker's SAN URI in the stack's trust domain.
@@ -822,10 +923,16 @@ def _control_arguments(pki: DevPki, port: int) -> list[str]:
     ]
 
 
-def _ingress_arguments(pki: DevPki, port: int, *, control_address: str) -> list[str]:
+def _ingress_arguments(
+    pki: DevPki, ports: tuple[int, ...], *, listen_host: str, control_address: str
+) -> list[str]:
+    port, enrollment_port = ports
     return [
         "--listen-address",
-        f"{LOOPBACK_HOST}:{port}",
+        host_port(listen_host, port),
+        # Announced second, after the public listener: ServiceProcess reads both.
+        "--enrollment-listen-address",
+        host_port(listen_host, enrollment_port),
         *_tls_flags("--tls", pki.ingress_server),
         "--control-address",
         control_address,
@@ -859,6 +966,8 @@ def _print_summary(stack: StackFile, data_dir: Path, stack_path: Path, out: Text
     for index, entry in enumerate(stack.ingress_replicas):
         name = replica_name("ingress", index)
         lines.append(f"  {name:<9} {entry.address:<22} {SERVING}  public, workers and operators")
+        if entry.enrollment is not None:
+            lines.append(f"  {'':<9} {entry.enrollment:<22} {'':<7}  Worker join (enrollment)")
     for index, entry in enumerate(stack.control_replicas):
         name = replica_name("control", index)
         lines.append(f"  {name:<9} {entry.address:<22} {SERVING}  internal, ingress only")
@@ -866,6 +975,7 @@ def _print_summary(stack: StackFile, data_dir: Path, stack_path: Path, out: Text
         lines.append(f"  standby   {stack.standby.socket_dir}  synchronous, streaming")
     print(
         "\n".join(lines) + "\n"
+        f"  ca        {stack.ca_cert}  (what a joining Worker trusts)\n"
         f"  worker    {stack.worker.identity}\n"
         f"  operator  {stack.operator.identity}\n"
         f"  admin     {_admin_token_note(stack.admin_token_file)}\n"

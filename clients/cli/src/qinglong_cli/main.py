@@ -16,8 +16,10 @@ from qinglong_cli.devstack import (
     DEFAULT_DATA_DIR,
     DEFAULT_OPERATOR_NAME,
     DEFAULT_WORKER_ID,
+    LOOPBACK_HOST,
     STACK_FILE_NAME,
     UpOptions,
+    advertised_host,
     run_health,
     run_up,
 )
@@ -43,6 +45,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--ingress-port", type=_port, default=0, help="0 = any free port")
     up.add_argument("--control-port", type=_port, default=0, help="0 = any free port")
+    up.add_argument(
+        "--enrollment-port",
+        type=_port,
+        default=0,
+        help="ingress's Worker join listener; 0 = any free port",
+    )
+    up.add_argument(
+        "--listen-host",
+        default=LOOPBACK_HOST,
+        help="address ingress's public and enrollment listeners bind (control stays on "
+        "loopback); another machine's Workers need one they can reach",
+    )
+    up.add_argument(
+        "--advertise-host",
+        help="name or IP address other machines dial ingress at, put in its certificate "
+        "and stack.json (default: --listen-host; required with 0.0.0.0 or ::)",
+    )
     up.add_argument("--trust-domain", type=_trust_domain, default=DEFAULT_TRUST_DOMAIN)
     up.add_argument(
         "--worker-id",
@@ -118,13 +137,18 @@ def _identity_name(kind: str) -> Callable[[str], str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command == "up":
+        try:
+            advertised_host(args.listen_host, args.advertise_host)
+        except ValueError as error:
+            parser.error(str(error))
         options = UpOptions(
             data_dir=args.data_dir,
             postgres_version=args.postgres_version,
@@ -137,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_timeout_seconds=args.stop_timeout,
             replicas=args.replicas,
             standby=args.standby,
+            enrollment_port=args.enrollment_port,
+            listen_host=args.listen_host,
+            advertise_host=args.advertise_host,
         )
         return asyncio.run(run_up(options, sys.stdout))
     if args.command == "health":

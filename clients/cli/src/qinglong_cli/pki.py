@@ -32,6 +32,7 @@ import datetime as dt
 import ipaddress
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -126,8 +127,17 @@ class _Authority:
     key: ec.EllipticCurvePrivateKey
 
 
-def ensure_dev_pki(directory: Path, trust_domain: str = DEFAULT_TRUST_DOMAIN) -> DevPki:
-    """Issue (or reuse) the CA and the three service certificates in `directory`."""
+def ensure_dev_pki(
+    directory: Path,
+    trust_domain: str = DEFAULT_TRUST_DOMAIN,
+    ingress_names: Sequence[str] = (),
+) -> DevPki:
+    """Issue (or reuse) the CA and the three service certificates in `directory`.
+
+    `ingress_names` are more names the public ingress certificate answers to (host names or
+    IP addresses other machines dial); a change of that set re-issues the certificate,
+    since a reused one would carry exactly the old names.
+    """
     check_trust_domain(trust_domain)
     _ensure_private_directory(directory)
     authority = _ensure_authority(directory)
@@ -141,7 +151,9 @@ def ensure_dev_pki(directory: Path, trust_domain: str = DEFAULT_TRUST_DOMAIN) ->
         ingress_client=_files(ca_cert, directory, "ingress-client"),
     )
     ingress_uri = service_uri(trust_domain, "ingress")
-    _ensure_leaf(authority, pki.ingress_server, _local_server_spec("ingress", ingress_uri))
+    _ensure_leaf(
+        authority, pki.ingress_server, _local_server_spec("ingress", ingress_uri, ingress_names)
+    )
     _ensure_leaf(
         authority,
         pki.control_server,
@@ -185,14 +197,35 @@ def _files(ca_cert: Path, directory: Path, stem: str) -> TlsFiles:
     return TlsFiles(ca_cert=ca_cert, cert=directory / f"{stem}.crt", key=directory / f"{stem}.key")
 
 
-def _local_server_spec(common_name: str, uri: str) -> _LeafSpec:
+def _local_server_spec(common_name: str, uri: str, extra_names: Sequence[str] = ()) -> _LeafSpec:
+    ip_addresses = {_ip_text(name) for name in extra_names if _is_ip_address(name)}
+    dns_names = {name.lower() for name in extra_names if not _is_ip_address(name)}
+    # Local names first, then the extra ones sorted: the SAN list compares in order, and a
+    # stable order lets an unchanged set of names reuse the certificate.
     return _LeafSpec(
         common_name,
         uri,
         CertificatePurpose.SERVER,
-        dns_names=LOCAL_SERVER_DNS_NAMES,
-        ip_addresses=LOCAL_SERVER_IP_ADDRESSES,
+        dns_names=_with_extra(LOCAL_SERVER_DNS_NAMES, dns_names),
+        ip_addresses=_with_extra(LOCAL_SERVER_IP_ADDRESSES, ip_addresses),
     )
+
+
+def _with_extra(local: tuple[str, ...], extra: set[str]) -> tuple[str, ...]:
+    return local + tuple(sorted(extra - set(local)))
+
+
+def _is_ip_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _ip_text(address: str) -> str:
+    # The canonical text ("::1", not "0:0:0:0:0:0:0:1"), so that one address is one name.
+    return str(ipaddress.ip_address(address))
 
 
 def check_trust_domain(trust_domain: str) -> None:

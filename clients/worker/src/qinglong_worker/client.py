@@ -232,17 +232,30 @@ class WorkerClient:
         self._sleep = sleep
         self._monotonic = monotonic
         self._random = unit_random
-        self._channel = grpc.aio.secure_channel(
-            settings.ingress_address,
-            mutual_tls_channel_credentials(settings.tls),
-            options=list(_CHANNEL_OPTIONS),
-            interceptors=list(interceptors) or None,
-        )
+        self._interceptors = list(interceptors)
+        self._channel = self._open(settings.tls)
         self._stub = worker_service_pb2_grpc.WorkerServiceStub(self._channel)
+
+    def _open(self, tls: TlsFiles) -> grpc.aio.Channel:
+        return grpc.aio.secure_channel(
+            self._settings.ingress_address,
+            mutual_tls_channel_credentials(tls),
+            options=list(_CHANNEL_OPTIONS),
+            interceptors=self._interceptors or None,
+        )
 
     async def close(self) -> None:
         """Close the channel; calls still in flight end CANCELLED."""
         await self._channel.close(grace=None)
+
+    async def use_identity(self, tls: TlsFiles, grace_seconds: float = 30.0) -> None:
+        """Switch to a renewed certificate: new calls go over a channel that presents it;
+        calls already in flight on the old one get ``grace_seconds`` to finish. Nothing
+        the Worker runs depends on the channel, so no work is dropped."""
+        old = self._channel
+        self._channel = self._open(tls)
+        self._stub = worker_service_pb2_grpc.WorkerServiceStub(self._channel)
+        await old.close(grace=grace_seconds)
 
     async def open_session(
         self, request: ws.OpenSessionRequest, *, budget_seconds: float | None = None
@@ -294,6 +307,13 @@ class WorkerClient:
         self, request: ws.ControlLeaseRequest, *, budget_seconds: float | None = None
     ) -> ws.ControlLeaseResponse:
         return await self._call("ControlLease", self._stub.ControlLease, request, budget_seconds)
+
+    async def renew_certificate(
+        self, request: ws.RenewCertificateRequest, *, budget_seconds: float | None = None
+    ) -> ws.RenewCertificateResponse:
+        return await self._call(
+            "RenewCertificate", self._stub.RenewCertificate, request, budget_seconds
+        )
 
     async def complete_attempt(
         self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None

@@ -24,6 +24,7 @@ from qinglong_worker.inbox import Inbox, InboxError
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
 from qinglong_worker.process import ProcessController
 from qinglong_worker.reconcile import Reconciler
+from qinglong_worker.renewal import CertificateRenewer
 from qinglong_worker.session import SessionKeeper
 from qinglong_worker.settings import WorkerSettings
 
@@ -112,6 +113,7 @@ async def run_daemon(
                 settings.ingress_address,
                 daemon.inbox,
             )
+            renewing = _start_renewal(settings, client)
             try:
                 # Returns only after the in-flight requests were aborted.
                 await lifecycle.run(signals)
@@ -119,6 +121,7 @@ async def run_daemon(
                 log.error("%s; exiting", failure)
                 return EXIT_INBOX_FAILED
             finally:
+                await _stop_renewal(renewing)
                 for signal_number in SHUTDOWN_SIGNALS:
                     loop.remove_signal_handler(signal_number)
                 if after_loop is not None:
@@ -129,3 +132,24 @@ async def run_daemon(
         inbox.close()
     log.info("worker %s stopped", settings.worker_id)
     return 0
+
+
+_Renewal = tuple[asyncio.Event, "asyncio.Task[None]"] | None
+
+
+def _start_renewal(settings: WorkerSettings, client: WorkerClient) -> _Renewal:
+    """A joined Worker (``--identity``) renews its short-lived certificate in time."""
+    if settings.identity is None:
+        return None
+    stop = asyncio.Event()
+    renewer = CertificateRenewer(client, settings.identity, settings.worker_id)
+    every = settings.daemon.certificate_check_seconds if settings.daemon else 60.0
+    return stop, asyncio.create_task(renewer.run(stop, every), name="certificate-renewal")
+
+
+async def _stop_renewal(renewing: _Renewal) -> None:
+    if renewing is None:
+        return
+    stop, task = renewing
+    stop.set()
+    await task

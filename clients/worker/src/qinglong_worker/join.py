@@ -90,7 +90,7 @@ def join(
     key = new_private_key()
     # The key is on disk (0600) before anything leaves the machine, so a certificate is
     # never issued for a key that could be lost.
-    _write_private(directory / KEY_FILE, _pem(key))
+    write_private(directory / KEY_FILE, private_key_pem(key))
     options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
     credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
     target = enrollment_address or ingress_address
@@ -102,10 +102,10 @@ def join(
             ),
             timeout=timeout_seconds,
         )
-    _write_public(directory / CERTIFICATE_FILE, answer.certificate_pem)
-    _write_public(directory / CA_FILE, answer.ca_certificates_pem)
+    write_public(directory / CERTIFICATE_FILE, answer.certificate_pem)
+    write_public(directory / CA_FILE, answer.ca_certificates_pem)
     identity = JoinedIdentity(answer.worker_id, ingress_address, directory)
-    _write_public(
+    write_public(
         directory / IDENTITY_FILE,
         json.dumps(
             {
@@ -123,13 +123,13 @@ def join(
     return identity
 
 
-def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def private_key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Created 0600 from the first byte (never world-readable, not even briefly)."""
     temporary = path.with_suffix(path.suffix + ".tmp")
     temporary.unlink(missing_ok=True)
@@ -141,7 +141,7 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
-def _write_public(path: Path, text: str) -> None:
+def write_public(path: Path, text: str) -> None:
     temporary = path.with_suffix(path.suffix + ".tmp")
     temporary.write_text(text, encoding="ascii")
     os.replace(temporary, path)

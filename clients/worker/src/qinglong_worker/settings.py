@@ -16,6 +16,7 @@ from qinglong_protocol.tls import TlsFiles
 ENV_PREFIX = "QINGLONG_WORKER_"
 DEFAULT_TICK_SECONDS = 0.5
 DEFAULT_MAX_CONCURRENCY = 4
+DEFAULT_CERTIFICATE_CHECK_SECONDS = 60.0
 DEFAULT_LEASE_CONTROL_SECONDS = 2.0
 DEFAULT_STOP_GRACE_SECONDS = 5.0
 #: Long enough for most short jobs to finish on a rolling restart; keep Kubernetes'
@@ -34,6 +35,7 @@ class DaemonSettings:
     lease_control_seconds: float = DEFAULT_LEASE_CONTROL_SECONDS
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
     drain_grace_seconds: float = DEFAULT_DRAIN_GRACE_SECONDS
+    certificate_check_seconds: float = DEFAULT_CERTIFICATE_CHECK_SECONDS
 
     @property
     def exit_dir(self) -> Path:
@@ -47,6 +49,8 @@ class WorkerSettings:
     ingress_address: str
     tls: TlsFiles
     daemon: DaemonSettings | None = None
+    #: worker.json of a joined Worker: its certificate is renewed in place (R-ADM-2).
+    identity: Path | None = None
 
 
 def _variable(name: str) -> str:
@@ -139,6 +143,14 @@ def parse_worker_settings(
         help="on SIGTERM/SIGINT: how long running Attempts may still finish before they"
         " are stopped and reported cancelled (a second signal stops at once)",
     )
+    daemon.add_argument(
+        "--certificate-check-seconds",
+        type=float,
+        default=env.get(
+            _variable("certificate-check-seconds"), str(DEFAULT_CERTIFICATE_CHECK_SECONDS)
+        ),
+        help="with --identity: how often the certificate's age is checked (renewed at 2/3)",
+    )
     args = parser.parse_args(argv)
     for flag, path, read in (
         ("--stack", args.stack, _from_stack),
@@ -176,6 +188,8 @@ def parse_worker_settings(
             parser.error("--stop-grace-seconds must not be negative")
         if not args.drain_grace_seconds >= 0:
             parser.error("--drain-grace-seconds must not be negative")
+        if not args.certificate_check_seconds > 0:
+            parser.error("--certificate-check-seconds must be positive")
         daemon_settings = DaemonSettings(
             inbox=args.inbox,
             log_dir=args.log_dir or args.inbox.parent / "logs",
@@ -184,5 +198,8 @@ def parse_worker_settings(
             lease_control_seconds=args.lease_control_seconds,
             stop_grace_seconds=args.stop_grace_seconds,
             drain_grace_seconds=args.drain_grace_seconds,
+            certificate_check_seconds=args.certificate_check_seconds,
         )
-    return args.command, WorkerSettings(args.worker_id, args.ingress_address, tls, daemon_settings)
+    return args.command, WorkerSettings(
+        args.worker_id, args.ingress_address, tls, daemon_settings, args.identity
+    )

@@ -95,6 +95,11 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CompleteAttemptRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CompleteAttemptResponse.FromString,
                 _registered_method=True)
+        self.RenewCertificate = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/RenewCertificate',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateResponse.FromString,
+                _registered_method=True)
         self.CreateTask = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/CreateTask',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateTaskRequest.SerializeToString,
@@ -316,6 +321,13 @@ class RuntimeServiceServicer:
 
     def CompleteAttempt(self, request, context):
         """Commits a completion (WorkerService.CompleteAttempt).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewCertificate(self, request, context):
+        """Issues a Worker's successor certificate (WorkerService.RenewCertificate).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -569,6 +581,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.CompleteAttempt,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CompleteAttemptRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CompleteAttemptResponse.SerializeToString,
+            ),
+            'RenewCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewCertificate,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateResponse.SerializeToString,
             ),
             'CreateTask': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTask,
@@ -992,6 +1009,33 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/CompleteAttempt',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CompleteAttemptRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CompleteAttemptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/RenewCertificate',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,8 @@ class RuntimeServiceStub:
     """Runs one lease-control command (WorkerService.ControlLease)."""
     CompleteAttempt: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CompleteAttemptRequest, _runtime_service_pb2.CompleteAttemptResponse]
     """Commits a completion (WorkerService.CompleteAttempt)."""
+    RenewCertificate: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RenewCertificateRequest, _runtime_service_pb2.RenewCertificateResponse]
+    """Issues a Worker's successor certificate (WorkerService.RenewCertificate)."""
     CreateTask: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateTaskRequest, _runtime_service_pb2.CreateTaskResponse]
     """Creates a Task (TaskService.CreateTask)."""
     GetTask: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetTaskRequest, _runtime_service_pb2.GetTaskResponse]
@@ -157,6 +159,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Runs one lease-control command (WorkerService.ControlLease)."""
     CompleteAttempt: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CompleteAttemptRequest, _runtime_service_pb2.CompleteAttemptResponse]  # type: ignore[assignment]
     """Commits a completion (WorkerService.CompleteAttempt)."""
+    RenewCertificate: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RenewCertificateRequest, _runtime_service_pb2.RenewCertificateResponse]  # type: ignore[assignment]
+    """Issues a Worker's successor certificate (WorkerService.RenewCertificate)."""
     CreateTask: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateTaskRequest, _runtime_service_pb2.CreateTaskResponse]  # type: ignore[assignment]
     """Creates a Task (TaskService.CreateTask)."""
     GetTask: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetTaskRequest, _runtime_service_pb2.GetTaskResponse]  # type: ignore[assignment]
@@ -307,6 +311,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.CompleteAttemptResponse, _abc.Awaitable[_runtime_service_pb2.CompleteAttemptResponse]]:
         """Commits a completion (WorkerService.CompleteAttempt)."""
+
+    @_abc_1.abstractmethod
+    def RenewCertificate(
+        self,
+        request: _runtime_service_pb2.RenewCertificateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.RenewCertificateResponse, _abc.Awaitable[_runtime_service_pb2.RenewCertificateResponse]]:
+        """Issues a Worker's successor certificate (WorkerService.RenewCertificate)."""
 
     @_abc_1.abstractmethod
     def CreateTask(

@@ -780,3 +780,69 @@ class CompleteAttemptResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompleteAttemptResponse: _TypeAlias = CompleteAttemptResponse  # noqa: Y015
+
+@_typing.final
+class RenewCertificateRequest(_message.Message):
+    """RenewCertificateRequest asks for a fresh certificate for a new key. The call
+    itself proves the identity (the present certificate, over mutual TLS).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_SIGNING_REQUEST_PEM_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """The calling Worker; must equal the mTLS principal."""
+    certificate_signing_request_pem: _builtins.str
+    """A PKCS#10 certificate signing request, PEM-encoded, signed with the Worker's
+    new private key. Only its public key is used.
+    """
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        certificate_signing_request_pem: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_signing_request_pem", b"certificate_signing_request_pem", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewCertificateRequest: _TypeAlias = RenewCertificateRequest  # noqa: Y015
+
+@_typing.final
+class RenewCertificateResponse(_message.Message):
+    """RenewCertificateResponse carries the successor certificate."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERTIFICATE_PEM_FIELD_NUMBER: _builtins.int
+    CA_CERTIFICATES_PEM_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    certificate_pem: _builtins.str
+    """The issued client certificate, PEM; it names the same Worker.
+    Bound: 1..8192 bytes.
+    """
+    ca_certificates_pem: _builtins.str
+    """The CA certificates that verify ingress and the issued certificate, PEM.
+    Bound: 1..16384 bytes.
+    """
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the certificate stops being valid."""
+
+    def __init__(
+        self,
+        *,
+        certificate_pem: _builtins.str = ...,
+        ca_certificates_pem: _builtins.str = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ca_certificates_pem", b"ca_certificates_pem", "certificate_pem", b"certificate_pem", "expire_time", b"expire_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewCertificateResponse: _TypeAlias = RenewCertificateResponse  # noqa: Y015

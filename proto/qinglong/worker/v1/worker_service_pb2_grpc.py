@@ -97,6 +97,11 @@ class WorkerServiceStub:
                 request_serializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.CompleteAttemptRequest.SerializeToString,
                 response_deserializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.CompleteAttemptResponse.FromString,
                 _registered_method=True)
+        self.RenewCertificate = channel.unary_unary(
+                '/qinglong.worker.v1.WorkerService/RenewCertificate',
+                request_serializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateRequest.SerializeToString,
+                response_deserializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -190,6 +195,14 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewCertificate(self, request, context):
+        """Issues a successor of the calling Worker's certificate for a new key, before the
+        present one expires (R-ADM-2); the Worker switches to it without dropping work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -242,6 +255,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.CompleteAttempt,
                     request_deserializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.CompleteAttemptRequest.FromString,
                     response_serializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.CompleteAttemptResponse.SerializeToString,
+            ),
+            'RenewCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewCertificate,
+                    request_deserializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateRequest.FromString,
+                    response_serializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -527,6 +545,33 @@ class WorkerService:
             '/qinglong.worker.v1.WorkerService/CompleteAttempt',
             qinglong_dot_worker_dot_v1_dot_worker__service__pb2.CompleteAttemptRequest.SerializeToString,
             qinglong_dot_worker_dot_v1_dot_worker__service__pb2.CompleteAttemptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.worker.v1.WorkerService/RenewCertificate',
+            qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateRequest.SerializeToString,
+            qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,6 +74,10 @@ class WorkerServiceStub:
     """
     CompleteAttempt: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.CompleteAttemptRequest, _worker_service_pb2.CompleteAttemptResponse]
     """Reports the execution outcome under the full fence and callback sequence (R-W-6)."""
+    RenewCertificate: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.RenewCertificateRequest, _worker_service_pb2.RenewCertificateResponse]
+    """Issues a successor of the calling Worker's certificate for a new key, before the
+    present one expires (R-ADM-2); the Worker switches to it without dropping work.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -121,6 +125,10 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """
     CompleteAttempt: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.CompleteAttemptRequest, _worker_service_pb2.CompleteAttemptResponse]  # type: ignore[assignment]
     """Reports the execution outcome under the full fence and callback sequence (R-W-6)."""
+    RenewCertificate: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.RenewCertificateRequest, _worker_service_pb2.RenewCertificateResponse]  # type: ignore[assignment]
+    """Issues a successor of the calling Worker's certificate for a new key, before the
+    present one expires (R-ADM-2); the Worker switches to it without dropping work.
+    """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     """WorkerService is the public API a Worker calls over mTLS on one keep-alive
@@ -225,5 +233,15 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_worker_service_pb2.CompleteAttemptResponse, _abc.Awaitable[_worker_service_pb2.CompleteAttemptResponse]]:
         """Reports the execution outcome under the full fence and callback sequence (R-W-6)."""
+
+    @_abc_1.abstractmethod
+    def RenewCertificate(
+        self,
+        request: _worker_service_pb2.RenewCertificateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_service_pb2.RenewCertificateResponse, _abc.Awaitable[_worker_service_pb2.RenewCertificateResponse]]:
+        """Issues a successor of the calling Worker's certificate for a new key, before the
+        present one expires (R-ADM-2); the Worker switches to it without dropping work.
+        """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

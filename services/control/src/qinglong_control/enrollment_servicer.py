@@ -1,11 +1,14 @@
-"""EnrollmentService's half of RuntimeService: a joining machine's token and CSR (R-ADM-2).
+"""Worker certificates in RuntimeService: a joining machine's token and CSR, and a
+Worker's renewal over its own mutual TLS (R-ADM-2).
 
 Ingress forwards JoinWorker from its enrollment listener with an anonymous caller: it
 cannot check a join token (it writes no identity and holds no CA). Here the CSR is checked
 first (a token is never spent on a request that cannot be answered), then the token is
 consumed as the admin role -- once, unexpired, for an active Worker -- and only after that
 commit is a certificate signed for the Worker the token names. A wrong, used or expired
-token is one answer, UNAUTHENTICATED, without saying which.
+token is one answer, UNAUTHENTICATED, without saying which. A renewal needs no token:
+the call comes over the Worker's present certificate, and the Worker must still be
+enrolled and active; the successor names the same Worker and lives as long.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
+from qinglong.worker.v1 import worker_service_pb2
 
 from qinglong_control import wire
 from qinglong_control.db import enrollment
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.issuing import IssuingAuthority
+from qinglong_control.issuing import IssuedCertificate, IssuingAuthority
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Pool = AsyncConnectionPool[AsyncConnection[Any]]
@@ -38,31 +42,57 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
     async def JoinWorker(self, request: rt.JoinWorkerRequest, context: Context) -> Any:
         if request.caller.principal_kind != caller_pb2.PRINCIPAL_KIND_ANONYMOUS:
             raise Refused(Reason.FIELD_INVALID, "only a joining machine joins")
-        if self._enrollment_pool is None or self._issuing is None:
-            raise Refused(
-                Reason.STORAGE_UNAVAILABLE,
-                "Worker enrollment is not configured on this control replica"
-                " (needs --admin-database-url and the issuing CA)",
-            )
+        pool, issuing = self._configured()
         public = request.request
-        self._issuing.check_request(public.certificate_signing_request_pem)
+        issuing.check_request(public.certificate_signing_request_pem)
         digest = hashlib.sha256(public.join_token.encode("ascii")).hexdigest()
-        async with self._enrollment_pool.connection() as conn:
+        async with pool.connection() as conn:
             enrolled = await enrollment.consume_join_token(conn, digest)
         if enrolled is None:
             raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the join token is not valid")
-        now = dt.datetime.fromtimestamp(enrolled.now_ms / 1000, dt.UTC)
-        issued = self._issuing.issue_worker_certificate(
-            public.certificate_signing_request_pem,
-            enrolled.worker_id,
-            enrolled.certificate_uri,
-            now,
-        )
+        issued = _issue(issuing, public.certificate_signing_request_pem, enrolled)
         return rt.JoinWorkerResponse(
             response=enrollment_service_pb2.JoinWorkerResponse(
                 worker_id=enrolled.worker_id,
                 certificate_pem=issued.certificate_pem,
-                ca_certificates_pem=self._issuing.ca_certificates_pem,
+                ca_certificates_pem=issuing.ca_certificates_pem,
                 expire_time=wire.timestamp(int(issued.not_after.timestamp() * 1000)),
             )
         )
+
+    async def RenewCertificate(self, request: rt.RenewCertificateRequest, context: Context) -> Any:
+        public = request.request
+        worker_id = wire.worker_of(request.caller, public.worker_id)
+        pool, issuing = self._configured()
+        issuing.check_request(public.certificate_signing_request_pem)
+        async with pool.connection() as conn:
+            enrolled = await enrollment.active_worker(conn, worker_id)
+        if enrolled is None:
+            raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the Worker is not enrolled")
+        issued = _issue(issuing, public.certificate_signing_request_pem, enrolled)
+        return rt.RenewCertificateResponse(
+            response=worker_service_pb2.RenewCertificateResponse(
+                certificate_pem=issued.certificate_pem,
+                ca_certificates_pem=issuing.ca_certificates_pem,
+                expire_time=wire.timestamp(int(issued.not_after.timestamp() * 1000)),
+            )
+        )
+
+    def _configured(self) -> tuple[Pool, IssuingAuthority]:
+        if self._enrollment_pool is None or self._issuing is None:
+            raise Refused(
+                Reason.STORAGE_UNAVAILABLE,
+                "Worker certificates are not configured on this control replica"
+                " (needs --admin-database-url and the issuing CA)",
+            )
+        return self._enrollment_pool, self._issuing
+
+
+def _issue(
+    issuing: IssuingAuthority, csr_pem: str, enrolled: enrollment.Enrollment
+) -> IssuedCertificate:
+    """A certificate for the Worker as the database names it, at DB time."""
+    now = dt.datetime.fromtimestamp(enrolled.now_ms / 1000, dt.UTC)
+    return issuing.issue_worker_certificate(
+        csr_pem, enrolled.worker_id, enrolled.certificate_uri, now
+    )

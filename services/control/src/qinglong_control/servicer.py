@@ -47,6 +47,7 @@ from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.timings import Timings
 from qinglong_control.enrollment_servicer import EnrollmentMethods
 from qinglong_control.issuing import IssuingAuthority
+from qinglong_control.wire import worker_of
 
 Context = grpc.aio.ServicerContext[Any, Any]
 rt = runtime_service_pb2
@@ -83,13 +84,6 @@ _OUTCOMES = {
     worker_pb2.ATTEMPT_OUTCOME_CANCELLED: "cancelled",
     worker_pb2.ATTEMPT_OUTCOME_TIMED_OUT: "timed_out",
 }
-
-
-def worker_of(caller: caller_pb2.Caller, worker_id: str) -> str:
-    """Defence in depth: ingress already bound the certificate to the named worker."""
-    if caller.principal_kind != caller_pb2.PRINCIPAL_KIND_WORKER or caller.worker_id != worker_id:
-        raise Refused(Reason.FENCE_MISMATCH, "caller is not the named worker")
-    return worker_id
 
 
 def session_claim(request: Any) -> SessionClaim:

@@ -56,6 +56,13 @@ def page_size(value: int) -> int:
     return value or bounds.PAGE_SIZE_DEFAULT
 
 
+def worker_of(caller: caller_pb2.Caller, worker_id: str) -> str:
+    """Defence in depth: ingress already bound the certificate to the named worker."""
+    if caller.principal_kind != caller_pb2.PRINCIPAL_KIND_WORKER or caller.worker_id != worker_id:
+        raise Refused(Reason.FENCE_MISMATCH, "caller is not the named worker")
+    return worker_id
+
+
 def caller_principal_id(caller: caller_pb2.Caller) -> uuid.UUID:
     """The operator principal ingress vouched for. The caller envelope is ingress's own
     (no public rule covers it), so its shape is checked here."""

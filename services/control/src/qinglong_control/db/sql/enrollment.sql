@@ -13,3 +13,10 @@ UPDATE qinglong.worker_join_tokens AS t
    AND w.worker_id = t.worker_id
    AND w.status = 'active'
 RETURNING t.worker_id, w.certificate_uri, qinglong.db_now_ms() AS now_ms
+
+-- name: active_worker_identity
+-- A Worker renewing its certificate: still enrolled and active (ingress checked it at
+-- authentication; this re-reads it in control's own transaction).
+SELECT worker_id, certificate_uri, qinglong.db_now_ms() AS now_ms
+  FROM qinglong.worker_identities
+ WHERE worker_id = %s AND status = 'active'

@@ -1,0 +1,140 @@
+"""Renewing a joined Worker's short-lived certificate before it expires (R-ADM-2).
+
+A Worker that joined (`qinglong-worker join`) holds a certificate of a few days. Once two
+thirds of its lifetime have passed, the daemon makes a new key, asks for a successor over
+its present mutual-TLS channel (WorkerService.RenewCertificate), and switches to it:
+
+1. the new key and certificate are written under new names (``worker-<n>.key`` 0600, then
+   ``worker-<n>.crt``), never over the files in use;
+2. ``worker.json`` is replaced in one rename to name them: a crash at any point leaves
+   either the old identity or the new one, never a key with another key's certificate;
+3. the client opens a channel with the new identity; calls in flight on the old channel
+   finish. Executions never depend on the channel, so no work is dropped.
+
+One check per minute in the daemon (not a timer per run); a failed renewal is retried at
+the next check, and the old certificate keeps working until it expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import grpc
+from cryptography import x509
+from qinglong.worker.v1 import worker_service_pb2 as ws
+from qinglong_protocol.tls import TlsFiles
+
+from qinglong_worker.join import (
+    IDENTITY_FILE,
+    new_private_key,
+    private_key_pem,
+    signing_request,
+    write_private,
+    write_public,
+)
+
+log = logging.getLogger(__name__)
+
+#: Renew once this much of the lifetime has passed (issue 9: two thirds).
+RENEW_AT_FRACTION: Final = 2 / 3
+DEFAULT_CHECK_SECONDS: Final = 60.0
+
+
+class RenewingClient(Protocol):
+    async def renew_certificate(
+        self, request: ws.RenewCertificateRequest, *, budget_seconds: float | None = None
+    ) -> ws.RenewCertificateResponse: ...
+
+    async def use_identity(self, tls: TlsFiles, grace_seconds: float = 30.0) -> None: ...
+
+
+def renewal_due(certificate_pem: bytes, now: dt.datetime) -> bool:
+    certificate = x509.load_pem_x509_certificate(certificate_pem)
+    start, end = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+    return now >= start + (end - start) * RENEW_AT_FRACTION
+
+
+@dataclass
+class CertificateRenewer:
+    client: RenewingClient
+    identity_file: Path
+    worker_id: str
+    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+
+    def _identity_if_due(self) -> dict[str, str] | None:
+        identity: dict[str, str] = json.loads(self.identity_file.read_text())
+        due = renewal_due(Path(identity["tls_cert"]).read_bytes(), self.clock())
+        return identity if due else None
+
+    def _store(
+        self, identity: dict[str, str], key: Any, answer: ws.RenewCertificateResponse
+    ) -> TlsFiles:
+        """Steps 1 and 2: the new files under new names, then worker.json in one rename."""
+        directory = self.identity_file.parent
+        generation = _next_generation(directory)
+        key_path = directory / f"worker-{generation}.key"
+        cert_path = directory / f"worker-{generation}.crt"
+        write_private(key_path, private_key_pem(key))
+        write_public(cert_path, answer.certificate_pem)
+        write_public(Path(identity["tls_ca"]), answer.ca_certificates_pem)
+        identity.update(
+            tls_key=str(key_path),
+            tls_cert=str(cert_path),
+            expire_time=answer.expire_time.ToJsonString(),
+        )
+        write_public(self.identity_file, json.dumps(identity, indent=2) + "\n")
+        return TlsFiles(ca_cert=Path(identity["tls_ca"]), cert=cert_path, key=key_path)
+
+    async def renew_if_due(self) -> bool:
+        """Renew when due; True if the Worker now uses a new certificate."""
+        identity = self._identity_if_due()
+        if identity is None:
+            return False
+        superseded = (Path(identity["tls_key"]), Path(identity["tls_cert"]))
+        key = new_private_key()
+        answer = await self.client.renew_certificate(
+            ws.RenewCertificateRequest(
+                worker_id=self.worker_id, certificate_signing_request_pem=signing_request(key)
+            )
+        )
+        renewed = self._store(identity, key, answer)
+        await self.client.use_identity(renewed)  # step 3
+        _remove(superseded)  # the superseded key is of no use to anyone any more
+        log.info("certificate renewed; valid until %s", identity["expire_time"])
+        return True
+
+    async def run(self, stop: asyncio.Event, check_seconds: float = DEFAULT_CHECK_SECONDS) -> None:
+        while not stop.is_set():
+            try:
+                await self.renew_if_due()
+            except (grpc.RpcError, OSError, ValueError) as error:
+                # The present certificate still works; the next check tries again.
+                log.warning("certificate renewal failed (%s); retrying later", type(error).__name__)
+            try:
+                await asyncio.wait_for(stop.wait(), check_seconds)
+            except TimeoutError:
+                continue
+
+
+def _remove(paths: tuple[Path, ...]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _next_generation(directory: Path) -> int:
+    taken = [
+        int(path.stem.removeprefix("worker-"))
+        for path in directory.glob("worker-*.crt")
+        if path.stem.removeprefix("worker-").isdigit()
+    ]
+    return max(taken, default=0) + 1
+
+
+__all__ = ["IDENTITY_FILE", "CertificateRenewer", "renewal_due"]
