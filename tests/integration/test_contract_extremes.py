@@ -16,7 +16,7 @@ written below are the contract's own and not some smaller stand-in.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import grpc
@@ -48,8 +48,7 @@ from tests.support.contract_fields import (
     label_key_max_length,
 )
 from tests.support.jsonb import jsonb_text_bytes
-from tests.support.postgres import MigratedDatabase
-from tests.support.stack import PROJECT, Stack, running_stack
+from tests.support.stack import PROJECT, Stack
 
 pytestmark = pytest.mark.postgres
 
@@ -377,14 +376,6 @@ def test_every_declared_extreme_is_accepted_and_one_step_past_it_refused() -> No
                     wrong.append(f"{f.full_name}: {what} {verdict} {on_field}")
     assert wrong == []
     assert checked == set(Kind), set(Kind) - checked
-
-
-@pytest.fixture
-async def stack(
-    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
-        yield running
 
 
 def bearer(stack: Stack) -> tuple[tuple[str, str], ...]:
