@@ -20,8 +20,7 @@ from qinglong_control.db.identities import (
     enroll_worker,
     ensure_project,
 )
-
-from qinglong_cli.pki import atomic_write
+from qinglong_protocol.files import atomic_write
 
 DEV_PROJECT_ID = "default"
 OPERATOR_TOKEN_PREFIX = "qlo1_"  # noqa: S105 - a format prefix, not a secret

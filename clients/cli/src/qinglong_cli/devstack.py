@@ -53,6 +53,7 @@ from qinglong_control.migrate_command import ENV_MIGRATION_DATABASE_URL
 from qinglong_control.settings import ENV_ADMIN_DATABASE_URL as CONTROL_ADMIN_DATABASE_URL_VARIABLE
 from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL_VARIABLE
 from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL_VARIABLE
+from qinglong_protocol.files import atomic_write
 from qinglong_protocol.health import NOT_SERVING, health_status
 from qinglong_protocol.tls import TlsFiles
 
@@ -70,7 +71,6 @@ from qinglong_cli.embedded_postgres import (
 )
 from qinglong_cli.pki import (
     DevPki,
-    atomic_write,
     ensure_dev_pki,
     ensure_operator_identity,
     ensure_worker_identity,

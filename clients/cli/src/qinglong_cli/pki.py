@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 # Re-exported: the dev stack and the tests name identities through this module.
+from qinglong_protocol.files import atomic_write
 from qinglong_protocol.identities import DEFAULT_TRUST_DOMAIN as DEFAULT_TRUST_DOMAIN
 from qinglong_protocol.identities import operator_uri as operator_uri
 from qinglong_protocol.identities import service_uri as service_uri
@@ -430,23 +430,6 @@ def _write_key_and_cert(
     )
     atomic_write(key_path, key_pem, _KEY_FILE_MODE)
     atomic_write(cert_path, cert.public_bytes(serialization.Encoding.PEM), _CERT_FILE_MODE)
-
-
-def atomic_write(path: Path, data: bytes, mode: int) -> None:
-    """Write via a fresh temporary file created with `mode` (so a key is never readable by
-    others, not even between create and chmod), then rename over `path`."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 def _tighten_key_mode(key_path: Path) -> None:

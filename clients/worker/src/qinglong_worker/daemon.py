@@ -113,7 +113,7 @@ async def run_daemon(
                 settings.ingress_address,
                 daemon.inbox,
             )
-            renewing = _start_renewal(settings, client)
+            renewing = _start_renewal(settings, daemon.certificate_check_seconds, client)
             try:
                 # Returns only after the in-flight requests were aborted.
                 await lifecycle.run(signals)
@@ -137,14 +137,15 @@ async def run_daemon(
 _Renewal = tuple[asyncio.Event, "asyncio.Task[None]"] | None
 
 
-def _start_renewal(settings: WorkerSettings, client: WorkerClient) -> _Renewal:
+def _start_renewal(
+    settings: WorkerSettings, check_seconds: float, client: WorkerClient
+) -> _Renewal:
     """A joined Worker (``--identity``) renews its short-lived certificate in time."""
     if settings.identity is None:
         return None
     stop = asyncio.Event()
     renewer = CertificateRenewer(client, settings.identity, settings.worker_id)
-    every = settings.daemon.certificate_check_seconds if settings.daemon else 60.0
-    return stop, asyncio.create_task(renewer.run(stop, every), name="certificate-renewal")
+    return stop, asyncio.create_task(renewer.run(stop, check_seconds), name="certificate-renewal")
 
 
 async def _stop_renewal(renewing: _Renewal) -> None:

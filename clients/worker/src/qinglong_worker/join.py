@@ -21,7 +21,6 @@ The directory then holds everything `qinglong-worker run` needs:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -32,6 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from qinglong.enrollment.v1 import enrollment_service_pb2, enrollment_service_pb2_grpc
+from qinglong_protocol.files import atomic_write
 
 KEY_FILE: Final = "worker.key"
 CERTIFICATE_FILE: Final = "worker.crt"
@@ -81,12 +81,17 @@ def join(
     server_name: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> JoinedIdentity:
-    """Enroll this machine at ``enrollment_address`` (ingress's enrollment listener;
-    default: ``ingress_address``) and record ``ingress_address`` (its public listener) as
-    where the Worker will run; raises ``grpc.RpcError`` with the server's typed status when
-    the token is refused (nothing is written then but the new, unused key). A one-shot
-    command, so a blocking channel."""
+    """Enroll this machine (once per directory) at ``enrollment_address`` (ingress's
+    enrollment listener; default: ``ingress_address``) and record ``ingress_address`` (its
+    public listener) as where the Worker will run. Raises ``grpc.RpcError`` with the
+    server's typed status when the token is refused (nothing is written then but the new,
+    unused key), and FileExistsError in a directory that already holds an identity. A
+    one-shot command, so a blocking channel."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if (directory / IDENTITY_FILE).exists():
+        # A join token works once; joining again here would replace the key of a working
+        # identity before the (second) token is even checked.
+        raise FileExistsError(f"{directory / IDENTITY_FILE} exists: this machine has joined")
     key = new_private_key()
     # The key is on disk (0600) before anything leaves the machine, so a certificate is
     # never issued for a key that could be lost.
@@ -130,21 +135,11 @@ def private_key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Created 0600 from the first byte (never world-readable, not even briefly)."""
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    atomic_write(path, data, 0o600)
 
 
 def write_public(path: Path, text: str) -> None:
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(text, encoding="ascii")
-    os.replace(temporary, path)
+    atomic_write(path, text.encode("ascii"), 0o644)
 
 
 def join_main(argv: list[str]) -> int:
@@ -179,6 +174,9 @@ def join_main(argv: list[str]) -> int:
             enrollment_address=args.enrollment,
             server_name=args.server_name,
         )
+    except FileExistsError as error:
+        print(f"join refused: {error}", file=sys.stderr)
+        return 1
     except grpc.RpcError as error:
         # A failed call's error is also its grpc.Call (the stubs cannot say so).
         call: Any = error

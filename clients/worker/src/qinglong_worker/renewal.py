@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-import grpc
 from cryptography import x509
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol.tls import TlsFiles
 
+from qinglong_worker.client import CallFailed
 from qinglong_worker.join import (
     IDENTITY_FILE,
     new_private_key,
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 
 #: Renew once this much of the lifetime has passed (issue 9: two thirds).
 RENEW_AT_FRACTION: Final = 2 / 3
-DEFAULT_CHECK_SECONDS: Final = 60.0
 
 
 class RenewingClient(Protocol):
@@ -110,11 +109,11 @@ class CertificateRenewer:
         log.info("certificate renewed; valid until %s", identity["expire_time"])
         return True
 
-    async def run(self, stop: asyncio.Event, check_seconds: float = DEFAULT_CHECK_SECONDS) -> None:
+    async def run(self, stop: asyncio.Event, check_seconds: float) -> None:
         while not stop.is_set():
             try:
                 await self.renew_if_due()
-            except (grpc.RpcError, OSError, ValueError) as error:
+            except (CallFailed, OSError, ValueError) as error:
                 # The present certificate still works; the next check tries again.
                 log.warning("certificate renewal failed (%s); retrying later", type(error).__name__)
             try:

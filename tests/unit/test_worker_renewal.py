@@ -1,0 +1,107 @@
+"""Certificate renewal's failure paths (the success path runs against the real stack in
+tests/integration/test_worker_join.py and tests/e2e/test_remote_worker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.x509.oid import NameOID
+from qinglong.worker.v1 import worker_service_pb2 as ws
+from qinglong_protocol.tls import TlsFiles
+from qinglong_worker.client import CallFailed
+from qinglong_worker.join import join, new_private_key, private_key_pem
+from qinglong_worker.renewal import CertificateRenewer
+
+NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+
+
+class Unreachable:
+    """A client whose every renewal fails like a control plane that cannot be reached."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    async def renew_certificate(
+        self, request: ws.RenewCertificateRequest, *, budget_seconds: float | None = None
+    ) -> ws.RenewCertificateResponse:
+        self.attempts += 1
+        raise CallFailed("RenewCertificate", grpc.StatusCode.UNAVAILABLE, None)
+
+    async def use_identity(self, tls: TlsFiles, grace_seconds: float = 30.0) -> None:
+        raise AssertionError("no identity to switch to")
+
+
+def identity_due_now(directory: Path) -> Path:
+    """A self-signed certificate of which NOW is well past two thirds of the lifetime."""
+    key = new_private_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge-1")])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(NOW - dt.timedelta(days=6))
+        .not_valid_after(NOW + dt.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    (directory / "worker.key").write_bytes(private_key_pem(key))
+    (directory / "worker.crt").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    (directory / "ca.crt").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    identity = directory / "worker.json"
+    identity.write_text(
+        json.dumps(
+            {
+                "worker_id": "edge-1",
+                "ingress_address": "127.0.0.1:1",
+                "tls_ca": str(directory / "ca.crt"),
+                "tls_cert": str(directory / "worker.crt"),
+                "tls_key": str(directory / "worker.key"),
+            }
+        )
+    )
+    return identity
+
+
+async def test_a_failed_renewal_is_retried_and_changes_nothing(tmp_path: Path) -> None:
+    identity = identity_due_now(tmp_path)
+    before = identity.read_text()
+    client = Unreachable()
+    renewer = CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW)
+    stop = asyncio.Event()
+    task = asyncio.create_task(renewer.run(stop, check_seconds=0.01))
+    for _ in range(500):
+        if client.attempts >= 3:
+            break
+        await asyncio.sleep(0.01)
+    assert not task.done(), "a failed renewal must not end the renewal loop"
+    stop.set()
+    await task  # ends cleanly, raising nothing into the daemon's shutdown
+    assert client.attempts >= 3
+    assert identity.read_text() == before  # the present identity stays in use
+    assert names_in(tmp_path) == [
+        "ca.crt",
+        "worker.crt",
+        "worker.json",
+        "worker.key",
+    ]
+
+
+def names_in(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_joining_again_never_touches_a_working_identity(tmp_path: Path) -> None:
+    identity = identity_due_now(tmp_path)
+    key_before = (tmp_path / "worker.key").read_bytes()
+    with pytest.raises(FileExistsError):
+        join("127.0.0.1:1", b"", "qlj1_" + "A" * 43, tmp_path)
+    assert (tmp_path / "worker.key").read_bytes() == key_before
+    assert identity.exists()
