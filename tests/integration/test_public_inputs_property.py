@@ -1017,7 +1017,7 @@ def contract_allows(method: PublicMethod, body: bytes, issued_tokens: Collection
     if "certificate_signing_request_pem" in method.descriptor.input_type.fields_by_name:
         # "a PKCS#10 certificate signing request ... signed with the Worker's new key"
         try:
-            IssuingAuthority.check_request(request.certificate_signing_request_pem)
+            IssuingAuthority.requested_key(request.certificate_signing_request_pem)
         except Refused:
             return False
     # "a token from a previous response": any other token may be refused.

@@ -43,7 +43,8 @@ def test_the_certificate_names_the_worker_whatever_the_csr_asks(
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     forged = x509.UniformResourceIdentifier(worker_uri("qinglong.local", "another-worker"))
-    issued = authority.issue_worker_certificate(csr_pem(key, forged), WORKER, URI, NOW)
+    requested = authority.requested_key(csr_pem(key, forged))
+    issued = authority.issue_worker_certificate(requested, WORKER, URI, NOW)
     certificate = x509.load_pem_x509_certificate(issued.certificate_pem.encode())
     san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == [URI]
@@ -63,7 +64,7 @@ def test_two_certificates_have_distinct_serials(authority: IssuingAuthority) -> 
     serials = {
         x509.load_pem_x509_certificate(
             authority.issue_worker_certificate(
-                csr_pem(key), WORKER, URI, NOW
+                authority.requested_key(csr_pem(key)), WORKER, URI, NOW
             ).certificate_pem.encode()
         ).serial_number
         for _ in range(4)
@@ -73,7 +74,7 @@ def test_two_certificates_have_distinct_serials(authority: IssuingAuthority) -> 
 
 def _refusal(authority: IssuingAuthority, pem: str) -> Refused:
     with pytest.raises(Refused) as refused:
-        authority.issue_worker_certificate(pem, WORKER, URI, NOW)
+        authority.requested_key(pem)
     assert (refused.value.reason, refused.value.field) == (Reason.FIELD_INVALID, CSR_FIELD)
     return refused.value
 

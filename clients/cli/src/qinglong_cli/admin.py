@@ -22,7 +22,7 @@ import functools
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, TypeAlias
 
@@ -66,7 +66,7 @@ class _Admin:
     """What every admin command uses: the stub, the call options and where to print."""
 
     stub: admin_service_pb2_grpc.AdminServiceAsyncStub
-    call: dict[str, Any]
+    call: dict[str, Any] = field(repr=False)  # holds the bearer token
     printer: Printer
     err: TextIO
 

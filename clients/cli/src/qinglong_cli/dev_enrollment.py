@@ -7,8 +7,6 @@ written once to a 0600 file, and only its digest reaches the database.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +18,10 @@ from qinglong_control.db.identities import (
     enroll_worker,
     ensure_project,
 )
+from qinglong_control.domain.administration import NewSecret, new_operator_token
 from qinglong_protocol.files import atomic_write
 
 DEV_PROJECT_ID = "default"
-OPERATOR_TOKEN_PREFIX = "qlo1_"  # noqa: S105 - a format prefix, not a secret
 
 
 @dataclass(frozen=True)
@@ -41,14 +39,13 @@ def ensure_operator_token(path: Path) -> str:
     if path.exists():
         return path.read_text(encoding="ascii").strip()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    token = OPERATOR_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = new_operator_token().plaintext
     atomic_write(path, token.encode("ascii") + b"\n", 0o600)
     return token
 
 
 def enroll_development_identities(migration_url: str, identities: DevIdentities) -> None:
-    token = ensure_operator_token(identities.operator_token_file)
-    digest = hashlib.sha256(token.encode("ascii")).hexdigest()
+    digest = NewSecret(ensure_operator_token(identities.operator_token_file)).digest
     with psycopg.connect(migration_url, autocommit=True) as conn, conn.transaction():
         ensure_project(conn, identities.project_id, "Default project")
         enroll_worker(conn, identities.worker_id, identities.worker_uri)

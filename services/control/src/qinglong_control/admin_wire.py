@@ -18,7 +18,6 @@ from qinglong.runtime.v1 import caller_pb2
 
 from qinglong_control import paging, wire
 from qinglong_control.db.admin import Page
-from qinglong_control.db.events import Actor
 from qinglong_control.domain.administration import (
     ACTIVE,
     AuditFilter,
@@ -47,12 +46,11 @@ ROLE_VALUES = {name: value for value, name in ROLES.items()}
 Row = TypeVar("Row")
 
 
-def admin_of(caller: caller_pb2.Caller) -> Actor:
-    """The cluster admin ingress vouched for: an operator principal with a principal id
-    (ingress admitted it as a cluster admin; control checks the envelope's shape)."""
-    actor = wire.operator_of(caller)
+def admin_of(caller: caller_pb2.Caller) -> None:
+    """Refuse unless the caller is an operator principal with a principal id (ingress
+    admitted it as a cluster admin; control checks the envelope's shape)."""
+    wire.operator_of(caller)
     wire.caller_principal_id(caller)
-    return actor
 
 
 # --- requests ----------------------------------------------------------------------------

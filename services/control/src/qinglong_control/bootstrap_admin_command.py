@@ -77,6 +77,12 @@ def bootstrap_admin_main(argv: Sequence[str], environ: Mapping[str, str] | None 
     except Refused as refused:
         print(f"bootstrap-admin: {refused.detail}; choose another --name", file=sys.stderr)
         return 1
+    except psycopg.IntegrityError as error:
+        # The driver's message would show the token's digest (a key of the table); the
+        # constraint name says enough: e.g. a given token that was enrolled before.
+        constraint = error.diag.constraint_name or type(error).__name__
+        print(f"bootstrap-admin: refused by {constraint}; nothing issued", file=sys.stderr)
+        return 1
     finally:
         if sink is not None:
             sink.discard()  # nothing once kept

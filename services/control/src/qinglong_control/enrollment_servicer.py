@@ -14,7 +14,6 @@ enrolled and active; the successor names the same Worker and lives as long.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 from typing import Any
 
 import grpc
@@ -26,8 +25,9 @@ from qinglong.worker.v1 import worker_service_pb2
 
 from qinglong_control import wire
 from qinglong_control.db import enrollment
+from qinglong_control.domain.administration import NewSecret
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.issuing import IssuedCertificate, IssuingAuthority
+from qinglong_control.issuing import IssuedCertificate, IssuingAuthority, WorkerKey
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Pool = AsyncConnectionPool[AsyncConnection[Any]]
@@ -44,19 +44,16 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             raise Refused(Reason.FIELD_INVALID, "only a joining machine joins")
         pool, issuing = self._configured()
         public = request.request
-        issuing.check_request(public.certificate_signing_request_pem)
-        digest = hashlib.sha256(public.join_token.encode("ascii")).hexdigest()
+        key = issuing.requested_key(public.certificate_signing_request_pem)
+        digest = NewSecret(public.join_token).digest
         async with pool.connection() as conn:
             enrolled = await enrollment.consume_join_token(conn, digest)
         if enrolled is None:
             raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the join token is not valid")
-        issued = _issue(issuing, public.certificate_signing_request_pem, enrolled)
+        issued = _issue(issuing, key, enrolled)
         return rt.JoinWorkerResponse(
             response=enrollment_service_pb2.JoinWorkerResponse(
-                worker_id=enrolled.worker_id,
-                certificate_pem=issued.certificate_pem,
-                ca_certificates_pem=issuing.ca_certificates_pem,
-                expire_time=wire.timestamp(int(issued.not_after.timestamp() * 1000)),
+                worker_id=enrolled.worker_id, **_certificate_fields(issuing, issued)
             )
         )
 
@@ -64,17 +61,15 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
         public = request.request
         worker_id = wire.worker_of(request.caller, public.worker_id)
         pool, issuing = self._configured()
-        issuing.check_request(public.certificate_signing_request_pem)
+        key = issuing.requested_key(public.certificate_signing_request_pem)
         async with pool.connection() as conn:
             enrolled = await enrollment.active_worker(conn, worker_id)
         if enrolled is None:
             raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the Worker is not enrolled")
-        issued = _issue(issuing, public.certificate_signing_request_pem, enrolled)
+        issued = _issue(issuing, key, enrolled)
         return rt.RenewCertificateResponse(
             response=worker_service_pb2.RenewCertificateResponse(
-                certificate_pem=issued.certificate_pem,
-                ca_certificates_pem=issuing.ca_certificates_pem,
-                expire_time=wire.timestamp(int(issued.not_after.timestamp() * 1000)),
+                **_certificate_fields(issuing, issued)
             )
         )
 
@@ -89,10 +84,17 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
 
 def _issue(
-    issuing: IssuingAuthority, csr_pem: str, enrolled: enrollment.Enrollment
+    issuing: IssuingAuthority, key: WorkerKey, enrolled: enrollment.Enrollment
 ) -> IssuedCertificate:
     """A certificate for the Worker as the database names it, at DB time."""
     now = dt.datetime.fromtimestamp(enrolled.now_ms / 1000, dt.UTC)
-    return issuing.issue_worker_certificate(
-        csr_pem, enrolled.worker_id, enrolled.certificate_uri, now
-    )
+    return issuing.issue_worker_certificate(key, enrolled.worker_id, enrolled.certificate_uri, now)
+
+
+def _certificate_fields(issuing: IssuingAuthority, issued: IssuedCertificate) -> dict[str, Any]:
+    """What a join and a renewal answer alike: the certificate, the CA, the expiry."""
+    return {
+        "certificate_pem": issued.certificate_pem,
+        "ca_certificates_pem": issuing.ca_certificates_pem,
+        "expire_time": wire.timestamp(issued.not_after_ms),
+    }

@@ -32,12 +32,18 @@ _ACCEPTED_CURVES: Final = (ec.SECP256R1, ec.SECP384R1)
 CSR_FIELD: Final = "certificate_signing_request_pem"
 
 _IssuingKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
+#: The key types a Worker's certificate may carry.
+WorkerKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
 
 
 @dataclass(frozen=True)
 class IssuedCertificate:
     certificate_pem: str
     not_after: dt.datetime
+
+    @property
+    def not_after_ms(self) -> int:
+        return int(self.not_after.timestamp() * 1000)
 
 
 @dataclass(frozen=True)
@@ -70,16 +76,17 @@ class IssuingAuthority:
         return self.certificate.public_bytes(serialization.Encoding.PEM).decode("ascii")
 
     @staticmethod
-    def check_request(csr_pem: str) -> None:
-        """Refuse a CSR this CA would not sign, before anything is spent on it (a join
-        token is consumed only for a request that can be answered)."""
-        _verified_public_key(csr_pem)
+    def requested_key(csr_pem: str) -> WorkerKey:
+        """The public key of a CSR this CA would sign; a refusal for any other, before
+        anything is spent on it (a join token is consumed only for a request that can be
+        answered)."""
+        return _verified_public_key(csr_pem)
 
     def issue_worker_certificate(
-        self, csr_pem: str, worker_id: str, worker_uri: str, now: dt.datetime
+        self, public_key: WorkerKey, worker_id: str, worker_uri: str, now: dt.datetime
     ) -> IssuedCertificate:
-        """A client certificate for the CSR's public key, naming ``worker_uri`` only."""
-        public_key = _verified_public_key(csr_pem)
+        """A client certificate for ``public_key`` (from :meth:`requested_key`), naming
+        ``worker_uri`` only."""
         not_after = min(now + self.lifetime, self.certificate.not_valid_after_utc)
         builder = (
             x509.CertificateBuilder()
@@ -122,10 +129,7 @@ class IssuingAuthority:
         )
 
 
-_WorkerKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
-
-
-def _verified_public_key(csr_pem: str) -> _WorkerKey:
+def _verified_public_key(csr_pem: str) -> WorkerKey:
     """The CSR's public key, if the CSR parses, is signed by that key, and the key is one
     we issue for; anything else is a FIELD_INVALID refusal that names no value."""
     try:

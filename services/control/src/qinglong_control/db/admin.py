@@ -174,10 +174,7 @@ async def disable_project(conn: AsyncConnection[Any], project_id: str) -> Projec
         await tx.execute("lock.project", LOCK_PROJECT, (PROJECT_LOCK, project_id))
         await tx.execute("project.archive", _ARCHIVE_PROJECT, (project_id,))
         project = await tx.execute("project", _PROJECT, (project_id,), kwargs_row(ProjectRow))
-        row = await project.fetchone()
-        if row is None:
-            raise Refused(Reason.PROJECT_NOT_FOUND, "no such project")
-        return row
+        return await _found(project)
 
 
 # --- principals ------------------------------------------------------------------------

@@ -265,10 +265,8 @@ def overlap_expiry(old: TokenRow, now_ms: int, overlap_seconds: int) -> int:
 
 
 def join_token_expiry(now_ms: int, ttl_seconds: int | None) -> int:
-    return (
-        now_ms
-        + (JOIN_TOKEN_TTL_DEFAULT_SECONDS if ttl_seconds is None else ttl_seconds) * MS_PER_SECOND
-    )
+    """A join token always expires: one hour unless the admin said otherwise."""
+    return now_ms + (ttl_seconds or JOIN_TOKEN_TTL_DEFAULT_SECONDS) * MS_PER_SECOND
 
 
 def session_state(status: str, remaining_ms: int) -> tuple[str, int]:
