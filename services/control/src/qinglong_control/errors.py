@@ -32,6 +32,7 @@ from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong_protocol.errors import TypedStatus, code_for, reason_name
 from qinglong_protocol.storage_errors import StorageFailure, Verdict, storage_answer
 
+from qinglong_control.contract_bounds import PUBLIC_REQUEST_FIELD
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.wrapping import (
     Behaviour,
@@ -50,8 +51,8 @@ COMMAND_DURATION = metrics.get_meter("qinglong.control").create_histogram(
 )
 
 #: Constraints of the schema, by name, and the refusal each one means. A bound the
-#: contract documents is checked before the database sees the value (wire.py, servicer.py,
-#: and ingress before them), so these fire only if a check was missed; the caller still
+#: contract declares is checked before the database sees the value (by ingress, and again
+#: by contract_bounds.py), so these fire only if a check was missed; the caller still
 #: gets a typed answer about the right field, and the log says which check is missing.
 _FIELD_CONSTRAINTS: Final[Mapping[str, str]] = {
     "tasks_display_name_check": "display_name",
@@ -152,8 +153,8 @@ def _public_message_name(request: object) -> str:
     field), which is what the caller sent and what a violation without a field names."""
     if not isinstance(request, Message):
         return ""
-    if "request" in request.DESCRIPTOR.fields_by_name:
-        inner: Message = getattr(request, "request")  # noqa: B009 - protobuf field
+    if PUBLIC_REQUEST_FIELD in request.DESCRIPTOR.fields_by_name:
+        inner: Message = getattr(request, PUBLIC_REQUEST_FIELD)
         return str(inner.DESCRIPTOR.full_name)
     return str(request.DESCRIPTOR.full_name)
 

@@ -233,11 +233,10 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods):
         fence = wire.parse_fence(public.fence)
         worker_of(request.caller, fence.worker_id)
         log_artifact = public.log_artifact_id if public.HasField("log_artifact_id") else None
-        callback_sequence = public.callback_sequence
         report = RunningReport(
             public.executor_handle,
             log_artifact,
-            callback_sequence,
+            public.callback_sequence,
             wire.parse_wire_digest(public.callback_token_digest, "callback_token_digest"),
         )
         async with self._pool.connection() as conn:
@@ -282,7 +281,6 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods):
         fence = wire.parse_fence(public.fence)
         worker_of(request.caller, fence.worker_id)
         outcome = _OUTCOMES[public.outcome]
-        callback_sequence = public.callback_sequence
         stop_reason = _STOP_REASONS.get(public.stop_reason, "")
         if stop_reason == "" or (stop_reason and outcome != "cancelled"):
             raise Refused(
@@ -291,7 +289,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods):
                 field="stop_reason",
             )
         report = CompletionReport(
-            callback_sequence=callback_sequence,
+            callback_sequence=public.callback_sequence,
             outcome=outcome,
             exit_code=public.exit_code if public.HasField("exit_code") else None,
             summary=public.summary,

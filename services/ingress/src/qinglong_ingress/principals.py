@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
 
-from qinglong_protocol import bounds
+from qinglong_protocol import bounds, identities
 
 _BEARER_SCHEME = "Bearer "
 
@@ -48,11 +48,11 @@ JOINING_MACHINE = Principal(
 
 
 def worker_uri_prefix(trust_domain: str) -> str:
-    return f"spiffe://{trust_domain}/worker/"
+    return identities.worker_uri(trust_domain, "")
 
 
 def operator_uri_prefix(trust_domain: str) -> str:
-    return f"spiffe://{trust_domain}/operator/"
+    return identities.operator_uri(trust_domain, "")
 
 
 def bearer_token_digest(authorization: str) -> str | None:

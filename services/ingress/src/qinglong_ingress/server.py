@@ -19,6 +19,7 @@ from qinglong.control.v1 import (
     task_service_pb2,
 )
 from qinglong.worker.v1 import worker_service_pb2
+from qinglong_protocol import bounds
 from qinglong_protocol.telemetry import client_interceptors, server_interceptors
 from qinglong_protocol.tls import (
     TlsFiles,
@@ -28,7 +29,7 @@ from qinglong_protocol.tls import (
 )
 
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
-from qinglong_ingress.validation import MAX_RECEIVE_MESSAGE_BYTES, REQUEST_BYTE_CAPS
+from qinglong_ingress.validation import MAX_RECEIVE_MESSAGE_BYTES
 
 WORKER_SERVICE_NAME: str = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 TASK_SERVICE_NAME: str = task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name
@@ -82,7 +83,7 @@ async def create_enrollment_server(
     public listener. Bound, not started."""
     server = grpc.aio.server(
         interceptors=server_interceptors(),
-        options=[("grpc.max_receive_message_length", REQUEST_BYTE_CAPS[_JOIN_WORKER])],
+        options=[("grpc.max_receive_message_length", bounds.ENROLLMENT_REQUEST_MAX_BYTES)],
     )
     server.add_generic_rpc_handlers(tuple(handlers))
     material = read_tls_material(tls)
@@ -91,9 +92,6 @@ async def create_enrollment_server(
         grpc.ssl_server_credentials([(material.key, material.cert)], require_client_auth=False),
     )
     return server, port
-
-
-_JOIN_WORKER = "/qinglong.enrollment.v1.EnrollmentService/JoinWorker"
 
 
 def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
