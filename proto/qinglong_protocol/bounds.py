@@ -20,10 +20,10 @@ import base64
 import binascii
 import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
-from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.control.v1 import run_service_pb2
 from qinglong.rpc.v1 import execution_pb2, rules_pb2
 from qinglong.worker.v1 import worker_service_pb2
 
@@ -32,14 +32,11 @@ from qinglong_protocol.contract_rules import (
     int_range,
     predefined_pattern,
     predefined_range,
-    python_pattern,
     string_rules,
 )
 
 _PLAN = execution_pb2.ExecutionPlan
-_RETRY = execution_pb2.RetryPolicy
 _WS = worker_service_pb2
-_TS = task_service_pb2
 _RS = run_service_pb2
 
 # --- Integers ---------------------------------------------------------------
@@ -51,17 +48,10 @@ INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
 
 TIMEOUT_MS_MIN, TIMEOUT_MS_MAX = int_range(_PLAN, "timeout_ms")
-MAX_OFFERS_MIN, MAX_OFFERS_MAX = int_range(_WS.PullOffersRequest, "max_offers")
+MAX_OFFERS_MAX: Final = int_range(_WS.PullOffersRequest, "max_offers")[1]
 MAX_CONCURRENT_ATTEMPTS_MIN, MAX_CONCURRENT_ATTEMPTS_MAX = int_range(
     _WS.OpenSessionRequest, "max_concurrent_attempts"
 )
-#: RetryPolicy (R-RETRY-2): attempts in total, backoff in ms, growth in percent.
-RETRY_MAX_ATTEMPTS_MIN, RETRY_MAX_ATTEMPTS_MAX = int_range(_RETRY, "max_attempts")
-RETRY_BACKOFF_MS_MIN, RETRY_BACKOFF_MS_MAX = int_range(_RETRY, "initial_backoff_ms")
-RETRY_MULTIPLIER_PERCENT_MIN, RETRY_MULTIPLIER_PERCENT_MAX = int_range(
-    _RETRY, "backoff_multiplier_percent"
-)
-RETRY_ON_MAX_ITEMS: Final = field_rules(_RETRY, "retry_on").repeated.max_items
 PAGE_SIZE_MAX: Final = int_range(_RS.ListRunsRequest, "page_size")[1]
 #: What ``page_size == 0`` means in every list request (no rule can declare a default;
 #: the contract's comments say this number and a test holds them to it).
@@ -72,15 +62,12 @@ PAGE_SIZE_DEFAULT: Final = 50
 #: Every WorkerService request, including the lease-control command.
 WORKER_REQUEST_MAX_BYTES: Final = 8 * 1024
 LEASE_CONTROL_REQUEST_MAX_BYTES: Final = 8 * 1024
-LEASE_CONTROL_RESPONSE_MAX_BYTES: Final = 4 * 1024
 RUN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
 ADMIN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
 #: A join token and a CSR: tight, since the enrollment listener asks for no credential.
 ENROLLMENT_REQUEST_MAX_BYTES: Final = 8 * 1024
 #: TaskService carries execution plans (argv up to 64 KiB in total).
 TASK_SERVICE_REQUEST_MAX_BYTES: Final = 128 * 1024
-#: Channel-level receive limit (gRPC's default); PullOffers stays below it.
-GRPC_MESSAGE_MAX_BYTES: Final = 4 * 1024 * 1024
 
 # --- Identifiers --------------------------------------------------------------
 
@@ -99,7 +86,6 @@ REQUEST_ID_MAX_LENGTH: Final = 64
 REQUEST_ID_PATTERN: Final = predefined_pattern(rules_pb2.request_id)
 
 #: Fixed error codes such as EXECUTOR_START_FAILED.
-ERROR_CODE_MAX_LENGTH: Final = 63
 ERROR_CODE_PATTERN: Final = re.compile(r"\A[A-Z][A-Z0-9_]{0,62}\Z")
 
 #: RunEvent.type, e.g. ``attempt.running`` or ``run.cancel_requested``.
@@ -109,10 +95,6 @@ EVENT_TYPE_PATTERN: Final = re.compile(r"\A[a-z][a-z_]*(\.[a-z][a-z_]*)+\Z")
 #: Server-issued opaque page tokens (base64url alphabet, no padding).
 PAGE_TOKEN_MAX_LENGTH: Final = 512
 PAGE_TOKEN_PATTERN: Final = predefined_pattern(rules_pb2.page_token)
-
-#: Negotiated TLS version text, e.g. ``TLSv1.3``.
-TLS_VERSION_MAX_LENGTH: Final = 16
-TLS_VERSION_PATTERN: Final = re.compile(r"\A[A-Za-z0-9.]{0,16}\Z")
 
 # --- Secrets and digests ------------------------------------------------------
 
@@ -139,20 +121,9 @@ SHA256_HEX_PATTERN: Final = predefined_pattern(rules_pb2.sha256_hex)
 
 # --- Free text ----------------------------------------------------------------
 
-EXECUTOR_HANDLE_MAX_BYTES: Final = string_rules(
-    _WS.AcknowledgeRunningRequest, "executor_handle"
-).max_bytes
-LOG_ARTIFACT_ID_MAX_BYTES: Final = string_rules(
-    _WS.AcknowledgeRunningRequest, "log_artifact_id"
-).max_bytes
 ERROR_SUMMARY_MAX_CHARS: Final = string_rules(
     _WS.ReportStartFailureRequest, "error_summary"
 ).max_len
-DISPLAY_NAME_MAX_CHARS: Final = string_rules(_TS.CreateTaskRequest, "display_name").max_len
-PRINCIPAL_ID_MAX_BYTES: Final = 256
-ACTOR_ID_MAX_BYTES: Final = 256
-CREDENTIAL_SUBJECT_MAX_BYTES: Final = 1024
-AGENT_VERSION_MAX_BYTES: Final = string_rules(_WS.OpenSessionRequest, "agent_version").max_bytes
 
 
 def _argv_total_bytes() -> int:
@@ -169,20 +140,6 @@ COMMAND_ARGV_MAX_ITEMS: Final = _ARGV.max_items
 COMMAND_ARG_MAX_BYTES: Final = _ARGV.items.string.max_bytes
 COMMAND_ARGV_MAX_TOTAL_BYTES: Final = _argv_total_bytes()
 
-_LABELS = field_rules(_TS.CreateTaskRequest, "labels").map
-LABELS_MAX_ENTRIES: Final = _LABELS.max_pairs
-LABEL_KEY_PATTERN: Final = python_pattern(_LABELS.keys.string.pattern)
-LABEL_VALUE_MAX_BYTES: Final = _LABELS.values.string.max_bytes
-
-EXECUTOR_TYPES_MAX_ITEMS: Final = field_rules(
-    _WS.OpenSessionRequest, "executor_types"
-).repeated.max_items
-RUN_STATE_FILTER_MAX_ITEMS: Final = field_rules(_RS.ListRunsRequest, "states").repeated.max_items
-
-#: C0 controls, DEL and C1 controls: never allowed in bounded free text, so values
-#: cannot forge log lines or terminal escapes (the contract's ``printable`` rule).
-_PRINTABLE: Final = predefined_pattern(rules_pb2.printable)
-
 
 # --- Validators -----------------------------------------------------------------
 
@@ -192,17 +149,8 @@ def utf8_length(value: str) -> int:
     return len(value.encode("utf-8", errors="surrogatepass"))
 
 
-def has_control_characters(value: str) -> bool:
-    return _PRINTABLE.match(value) is None
-
-
 def is_uuid(value: str) -> bool:
     return UUID_PATTERN.match(value) is not None
-
-
-def is_optional_uuid(value: str) -> bool:
-    """A UUID field documented as ``or empty``."""
-    return value == "" or is_uuid(value)
 
 
 def is_slug(value: str) -> bool:
@@ -219,10 +167,6 @@ def is_error_code(value: str) -> bool:
 
 def is_event_type(value: str) -> bool:
     return len(value) <= EVENT_TYPE_MAX_LENGTH and EVENT_TYPE_PATTERN.match(value) is not None
-
-
-def is_page_token(value: str) -> bool:
-    return PAGE_TOKEN_PATTERN.match(value) is not None
 
 
 def is_sha256_hex(value: str) -> bool:
@@ -243,43 +187,6 @@ def is_timeout_ms(value: int) -> bool:
     return TIMEOUT_MS_MIN <= value <= TIMEOUT_MS_MAX
 
 
-def is_max_offers(value: int) -> bool:
-    return MAX_OFFERS_MIN <= value <= MAX_OFFERS_MAX
-
-
-def is_page_size(value: int) -> bool:
-    """0 (server default) .. PAGE_SIZE_MAX."""
-    return 0 <= value <= PAGE_SIZE_MAX
-
-
-def is_bounded_text(value: str, *, max_bytes: int, min_bytes: int = 1) -> bool:
-    """Printable UTF-8 text of ``min_bytes..max_bytes`` bytes with no control characters."""
-    return min_bytes <= utf8_length(value) <= max_bytes and not has_control_characters(value)
-
-
-def is_bounded_chars(value: str, *, max_chars: int, min_chars: int = 1) -> bool:
-    """Text of ``min_chars..max_chars`` code points (≤ 4 bytes each) with no control characters."""
-    return min_chars <= len(value) <= max_chars and not has_control_characters(value)
-
-
-def is_executor_handle(value: str) -> bool:
-    return is_bounded_text(value, max_bytes=EXECUTOR_HANDLE_MAX_BYTES)
-
-
-def is_log_artifact_id(value: str) -> bool:
-    return is_bounded_text(value, max_bytes=LOG_ARTIFACT_ID_MAX_BYTES)
-
-
-def is_error_summary(value: str, *, allow_empty: bool = False) -> bool:
-    return is_bounded_chars(
-        value, max_chars=ERROR_SUMMARY_MAX_CHARS, min_chars=0 if allow_empty else 1
-    )
-
-
-def is_display_name(value: str) -> bool:
-    return is_bounded_chars(value, max_chars=DISPLAY_NAME_MAX_CHARS)
-
-
 def is_command_argv(argv: Sequence[str]) -> bool:
     """1..64 items, each 1..4096 bytes with no NUL, ≤ 65536 bytes together."""
     if not 1 <= len(argv) <= COMMAND_ARGV_MAX_ITEMS:
@@ -291,28 +198,6 @@ def is_command_argv(argv: Sequence[str]) -> bool:
             return False
         total += size
     return total <= COMMAND_ARGV_MAX_TOTAL_BYTES
-
-
-def is_labels(labels: Iterable[tuple[str, str]]) -> bool:
-    """Label (key, value) pairs: ≤ 16 entries, slug-like keys, short printable values."""
-    for count, (key, value) in enumerate(labels, start=1):
-        if count > LABELS_MAX_ENTRIES:
-            return False
-        if LABEL_KEY_PATTERN.match(key) is None:
-            return False
-        if not is_bounded_text(value, max_bytes=LABEL_VALUE_MAX_BYTES, min_bytes=0):
-            return False
-    return True
-
-
-def is_lease_capability_shape(value: str) -> bool:
-    """Exactly ``qlc1_`` + canonical unpadded base64url of exactly 32 bytes.
-
-    Rejects padding, the standard alphabet (``+``/``/``), other lengths and
-    non-canonical final characters (unused low bits set), so one secret has one
-    spelling and therefore one digest.
-    """
-    return decode_lease_capability(value) is not None
 
 
 def decode_lease_capability(value: str) -> bytes | None:

@@ -20,10 +20,15 @@ import grpc
 import pytest
 from buf.validate import validate_pb2
 from google.protobuf import descriptor_pb2
+from google.protobuf.message import Message
+from qinglong.control.v1 import run_service_pb2 as rs
+from qinglong.control.v1 import task_service_pb2 as ts
 from qinglong.rpc.v1 import error_reason_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds, errors
+from qinglong_protocol.request_bounds import request_violations
 
 from tests.support.contract_fields import pattern_width
 
@@ -507,10 +512,14 @@ def capability(raw: bytes) -> str:
 GOOD_SECRET = bytes.fromhex("8f3a1c5e7b2d9f4061a8c3e5b7d9f1a3c5e7092b4d6f8a1c3e5b7d9f0a2c4e68")
 
 
+def _has_capability_shape(value: str) -> bool:
+    return bounds.decode_lease_capability(value) is not None
+
+
 def test_lease_capability_shape() -> None:
     good = capability(GOOD_SECRET)
     assert len(good) == bounds.LEASE_CAPABILITY_LENGTH == 48
-    assert bounds.is_lease_capability_shape(good)
+    assert _has_capability_shape(good)
     assert bounds.is_acceptable_lease_capability(good)
     assert bounds.decode_lease_capability(good) == GOOD_SECRET
     assert bounds.encode_lease_capability(GOOD_SECRET) == good
@@ -527,11 +536,11 @@ def test_lease_capability_shape() -> None:
         "",
     ]
     for value in rejected:
-        assert not bounds.is_lease_capability_shape(value), value
+        assert not _has_capability_shape(value), value
     # Right shape, weak secret.
     for weak in (b"\x00" * 32, bytes(range(32)), b"ab" * 16, bytes(range(0, 256, 8))):
         value = capability(weak)
-        assert bounds.is_lease_capability_shape(value)
+        assert _has_capability_shape(value)
         assert not bounds.is_acceptable_lease_capability(value), weak
     with pytest.raises(ValueError, match="exactly 32"):
         bounds.encode_lease_capability(b"\x01" * 31)
@@ -542,7 +551,7 @@ def test_identifier_validators() -> None:
     assert not bounds.is_uuid("0F8FAD5B-D9CB-469F-A165-70867728950E")
     assert not bounds.is_uuid("0f8fad5bd9cb469fa16570867728950e")
     assert not bounds.is_uuid("0f8fad5b-d9cb-469f-a165-70867728950e\n")
-    assert bounds.is_optional_uuid("")
+    assert _accepts(rs.ListRunsRequest(project_id="p", task_id=""), "task_id")
     assert bounds.is_slug("edge-01")
     assert bounds.is_slug("a")
     assert bounds.is_slug("0" * 63)
@@ -561,43 +570,73 @@ def test_identifier_validators() -> None:
     assert bounds.is_event_type("run.cancel_requested")
     assert not bounds.is_event_type("running")
     assert not bounds.is_event_type("Run.Running")
-    assert bounds.is_page_token("")
-    assert not bounds.is_page_token("a+b")
+    assert _accepts(rs.ListRunsRequest(project_id="p", page_token=""), "page_token")
+    assert not _accepts(rs.ListRunsRequest(project_id="p", page_token="a+b"), "page_token")
+
+
+def _accepts(request: Message, field: str) -> bool:
+    """Whether the contract's rules (as ingress and control enforce them) accept the
+    request's ``field``; other fields of the request may be out of bounds."""
+    return all(violation.field != field for violation in request_violations(request))
+
+
+def _handle_ok(value: str) -> bool:
+    return _accepts(ws.AcknowledgeRunningRequest(executor_handle=value), "executor_handle")
+
+
+def _artifact_ok(value: str) -> bool:
+    return _accepts(ws.AcknowledgeRunningRequest(log_artifact_id=value), "log_artifact_id")
+
+
+def _summary_ok(value: str) -> bool:
+    return _accepts(ws.ReportStartFailureRequest(error_summary=value), "error_summary")
+
+
+def _labels_ok(pairs: list[tuple[str, str]]) -> bool:
+    return _accepts(ts.CreateTaskRequest(labels=dict(pairs)), "labels")
+
+
+def _offers_ok(value: int) -> bool:
+    return _accepts(ws.PullOffersRequest(max_offers=value), "max_offers")
+
+
+def _page_size_ok(value: int) -> bool:
+    return _accepts(rs.ListRunsRequest(page_size=value), "page_size")
 
 
 def test_text_and_number_validators() -> None:
-    assert bounds.is_executor_handle("pid:4242;start:1735689600123")
-    assert bounds.is_executor_handle("h" * 512)
-    assert not bounds.is_executor_handle("h" * 513)
-    assert not bounds.is_executor_handle("é" * 257)  # 514 bytes
-    assert not bounds.is_executor_handle("")
-    assert not bounds.is_executor_handle("pid\n42")
-    assert bounds.is_log_artifact_id("a" * 256)
-    assert not bounds.is_log_artifact_id("a" * 257)
-    assert bounds.is_error_summary("界" * 256)  # code points, not bytes
-    assert not bounds.is_error_summary("x" * 257)
-    assert not bounds.is_error_summary("")
-    assert bounds.is_error_summary("", allow_empty=True)
-    assert not bounds.is_error_summary("line\x1b[31m")
+    assert _handle_ok("pid:4242;start:1735689600123")
+    assert _handle_ok("h" * 512)
+    assert not _handle_ok("h" * 513)
+    assert not _handle_ok("é" * 257)  # 514 bytes
+    assert not _handle_ok("")
+    assert not _handle_ok("pid\n42")
+    assert _artifact_ok("a" * 256)
+    assert not _artifact_ok("a" * 257)
+    assert _summary_ok("界" * 256)  # code points, not bytes
+    assert not _summary_ok("x" * 257)
+    assert not _summary_ok("")
+    assert _accepts(ws.CompleteAttemptRequest(summary=""), "summary")  # may be empty there
+    assert not _summary_ok("line\x1b[31m")
     assert bounds.is_command_argv(["/bin/echo", "hello"])
     assert not bounds.is_command_argv([])
     assert not bounds.is_command_argv(["x"] * 65)
     assert not bounds.is_command_argv(["x" * 4097])
     assert not bounds.is_command_argv(["a\x00b"])
     assert not bounds.is_command_argv(["x" * 4096] * 17)  # > 64 KiB in total
-    assert bounds.is_labels([("team", "infra"), ("tier", "")])
-    assert not bounds.is_labels([("Team", "infra")])
-    assert not bounds.is_labels([(f"k{i}", "v") for i in range(17)])
+    assert _labels_ok([("team", "infra"), ("tier", "")])
+    assert not _labels_ok([("Team", "infra")])
+    assert not _labels_ok([(f"k{i}", "v") for i in range(17)])
     assert bounds.is_timeout_ms(1)
     assert bounds.is_timeout_ms(604_800_000)
     assert not bounds.is_timeout_ms(0)
     assert not bounds.is_timeout_ms(604_800_001)
-    assert bounds.is_max_offers(64)
-    assert not bounds.is_max_offers(0)
-    assert not bounds.is_max_offers(65)
-    assert bounds.is_page_size(0)
-    assert bounds.is_page_size(500)
-    assert not bounds.is_page_size(501)
+    assert _offers_ok(64)
+    assert not _offers_ok(0)
+    assert not _offers_ok(65)
+    assert _page_size_ok(0)
+    assert _page_size_ok(500)
+    assert not _page_size_ok(501)
     assert bounds.is_safe_positive(2**53 - 1)
     assert not bounds.is_safe_positive(2**53)
     assert not bounds.is_safe_positive(0)
