@@ -19,7 +19,6 @@ import secrets
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-import grpc
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -38,6 +37,7 @@ from qinglong_protocol import bounds
 from qinglong_protocol.contract_rules import reachable_messages
 from qinglong_protocol.errors import error_reason_of
 
+from tests.support.calls import failure
 from tests.support.contract_fields import (
     FieldRule,
     Kind,
@@ -632,14 +632,6 @@ async def worker_sequence_at_the_extremes(
             )
         )
     return fences
-
-
-async def failure(call: Any) -> grpc.aio.AioRpcError:
-    try:
-        await call
-    except grpc.aio.AioRpcError as error:
-        return error
-    raise AssertionError("the call succeeded")
 
 
 @pytest.mark.parametrize("character", ESCAPED, ids=["quote", "backslash"])
