@@ -16,28 +16,77 @@ It prints a table and the ratios of issue 11: e2e ACK p50 / (echo + 2 x commit),
 ControlLease throughput at 64 / the echo's at 64. This machine is shared and noisy, so
 only ratios measured in one run mean anything.
 
-    .venv/bin/python bench/bench_e2e.py [--runs 200] [--renewals 400]
+    .venv/bin/python bench/bench_e2e.py [--runs 200] [--renewals 640]
+
+With ``--tracing`` it measures what exporting traces costs instead (issue 11: tracing on /
+off ≤ 1.10 on each command's p50), with two stacks up at once:
+
+* tracing off: the stack as above. Its services still make spans (`configure_telemetry`
+  always installs the SDK) but export none, which is production without a collector;
+* tracing on: the same stack started with OTEL_EXPORTER_OTLP_ENDPOINT pointing at an
+  OTLP/gRPC sink in this process (plaintext on 127.0.0.1; the same variable turns metric
+  export on too, and the sink accepts that as well). The bench's Worker channel to it
+  carries the OpenTelemetry client interceptors with its own exporting TracerProvider,
+  so each command is one trace Worker → ingress → control → database, as in production.
+
+Both arms get their own session and task; each claims the same batch of Runs, then Run by
+Run each times one Attempt's four commands, the arm going first alternating, so the drift
+and bursts of this shared machine land on both arms alike: the 10 % looked for is smaller
+than what load from other users moves a p50 by between two runs. (Two identical arms
+measured this way agreed within 4 % on each p50 at 200 Runs.) ControlLease at 1, 16 and
+64 callers alternates likewise (off, on, on, off), but a level lasts about a second, so
+its rows stay noisy. It prints both tables, each command's p50 on / off, lease throughput
+on / off, the CPU seconds each arm's ingress and control used meanwhile, and, once both
+stacks have stopped (the services flush their last spans as they exit), what the sink
+received: spans by service and how many traces crossed Worker, ingress and control. The
+floors are not measured: tracing does not change them.
+
+The sink and the Worker's span export share this process with both arms' clients, so
+their CPU (parsing batches, serializing spans) lands on whichever arm is being timed at
+that moment: it mostly shows in p99, on both arms.
+
+    .venv/bin/python bench/bench_e2e.py --tracing [--runs 200] [--renewals 640]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import grpc
+import psutil
 import psycopg
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.resource.v1 import resource_pb2
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from qinglong.control.v1 import (
     run_service_pb2,
     run_service_pb2_grpc,
@@ -85,6 +134,12 @@ async def main():
 
 asyncio.run(main())
 """
+
+COMMANDS: Final = ("AcknowledgeStarting", "AcknowledgeRunning", "ControlLease", "CompleteAttempt")
+CONCURRENCY: Final = (1, 16, 64)
+# Runs claimed at once, and the Attempts held for the concurrent renewals: the session's
+# capacity.
+BATCH: Final = 64
 
 
 @dataclass(frozen=True)
@@ -143,6 +198,7 @@ async def echo_floor(
         async with grpc.aio.secure_channel(
             f"127.0.0.1:{near_port}", mutual_tls_channel_credentials(stack.worker_tls)
         ) as channel:
+            call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]
             call = channel.unary_unary("/bench.Echo/Call")
             payload = secrets.token_bytes(200)
             for _ in range(50):
@@ -218,6 +274,32 @@ class Bench:
                 max_concurrent_attempts=capacity,
             )
         )
+
+    @contextlib.asynccontextmanager
+    async def session_kept(self) -> AsyncIterator[None]:
+        """Renews the session in the background, as a Worker does, for measurements that
+        outlast its lifetime (30 s by default). A renewal that fails is raised on exit."""
+        session = self.session
+        assert session is not None
+        interval = max(1.0, session.renew_interval.ToMilliseconds() / 1000.0)
+        request = ws.RenewSessionRequest(
+            worker_id=self.stack.worker_id,
+            session_id=session.session_id,
+            worker_generation=session.worker_generation,
+        )
+
+        async def keep() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                await self.worker.RenewSession(request)
+
+        keeper = asyncio.create_task(keep())
+        try:
+            yield
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
 
     async def task(self) -> str:
         created = await self.tasks.CreateTask(
@@ -325,55 +407,84 @@ async def renew(bench: Bench, mine: list[Work], count: int, samples: list[float]
         samples.append(await timed(partial(bench.control, mine[index % len(mine)])))
 
 
-async def measure(stack: DevStack, runs: int, renewals: int) -> None:
-    concurrency = (1, 16, 64)
-    commit = commit_floor(stack, runs)
-    echo, echo_rates = await echo_floor(stack, runs, concurrency)
+def empty_figures() -> dict[str, list[float]]:
+    return {name: [] for name in COMMANDS}
+
+
+async def one_run(bench: Bench, work: Work, figures: dict[str, list[float]]) -> None:
+    """Times one Attempt's four commands, one at a time, in the order a Worker sends them."""
+    commands = (bench.starting, bench.running, bench.control, bench.complete)
+    for name, command in zip(COMMANDS, commands, strict=True):
+        figures[name].append(await timed(partial(command, work)))
+
+
+async def hold(bench: Bench, task_id: str) -> list[Work]:
+    """Running Attempts for the concurrent renewals (never completed: only renewed)."""
+    held = await bench.claim(task_id, BATCH)
+    for work in held:
+        await bench.starting(work)
+        await bench.running(work)
+    return held
+
+
+async def lease_level(
+    bench: Bench, held: list[Work], callers: int, renewals: int
+) -> tuple[float, Figure]:
+    """ControlLease calls/s and latencies with `callers` concurrent callers."""
+    samples: list[float] = []
+    started = time.perf_counter()
+    await asyncio.gather(
+        *(renew(bench, held[i::callers], renewals // callers, samples) for i in range(callers))
+    )
+    rate = len(samples) / (time.perf_counter() - started)
+    return rate, Figure(f"ControlLease x{callers}", samples)
+
+
+@contextlib.asynccontextmanager
+async def worker_bench(
+    stack: DevStack, interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None
+) -> AsyncIterator[Bench]:
+    """A Bench on its own channels to `stack`'s ingress: the Worker's (through
+    `interceptors`, if any) and the operator's."""
     worker_channel = grpc.aio.secure_channel(
-        stack.ingress_address, mutual_tls_channel_credentials(stack.worker_tls)
+        stack.ingress_address,
+        mutual_tls_channel_credentials(stack.worker_tls),
+        interceptors=interceptors,
     )
     operator_channel = grpc.aio.secure_channel(
         stack.ingress_address, mutual_tls_channel_credentials(stack.operator_tls)
     )
     try:
-        bench = Bench(stack, worker_channel, operator_channel)
-        await bench.open_session(64)
-        task_id = await bench.task()
-        figures: dict[str, list[float]] = {
-            "AcknowledgeStarting": [],
-            "AcknowledgeRunning": [],
-            "ControlLease": [],
-            "CompleteAttempt": [],
-        }
-        done = 0
-        while done < runs:
-            batch = await bench.claim(task_id, min(64, runs - done))
-            for work in batch:
-                figures["AcknowledgeStarting"].append(await timed(partial(bench.starting, work)))
-                figures["AcknowledgeRunning"].append(await timed(partial(bench.running, work)))
-                figures["ControlLease"].append(await timed(partial(bench.control, work)))
-                figures["CompleteAttempt"].append(await timed(partial(bench.complete, work)))
-            done += len(batch)
-        held = await bench.claim(task_id, 64)
-        for work in held:
-            await bench.starting(work)
-            await bench.running(work)
-        lease_rates: dict[int, tuple[float, Figure]] = {}
-        for callers in concurrency:
-            samples: list[float] = []
-            started = time.perf_counter()
-            await asyncio.gather(
-                *(
-                    renew(bench, held[i::callers], renewals // callers, samples)
-                    for i in range(callers)
-                )
-            )
-            rate = len(samples) / (time.perf_counter() - started)
-            lease_rates[callers] = (rate, Figure(f"ControlLease x{callers}", samples))
+        yield Bench(stack, worker_channel, operator_channel)
     finally:
         await worker_channel.close()
         await operator_channel.close()
+
+
+async def measure(stack: DevStack, runs: int, renewals: int) -> None:
+    commit = commit_floor(stack, runs)
+    echo, echo_rates = await echo_floor(stack, runs, CONCURRENCY)
+    async with worker_bench(stack) as bench:
+        await bench.open_session(BATCH)
+        task_id = await bench.task()
+        figures = empty_figures()
+        done = 0
+        while done < runs:
+            batch = await bench.claim(task_id, min(BATCH, runs - done))
+            for work in batch:
+                await one_run(bench, work, figures)
+            done += len(batch)
+        held = await hold(bench, task_id)
+        lease_rates: dict[int, tuple[float, Figure]] = {}
+        for callers in CONCURRENCY:
+            lease_rates[callers] = await lease_level(bench, held, callers, renewals)
     report(echo, commit, echo_rates, figures, lease_rates)
+
+
+def print_table(figures: Iterable[Figure]) -> None:
+    print(f"{'figure':40} {'p50 ms':>8} {'p99 ms':>8}")
+    for figure in figures:
+        print(f"{figure.name:40} {figure.p50:8.2f} {figure.p99:8.2f}")
 
 
 def report(
@@ -384,9 +495,7 @@ def report(
     lease_rates: dict[int, tuple[float, Figure]],
 ) -> None:
     floor = echo.p50 + 2 * commit.p50
-    print(f"{'figure':40} {'p50 ms':>8} {'p99 ms':>8}")
-    for figure in (echo, commit, *(Figure(name, s) for name, s in figures.items())):
-        print(f"{figure.name:40} {figure.p50:8.2f} {figure.p99:8.2f}")
+    print_table((echo, commit, *(Figure(name, s) for name, s in figures.items())))
     print(f"\nfloor = echo + 2 x commit = {floor:.2f} ms")
     for name, samples in figures.items():
         print(f"{name:24} p50 / floor = {statistics.median(samples) / floor:5.2f}x")
@@ -401,11 +510,268 @@ def report(
         )
 
 
+# --- tracing overhead ----------------------------------------------------------------------
+
+WORKER_SERVICE: Final = "bench-worker"
+TRACED_PATH: Final = frozenset({WORKER_SERVICE, "qinglong-ingress", "qinglong-control"})
+# Set in both arms, so that no OTEL_* variable of the caller's environment turns export on
+# in the "off" stack, or the SDK off in the "on" one.
+TRACING_OFF: Final = {
+    "OTEL_SDK_DISABLED": "false",
+    "OTEL_TRACES_EXPORTER": "none",
+    "OTEL_METRICS_EXPORTER": "none",
+}
+
+
+def tracing_on(endpoint: str) -> dict[str, str]:
+    """What an operator sets to send a stack's telemetry to a collector at `endpoint`."""
+    return {
+        "OTEL_SDK_DISABLED": "false",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+    }
+
+
+def service_name(resource: resource_pb2.Resource) -> str:
+    for attribute in resource.attributes:
+        if attribute.key == "service.name":
+            return attribute.value.string_value
+    return "?"
+
+
+class SpanCounter(trace_service_pb2_grpc.TraceServiceServicer):
+    """Counts the spans exported to it by service, and which services each trace reached:
+    proof that export happened and that the context crossed every hop."""
+
+    def __init__(self) -> None:
+        self.by_service: Counter[str] = Counter()
+        self.services_of: defaultdict[bytes, set[str]] = defaultdict(set)
+
+    async def Export(
+        self,
+        request: ExportTraceServiceRequest,
+        context: grpc.aio.ServicerContext[ExportTraceServiceRequest, ExportTraceServiceResponse],
+    ) -> ExportTraceServiceResponse:
+        for resource_spans in request.resource_spans:
+            service = service_name(resource_spans.resource)
+            for scope_spans in resource_spans.scope_spans:
+                self.by_service[service] += len(scope_spans.spans)
+                for span in scope_spans.spans:
+                    self.services_of[span.trace_id].add(service)
+        return ExportTraceServiceResponse()
+
+
+class MetricCounter(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """OTEL_EXPORTER_OTLP_ENDPOINT turns metric export on too (every 60 s and at exit):
+    accepted, so the services log no export errors, and counted."""
+
+    def __init__(self) -> None:
+        self.exports = 0
+
+    async def Export(
+        self,
+        request: ExportMetricsServiceRequest,
+        context: grpc.aio.ServicerContext[
+            ExportMetricsServiceRequest, ExportMetricsServiceResponse
+        ],
+    ) -> ExportMetricsServiceResponse:
+        self.exports += 1
+        return ExportMetricsServiceResponse()
+
+
+@dataclass(frozen=True)
+class Sink:
+    endpoint: str
+    spans: SpanCounter
+    metrics: MetricCounter
+
+
+@contextlib.contextmanager
+def otlp_sink() -> Iterator[Sink]:
+    """An OTLP/gRPC collector on 127.0.0.1, plaintext. It serves from its own thread and
+    event loop: it must keep answering while this thread blocks starting and stopping the
+    stacks (the services flush their last spans as they exit), and it must not wait for the
+    bench's loop, or the exporters' calls would time out while a command is being timed."""
+    spans, metrics = SpanCounter(), MetricCounter()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="otlp-sink", daemon=True)
+    thread.start()
+    server: grpc.aio.Server | None = None
+
+    async def start() -> int:
+        nonlocal server
+        server = grpc.aio.server()
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(spans, server)  # type: ignore[no-untyped-call]
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(metrics, server)  # type: ignore[no-untyped-call]
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return port
+
+    try:
+        port = asyncio.run_coroutine_threadsafe(start(), loop).result()
+        yield Sink(f"http://127.0.0.1:{port}", spans, metrics)
+    finally:
+        if server is not None:
+            asyncio.run_coroutine_threadsafe(server.stop(None), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def worker_tracing(endpoint: str) -> TracerProvider:
+    """The Worker's tracing as `configure_telemetry` sets it up under `tracing_on`, but not
+    installed globally: only the traced arm's channel uses it."""
+    provider = TracerProvider(resource=Resource.create({"service.name": WORKER_SERVICE}))
+    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+@dataclass
+class Arm:
+    """One stack of the comparison, with its own Worker session, task and figures."""
+
+    name: str
+    stack: DevStack
+    bench: Bench
+    task_id: str
+    figures: dict[str, list[float]] = field(default_factory=empty_figures)
+    leases: dict[int, tuple[float, Figure]] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+async def open_arm(name: str, stack: DevStack, bench: Bench) -> Arm:
+    await bench.open_session(BATCH)
+    return Arm(name, stack, bench, await bench.task())
+
+
+def service_cpu(stack: DevStack) -> dict[str, float]:
+    """CPU seconds (user + system) each service process of `stack` has used so far: both
+    arms do the same work, so the difference is what tracing costs the services."""
+    used = {}
+    for service in ("ingress", "control"):
+        times = psutil.Process(int(stack.document[service]["pid"])).cpu_times()
+        used[service] = times.user + times.system
+    return used
+
+
+async def interleaved_runs(arms: Sequence[Arm], runs: int) -> None:
+    """Each arm claims the same batch of Runs; then Run by Run each arm times one Attempt's
+    commands, the arm going first alternating."""
+    done = 0
+    while done < runs:
+        size = min(BATCH, runs - done)
+        batches = [await arm.bench.claim(arm.task_id, size) for arm in arms]
+        for index in range(size):
+            turns = [(arm, batch[index]) for arm, batch in zip(arms, batches, strict=True)]
+            if (done + index) % 2:
+                turns.reverse()
+            for arm, work in turns:
+                await one_run(arm.bench, work, arm.figures)
+        done += size
+
+
+async def interleaved_leases(arms: Sequence[Arm], renewals: int) -> None:
+    """Each concurrency level twice per arm, in the order A B B A, pooled: a level lasts
+    about a second, so one burst of the machine's other load would otherwise decide it."""
+    held = [await hold(arm.bench, arm.task_id) for arm in arms]
+    pairs = list(zip(arms, held, strict=True))
+    for callers in CONCURRENCY:
+        rounds: dict[str, list[tuple[float, Figure]]] = {arm.name: [] for arm in arms}
+        for arm, mine in (*pairs, *reversed(pairs)):
+            rounds[arm.name].append(await lease_level(arm.bench, mine, callers, renewals))
+        for arm in arms:
+            rates, figures = zip(*rounds[arm.name], strict=True)
+            samples = [sample for figure in figures for sample in figure.samples]
+            arm.leases[callers] = (statistics.mean(rates), Figure(figures[0].name, samples))
+
+
+async def compare(
+    off: DevStack, on: DevStack, provider: TracerProvider, runs: int, renewals: int
+) -> None:
+    traced: Sequence[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
+        tracer_provider=provider
+    )
+    async with worker_bench(off) as quiet, worker_bench(on, traced) as loud:
+        arms = [
+            await open_arm("tracing off", off, quiet),
+            await open_arm("tracing on", on, loud),
+        ]
+        # Two arms, each lease level twice: longer than a session lives unrenewed.
+        async with arms[0].bench.session_kept(), arms[1].bench.session_kept():
+            before = [service_cpu(arm.stack) for arm in arms]
+            await interleaved_runs(arms, runs)
+            await interleaved_leases(arms, renewals)
+        for arm, used in zip(arms, before, strict=True):
+            arm.cpu = {name: cpu - used[name] for name, cpu in service_cpu(arm.stack).items()}
+    report_tracing(*arms)
+
+
+def report_tracing(off: Arm, on: Arm) -> None:
+    for arm in (off, on):
+        print(f"{arm.name}:")
+        print_table(Figure(name, samples) for name, samples in arm.figures.items())
+        print()
+    for name in COMMANDS:
+        ratio = statistics.median(on.figures[name]) / statistics.median(off.figures[name])
+        print(f"{name:24} p50 on / off = {ratio:5.2f}x  (target <= 1.10)")
+    print(
+        f"\n{'callers':>8} {'off/s':>10} {'on/s':>10} {'ratio':>6} "
+        f"{'off p50':>8} {'on p50':>8} {'off p99':>8} {'on p99':>8}"
+    )
+    for callers in CONCURRENCY:
+        (off_rate, off_figure), (on_rate, on_figure) = off.leases[callers], on.leases[callers]
+        print(
+            f"{callers:8d} {off_rate:10.0f} {on_rate:10.0f} {on_rate / off_rate:6.2f} "
+            f"{off_figure.p50:8.2f} {on_figure.p50:8.2f} {off_figure.p99:8.2f} {on_figure.p99:8.2f}"
+        )
+    print(f"\n{'CPU s meanwhile':16} {'off':>8} {'on':>8} {'ratio':>6}")
+    for service in off.cpu:
+        used_off, used_on = off.cpu[service], on.cpu[service]
+        print(f"{service:16} {used_off:8.2f} {used_on:8.2f} {used_on / used_off:6.2f}")
+
+
+def report_sink(sink: Sink) -> None:
+    counted = sink.spans.by_service
+    by_service = ", ".join(f"{name} {count}" for name, count in sorted(counted.items()))
+    print(f"\nspans received by the OTLP sink: {counted.total()} ({by_service})")
+    traces = sink.spans.services_of.values()
+    crossed = sum(1 for services in traces if services >= TRACED_PATH)
+    print(f"traces through bench-worker -> ingress -> control: {crossed} of {len(traces)}")
+    print(f"metric exports received: {sink.metrics.exports}")
+
+
+def compare_tracing(runs: int, renewals: int) -> None:
+    with otlp_sink() as sink:
+        with (
+            tempfile.TemporaryDirectory(prefix="qinglong-bench-") as root,
+            dev_stack(Path(root) / "off", TRACING_OFF) as off,
+            dev_stack(Path(root) / "on", tracing_on(sink.endpoint)) as on,
+        ):
+            provider = worker_tracing(sink.endpoint)
+            try:
+                asyncio.run(compare(off, on, provider, runs, renewals))
+            finally:
+                provider.shutdown()  # flushes the Worker's last spans
+        # Both stacks have stopped: their services flushed their last spans as they exited.
+        report_sink(sink)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--renewals", type=int, default=640)
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="measure the commands with tracing exported vs not instead (see the docstring)",
+    )
     args = parser.parse_args()
+    if args.tracing:
+        compare_tracing(args.runs, args.renewals)
+        return
     with (
         tempfile.TemporaryDirectory(prefix="qinglong-bench-") as root,
         dev_stack(Path(root) / "stack") as stack,
