@@ -14,8 +14,9 @@ import psycopg
 import pytest
 from qinglong.admin.v1 import admin_pb2
 from qinglong_ingress.audit import AuditOutcome
-from qinglong_ingress.directory import AuditRecord, Directory
+from qinglong_ingress.directory import AuditEntry, AuditRecord, Directory
 from qinglong_ingress.pool import open_ingress_pool
+from qinglong_protocol.pooling import PoolSizing
 
 from tests.support.postgres import MigratedDatabase
 
@@ -42,11 +43,12 @@ def test_the_check_allows_exactly_the_enum(database: MigratedDatabase) -> None:
 async def test_every_outcome_is_written_by_the_ingress_role(
     database: MigratedDatabase, outcome: AuditOutcome
 ) -> None:
-    pool = await open_ingress_pool(database.urls.ingress, min_size=1, max_size=1)
+    pool = await open_ingress_pool(database.urls.ingress, sizing=PoolSizing(1, 1))
     try:
-        audit_id = await Directory(pool).write_audit(
-            AuditRecord("anonymous", None, "WorkerService/OpenSession", outcome, None)
+        audited = await Directory(pool).write_audit(
+            AuditEntry(AuditRecord("anonymous", None, "WorkerService/OpenSession", outcome, None))
         )
+        audit_id = audited.audit_id
     finally:
         await pool.close()
     with psycopg.connect(database.urls.migration) as conn:

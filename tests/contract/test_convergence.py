@@ -15,6 +15,7 @@ from qinglong_control.db.start_facts import acknowledge_starting
 from qinglong_control.domain.convergence import derived_event_id
 from qinglong_control.domain.timings import Timings
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
+from qinglong_protocol.pooling import PoolSizing
 
 from tests.support.postgres import MigratedDatabase
 from tests.support.seed import FAR_FUTURE_MS, seed_claimed_attempt, seed_identity
@@ -141,7 +142,7 @@ async def test_expiry_makes_the_attempt_and_run_lost_then_convergence_ends_the_r
 
 @pytest.fixture
 async def runtime_pool(database: MigratedDatabase) -> AsyncIterator[Any]:
-    pool = await open_runtime_pool(database.urls.runtime, min_size=1, max_size=4)
+    pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(1, 4))
     try:
         yield pool
     finally:

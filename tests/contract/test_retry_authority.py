@@ -29,6 +29,7 @@ from qinglong_control.domain.retry import Ending, RetryPolicy
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.states import RunState
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
+from qinglong_protocol.pooling import PoolSizing
 
 from tests.support import timelines
 from tests.support.postgres import MigratedDatabase
@@ -291,7 +292,7 @@ async def test_one_cycle_expires_then_schedules_the_retry(
         " expires_at_ms = qinglong.db_now_ms() - 1 WHERE attempt_id = %s",
         (work.fence.attempt_id,),
     )
-    pool = await open_runtime_pool(database.urls.runtime, min_size=1, max_size=2)
+    pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(1, 2))
     try:
         report = await Reconciler(pool, ReconcilerLimits(), world.timings).cycle()
     finally:
@@ -371,7 +372,7 @@ async def test_concurrent_cancellations_answer_one_accepted_and_the_rest_already
     work = await world.claimed()
     await running(world, work)
     snapshot = BindingSnapshot(project_version=1, binding_version=1, role="operator")
-    pool = await open_runtime_pool(database.urls.runtime, min_size=8, max_size=8)
+    pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(8, 8))
 
     async def cancel(index: int) -> CancelOutcome:
         async with pool.connection() as conn:

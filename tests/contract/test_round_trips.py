@@ -1,4 +1,5 @@
-"""Issue 3 performance design: each command's transaction takes at most two round trips.
+"""The hot path's database budget (R-PERF-1): each control command's transaction takes at
+most two round trips, and a Worker's call through ingress one (below, on the real stack).
 
 The count comes from libpq's own protocol trace of the command's connection: a round trip
 is a batch of frontend ("F") messages followed by backend ("B") messages, i.e. one point
@@ -8,12 +9,13 @@ answer is known, so the command tests cannot pass vacuously.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import secrets
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import pq
+from qinglong.control.v1 import run_service_pb2, run_service_pb2_grpc
+from qinglong.rpc.v1 import execution_pb2
+from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_control.db import placement, sessions
 from qinglong_control.db.start_facts import (
     acknowledge_running,
@@ -32,7 +37,12 @@ from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.refusals import Refused
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_protocol.bounds import encode_lease_capability
+from qinglong_protocol.errors import error_reason_of
+from qinglong_protocol.pooling import RecoveringPool
 
+from tests.support.calls import failure
+from tests.support.postgres import MigratedDatabase
+from tests.support.stack import running_stack
 from tests.support.world import PROJECT, World
 
 MAX_ROUND_TRIPS = 2
@@ -271,3 +281,135 @@ async def test_command_takes_at_most_two_round_trips(
         f"{case} took {trace.round_trips} database round trips (at most {MAX_ROUND_TRIPS});"
         f" sent before each wait: {trace.batches()}"
     )
+
+
+# --- Ingress: a Worker's call is one round trip (R-PERF-1) --------------------------------
+
+
+@asynccontextmanager
+async def _traced_pool(pool: RecoveringPool, path: Path) -> AsyncIterator[Trace]:
+    """Trace the only connection of a one-connection pool while it serves calls."""
+    conn = await pool.getconn()
+    with traced(conn, path) as trace:
+        await pool.putconn(conn)
+        yield trace
+        assert await pool.getconn() is conn, "the pool must have exactly one connection"
+    await pool.putconn(conn)
+
+
+def _mostly_one(counts: list[int]) -> None:
+    """One round trip per call; psycopg prepares a statement on its fifth use on a
+    connection, which costs that one call a second round trip, once."""
+    assert counts.count(1) >= len(counts) - 1, counts
+    assert set(counts) <= {1, 2}, counts
+
+
+async def test_a_worker_call_through_ingress_is_one_round_trip(
+    database_pg18: MigratedDatabase, tmp_path: Path
+) -> None:
+    async with (
+        running_stack(database_pg18, tmp_path / "pki", ingress_pool_size=1) as stack,
+        stack.channel(stack.worker_identity("worker-a")) as channel,
+    ):
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        opened = await worker.OpenSession(
+            worker_service_pb2.OpenSessionRequest(
+                request_id=uuid.uuid4().hex,
+                worker_id="worker-a",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            )
+        )
+        renew = worker_service_pb2.RenewSessionRequest(
+            worker_id="worker-a",
+            session_id=opened.session_id,
+            worker_generation=opened.worker_generation,
+        )
+        admitted: list[int] = []
+        for index in range(8):
+            async with _traced_pool(stack.ingress_pool, tmp_path / f"ok-{index}") as trace:
+                await worker.RenewSession(renew)
+            admitted.append(trace.round_trips)
+        # A refusal the statement finds (another Worker's name) costs no more.
+        refused: list[int] = []
+        for index in range(3):
+            async with _traced_pool(stack.ingress_pool, tmp_path / f"no-{index}") as trace:
+                other = worker_service_pb2.RenewSessionRequest()
+                other.CopyFrom(renew)
+                other.worker_id = "worker-b"
+                error = await failure(worker.RenewSession(other))
+            assert error_reason_of(error) == "PRINCIPAL_MISMATCH"
+            refused.append(trace.round_trips)
+    print(f"\ningress round trips per Worker call: admitted {admitted}, refused {refused}")
+    _mostly_one(admitted + refused)
+
+
+async def test_an_operator_call_through_ingress_reads_then_audits(
+    database_pg18: MigratedDatabase, tmp_path: Path
+) -> None:
+    """Not a Worker's call, so not R-PERF-1's budget: the bearer token, the role binding
+    (read once more on a broken connection), then the audit row — three."""
+    async with (
+        running_stack(database_pg18, tmp_path / "pki", ingress_pool_size=1) as stack,
+        stack.channel(stack.operator_identity("ops")) as channel,
+    ):
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        meta = (("authorization", f"Bearer {stack.tokens['vera']}"),)
+        counts: list[int] = []
+        for index in range(3):
+            async with _traced_pool(stack.ingress_pool, tmp_path / f"op-{index}") as trace:
+                await runs.ListRuns(
+                    run_service_pb2.ListRunsRequest(project_id=PROJECT), metadata=meta
+                )
+            counts.append(trace.round_trips)
+    assert counts == [3, 3, 3]
+
+
+async def test_concurrent_worker_calls_share_statements(
+    database_pg18: MigratedDatabase, tmp_path: Path
+) -> None:
+    """Group commit: calls that arrive together are audited by one statement and one
+    commit, each answered only once its row is durable."""
+    calls = 48
+    async with (
+        running_stack(database_pg18, tmp_path / "pki", ingress_pool_size=1) as stack,
+        stack.channel(stack.worker_identity("worker-a")) as channel,
+    ):
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        opened = await worker.OpenSession(
+            worker_service_pb2.OpenSessionRequest(
+                request_id=uuid.uuid4().hex,
+                worker_id="worker-a",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            )
+        )
+        renew = worker_service_pb2.RenewSessionRequest(
+            worker_id="worker-a",
+            session_id=opened.session_id,
+            worker_generation=opened.worker_generation,
+        )
+        before = len(stack.audit_rows())
+        async with _traced_pool(stack.ingress_pool, tmp_path / "burst") as trace:
+            # Hold the audit table so that the calls arrive while the writers wait: how
+            # many share a statement is then the batcher's doing, not the machine's speed.
+            async with await psycopg.AsyncConnection.connect(stack.database.admin_url) as lock:
+                await lock.execute("LOCK TABLE qinglong.security_audit IN ACCESS EXCLUSIVE MODE")
+                burst = asyncio.gather(*(worker.RenewSession(renew) for _ in range(calls)))
+                for _ in range(500):
+                    if stack.directory.audits_waiting >= calls - 2:  # two writers took one
+                        break
+                    await asyncio.sleep(0.01)
+                queued = stack.directory.audits_waiting
+                await lock.rollback()
+            await burst
+        written = len(stack.audit_rows()) - before
+    print(
+        f"\n{calls} concurrent Worker calls: {queued} queued behind the writers, "
+        f"{trace.round_trips} round trips, {written} rows"
+    )
+    assert queued >= calls - 2
+    assert written == calls
+    # The two writers' first statements, then the rest together (psycopg may prepare
+    # the statement on its way: one more).
+    assert trace.round_trips <= 5

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 import pytest
@@ -36,6 +36,7 @@ from qinglong_control.db.bootstrap import bootstrap_database
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.db.roles import RoleUrls
 from qinglong_ingress.pool import open_ingress_pool
+from qinglong_protocol.pooling import PoolSizing, read_retrying
 from qinglong_protocol.storage import StorageBounds
 
 from tests.support.postgres_control import PostgresControl
@@ -111,28 +112,50 @@ async def test_pools_find_the_primary_in_any_host_order(pair: Pair) -> None:
             await ingress.close()
 
 
+async def _backend_pid(conn: psycopg.AsyncConnection[Any]) -> int:
+    row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _kill_control_connections(pair: Pair) -> int:
+    with psycopg.connect(pair.primary.admin_url, autocommit=True) as admin:
+        # In the select list, not in WHERE: there PostgreSQL may call it on any row
+        # before the filter, this very session included.
+        killed = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            ("qinglong-control",),
+        ).fetchall()
+    return len(killed)
+
+
 async def test_pool_replaces_connections_the_server_killed(pair: Pair) -> None:
+    """No check per checkout (R-PERF-1): a killed connection is found where it fails.
+    A read runs once more and succeeds; a write fails once (its caller answers
+    UNAVAILABLE, the Worker retries) — and the caller that met the broken connection
+    had the idle ones checked, so every later caller gets a live one at the first try."""
     url = pair.multi_host(pair.urls.runtime, *pair.sockets, ports=pair.ports)
-    pool = await open_runtime_pool(url, min_size=2, max_size=4, bounds=BOUNDS)
+    pool = await open_runtime_pool(url, sizing=PoolSizing(2, 4), bounds=BOUNDS)
     try:
-        before = set()
-        for _ in range(2):
-            async with pool.connection() as conn:
-                before.add(conn.info.backend_pid)
-        with psycopg.connect(pair.primary.admin_url, autocommit=True) as admin:
-            # In the select list, not in WHERE: there PostgreSQL may call it on any row
-            # before the filter, this very session included.
-            killed = admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = %s",
-                ("qinglong-control",),
-            ).fetchall()
-        assert len(killed) >= 1
-        # Every caller after the kill gets a live connection at the first try.
+        before = {await read_retrying(pool, _backend_pid) for _ in range(2)}
+        assert _kill_control_connections(pair) >= 1
+        read_after_kill = await read_retrying(pool, _backend_pid)
+        assert read_after_kill not in before
         for _ in range(6):
             async with pool.connection() as conn:
-                await conn.execute("SELECT 1")
-                assert conn.info.backend_pid not in before
+                assert await _backend_pid(conn) not in before
+
+        live = {await read_retrying(pool, _backend_pid) for _ in range(2)}
+        assert _kill_control_connections(pair) >= 1
+        failed_writes = 0
+        for _ in range(6):
+            try:
+                async with pool.connection() as conn:
+                    assert await _backend_pid(conn) not in live
+            except psycopg.OperationalError:
+                failed_writes += 1
+        print(f"\ncalls after the kill that failed: {failed_writes} of 6 (a write is not retried)")
+        assert failed_writes == 1
     finally:
         await pool.close()
 
@@ -140,7 +163,7 @@ async def test_pool_replaces_connections_the_server_killed(pair: Pair) -> None:
 async def test_pool_fails_fast_without_a_primary_and_follows_the_promotion(pair: Pair) -> None:
     runtime = await open_runtime_pool(
         pair.multi_host(pair.urls.migration, *pair.sockets, ports=pair.ports),
-        min_size=2,
+        sizing=PoolSizing(min_size=2),
         bounds=BOUNDS,
     )
     try:

@@ -39,6 +39,7 @@ from qinglong_control.servicer import RuntimeServicer
 from qinglong_control.settings import ControlSettings
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 from qinglong_protocol.identities import worker_uri
+from qinglong_protocol.pooling import PoolSizing
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
 from tests.support.calls import failure
@@ -69,7 +70,7 @@ async def control(
     """Two replicas on one database: one with the admin pool, one without."""
     enroll(database_pg18, WORKER)
     pki = ensure_dev_pki(tmp_path_factory.mktemp("pki"))
-    runtime = await open_runtime_pool(database_pg18.urls.runtime, min_size=1, max_size=4)
+    runtime = await open_runtime_pool(database_pg18.urls.runtime, sizing=PoolSizing(1, 4))
     admin_pool = await open_admin_pool(database_pg18.urls.admin)
     settings = ControlSettings(
         listen_address="127.0.0.1:0",

@@ -28,6 +28,7 @@ from qinglong_control.servicer import RuntimeServicer
 from qinglong_control.settings import ControlSettings
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of
+from qinglong_protocol.pooling import PoolSizing
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
 from tests.support import timelines
@@ -58,7 +59,7 @@ async def control(
 ) -> AsyncIterator[Control]:
     enroll(database_pg18, WORKER)
     pki = ensure_dev_pki(tmp_path_factory.mktemp("pki"))
-    pool = await open_runtime_pool(database_pg18.urls.runtime, min_size=1, max_size=4)
+    pool = await open_runtime_pool(database_pg18.urls.runtime, sizing=PoolSizing(1, 4))
     server, port = await create_server(
         ControlSettings(
             listen_address="127.0.0.1:0",

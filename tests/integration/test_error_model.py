@@ -41,6 +41,7 @@ from qinglong_control.settings import ControlSettings
 from qinglong_ingress.principals import PrincipalKind
 from qinglong_ingress.stages import Call, Verdict
 from qinglong_protocol.errors import error_reason_of, field_violations_of
+from qinglong_protocol.pooling import PoolSizing
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
 from tests.support.calls import failure, queued_run, stream_failure
@@ -135,16 +136,23 @@ async def test_a_storage_fault_during_admission_is_internal_and_audited(stack: S
 
 
 async def test_no_audit_means_no_forwarding(stack: Stack) -> None:
-    async with stack.channel(stack.worker_identity("worker-a")) as channel:
-        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        # The audit row's INSERT fails transiently: UNAVAILABLE, with the audit's reason.
+    # An operator's call: its identity was read before, so only the audit row's INSERT
+    # waits on the lock and is cancelled — UNAVAILABLE, with the audit's reason.
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
         cancelled = await cancelled_while_blocked(
             stack.database,
             "security_audit",
-            lambda: worker.OpenSession(open_session("worker-a")),
+            lambda: runs.ListRuns(
+                run_service_pb2.ListRunsRequest(project_id=PROJECT),
+                metadata=bearer(stack.tokens, "vera"),
+            ),
             application="qinglong-ingress",
         )
-        # The role may not write audit rows at all: a fault of the deployment.
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        # The role may not write audit rows at all: a fault of the deployment. A Worker's
+        # call meets it in its one statement, and again when its refusal is audited alone.
         with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
             admin.execute("REVOKE INSERT ON qinglong.security_audit FROM qinglong_ingress")
         revoked = await failure(worker.OpenSession(open_session("worker-a")))
@@ -242,7 +250,7 @@ async def test_a_method_without_error_handling_still_answers_typed(
     database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     pki = ensure_dev_pki(tmp_path_factory.mktemp("pki"))
-    pool = await open_runtime_pool(database_pg18.urls.runtime, min_size=1, max_size=2)
+    pool = await open_runtime_pool(database_pg18.urls.runtime, sizing=PoolSizing(1, 2))
     server, port = await create_control_server(
         ControlSettings(
             listen_address="127.0.0.1:0",

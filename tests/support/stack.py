@@ -46,6 +46,7 @@ from qinglong_ingress.server import create_enrollment_server, open_control_chann
 from qinglong_ingress.server import create_server as create_ingress_server
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
 from qinglong_ingress.stages import Stage, admission_stages, enrollment_stages
+from qinglong_protocol.pooling import PoolSizing, RecoveringPool
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from tests.support.postgres import MigratedDatabase
@@ -93,6 +94,10 @@ class Stack:
     control_server: grpc.aio.Server
     enrollment_address: str
     """The Worker enrollment listener: server-authenticated TLS, JoinWorker only."""
+    ingress_pool: RecoveringPool
+    """The worker-ingress role's pool (one connection when ``ingress_pool_size=1``)."""
+    directory: Directory
+    """Ingress's directory (its audit group commit's queue can be watched)."""
 
     def channel(self, identity: TlsFiles) -> grpc.aio.Channel:
         return grpc.aio.secure_channel(
@@ -145,15 +150,21 @@ def enroll_people(database: MigratedDatabase, pki: DevPki) -> dict[str, str]:
 
 @asynccontextmanager
 async def running_stack(
-    database: MigratedDatabase, pki_dir: Path, extra_stages: tuple[Stage, ...] = ()
+    database: MigratedDatabase,
+    pki_dir: Path,
+    extra_stages: tuple[Stage, ...] = (),
+    *,
+    ingress_pool_size: int = 4,
 ) -> AsyncIterator[Stack]:
     """The stack; ``extra_stages`` run after ingress's own admission stages (a new rule)."""
     pki = ensure_dev_pki(pki_dir)
     tokens = enroll_people(database, pki)
     counter = CallCounter()
-    runtime_pool = await open_runtime_pool(database.urls.runtime, min_size=1, max_size=4)
+    runtime_pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(1, 4))
     admin_pool = await open_admin_pool(database.urls.admin)
-    ingress_pool = await open_ingress_pool(database.urls.ingress, min_size=1, max_size=4)
+    ingress_pool = await open_ingress_pool(
+        database.urls.ingress, sizing=PoolSizing(1, ingress_pool_size)
+    )
     control, control_port = await create_control_server(
         ControlSettings(
             listen_address="127.0.0.1:0",
@@ -198,6 +209,8 @@ async def running_stack(
             tokens,
             control,
             f"127.0.0.1:{enrollment_port}",
+            ingress_pool,
+            directory,
         )
     finally:
         await enrollment.stop(None)

@@ -65,7 +65,7 @@ def test_ingress_statements_are_catalogued_and_used() -> None:
     importlib.import_module("qinglong_ingress.directory")
     from qinglong_ingress.sql import SQL as INGRESS_SQL
 
-    assert set(INGRESS_SQL) >= {"directory.write_audit", "directory.worker_by_uri"}
+    assert set(INGRESS_SQL) >= {"directory.write_audits", "directory.role_binding"}
     assert INGRESS_SQL.unused() == set()
     source = Path(importlib.import_module("qinglong_ingress.directory").__file__ or "")
     assert not re.search(r'"""\s*(SELECT|INSERT)\b', source.read_text())

@@ -159,17 +159,32 @@ def test_ingress_and_control_answer_every_sqlstate_alike() -> None:
     }
 
 
+#: The protocol modules of the `database` extra: only the services install and import them.
+_DATABASE_EXTRA_MODULES = {"pooling.py"}
+
+
+def _imported_modules(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return names
+
+
 def test_the_protocol_package_stays_free_of_the_driver_and_of_servers() -> None:
-    """Workers install qinglong_protocol: no psycopg, and no grpc server in it."""
+    """Workers install qinglong_protocol: no psycopg outside the services' `database`
+    extra (which no Worker module imports), and no grpc server in it."""
     for path in (ROOT / "proto/qinglong_protocol").rglob("*.py"):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                names = []
-            assert not any(n.split(".")[0] in {"psycopg", "psycopg_pool"} for n in names), path
+        names = _imported_modules(path)
+        uses_driver = any(n.split(".")[0] in {"psycopg", "psycopg_pool"} for n in names)
+        assert uses_driver == (path.name in _DATABASE_EXTRA_MODULES), path
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Attribute):
                 assert node.attr not in {"server", "add_generic_rpc_handlers"}, path
+    extra = {f"qinglong_protocol.{name.removesuffix('.py')}" for name in _DATABASE_EXTRA_MODULES}
+    for path in (ROOT / "clients").rglob("*.py"):
+        if ".venv" not in path.parts:
+            assert not extra & set(_imported_modules(path)), path

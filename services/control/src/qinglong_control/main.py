@@ -42,13 +42,17 @@ async def serve(settings: ControlSettings) -> None:
     if settings.database_url is None:
         raise SystemExit("qinglong-control needs the runtime role's --database-url")
     async with contextlib.AsyncExitStack() as pools:
-        pool = await open_runtime_pool(settings.database_url, bounds=settings.storage)
+        pool = await open_runtime_pool(
+            settings.database_url, sizing=settings.pool, bounds=settings.storage
+        )
         pools.push_async_callback(pool.close)
         admin_pool = None
         if settings.admin_database_url is None:
             _log.warning("no --admin-database-url: AdminService calls are answered UNAVAILABLE")
         else:
-            admin_pool = await open_admin_pool(settings.admin_database_url, bounds=settings.storage)
+            admin_pool = await open_admin_pool(
+                settings.admin_database_url, sizing=settings.pool, bounds=settings.storage
+            )
             pools.push_async_callback(admin_pool.close)
         await _serve(settings, pool, admin_pool)
 

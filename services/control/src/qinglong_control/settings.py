@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qinglong_protocol.identities import DEFAULT_TRUST_DOMAIN, service_uri
+from qinglong_protocol.pooling import PoolSizing, add_pool_size_argument, pool_sizing_of
 from qinglong_protocol.storage import (
     StorageBounds,
     add_storage_timeout_argument,
@@ -80,6 +81,7 @@ class ControlSettings:
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     # How long a call may wait for PostgreSQL before it answers UNAVAILABLE (R-ERR-2).
     storage: StorageBounds = field(default_factory=StorageBounds)
+    pool: PoolSizing = field(default_factory=PoolSizing)
     # The one cadence of lease expiry and convergence; 0 turns both off on this replica.
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
     timings: Timings = field(default_factory=Timings)
@@ -163,6 +165,7 @@ def parse_control_settings(
         help=f"cadence of lease expiry and convergence; 0 = off [{ENV_RECONCILE_INTERVAL_SECONDS}]",
     )
     add_storage_timeout_argument(parser, env)
+    add_pool_size_argument(parser, env)
     for name, variable in ENV_TIMINGS_MS.items():
         parser.add_argument(
             "--" + name.replace("_", "-"),
@@ -203,6 +206,7 @@ def parse_control_settings(
         issuing_ca=issuing_ca,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         storage=storage_bounds_of(parser, args),
+        pool=pool_sizing_of(parser, args),
         timings=_timings(parser, args),
         reconcile_interval_seconds=args.reconcile_interval_seconds,
     )

@@ -3,22 +3,32 @@
 Reads: identities, credentials, role bindings, and which worker a session belongs to.
 Write: one security-audit row per call. This module cannot change a Run: the role it
 connects as has no privilege to (SPEC R-ROLE-1, proven in tests/contract/test_roles.py).
+
+A Worker's call costs one round trip (R-PERF-1): its audit row goes with the other calls'
+of the moment in one statement and one commit (group_commit.py), and that statement also
+checks the Worker's certificate identity and session binding (a :class:`WorkerClaim`).
+Nothing is cached: a disabled Worker is refused by the next statement.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from enum import IntEnum
+from typing import Any, Final
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row
 from psycopg_pool import AsyncConnectionPool
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
+from qinglong_protocol.errors import reason_name
+from qinglong_protocol.pooling import read_retrying
 
-from qinglong_ingress.audit import AuditOutcome
+from qinglong_ingress.audit import AuditOutcome, refused_outcome
+from qinglong_ingress.group_commit import GroupCommit
 from qinglong_ingress.sql import SQL
-
-_WORKER_BY_URI = SQL["directory.worker_by_uri"]
 
 _OPERATOR_BY_URI = SQL["directory.operator_by_uri"]
 
@@ -26,11 +36,33 @@ _OPERATOR_BY_CREDENTIAL_DIGEST = SQL["directory.operator_by_credential_digest"]
 
 _IS_CLUSTER_ADMIN = SQL["directory.is_cluster_admin"]
 
-_SESSION_OWNER = SQL["directory.session_owner"]
-
 _ROLE_BINDING = SQL["directory.role_binding"]
 
+_WRITE_AUDITS = SQL["directory.write_audits"]
+
 _WRITE_AUDIT = SQL["directory.write_audit"]
+
+
+class ClaimRefusal(IntEnum):
+    """Why the audit statement refused a Worker's claim (the statement's numbers)."""
+
+    UNENROLLED = 1
+    """The certificate names no enrolled, active Worker."""
+    OTHER_WORKER = 2
+    """The request names another Worker than the certificate."""
+    OTHER_SESSION = 3
+    """The request names a session of another Worker (or none that exists)."""
+
+
+#: The reason each claim refusal is answered and audited with.
+CLAIM_REFUSAL_REASONS: Final[Mapping[ClaimRefusal, ErrorReason.ValueType]] = {
+    ClaimRefusal.UNENROLLED: ErrorReason.ERROR_REASON_UNAUTHENTICATED_PRINCIPAL,
+    ClaimRefusal.OTHER_WORKER: ErrorReason.ERROR_REASON_PRINCIPAL_MISMATCH,
+    ClaimRefusal.OTHER_SESSION: ErrorReason.ERROR_REASON_PRINCIPAL_MISMATCH,
+}
+_ORDERED_REFUSALS = sorted(ClaimRefusal)
+_REFUSED_OUTCOME = [refused_outcome(CLAIM_REFUSAL_REASONS[r]).value for r in _ORDERED_REFUSALS]
+_REFUSED_REASON = [reason_name(CLAIM_REFUSAL_REASONS[r]) for r in _ORDERED_REFUSALS]
 
 
 @dataclass(frozen=True)
@@ -62,14 +94,35 @@ class AuditRecord:
     peer: str | None = None
 
 
+@dataclass(frozen=True)
+class WorkerClaim:
+    """A Worker's call, to be checked by the statement that audits it: the certificate's
+    SAN URI must name an enrolled, active Worker, and the record's worker_id and
+    session_id must be that Worker's."""
+
+    certificate_uri: str
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    record: AuditRecord
+    claim: WorkerClaim | None = None
+
+
+@dataclass(frozen=True)
+class Audited:
+    """A durable audit row, and whether the statement refused the call's claim."""
+
+    audit_id: uuid.UUID
+    refusal: ClaimRefusal | None
+
+
 class Directory:
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
         self._pool = pool
-
-    async def worker_by_certificate(self, uri: str) -> str | None:
-        async with self._pool.connection() as conn:
-            row = await (await conn.execute(_WORKER_BY_URI, (uri,))).fetchone()
-        return None if row is None else str(row[0])
+        self._audits = GroupCommit[AuditEntry, Audited](
+            self._write_audits, isolate=_one_row_may_cause
+        )
 
     async def operator_by_certificate(self, uri: str) -> OperatorRow | None:
         return await self._operator(_OPERATOR_BY_URI, uri)
@@ -79,23 +132,34 @@ class Directory:
 
     async def is_cluster_admin(self, principal_id: uuid.UUID) -> bool:
         """Whether the (already authenticated, active) principal may administer the cluster."""
-        async with self._pool.connection() as conn:
-            row = await (await conn.execute(_IS_CLUSTER_ADMIN, (principal_id,))).fetchone()
-        return bool(row is not None and row[0])
 
-    async def session_owner(self, session_id: uuid.UUID) -> str | None:
-        async with self._pool.connection() as conn:
-            row = await (await conn.execute(_SESSION_OWNER, (session_id,))).fetchone()
-        return None if row is None else str(row[0])
+        async def read(conn: AsyncConnection[Any]) -> bool:
+            row = await (await conn.execute(_IS_CLUSTER_ADMIN, (principal_id,))).fetchone()
+            return bool(row is not None and row[0])
+
+        return await read_retrying(self._pool, read)
 
     async def role_binding(self, project_id: str, principal_id: uuid.UUID) -> RoleBinding | None:
-        async with self._pool.connection() as conn:
+        async def read(conn: AsyncConnection[Any]) -> RoleBinding | None:
             cursor = conn.cursor(row_factory=kwargs_row(RoleBinding))
             await cursor.execute(_ROLE_BINDING, (project_id, principal_id))
             return await cursor.fetchone()
 
-    async def write_audit(self, record: AuditRecord) -> uuid.UUID:
-        """Commit one audit row (autocommit: durable when this returns)."""
+        return await read_retrying(self._pool, read)
+
+    @property
+    def audits_waiting(self) -> int:
+        """Audit rows waiting for a free writer."""
+        return self._audits.waiting
+
+    async def write_audit(self, entry: AuditEntry) -> Audited:
+        """The entry's row, durable when this returns (it shares its statement and commit
+        with the concurrent calls' rows). Raises what the batch's statement raised."""
+        return await self._audits.submit(entry)
+
+    async def write_audit_alone(self, record: AuditRecord) -> uuid.UUID:
+        """One row in its own statement that reads nothing: for when the batched
+        statement failed and the failure may be one of its reads."""
         audit_id = uuid.uuid4()
         async with self._pool.connection() as conn:
             await conn.execute(
@@ -104,8 +168,45 @@ class Directory:
             )
         return audit_id
 
-    async def _operator(self, query: Any, key: str) -> OperatorRow | None:
+    async def _write_audits(self, entries: Sequence[AuditEntry]) -> list[Audited]:
+        ids = [uuid.uuid4() for _ in entries]
+        records = [entry.record for entry in entries]
+        columns: dict[str, object] = {
+            name: [getattr(record, name) for record in records] for name in _AUDIT_COLUMNS
+        }
+        columns["audit_id"] = ids
+        columns["outcome"] = [record.outcome.value for record in records]
+        columns["certificate_uri"] = [
+            None if entry.claim is None else entry.claim.certificate_uri for entry in entries
+        ]
+        columns["refused_outcome"] = _REFUSED_OUTCOME
+        columns["refused_reason"] = _REFUSED_REASON
         async with self._pool.connection() as conn:
+            rows = await (await conn.execute(_WRITE_AUDITS, columns)).fetchall()
+        refusals = {row[0]: row[1] for row in rows}
+        return [
+            Audited(
+                audit_id, None if refusals[audit_id] is None else ClaimRefusal(refusals[audit_id])
+            )
+            for audit_id in ids
+        ]
+
+    async def _operator(self, query: Any, key: str) -> OperatorRow | None:
+        async def read(conn: AsyncConnection[Any]) -> OperatorRow | None:
             cursor = conn.cursor(row_factory=kwargs_row(OperatorRow))
             await cursor.execute(query, (key,))
             return await cursor.fetchone()
+
+        return await read_retrying(self._pool, read)
+
+
+#: The record's fields the audit statement takes as they are (outcome is converted).
+_AUDIT_COLUMNS: Final = tuple(
+    name for name in AuditRecord.__dataclass_fields__ if name != "outcome"
+)
+
+
+def _one_row_may_cause(error: BaseException) -> bool:
+    """A batch that failed for something a row can cause (a CHECK, a duplicate key) is
+    written row by row; a connection or server failure fails the batch's calls."""
+    return isinstance(error, psycopg.Error) and not isinstance(error, psycopg.OperationalError)

@@ -4,7 +4,9 @@
    cap), authentication, bounds, authorisation — each passes the call on, refuses it,
    or holds it for an approval;
 6. audit: one durable row, committed with the ingress role, whatever admission decided —
-   before anything else happens to the call;
+   before anything else happens to the call. Concurrent calls' rows share a statement
+   and a commit (group_commit.py); for a Worker's call that statement also checks its
+   identity and binding, so the call costs one database round trip (R-PERF-1);
 7. forwarding: over the single internal channel, with the caller and audit id attached
    and the incoming deadline passed on. Control's status and ErrorInfo come back as
    they are; a control that cannot be reached is UNAVAILABLE/RUNTIME_UNAVAILABLE.
@@ -37,7 +39,7 @@ from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.storage_errors import StorageFailure, storage_answer
 
 from qinglong_ingress.audit import AuditOutcome
-from qinglong_ingress.directory import AuditRecord, Directory, RoleBinding
+from qinglong_ingress.directory import Audited, AuditEntry, AuditRecord, Directory, RoleBinding
 from qinglong_ingress.principals import CredentialKind, Principal, PrincipalKind
 from qinglong_ingress.routes import Route
 from qinglong_ingress.stages import (
@@ -48,6 +50,7 @@ from qinglong_ingress.stages import (
     Stage,
     Verdict,
     admission_stages,
+    claim_refused,
 )
 from qinglong_ingress.targets import targets_of
 
@@ -167,7 +170,7 @@ class Gateway:
         try:
             async with asyncio.timeout(self._admission_budget_s):
                 decision = await self._decide(call)
-                audit_id = await self._audit(call, decision)
+                audit_id, decision = await self._audit(call, decision)
         except TimeoutError:
             # The budget is spent: no time is left to audit this answer either.
             _log.warning("storage unavailable during admission: no answer within the bound")
@@ -197,35 +200,44 @@ class Gateway:
                 return verdict
         return Verdict.PASS
 
-    async def _audit(self, call: Call, decision: Verdict | Refusal) -> str:
-        """Commit the call's audit row; raise Refusal (never audited, for want of an audit)
-        if it cannot be written: nothing unaudited goes through."""
-        if isinstance(decision, Refusal):
-            outcome, reason = decision.outcome, reason_name(decision.answer.reason)
-        elif decision is Verdict.REQUIRE_APPROVAL:
-            outcome, reason = AuditOutcome.REQUIRE_APPROVAL, None
-        else:
-            outcome, reason = AuditOutcome.ADMITTED, None
-        principal, targets = call.principal, call.targets
-        record = AuditRecord(
-            principal_kind="anonymous" if principal is None else principal.kind.value,
-            principal_id=None if principal is None else principal.id,
-            operation=call.route.operation,
-            outcome=outcome,
-            reason=reason,
-            project_id=targets.project_id,
-            run_id=targets.run_id,
-            worker_id=targets.worker_id,
-            session_id=targets.session_id,
-            request_id=targets.request_id,
-            peer=call.context.peer()[:256],
-        )
+    async def _audit(
+        self, call: Call, decision: Verdict | Refusal
+    ) -> tuple[str, Verdict | Refusal]:
+        """Commit the call's audit row; return its id and the decision it records (the
+        audit statement may refuse a Worker's claim). Raise Refusal (never audited, for
+        want of an audit) if it cannot be written: nothing unaudited goes through."""
         try:
-            return str(await self._directory.write_audit(record))
+            audited = await self._write(AuditEntry(_record(call, decision), call.claim))
         except psycopg.Error as error:
-            raise _storage_refusal(
-                error, call.route, unavailable=ErrorReason.ERROR_REASON_AUDIT_UNAVAILABLE
-            ) from None
+            if call.claim is None:
+                raise _audit_refusal(error, call.route) from None
+            # The statement also read the Worker's identity and session, and the failure
+            # may be theirs (as when a lookup ran first): audit that refusal on its own.
+            refused = _storage_refusal(error, call.route)
+            try:
+                audit_id = await self._directory.write_audit_alone(_record(call, refused))
+            except psycopg.Error as audit_error:
+                raise _audit_refusal(audit_error, call.route) from None
+            return str(audit_id), refused
+        if audited.refusal is not None:
+            decision = claim_refused(audited.refusal)
+        elif call.claim is not None and decision is Verdict.PASS:
+            # The statement found the certificate's Worker to be the one the call names.
+            worker_id = call.targets.worker_id or ""
+            call.principal = Principal(
+                PrincipalKind.WORKER,
+                worker_id,
+                worker_id,
+                CredentialKind.CERTIFICATE,
+                call.claim.certificate_uri,
+            )
+        return str(audited.audit_id), decision
+
+    async def _write(self, entry: AuditEntry) -> Audited:
+        try:
+            return await self._directory.write_audit(entry)
+        except psycopg.Error:
+            raise
         except Exception as error:  # a fault of ingress: still nothing unaudited goes on
             _log.error("security audit failed", exc_info=error)
             raise Refusal(ErrorReason.ERROR_REASON_INTERNAL, "internal error") from None
@@ -255,6 +267,35 @@ class Gateway:
         wrapped = route.runtime_request_type(caller=caller, audit_id=admitted.audit_id)
         getattr(wrapped, "request").CopyFrom(request)  # noqa: B009 - protobuf field
         return wrapped
+
+
+def _record(call: Call, decision: Verdict | Refusal) -> AuditRecord:
+    """The audit row of ``call`` as admission decided it."""
+    if isinstance(decision, Refusal):
+        outcome, reason = decision.outcome, reason_name(decision.answer.reason)
+    elif decision is Verdict.REQUIRE_APPROVAL:
+        outcome, reason = AuditOutcome.REQUIRE_APPROVAL, None
+    else:
+        outcome, reason = AuditOutcome.ADMITTED, None
+    principal, targets = call.principal, call.targets
+    return AuditRecord(
+        principal_kind="anonymous" if principal is None else principal.kind.value,
+        principal_id=None if principal is None else principal.id,
+        operation=call.route.operation,
+        outcome=outcome,
+        reason=reason,
+        project_id=targets.project_id,
+        run_id=targets.run_id,
+        worker_id=targets.worker_id,
+        session_id=targets.session_id,
+        request_id=targets.request_id,
+        peer=call.context.peer()[:256],
+    )
+
+
+def _audit_refusal(error: psycopg.Error, route: Route) -> Refusal:
+    """The answer when no audit row could be written: the call is not audited."""
+    return _storage_refusal(error, route, unavailable=ErrorReason.ERROR_REASON_AUDIT_UNAVAILABLE)
 
 
 def _storage_refusal(

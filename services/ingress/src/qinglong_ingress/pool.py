@@ -1,36 +1,20 @@
-"""The worker-ingress role's connection pool, opened explicitly.
-
-Ingress cannot share control's pool code (it must not depend on qinglong-control), and
-the protocol distribution must stay free of psycopg (Workers install it), so this small
-opener lives here.
-"""
+"""The worker-ingress role's connection pool, opened explicitly; how it finds a broken
+connection without a check per checkout: qinglong_protocol.pooling."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
+from qinglong_protocol.pooling import PoolSizing, RecoveringPool, open_pool
 from qinglong_protocol.storage import StorageBounds
 
 
 async def open_ingress_pool(
-    url: str, *, min_size: int = 1, max_size: int = 10, bounds: StorageBounds | None = None
-) -> AsyncConnectionPool[AsyncConnection[Any]]:
-    """Autocommit connections: each audit row is durable as soon as its INSERT returns."""
-    bounds = bounds or StorageBounds()
-    timeout_s = bounds.acquire_timeout_seconds
-    pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+    url: str, *, sizing: PoolSizing | None = None, bounds: StorageBounds | None = None
+) -> RecoveringPool:
+    """Autocommit connections: an audit batch is durable as soon as its INSERT returns."""
+    return await open_pool(
         url,
-        min_size=min_size,
-        max_size=max_size,
-        timeout=timeout_s,
-        kwargs=bounds.connection_kwargs("qinglong-ingress"),
-        check=AsyncConnectionPool.check_connection,
-        open=False,
         name="qinglong-ingress",
+        application_name="qinglong-ingress",
+        sizing=sizing,
+        bounds=bounds,
     )
-    # Opening waits longer than one call would: a service starting next to its database
-    # may see it come up a moment later.
-    await pool.open(wait=True, timeout=max(timeout_s, 10.0))
-    return pool

@@ -36,18 +36,20 @@ _log = logging.getLogger(__name__)
 async def serve(settings: IngressSettings) -> None:
     if settings.database_url is None:
         raise SystemExit("qinglong-ingress needs the worker-ingress role's --database-url")
-    pool = await open_ingress_pool(settings.database_url, bounds=settings.storage)
+    pool = await open_ingress_pool(
+        settings.database_url, sizing=settings.pool, bounds=settings.storage
+    )
     try:
         async with open_control_channel(settings.control) as control_channel:
-            gateway = Gateway(
-                Directory(pool), control_channel, settings.trust_domain, settings.storage
-            )
+            # One directory for both listeners: their audit rows share group commits.
+            directory = Directory(pool)
+            gateway = Gateway(directory, control_channel, settings.trust_domain, settings.storage)
             server, port = await create_server(settings, public_handlers(gateway))
             servers = [server]
             enrollment = settings.enrollment
             if enrollment is not None:
                 joining = Gateway(
-                    Directory(pool),
+                    directory,
                     control_channel,
                     settings.trust_domain,
                     settings.storage,

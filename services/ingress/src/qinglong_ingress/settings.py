@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qinglong_protocol import identities
+from qinglong_protocol.pooling import PoolSizing, add_pool_size_argument, pool_sizing_of
 from qinglong_protocol.storage import (
     StorageBounds,
     add_storage_timeout_argument,
@@ -74,6 +75,7 @@ class IngressSettings:
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     # How long a call may wait for PostgreSQL before it answers UNAVAILABLE (R-ERR-2).
     storage: StorageBounds = field(default_factory=StorageBounds)
+    pool: PoolSizing = field(default_factory=PoolSizing)
     # Certificates name workers and operators as spiffe://<trust domain>/worker/<id> etc.
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     # None: no enrollment listener (Workers get certificates another way).
@@ -165,6 +167,7 @@ def parse_ingress_settings(
         help=f"SPIFFE trust domain of worker and operator identities [{ENV_TRUST_DOMAIN}]",
     )
     add_storage_timeout_argument(parser, env)
+    add_pool_size_argument(parser, env)
     args = parser.parse_args(argv)
 
     required = (
@@ -204,6 +207,7 @@ def parse_ingress_settings(
         database_url=args.database_url or None,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         storage=storage_bounds_of(parser, args),
+        pool=pool_sizing_of(parser, args),
         trust_domain=args.trust_domain,
         enrollment=enrollment,
     )

@@ -8,12 +8,18 @@ order every call goes through:
 
 1. transport: the negotiated TLS version must be 1.3;
 2. size: the serialized request must fit the method's byte cap;
-3. authentication: a worker by its certificate's SAN URI, an operator by bearer token
-   or certificate — each must be enrolled and active;
+3. authentication: an operator by bearer token or certificate, enrolled and active; a
+   worker by its certificate's SAN URI — which the audit statement checks (below);
 4. bounds: every field within the contract's bounds, no unknown fields or enum values;
-5. authorisation: a worker may speak only for itself and its own sessions; an operator
-   needs a project role for the method's permission (an agent asking to stop a Run
-   needs an approval).
+5. authorisation: an operator needs a project role for the method's permission (an
+   agent asking to stop a Run needs an approval); a worker may speak only for itself
+   and its own sessions — also checked by the audit statement.
+
+A Worker's call makes one database round trip (R-PERF-1): the stages only note the
+certificate's claim (:class:`WorkerClaim`), and the statement that writes the call's
+audit row checks the identity and the binding and records what it found; the gateway
+turns what it found into the refusal these stages would have raised, with the same
+precedence (an unenrolled certificate first, the binding last).
 
 The Worker enrollment listener uses :func:`enrollment_stages` instead: transport, size, a
 rate limit, an anonymous caller (the join token is control's to check), bounds.
@@ -43,7 +49,13 @@ from qinglong_protocol.tls import peer_tls
 
 from qinglong_ingress.admission import Decision, decide
 from qinglong_ingress.audit import AuditOutcome, refused_outcome
-from qinglong_ingress.directory import Directory, RoleBinding
+from qinglong_ingress.directory import (
+    CLAIM_REFUSAL_REASONS,
+    ClaimRefusal,
+    Directory,
+    RoleBinding,
+    WorkerClaim,
+)
 from qinglong_ingress.principals import (
     JOINING_MACHINE,
     CredentialKind,
@@ -117,6 +129,8 @@ class Call:
     """Who is calling, once authentication established it."""
     binding: RoleBinding | None = None
     """The operator's role binding the call was authorised by."""
+    claim: WorkerClaim | None = None
+    """A Worker's identity and binding, for the audit statement to check."""
 
     @classmethod
     def arrived(cls, route: Route, received: Received, context: Context) -> Call:
@@ -179,21 +193,19 @@ class Authentication:
     async def check(self, call: Call) -> Verdict:
         uris = peer_tls(call.context.auth_context()).uris
         if call.route.audience == "worker":
-            call.principal = await self._worker(uris)
+            call.claim = self._worker_claim(uris)
         else:
             call.principal = await self._operator(uris, _metadata(call.context, "authorization"))
         return Verdict.PASS
 
-    async def _worker(self, uris: Sequence[str]) -> Principal:
+    def _worker_claim(self, uris: Sequence[str]) -> WorkerClaim:
+        """The certificate's Worker URI (our CA issues exactly one), checked later by the
+        audit statement; a certificate without one is refused here."""
         prefix = worker_uri_prefix(self._trust_domain)
         for uri in uris:
             if uri.startswith(prefix):
-                worker_id = await self._directory.worker_by_certificate(uri)
-                if worker_id is not None:
-                    return Principal(
-                        PrincipalKind.WORKER, worker_id, worker_id, CredentialKind.CERTIFICATE, uri
-                    )
-        raise _unauthenticated("no enrolled worker identity on the certificate")
+                return WorkerClaim(uri)
+        raise claim_refused(ClaimRefusal.UNENROLLED)
 
     async def _operator(self, uris: Sequence[str], authorization: str | None) -> Principal:
         if authorization is not None:
@@ -253,15 +265,9 @@ class Authorisation:
         self._directory = directory
 
     async def check(self, call: Call) -> Verdict:
-        principal, targets = call.caller, call.targets
         if call.route.audience == "worker":
-            if targets.worker_id != principal.id:
-                raise _mismatch("the request names another worker")
-            if targets.session_id is not None:
-                owner = await self._directory.session_owner(targets.session_id)
-                if owner != principal.id:
-                    raise _mismatch("the session belongs to another worker")
-            return Verdict.PASS
+            return Verdict.PASS  # the binding is the audit statement's to check (above)
+        principal, targets = call.caller, call.targets
         if call.route.audience == "admin":
             if not await self._directory.is_cluster_admin(uuid.UUID(principal.id)):
                 raise Refusal(
@@ -383,8 +389,16 @@ def _unauthenticated(message: str) -> Refusal:
     return Refusal(ErrorReason.ERROR_REASON_UNAUTHENTICATED_PRINCIPAL, message)
 
 
-def _mismatch(message: str) -> Refusal:
-    return Refusal(ErrorReason.ERROR_REASON_PRINCIPAL_MISMATCH, message)
+_CLAIM_REFUSAL_MESSAGES: Final = {
+    ClaimRefusal.UNENROLLED: "no enrolled worker identity on the certificate",
+    ClaimRefusal.OTHER_WORKER: "the request names another worker",
+    ClaimRefusal.OTHER_SESSION: "the session belongs to another worker",
+}
+
+
+def claim_refused(refusal: ClaimRefusal) -> Refusal:
+    """The answer to a Worker's claim the audit statement (or the certificate) refused."""
+    return Refusal(CLAIM_REFUSAL_REASONS[refusal], _CLAIM_REFUSAL_MESSAGES[refusal])
 
 
 def _metadata(context: Context, key: str) -> str | None:

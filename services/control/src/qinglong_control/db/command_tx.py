@@ -77,10 +77,10 @@ class CommandTx:
         )
         if self._fault is not None and self._fault.before == label:
             await cursor.execute("SELECT 1 / 0 AS injected_fault", prepare=False)
-        # Never prepared: when a pipelined statement fails, the server skips the rest of
-        # the batch, including a PREPARE psycopg already counts as done — and every later
-        # use of that statement on the connection would fail for good.
-        await cursor.execute(query, params, prepare=False)
+        # Prepared after a few uses (psycopg's threshold), which saves PostgreSQL the
+        # parse and plan of every command. A failed batch may skip a PREPARE psycopg
+        # already counts as done; command_transaction forgets them all then (below).
+        await cursor.execute(query, params)
         return cursor
 
 
@@ -123,9 +123,13 @@ async def command_transaction(
         raise
     finally:
         # A failed statement leaves the explicit transaction aborted; end it here so the
-        # connection goes back to its pool idle.
+        # connection goes back to its pool idle. `rollback()` (not a ROLLBACK statement)
+        # also makes psycopg forget its prepared statements and DEALLOCATE ALL: when a
+        # pipelined statement fails, PostgreSQL skips the rest of the batch, including a
+        # PREPARE psycopg already counts as done, and every later use of that statement
+        # on this connection would fail for good (test_start_fact_faults.py).
         if conn.info.transaction_status == pq.TransactionStatus.INERROR:
-            await conn.execute("ROLLBACK", prepare=False)
+            await conn.rollback()
         # Statement labels only (e.g. "lock.run"): never parameters, never SQL values.
         span.set_attribute("qinglong.db.statements", ",".join(tx.labels))
         span.end()

@@ -1,9 +1,5 @@
 -- Statements of directory.py, run as the worker-ingress role (reads identity, writes audit).
 
--- name: worker_by_uri
-SELECT worker_id FROM qinglong.worker_identities
- WHERE certificate_uri = %s AND status = 'active'
-
 -- name: operator_by_uri
 SELECT p.principal_id, p.kind, p.name
   FROM qinglong.operator_credentials c JOIN qinglong.principals p USING (principal_id)
@@ -21,9 +17,6 @@ SELECT p.principal_id, p.kind, p.name
 -- name: is_cluster_admin
 SELECT EXISTS (SELECT 1 FROM qinglong.cluster_admins WHERE principal_id = %s)
 
--- name: session_owner
-SELECT worker_id FROM qinglong.worker_sessions WHERE session_id = %s
-
 -- name: role_binding
 SELECT pr.version AS project_version, rb.role, rb.version AS binding_version
   FROM qinglong.projects pr
@@ -32,9 +25,61 @@ SELECT pr.version AS project_version, rb.role, rb.version AS binding_version
    AND pr.status = 'active' AND rb.status = 'active'
 
 -- name: write_audit
+-- One row on its own, touching nothing else: the audit of a Worker's call whose
+-- write_audits statement failed (the failure may be its identity or session read).
 INSERT INTO qinglong.security_audit
        (audit_id, principal_kind, principal_id, operation, outcome, reason, project_id,
         run_id, worker_id, session_id, request_id, peer)
 VALUES (%(audit_id)s, %(principal_kind)s, %(principal_id)s, %(operation)s, %(outcome)s,
         %(reason)s, %(project_id)s, %(run_id)s, %(worker_id)s, %(session_id)s,
         %(request_id)s, %(peer)s)
+
+-- name: write_audits
+-- A batch of calls' audit rows in one autocommit statement: one round trip, one commit
+-- (R-PERF-1). A row with a certificate_uri is a Worker's call: the same statement checks
+-- that the certificate names an enrolled, active Worker, that the call speaks for that
+-- Worker and for a session of its own, and records what it found. The refusal numbers
+-- are directory.ClaimRefusal's; %(refused_outcome)s and %(refused_reason)s are indexed
+-- by them. An unenrolled certificate outranks any refusal ingress recorded (as when
+-- authentication came first); the binding is judged only for a call ingress admitted.
+WITH call AS (
+    SELECT *
+      FROM unnest(%(audit_id)s::uuid[], %(principal_kind)s::text[], %(principal_id)s::text[],
+                  %(operation)s::text[], %(outcome)s::text[], %(reason)s::text[],
+                  %(project_id)s::text[], %(run_id)s::uuid[], %(worker_id)s::text[],
+                  %(session_id)s::uuid[], %(request_id)s::text[], %(peer)s::text[],
+                  %(certificate_uri)s::text[])
+           AS c(audit_id, principal_kind, principal_id, operation, outcome, reason,
+                project_id, run_id, worker_id, session_id, request_id, peer, certificate_uri)
+), judged AS (
+    SELECT c.*, w.worker_id AS enrolled_worker,
+           CASE WHEN c.certificate_uri IS NULL THEN NULL
+                WHEN w.worker_id IS NULL THEN 1
+                WHEN c.outcome <> 'admitted' THEN NULL
+                WHEN w.worker_id <> c.worker_id THEN 2
+                WHEN c.session_id IS NOT NULL
+                     AND s.worker_id IS DISTINCT FROM w.worker_id THEN 3
+           END AS refusal
+      FROM call c
+      LEFT JOIN qinglong.worker_identities w
+             ON w.certificate_uri = c.certificate_uri AND w.status = 'active'
+      LEFT JOIN qinglong.worker_sessions s ON s.session_id = c.session_id
+), written AS (
+    INSERT INTO qinglong.security_audit
+           (audit_id, principal_kind, principal_id, operation, outcome, reason, project_id,
+            run_id, worker_id, session_id, request_id, peer)
+    SELECT audit_id,
+           CASE WHEN certificate_uri IS NULL THEN principal_kind
+                WHEN enrolled_worker IS NULL THEN 'anonymous'
+                ELSE 'worker' END,
+           CASE WHEN certificate_uri IS NULL THEN principal_id ELSE enrolled_worker END,
+           operation,
+           COALESCE((%(refused_outcome)s::text[])[refusal], outcome),
+           COALESCE((%(refused_reason)s::text[])[refusal], reason),
+           project_id, run_id, worker_id, session_id, request_id, peer
+      FROM judged
+)
+-- A data-modifying WITH runs to completion whether or not it is read (and RETURNING
+-- would need a SELECT grant on the audit the ingress role must not have): the rows
+-- come back only if every one was written.
+SELECT audit_id, refusal FROM judged
