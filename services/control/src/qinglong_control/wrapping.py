@@ -13,11 +13,13 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
 Behaviour = Callable[[Any, Any], Any]
+#: Only the type stubs make RpcMethodHandler generic: a string, never evaluated.
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 #: Around a behaviour whose answer is one message: (behaviour, request, context) -> answer.
 AroundUnary = Callable[[Behaviour, Any, Any], Awaitable[Any]]
 #: Around a behaviour whose answer is a stream: (behaviour, request, context) -> messages.
@@ -83,7 +85,11 @@ async def responses(result: Any) -> AsyncIterator[Any]:
 
 class WrappingInterceptor(grpc.aio.ServerInterceptor, ABC):
     """A server interceptor that wraps the handler of every method it :meth:`covers`
-    (see :func:`rewrapped`) and passes every other call through untouched."""
+    (see :func:`rewrapped`) and passes every other call through untouched.
+
+    grpc.aio asks the interceptors for a handler on every call; a method's wrapped
+    handler is built once and kept for as long as the handler beneath is the same
+    object (the registered servicer's, or a caching interceptor's below this one)."""
 
     @abstractmethod
     def covers(self, method: str) -> bool:
@@ -106,4 +112,10 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor, ABC):
         method = handler_call_details.method
         if handler is None or not self.covers(method):
             return handler
-        return self.wrap(handler, method)
+        cache: dict[str, tuple[Handler, Handler]] = self.__dict__.setdefault("_wrapped", {})
+        kept = cache.get(method)
+        if kept is not None and kept[0] is handler:
+            return kept[1]
+        wrapped = self.wrap(handler, method)
+        cache[method] = (handler, wrapped)
+        return wrapped
