@@ -18,7 +18,8 @@ the gRPC instrumentation records method names and status codes, not message bodi
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
 
 import grpc
 from opentelemetry import metrics, trace
@@ -55,13 +56,40 @@ def configure_telemetry(service_name: str, environ: Mapping[str, str] | None = N
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
 
 
+#: The W3C trace context headers (gRPC metadata keys): what a hop that records nothing
+#: passes on unchanged so that the trace continues beyond it.
+TRACE_CONTEXT_KEYS: Final = ("traceparent", "tracestate")
+
+
+def tracing_enabled() -> bool:
+    """Whether this process records spans (an SDK tracer provider is installed)."""
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
 def server_interceptors() -> Sequence[grpc.aio.ServerInterceptor]:
-    """A server span per call, continuing the caller's trace (W3C traceparent)."""
+    """A server span per call, continuing the caller's trace (W3C traceparent); none
+    when this process records no spans (the instrumentation would only cost time)."""
+    if not tracing_enabled():
+        return []
     interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor()  # type: ignore[no-untyped-call]
     return [interceptor]
 
 
 def client_interceptors() -> Sequence[grpc.aio.ClientInterceptor]:
-    """A client span per call, propagating its context to the server."""
+    """A client span per call, propagating its context to the server; none when this
+    process records no spans (see `trace_context_of` for passing a caller's on)."""
+    if not tracing_enabled():
+        return []
     interceptors: Sequence[grpc.aio.ClientInterceptor] = aio_client_interceptors()  # type: ignore[no-untyped-call]
     return list(interceptors)
+
+
+def trace_context_of(
+    metadata: Iterable[tuple[str, str | bytes]] | None,
+) -> tuple[tuple[str, str], ...]:
+    """The caller's trace context headers, to pass on from a hop that records nothing."""
+    return tuple(
+        (key, value if isinstance(value, str) else value.decode("ascii", "replace"))
+        for key, value in metadata or ()
+        if key in TRACE_CONTEXT_KEYS
+    )

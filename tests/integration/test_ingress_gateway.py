@@ -455,3 +455,24 @@ async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) ->
         "attempt.succeeded",
         "run.succeeded",
     ]
+
+
+async def test_a_workers_trace_continues_through_ingress_to_control(stack: Stack) -> None:
+    """B-OBS: whether ingress records spans (its own span then parents control's) or not
+    (it passes the caller's trace context on unchanged), control's call belongs to the
+    Worker's trace."""
+    trace_id = secrets.token_hex(16)
+    traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        await worker_service_pb2_grpc.WorkerServiceStub(channel).OpenSession(
+            worker_service_pb2.OpenSessionRequest(
+                request_id=uuid.uuid4().hex,
+                worker_id="worker-a",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            ),
+            metadata=(("traceparent", traceparent),),
+        )
+    [received] = stack.control_calls.traceparents
+    assert received is not None, "the trace context must reach control"
+    assert received.split("-")[1] == trace_id

@@ -61,6 +61,7 @@ class CallCounter(grpc.aio.ServerInterceptor):
     def __init__(self) -> None:
         self.methods: list[str] = []
         self.time_remaining: list[float | None] = []
+        self.traceparents: list[str | None] = []
 
     async def intercept_service(
         self,
@@ -71,6 +72,8 @@ class CallCounter(grpc.aio.ServerInterceptor):
         if not handler_call_details.method.startswith("/qinglong.runtime.v1."):
             return handler
         self.methods.append(handler_call_details.method.rsplit("/", 1)[-1])
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        self.traceparents.append(metadata.get("traceparent"))  # type: ignore[arg-type]
         if handler is None or handler.unary_unary is None:
             return handler
         behaviour = handler.unary_unary

@@ -12,6 +12,7 @@ Nothing is cached: a disabled Worker is refused by the next statement.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,9 +61,22 @@ CLAIM_REFUSAL_REASONS: Final[Mapping[ClaimRefusal, ErrorReason.ValueType]] = {
     ClaimRefusal.OTHER_WORKER: ErrorReason.ERROR_REASON_PRINCIPAL_MISMATCH,
     ClaimRefusal.OTHER_SESSION: ErrorReason.ERROR_REASON_PRINCIPAL_MISMATCH,
 }
+
+
+def _array_literal(words: Sequence[str]) -> str:
+    """A PostgreSQL text[] literal of plain words (built once, sent as text)."""
+    if not all(word.isidentifier() for word in words):
+        raise ValueError(f"not plain words: {words}")
+    return "{" + ",".join(words) + "}"
+
+
 _ORDERED_REFUSALS = sorted(ClaimRefusal)
-_REFUSED_OUTCOME = [refused_outcome(CLAIM_REFUSAL_REASONS[r]).value for r in _ORDERED_REFUSALS]
-_REFUSED_REASON = [reason_name(CLAIM_REFUSAL_REASONS[r]) for r in _ORDERED_REFUSALS]
+_REFUSED_OUTCOME: Final = _array_literal(
+    [refused_outcome(CLAIM_REFUSAL_REASONS[r]).value for r in _ORDERED_REFUSALS]
+)
+_REFUSED_REASON: Final = _array_literal(
+    [reason_name(CLAIM_REFUSAL_REASONS[r]) for r in _ORDERED_REFUSALS]
+)
 
 
 @dataclass(frozen=True)
@@ -170,19 +184,14 @@ class Directory:
 
     async def _write_audits(self, entries: Sequence[AuditEntry]) -> list[Audited]:
         ids = [uuid.uuid4() for _ in entries]
-        records = [entry.record for entry in entries]
-        columns: dict[str, object] = {
-            name: [getattr(record, name) for record in records] for name in _AUDIT_COLUMNS
+        calls = json.dumps([_audit_row(i, entry) for i, entry in zip(ids, entries, strict=True)])
+        values = {
+            "calls": calls,
+            "refused_outcome": _REFUSED_OUTCOME,
+            "refused_reason": _REFUSED_REASON,
         }
-        columns["audit_id"] = ids
-        columns["outcome"] = [record.outcome.value for record in records]
-        columns["certificate_uri"] = [
-            None if entry.claim is None else entry.claim.certificate_uri for entry in entries
-        ]
-        columns["refused_outcome"] = _REFUSED_OUTCOME
-        columns["refused_reason"] = _REFUSED_REASON
         async with self._pool.connection() as conn:
-            rows = await (await conn.execute(_WRITE_AUDITS, columns)).fetchall()
+            rows = await (await conn.execute(_WRITE_AUDITS, values)).fetchall()
         refusals = {row[0]: row[1] for row in rows}
         return [
             Audited(
@@ -200,10 +209,28 @@ class Directory:
         return await read_retrying(self._pool, read)
 
 
-#: The record's fields the audit statement takes as they are (outcome is converted).
-_AUDIT_COLUMNS: Final = tuple(
-    name for name in AuditRecord.__dataclass_fields__ if name != "outcome"
-)
+def _claim_refusal(number: int | None) -> ClaimRefusal | None:
+    return None if number is None else ClaimRefusal(number)
+
+
+def _audit_row(audit_id: uuid.UUID, entry: AuditEntry) -> dict[str, str | None]:
+    """One element of the audit statement's JSON array."""
+    record = entry.record
+    return {
+        "audit_id": str(audit_id),
+        "principal_kind": record.principal_kind,
+        "principal_id": record.principal_id,
+        "operation": record.operation,
+        "outcome": record.outcome.value,
+        "reason": record.reason,
+        "project_id": record.project_id,
+        "run_id": None if record.run_id is None else str(record.run_id),
+        "worker_id": record.worker_id,
+        "session_id": None if record.session_id is None else str(record.session_id),
+        "request_id": record.request_id,
+        "peer": record.peer,
+        "certificate_uri": None if entry.claim is None else entry.claim.certificate_uri,
+    }
 
 
 def _one_row_may_cause(error: BaseException) -> bool:

@@ -37,6 +37,7 @@ from qinglong.runtime.v1 import caller_pb2
 from qinglong_protocol.errors import TypedStatus, reason_name, rich_status_of, status_for
 from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.storage_errors import StorageFailure, storage_answer
+from qinglong_protocol.telemetry import trace_context_of, tracing_enabled
 
 from qinglong_ingress.audit import AuditOutcome
 from qinglong_ingress.directory import Audited, AuditEntry, AuditRecord, Directory, RoleBinding
@@ -107,6 +108,9 @@ class Gateway:
         # All of a call's database work (identity, binding, audit — also the audit of a
         # refusal) shares one budget, so an outage answers within the storage bound
         # (R-ERR-2) rather than once per pool checkout.
+        # Not recording spans, ingress has no instrumentation: it passes the caller's
+        # trace context on itself, so a Worker's trace still reaches control.
+        self._passes_trace_context = not tracing_enabled()
         self._admission_budget_s = (storage or StorageBounds()).timeout_seconds * 0.9
 
     # --- the two call shapes ----------------------------------------------------------
@@ -128,6 +132,7 @@ class Gateway:
             wrapped = await call(
                 self._runtime_request(route, request, admitted),
                 timeout=_forward_timeout(context),
+                metadata=self._passed_on(context),
             )
         except grpc.aio.AioRpcError as error:
             await _relay(context, error)
@@ -148,7 +153,9 @@ class Gateway:
             response_deserializer=route.runtime_response_type.FromString,
         )
         stream = call(
-            self._runtime_request(route, request, admitted), timeout=_forward_timeout(context)
+            self._runtime_request(route, request, admitted),
+            timeout=_forward_timeout(context),
+            metadata=self._passed_on(context),
         )
         try:
             async for wrapped in stream:
@@ -156,6 +163,11 @@ class Gateway:
         except grpc.aio.AioRpcError as error:
             await _relay(context, error)
             raise
+
+    def _passed_on(self, context: Context) -> tuple[tuple[str, str], ...] | None:
+        if not self._passes_trace_context:
+            return None
+        return trace_context_of(context.invocation_metadata()) or None
 
     # --- admission --------------------------------------------------------------------
 
