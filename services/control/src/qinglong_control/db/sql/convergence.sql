@@ -35,8 +35,11 @@ UPDATE qinglong.runs
  WHERE run_id = %(run_id)s
 
 -- name: expired_leases
+-- The clock read once, as a sub-select: db_now_ms() is VOLATILE, and compared directly it
+-- cannot bound the index scan — with 100,000 live leases every one was read and filtered
+-- (25 ms per cycle; bench/bench_scale.py). Each lease is re-checked under its lock.
 SELECT attempt_id FROM qinglong.run_leases
- WHERE status = 'leased' AND expires_at_ms <= qinglong.db_now_ms()
+ WHERE status = 'leased' AND expires_at_ms <= (SELECT qinglong.db_now_ms())
  ORDER BY expires_at_ms, attempt_id
  LIMIT %s
 

@@ -17,10 +17,12 @@ SELECT r.run_id, r.state, r.event_sequence, a.attempt_id, a.attempt_number,
    FOR UPDATE OF r SKIP LOCKED
 
 -- name: lock_due
+-- The clock read once, as a sub-select, so it bounds the runs_retry_due index scan (a
+-- VOLATILE call compared directly filters every waiting Run; see expired_leases).
 SELECT r.run_id, r.event_sequence, r.attempt_count, r.retry_at_ms
   FROM qinglong.runs r
  WHERE r.state = 'retry_wait' AND r.cancel_requested_at_ms IS NULL AND r.owner = 'runtime'
-   AND r.retry_at_ms <= qinglong.db_now_ms()
+   AND r.retry_at_ms <= (SELECT qinglong.db_now_ms())
  ORDER BY r.retry_at_ms, r.run_id
  LIMIT %(limit)s
    FOR UPDATE OF r SKIP LOCKED
