@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.support.stack import PROJECT, Stack
@@ -89,7 +92,14 @@ async def test_task_create_trigger_list_as_json_with_numbers(stack_file: Path) -
     assert (none.code, none.out) == (0, "")
 
 
-async def test_a_refused_field_names_the_field_on_stderr_with_exit_1(stack_file: Path) -> None:
+def task_names(stack: Stack) -> list[str]:
+    with psycopg.connect(stack.database.urls.migration) as conn:
+        return [row[0] for row in conn.execute("SELECT display_name FROM qinglong.tasks")]
+
+
+async def test_a_refused_field_names_the_field_on_stderr_with_exit_1(
+    stack: Stack, stack_file: Path
+) -> None:
     refused = await qinglong(
         "task", "create", "--stack", str(stack_file), "--name", "bad",
         "--timeout-ms", "-5", "--", "true",
@@ -97,10 +107,36 @@ async def test_a_refused_field_names_the_field_on_stderr_with_exit_1(stack_file:
     assert refused.code == 1
     assert refused.out == ""
     assert refused.err.startswith("error: INVALID_ARGUMENT FIELD_INVALID")
-    assert "  plan.timeout_ms: " in refused.err
-    # The task exists without a revision; the user is told which one to revise.
-    assert "qinglong task revise " in refused.err
+    assert "  first_revision_plan.timeout_ms: " in refused.err
     assert "Traceback" not in refused.err
+    # One call: a refused plan leaves no task without a revision behind.
+    assert "bad" not in task_names(stack)
+
+
+async def test_an_unknown_task_is_task_not_found(stack_file: Path) -> None:
+    unknown = "00000000-0000-4000-8000-000000000000"
+    triggered = await qinglong("run", "trigger", "--task", unknown, "--stack", str(stack_file))
+    assert (triggered.code, triggered.out) == (1, "")
+    assert triggered.err.startswith("error: NOT_FOUND TASK_NOT_FOUND")
+    revised = await qinglong("task", "revise", unknown, "--stack", str(stack_file), "--", "true")
+    assert revised.code == 1
+    assert revised.err.startswith("error: NOT_FOUND TASK_NOT_FOUND")
+
+
+async def test_events_name_the_operator(stack_file: Path) -> None:
+    created = await qinglong(
+        "task", "create", "--stack", str(stack_file), "--name", "e", "--", "true"
+    )
+    task_id = json.loads(created.out)["taskId"]
+    triggered = await qinglong("run", "trigger", "--task", task_id, "--stack", str(stack_file))
+    run_id = json.loads(triggered.out)["runId"]
+    listed = await qinglong("run", "events", run_id, "--stack", str(stack_file))
+    (queued,) = [json.loads(line) for line in listed.out.splitlines()]
+    assert (queued["type"], queued["actorName"]) == ("run.queued", "alice")
+    table = await qinglong("run", "events", run_id, "--stack", str(stack_file), "--output", "table")
+    header, row = table.out.splitlines()
+    assert header.split() == ["SEQ", "TYPE", "ACTOR", "AT"]
+    assert row.split()[:3] == ["1", "run.queued", "user:alice"]
 
 
 async def test_bad_ids_and_unknown_runs_are_explained(stack_file: Path) -> None:
@@ -141,3 +177,46 @@ async def test_an_unreachable_stack_exits_3(stack_file: Path, tmp_path: Path) ->
     assert unreachable.code == 3
     assert unreachable.err.startswith("error: UNAVAILABLE")
     assert "Traceback" not in unreachable.err
+
+
+async def test_a_terminal_gets_a_table_by_default(stack_file: Path) -> None:
+    created = await qinglong(
+        "task", "create", "--stack", str(stack_file), "--name", "t", "--", "true"
+    )
+    task_id = json.loads(created.out)["taskId"]
+    primary, secondary = pty.openpty()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            str(QINGLONG), "task", "get", task_id, "--stack", str(stack_file),
+            stdout=secondary, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        os.close(secondary)
+        _, err = await asyncio.wait_for(process.communicate(), timeout=60)
+        assert (process.returncode, err) == (0, b"")
+        shown = os.read(primary, 65536).decode()
+    finally:
+        os.close(primary)
+    header, row = shown.splitlines()
+    assert header.split() == ["TASK", "NAME", "REVISION", "CREATED"]
+    assert row.split()[:3] == [task_id, "t", "1"]
+
+
+async def test_run_list_pages_with_limit_and_page_token(stack_file: Path) -> None:
+    stack = ("--stack", str(stack_file))
+    created = await qinglong("task", "create", *stack, "--name", "paged", "--", "true")
+    task_id = json.loads(created.out)["taskId"]
+    triggered = [
+        json.loads((await qinglong("run", "trigger", "--task", task_id, *stack)).out)["runId"]
+        for _ in range(3)
+    ]
+    first = await qinglong("run", "list", *stack, "--task", task_id, "--limit", "2")
+    assert first.code == 0
+    # The footer is on stderr, so stdout stays one JSON object per line.
+    assert first.err.startswith("next page: --page-token ")
+    token = first.err.split()[-1]
+    second = await qinglong(
+        "run", "list", *stack, "--task", task_id, "--limit", "2", "--page-token", token
+    )
+    assert (second.code, second.err) == (0, "")
+    listed = [json.loads(line)["runId"] for line in (first.out + second.out).splitlines()]
+    assert listed == triggered[::-1]  # newest first

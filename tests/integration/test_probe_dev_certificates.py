@@ -1,5 +1,6 @@
-"""`qinglong-ingress probe` works against the dev certificates (its own server identity is
-also a client identity), as the Kubernetes probes use it."""
+"""`qinglong-ingress probe` and `qinglong-control probe` work against the dev certificates
+(a service's own server identity is also a client identity), as the Kubernetes probes use
+them: each service asks its own server with its own certificate."""
 
 from __future__ import annotations
 
@@ -7,18 +8,18 @@ import asyncio
 import sys
 from pathlib import Path
 
+import pytest
+from qinglong_protocol.tls import TlsFiles
+
 from tests.support.stack import Stack
 
-QINGLONG_INGRESS = Path(sys.executable).with_name("qinglong-ingress")
 
-
-async def test_ingress_probe_with_its_own_dev_certificate_reports_serving(stack: Stack) -> None:
-    tls = stack.pki.ingress_server
+async def probe(service: str, address: str, tls: TlsFiles) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        str(QINGLONG_INGRESS),
+        str(Path(sys.executable).with_name(f"qinglong-{service}")),
         "probe",
         "--address",
-        stack.ingress_address,
+        address,
         "--tls-ca",
         str(tls.ca_cert),
         "--tls-cert",
@@ -29,5 +30,18 @@ async def test_ingress_probe_with_its_own_dev_certificate_reports_serving(stack:
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), timeout=30)
-    assert process.returncode == 0, err.decode()
-    assert out.decode().strip().endswith(": SERVING")
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize("service", ["ingress", "control"])
+async def test_a_probe_with_the_services_own_dev_certificate_reports_serving(
+    stack: Stack, service: str
+) -> None:
+    if service == "ingress":
+        address, tls = stack.ingress_address, stack.pki.ingress_server
+    else:
+        address, tls = stack.control_address, stack.pki.control_server
+    code, out, err = await probe(service, address, tls)
+    assert code == 0, err
+    assert out.strip().endswith(": SERVING")

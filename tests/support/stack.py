@@ -101,6 +101,8 @@ class Stack:
     """The worker-ingress role's pool (one connection when ``ingress_pool_size=1``)."""
     directory: Directory
     """Ingress's directory (its audit group commit's queue can be watched)."""
+    control_address: str = ""
+    """Control's listener (only ingress's identity may call its runtime API)."""
 
     def channel(self, identity: TlsFiles) -> grpc.aio.Channel:
         return grpc.aio.secure_channel(
@@ -214,6 +216,7 @@ async def running_stack(
             f"127.0.0.1:{enrollment_port}",
             ingress_pool,
             directory,
+            f"127.0.0.1:{control_port}",
         )
     finally:
         await enrollment.stop(None)

@@ -141,15 +141,6 @@ def add_connection_flags(
     )
 
 
-class Refused(Exception):
-    """A refused call that left something behind the user should know about."""
-
-    def __init__(self, error: grpc.aio.AioRpcError, note: str) -> None:
-        super().__init__(note)
-        self.error = error
-        self.note = note
-
-
 @dataclass(frozen=True)
 class Session:
     """What one command works with: the stack's context, the channel to ingress, and
@@ -195,11 +186,6 @@ async def run_through_ingress(
     except NotFoundError as error:
         printer.close()
         return report_not_found(error, err)
-    except Refused as refused:
-        printer.close()
-        code = report_rpc_error(refused.error, err)
-        print(refused.note, file=err)
-        return code
     except grpc.aio.AioRpcError as error:
         printer.close()
         return report_rpc_error(error, err)

@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
-import grpc
 from qinglong.control.v1 import (
     run_service_pb2,
     run_service_pb2_grpc,
@@ -26,7 +25,6 @@ from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 
 from qinglong_cli.ingress_client import (
     OPERATOR_TOKEN,
-    Refused,
     Session,
     add_connection_flags,
     print_pages,
@@ -156,30 +154,17 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
     meta = call["metadata"]
     project = session.context.project_id
     if args.command == "task" and args.action == "create":
+        # One call: the task and its first revision commit together or not at all.
         created = await tasks.CreateTask(
             task_service_pb2.CreateTaskRequest(
-                project_id=project, request_id=uuid.uuid4().hex, display_name=args.name
+                project_id=project,
+                request_id=uuid.uuid4().hex,
+                display_name=args.name,
+                first_revision_plan=_plan(args),
             ),
             **call,
         )
-        try:
-            revision = await tasks.CreateTaskRevision(
-                task_service_pb2.CreateTaskRevisionRequest(
-                    project_id=project,
-                    task_id=created.task.task_id,
-                    request_id=uuid.uuid4().hex,
-                    plan=_plan(args),
-                ),
-                **call,
-            )
-        except grpc.aio.AioRpcError as error:
-            # The task exists without a revision: say which, so it can be revised.
-            raise Refused(
-                error,
-                f"task {created.task.task_id} was created, but its first revision was "
-                f"refused; fix the plan and run `qinglong task revise {created.task.task_id}`",
-            ) from None
-        printer.item(revision.revision)
+        printer.item(created.first_revision)
     elif args.command == "task" and args.action == "revise":
         revision = await tasks.CreateTaskRevision(
             task_service_pb2.CreateTaskRevisionRequest(

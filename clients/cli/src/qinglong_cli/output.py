@@ -110,6 +110,12 @@ def _executors(document: dict[str, Any]) -> object:
     return ",".join(_enum_name(name, "EXECUTOR_TYPE_") for name in types)
 
 
+def _actor(document: dict[str, Any]) -> object:
+    # A person or agent by name (`user:alice`); a worker, the reconciler or the system by id.
+    kind = _enum_name(str(document.get("actorKind", "")), "ACTOR_KIND_")
+    return f"{kind}:{document.get('actorName') or document.get('actorId', '')}"
+
+
 def _load(document: dict[str, Any]) -> object:
     capacity = document.get("session", {}).get("maxConcurrentAttempts", "-")
     return f"{document.get('liveAttempts', 0)}/{capacity}"
@@ -127,10 +133,7 @@ TABLES: dict[str, Columns] = {
     "qinglong.control.v1.RunEvent": (
         ("SEQ", _get("sequence")),
         ("TYPE", _get("type")),
-        (
-            "ACTOR",
-            lambda d: f"{_state('actorKind', prefix='ACTOR_KIND_')(d)}:{d.get('actorId', '')}",
-        ),
+        ("ACTOR", _actor),
         ("AT", _get("occurredAt")),
     ),
     "qinglong.control.v1.Task": (

@@ -207,6 +207,7 @@ class RunEvent(_message.Message):
     ATTEMPT_RUNNING_FIELD_NUMBER: _builtins.int
     ATTEMPT_FINISHED_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    ACTOR_NAME_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Server-generated id (random, or derived per R-CONV-3 for convergence
     Events, rendered in UUID form).
@@ -239,6 +240,12 @@ class RunEvent(_message.Message):
     """The actor: worker id for WORKER, principal id for USER/AGENT, a fixed
     component name (e.g. "convergence") for RECONCILER/SYSTEM.
     Bound: 1..256 bytes (UTF-8), printable, no control characters.
+    """
+    actor_name: _builtins.str
+    """The actor's principal name for USER/AGENT actors (what `qinglong admin
+    principal list` shows), so a reader need not resolve actor_id; empty for
+    other actors.
+    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$, or empty.
     """
     @_builtins.property
     def occurred_at(self) -> _timestamp_pb2.Timestamp:
@@ -286,10 +293,11 @@ class RunEvent(_message.Message):
         attempt_running: Global___AttemptRunning | None = ...,
         attempt_finished: Global___AttemptFinished | None = ...,
         cancel_requested: Global___CancelRequested | None = ...,
+        actor_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_claimed", b"attempt_claimed", "attempt_finished", b"attempt_finished", "attempt_running", b"attempt_running", "attempt_starting", b"attempt_starting", "cancel_requested", b"cancel_requested", "occurred_at", b"occurred_at", "payload", b"payload", "run_state_changed", b"run_state_changed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_kind", b"actor_kind", "attempt_claimed", b"attempt_claimed", "attempt_finished", b"attempt_finished", "attempt_id", b"attempt_id", "attempt_running", b"attempt_running", "attempt_starting", b"attempt_starting", "cancel_requested", b"cancel_requested", "event_id", b"event_id", "occurred_at", b"occurred_at", "payload", b"payload", "project_id", b"project_id", "run_id", b"run_id", "run_state_changed", b"run_state_changed", "sequence", b"sequence", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_kind", b"actor_kind", "actor_name", b"actor_name", "attempt_claimed", b"attempt_claimed", "attempt_finished", b"attempt_finished", "attempt_id", b"attempt_id", "attempt_running", b"attempt_running", "attempt_starting", b"attempt_starting", "cancel_requested", b"cancel_requested", "event_id", b"event_id", "occurred_at", b"occurred_at", "payload", b"payload", "project_id", b"project_id", "run_id", b"run_id", "run_state_changed", b"run_state_changed", "sequence", b"sequence", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_state_changed", "attempt_claimed", "attempt_starting", "attempt_running", "attempt_finished", "cancel_requested"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015

@@ -50,6 +50,7 @@ class CreateTaskRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     DISPLAY_NAME_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    FIRST_REVISION_PLAN_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """The owning project."""
     request_id: _builtins.str
@@ -62,6 +63,14 @@ class CreateTaskRequest(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Operator labels."""
 
+    @_builtins.property
+    def first_revision_plan(self) -> _execution_pb2.ExecutionPlan:
+        """The plan of revision 1, created with the Task in the same transaction; a
+        refused plan creates nothing. Absent => a Task without revisions (add one
+        with CreateTaskRevision). A retry with the same request_id returns the
+        same Task and revision.
+        """
+
     def __init__(
         self,
         *,
@@ -69,10 +78,11 @@ class CreateTaskRequest(_message.Message):
         request_id: _builtins.str = ...,
         display_name: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        first_revision_plan: _execution_pb2.ExecutionPlan | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_revision_plan", b"first_revision_plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["display_name", b"display_name", "labels", b"labels", "project_id", b"project_id", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["display_name", b"display_name", "first_revision_plan", b"first_revision_plan", "labels", b"labels", "project_id", b"project_id", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -85,18 +95,24 @@ class CreateTaskResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
+    FIRST_REVISION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def task(self) -> _task_pb2.Task:
         """The Task."""
+
+    @_builtins.property
+    def first_revision(self) -> _task_pb2.TaskRevision:
+        """Revision 1, when the request carried first_revision_plan; unset otherwise."""
 
     def __init__(
         self,
         *,
         task: _task_pb2.Task | None = ...,
+        first_revision: _task_pb2.TaskRevision | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_revision", b"first_revision", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_revision", b"first_revision", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

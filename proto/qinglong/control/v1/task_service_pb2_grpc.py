@@ -70,7 +70,8 @@ class TaskServiceServicer:
     """
 
     def CreateTask(self, request, context):
-        """Creates a Task (without revisions).
+        """Creates a Task, with its first revision when the request carries a plan
+        (both in one transaction: a refused plan leaves no Task behind).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -39,7 +39,9 @@ class TaskServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TaskServiceAsyncStub: ...
     CreateTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.CreateTaskRequest, _task_service_pb2.CreateTaskResponse]
-    """Creates a Task (without revisions)."""
+    """Creates a Task, with its first revision when the request carries a plan
+    (both in one transaction: a refused plan leaves no Task behind).
+    """
     GetTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]
     """Reads a Task."""
     CreateTaskRevision: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.CreateTaskRevisionRequest, _task_service_pb2.CreateTaskRevisionResponse]
@@ -58,7 +60,9 @@ class TaskServiceAsyncStub(TaskServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.CreateTaskRequest, _task_service_pb2.CreateTaskResponse]  # type: ignore[assignment]
-    """Creates a Task (without revisions)."""
+    """Creates a Task, with its first revision when the request carries a plan
+    (both in one transaction: a refused plan leaves no Task behind).
+    """
     GetTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]  # type: ignore[assignment]
     """Reads a Task."""
     CreateTaskRevision: _aio.UnaryUnaryMultiCallable[_task_service_pb2.CreateTaskRevisionRequest, _task_service_pb2.CreateTaskRevisionResponse]  # type: ignore[assignment]
@@ -80,7 +84,9 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _task_service_pb2.CreateTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_task_service_pb2.CreateTaskResponse, _abc.Awaitable[_task_service_pb2.CreateTaskResponse]]:
-        """Creates a Task (without revisions)."""
+        """Creates a Task, with its first revision when the request carries a plan
+        (both in one transaction: a refused plan leaves no Task behind).
+        """
 
     @_abc_1.abstractmethod
     def GetTask(

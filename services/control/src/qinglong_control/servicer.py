@@ -315,18 +315,32 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods):
     async def CreateTask(self, request: rt.CreateTaskRequest, context: Context) -> Any:
         public = request.request
         actor = wire.operator_of(request.caller)
+        first_plan = (
+            wire.parse_plan(public.first_revision_plan)
+            if public.HasField("first_revision_plan")
+            else None
+        )
         async with self._pool.connection() as conn:
-            view = await definitions.create_task(
+            task = await definitions.create_task(
                 conn,
                 public.project_id,
                 public.display_name,
                 dict(public.labels),
                 public.request_id,
                 actor.id,
+                first_plan,
             )
-        return rt.CreateTaskResponse(
-            response=task_service_pb2.CreateTaskResponse(task=wire.task(view))
-        )
+            first = (
+                None
+                if first_plan is None
+                else await definitions.get_revision(
+                    conn, public.project_id, task.task_id, revision_number=1
+                )
+            )
+        response = task_service_pb2.CreateTaskResponse(task=wire.task(task))
+        if first is not None:
+            response.first_revision.CopyFrom(wire.revision(first))
+        return rt.CreateTaskResponse(response=response)
 
     async def GetTask(self, request: rt.GetTaskRequest, context: Context) -> Any:
         public = request.request
@@ -344,17 +358,11 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods):
     ) -> Any:
         public = request.request
         actor = wire.operator_of(request.caller)
-        plan = public.plan
-        executor_type = wire.EXECUTOR_TYPES[plan.executor_type]
-        timeout_ms = plan.timeout_ms if plan.HasField("timeout_ms") else None
-        revision = definitions.NewRevision(
+        revision = definitions.NewRevision.of(
             public.project_id,
             uuid.UUID(public.task_id),
             public.request_id,
-            executor_type,
-            list(plan.command),
-            timeout_ms,
-            wire.parse_retry_policy(plan),
+            wire.parse_plan(public.plan),
         )
         async with self._pool.connection() as conn:
             view = await definitions.create_revision(conn, revision, actor.id)

@@ -22,7 +22,7 @@ from qinglong.worker.v1 import worker_pb2, worker_service_pb2
 from qinglong_protocol import bounds
 
 from qinglong_control import paging
-from qinglong_control.db.definitions import RevisionView, TaskView
+from qinglong_control.db.definitions import RevisionPlan, RevisionView, TaskView
 from qinglong_control.db.events import Actor
 from qinglong_control.db.placement import PlacedOffer, Plan
 from qinglong_control.db.runs import EventView, RunView
@@ -147,6 +147,16 @@ def attempt_state(name: str | None) -> lifecycle_pb2.AttemptState.ValueType:
 def cancel_reason(name: str | None) -> lifecycle_pb2.CancelReason.ValueType:
     return lifecycle_pb2.CancelReason.ValueType(
         enum_value(lifecycle_pb2.CancelReason, "CANCEL_REASON_", name)
+    )
+
+
+def parse_plan(plan: execution_pb2.ExecutionPlan) -> RevisionPlan:
+    """A revision's plan (CreateTaskRevision's, or CreateTask's first)."""
+    return RevisionPlan(
+        EXECUTOR_TYPES[plan.executor_type],
+        list(plan.command),
+        plan.timeout_ms if plan.HasField("timeout_ms") else None,
+        parse_retry_policy(plan),
     )
 
 
@@ -283,6 +293,7 @@ def event(view: EventView) -> run_pb2.RunEvent:
             enum_value(lifecycle_pb2.ActorKind, "ACTOR_KIND_", actor)
         ),
         actor_id=view.actor_id,
+        actor_name=view.actor_name or "",
         occurred_at=timestamp(view.occurred_at_ms),
     )
     _fill_payload(message, view.event_type, view.payload)

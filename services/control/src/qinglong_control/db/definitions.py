@@ -10,7 +10,7 @@ from psycopg import AsyncConnection, errors
 from psycopg.rows import kwargs_row, scalar_row
 from psycopg.types.json import Jsonb
 
-from qinglong_control.db.command_tx import command_transaction
+from qinglong_control.db.command_tx import CommandTx, command_transaction
 from qinglong_control.db.retry_policy import retry_on_names, retry_policy_of
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
@@ -59,9 +59,21 @@ _LOCK_TASK = SQL["definitions.lock_task"]
 
 _EXISTING_REVISION = SQL["definitions.existing_revision"]
 
+_EXISTING_FIRST_REVISION = SQL["definitions.existing_first_revision"]
+
 _INSERT_REVISION = SQL["definitions.insert_revision"]
 
 _GET_REVISION = SQL["definitions.get_revision"]
+
+
+@dataclass(frozen=True)
+class RevisionPlan:
+    """What a revision runs."""
+
+    executor_type: str
+    command: list[str]
+    timeout_ms: int | None
+    retry_policy: RetryPolicy = NO_RETRY
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,39 @@ class NewRevision:
     timeout_ms: int | None
     retry_policy: RetryPolicy = NO_RETRY
 
+    @classmethod
+    def of(
+        cls, project_id: str, task_id: uuid.UUID, request_id: str, plan: RevisionPlan
+    ) -> NewRevision:
+        return cls(
+            project_id,
+            task_id,
+            request_id,
+            plan.executor_type,
+            plan.command,
+            plan.timeout_ms,
+            plan.retry_policy,
+        )
+
+
+def _revision_values(revision: NewRevision, actor: str) -> dict[str, object]:
+    policy = revision.retry_policy
+    return {
+        "revision_id": uuid.uuid4(),
+        "project_id": revision.project_id,
+        "task_id": revision.task_id,
+        "request_id": revision.request_id,
+        "executor_type": revision.executor_type,
+        "command": Jsonb(revision.command),
+        "timeout_ms": revision.timeout_ms,
+        "retry_max_attempts": policy.max_attempts,
+        "retry_initial_backoff_ms": policy.initial_backoff_ms,
+        "retry_max_backoff_ms": policy.max_backoff_ms,
+        "retry_multiplier_percent": policy.multiplier_percent,
+        "retry_on": retry_on_names(policy),
+        "actor": actor,
+    }
+
 
 async def create_task(
     conn: AsyncConnection[Any],
@@ -82,28 +127,58 @@ async def create_task(
     labels: dict[str, str],
     request_id: str,
     actor: str,
+    first_plan: RevisionPlan | None = None,
 ) -> TaskView:
-    """Create a task; a retried request (same project and request id) returns the same one."""
+    """Create a task, and with `first_plan` its revision 1 in the same transaction (a
+    refused plan leaves no task behind). A retried request (same project and request id)
+    returns the same task, whose revision 1 is the one the first call created."""
+    task_id = uuid.uuid4()
     values = {
-        "task_id": uuid.uuid4(),
+        "task_id": task_id,
         "project_id": project_id,
         "display_name": display_name,
         "labels": Jsonb(labels),
         "request_id": request_id,
         "actor": actor,
     }
-    async with command_transaction(conn) as tx:
-        await tx.execute("lock.create_task", _LOCK_CREATE_TASK, values)
-        existing = await tx.execute("task.existing", _EXISTING_TASK, values, scalar_row)
-        project = await tx.execute("project.active", _ACTIVE_PROJECT, values)
-        earlier = await existing.fetchone()
-        if earlier is not None:
-            values["task_id"] = earlier
-        elif await project.fetchone() is None:
-            raise Refused(Reason.PROJECT_NOT_FOUND, "no such active project")
-        else:
-            await tx.execute("task.insert", _INSERT_TASK, values)
-    return await get_task(conn, project_id, values["task_id"])  # type: ignore[arg-type]
+    try:
+        async with command_transaction(conn) as tx:
+            await tx.execute("lock.create_task", _LOCK_CREATE_TASK, values)
+            existing = await tx.execute("task.existing", _EXISTING_TASK, values, scalar_row)
+            project = await tx.execute("project.active", _ACTIVE_PROJECT, values)
+            earlier = await existing.fetchone()
+            if earlier is not None:
+                task_id = earlier
+                if first_plan is not None:
+                    await _check_replayed_first_revision(tx, task_id, request_id)
+            elif await project.fetchone() is None:
+                raise Refused(Reason.PROJECT_NOT_FOUND, "no such active project")
+            else:
+                # Both inserts travel with COMMIT (two round trips in all); a CHECK that
+                # refuses the revision rolls the task back with it.
+                await tx.execute("task.insert", _INSERT_TASK, values)
+                if first_plan is not None:
+                    first = NewRevision.of(project_id, task_id, request_id, first_plan)
+                    await tx.execute(
+                        "revision.insert", _INSERT_REVISION, _revision_values(first, actor)
+                    )
+    except errors.CheckViolation:
+        raise Refused(Reason.FIELD_INVALID, "the task or its plan is out of bounds") from None
+    return await get_task(conn, project_id, task_id)
+
+
+async def _check_replayed_first_revision(
+    tx: CommandTx, task_id: uuid.UUID, request_id: str
+) -> None:
+    # The first call created revision 1 under the same request id, unless it carried no
+    # plan: then this retry asks for something the first call did not do.
+    existing = await tx.execute(
+        "revision.existing_first",
+        _EXISTING_FIRST_REVISION,
+        {"task_id": task_id, "request_id": request_id},
+    )
+    if await existing.fetchone() is None:
+        raise Refused(Reason.REPLAY_MISMATCH, "request_id created a task without a first revision")
 
 
 async def get_task(conn: AsyncConnection[Any], project_id: str, task_id: uuid.UUID) -> TaskView:
@@ -119,21 +194,7 @@ async def create_revision(
     conn: AsyncConnection[Any], revision: NewRevision, actor: str
 ) -> RevisionView:
     """Append revision n+1. Revisions are immutable: nothing can update them later."""
-    values = {
-        "revision_id": uuid.uuid4(),
-        "project_id": revision.project_id,
-        "task_id": revision.task_id,
-        "request_id": revision.request_id,
-        "executor_type": revision.executor_type,
-        "command": Jsonb(revision.command),
-        "timeout_ms": revision.timeout_ms,
-        "retry_max_attempts": revision.retry_policy.max_attempts,
-        "retry_initial_backoff_ms": revision.retry_policy.initial_backoff_ms,
-        "retry_max_backoff_ms": revision.retry_policy.max_backoff_ms,
-        "retry_multiplier_percent": revision.retry_policy.multiplier_percent,
-        "retry_on": retry_on_names(revision.retry_policy),
-        "actor": actor,
-    }
+    values = _revision_values(revision, actor)
     async with command_transaction(conn) as tx:
         await tx.execute("lock.task", _LOCK_TASK, (str(revision.task_id),))
         existing = await tx.execute("revision.existing", _EXISTING_REVISION, values)

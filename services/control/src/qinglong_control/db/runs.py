@@ -51,6 +51,7 @@ class EventView:
     actor_id: str
     occurred_at_ms: int
     payload: dict[str, Any]
+    actor_name: str | None = None  # a user's or agent's principal name
 
 
 _GET_RUN = SQL["runs.get_run"]
@@ -101,6 +102,8 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
             values["run_id"] = earlier[0]
         else:
             if picked is None:
+                raise Refused(Reason.TASK_NOT_FOUND, "no such task")
+            if picked[0] is None:
                 raise Refused(Reason.REVISION_NOT_FOUND, "no such task revision")
             values.update(revision_id=picked[0], executor_type=picked[1], now=now_row[0])
             await tx.execute("run.insert", _INSERT_RUN, values)

@@ -32,6 +32,11 @@ SELECT pg_advisory_xact_lock(hashtextextended('qinglong.task:' || %s, 0))
 SELECT revision_id FROM qinglong.task_revisions
  WHERE task_id = %(task_id)s AND create_request_id = %(request_id)s
 
+-- name: existing_first_revision
+-- CreateTask's revision: number 1, under the task's own create request id.
+SELECT revision_id FROM qinglong.task_revisions
+ WHERE task_id = %(task_id)s AND create_request_id = %(request_id)s AND revision_number = 1
+
 -- name: insert_revision
 INSERT INTO qinglong.task_revisions
        (revision_id, project_id, task_id, revision_number, executor_type, command, timeout_ms,

@@ -26,10 +26,15 @@ SELECT run_id FROM qinglong.runs
  WHERE project_id = %(project_id)s AND trigger_request_id = %(request_id)s
 
 -- name: pick_revision
-SELECT revision_id, executor_type FROM qinglong.task_revisions
- WHERE project_id = %(project_id)s AND task_id = %(task_id)s
-   AND revision_number = coalesce(%(revision_number)s,
-       (SELECT max(revision_number) FROM qinglong.task_revisions WHERE task_id = %(task_id)s))
+-- No row: no such task (in this project); a row of NULLs: the task has no such revision.
+SELECT tr.revision_id, tr.executor_type
+  FROM qinglong.tasks t
+  LEFT JOIN qinglong.task_revisions tr
+         ON tr.task_id = t.task_id
+        AND tr.revision_number = coalesce(%(revision_number)s,
+            (SELECT max(revision_number) FROM qinglong.task_revisions
+              WHERE task_id = %(task_id)s))
+ WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
 
 -- name: insert_run
 -- A Run is created straight into `queued` with its first Event; the revision is pinned.
@@ -40,8 +45,16 @@ VALUES (%(run_id)s, %(project_id)s, %(task_id)s, %(revision_id)s, 'queued', %(ex
         %(request_id)s, %(actor_id)s, %(now)s, %(now)s)
 
 -- name: list_events
+-- A user's or agent's actor_id is their principal id, so the name is looked up by the
+-- primary key. CASE evaluates the cast only for an id in UUID form: the column is text
+-- and also holds worker ids and component names.
 SELECT e.event_id, e.run_id, r.project_id, e.sequence, e.event_type, e.attempt_id,
-       e.actor_kind, e.actor_id, e.occurred_at_ms, e.payload
+       e.actor_kind, e.actor_id, e.occurred_at_ms, e.payload,
+       CASE WHEN e.actor_kind IN ('user', 'agent')
+                 AND e.actor_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+            THEN (SELECT p.name FROM qinglong.principals p
+                   WHERE p.principal_id = e.actor_id::uuid)
+       END AS actor_name
   FROM qinglong.run_events e JOIN qinglong.runs r ON r.run_id = e.run_id
  WHERE r.project_id = %(project_id)s AND e.run_id = %(run_id)s
    AND e.sequence > %(after_sequence)s

@@ -1,0 +1,106 @@
+"""A task created with its first revision in one transaction, what a trigger of an unknown
+task answers, and Events that name the person who caused them."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from qinglong_control.db import definitions, runs
+from qinglong_control.db.events import Actor
+from qinglong_control.db.identities import ensure_principal
+from qinglong_control.domain.refusals import Reason, Refused
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.world import OPERATOR, PROJECT, World
+
+PLAN = definitions.RevisionPlan("remote_worker", ["echo", "hi"], 60_000)
+
+
+def _tasks_created_by(database: MigratedDatabase, request_id: str) -> int:
+    with psycopg.connect(database.urls.migration) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM qinglong.tasks WHERE create_request_id = %s", (request_id,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_task_and_its_first_revision_are_one_create_and_one_replay(
+    world: World,
+) -> None:
+    task = await definitions.create_task(
+        world.conn, PROJECT, "t", {}, "create-1", OPERATOR.id, PLAN
+    )
+    assert task.latest_revision_number == 1
+    first = await definitions.get_revision(world.conn, PROJECT, task.task_id, revision_number=1)
+    assert (first.command, first.timeout_ms) == (["echo", "hi"], 60_000)
+    replayed = await definitions.create_task(
+        world.conn, PROJECT, "t", {}, "create-1", OPERATOR.id, PLAN
+    )
+    assert (replayed.task_id, replayed.latest_revision_number) == (task.task_id, 1)
+
+
+async def test_a_refused_first_revision_leaves_no_task_behind(
+    world: World, database: MigratedDatabase
+) -> None:
+    # Past the contract (ingress refuses it first): the table's CHECK is the last word.
+    out_of_bounds = definitions.RevisionPlan("remote_worker", ["true"], 0)
+    with pytest.raises(Refused) as refused:
+        await definitions.create_task(
+            world.conn, PROJECT, "t", {}, "create-2", OPERATOR.id, out_of_bounds
+        )
+    assert refused.value.reason is Reason.FIELD_INVALID
+    assert _tasks_created_by(database, "create-2") == 0
+    # The connection is usable, and the same request id may now succeed.
+    task = await definitions.create_task(
+        world.conn, PROJECT, "t", {}, "create-2", OPERATOR.id, PLAN
+    )
+    assert task.latest_revision_number == 1
+
+
+async def test_a_retry_that_adds_a_plan_to_a_planless_create_is_a_mismatch(
+    world: World,
+) -> None:
+    await definitions.create_task(world.conn, PROJECT, "t", {}, "create-3", OPERATOR.id)
+    with pytest.raises(Refused) as refused:
+        await definitions.create_task(world.conn, PROJECT, "t", {}, "create-3", OPERATOR.id, PLAN)
+    assert refused.value.reason is Reason.REPLAY_MISMATCH
+
+
+async def test_triggering_an_unknown_task_is_task_not_found(world: World) -> None:
+    unknown = runs.TriggerRun(PROJECT, uuid.UUID(int=1), None, "trigger-unknown")
+    with pytest.raises(Refused) as refused:
+        await runs.trigger_run(world.conn, unknown, OPERATOR)
+    assert refused.value.reason is Reason.TASK_NOT_FOUND
+    planless = await definitions.create_task(world.conn, PROJECT, "t", {}, "create-4", "alice")
+    no_revision = runs.TriggerRun(PROJECT, planless.task_id, None, "trigger-planless")
+    with pytest.raises(Refused) as refused:
+        await runs.trigger_run(world.conn, no_revision, OPERATOR)
+    assert refused.value.reason is Reason.REVISION_NOT_FOUND
+
+
+async def test_events_name_the_principal_who_caused_them(
+    world: World, database: MigratedDatabase
+) -> None:
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        alice = ensure_principal(admin, "user", "alice")
+    task = await definitions.create_task(
+        world.conn, PROJECT, "t", {}, "create-5", OPERATOR.id, PLAN
+    )
+    by_principal = await runs.trigger_run(
+        world.conn,
+        runs.TriggerRun(PROJECT, task.task_id, None, "trigger-named"),
+        Actor("user", str(alice)),
+    )
+    events = await runs.list_events(
+        world.conn, PROJECT, by_principal.run_id, after_sequence=0, limit=10
+    )
+    assert [(e.actor_id, e.actor_name) for e in events] == [(str(alice), "alice")]
+    # An actor id that is not a principal id (the world's bare "alice") has no name.
+    by_text = await runs.trigger_run(
+        world.conn, runs.TriggerRun(PROJECT, task.task_id, None, "trigger-bare"), OPERATOR
+    )
+    events = await runs.list_events(world.conn, PROJECT, by_text.run_id, after_sequence=0, limit=10)
+    assert [e.actor_name for e in events] == [None]
