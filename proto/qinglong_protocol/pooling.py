@@ -31,6 +31,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from qinglong_protocol.metrics import register_pool
 from qinglong_protocol.storage import StorageBounds
 
 _log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ async def open_pool(
     # Opening waits longer than one call would: a service starting next to its database
     # may see it come up a moment later.
     await pool.open(wait=True, timeout=max(timeout_s, 10.0))
+    register_pool(pool)  # its usage is read when /metrics is scraped (qinglong_pool_*)
     return pool
 
 

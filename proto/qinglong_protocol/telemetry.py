@@ -9,7 +9,17 @@ laptop without a collector sees no connection errors; the API's no-op tracer sti
 passes the caller's trace context on (W3C `traceparent`), so a trace begun by a Worker
 continues in whichever service does export. `OTEL_SERVICE_NAME`,
 `OTEL_RESOURCE_ATTRIBUTES` and the SDK's `OTEL_TRACES_SAMPLER`/`OTEL_TRACES_SAMPLER_ARG`
-are honoured; `OTEL_SDK_DISABLED=true` turns everything off.
+are honoured (default ``parentbased_always_on``; docs/observability.md recommends
+``parentbased_traceidratio`` in production); `OTEL_SDK_DISABLED=true` turns everything off.
+
+Polling stays out of traces: a Worker calls PullOffers, RenewSession and ControlLease on
+a timer whether or not anything happens, and traced they would be most of the spans.
+Whatever the sampler, a span of one of those methods is recorded only inside a trace
+that is already sampled (`PollingOutsideTraces`), so a poll never starts a trace — not at
+the Worker, nor at ingress or control when the Worker does not trace.
+`QINGLONG_TRACE_POLLING=true` traces them like any other call.
+
+Prometheus metrics are not OpenTelemetry's: see qinglong_protocol.metrics.
 
 Attributes are low-cardinality on metrics (method, outcome) and never carry a secret:
 the gRPC instrumentation records method names and status codes, not message bodies.
@@ -17,18 +27,109 @@ the gRPC instrumentation records method names and status codes, not message bodi
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import grpc
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    DEFAULT_OFF,
+    DEFAULT_ON,
+    ParentBasedTraceIdRatio,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, SpanKind, get_current_span
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
+
+_log = logging.getLogger(__name__)
+
+#: WorkerService methods a Worker calls on a timer: kept out of traces unless a sampled
+#: trace contains them (see the module's docstring).
+POLLING_METHODS: Final = frozenset({"PullOffers", "RenewSession", "ControlLease"})
+ENV_TRACE_POLLING: Final = "QINGLONG_TRACE_POLLING"
+DEFAULT_SAMPLER: Final = "parentbased_always_on"
+
+
+class PollingOutsideTraces(Sampler):
+    """``inner``'s decision, except that a span of a polling method (`POLLING_METHODS`,
+    by the gRPC span name's last part) is dropped unless its parent is sampled."""
+
+    def __init__(self, inner: Sampler) -> None:
+        self._inner = inner
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if name.rsplit("/", 1)[-1] in POLLING_METHODS:
+            parent = get_current_span(parent_context).get_span_context()
+            if not (parent.is_valid and parent.trace_flags.sampled):
+                return ALWAYS_OFF.should_sample(
+                    parent_context, trace_id, name, kind, attributes, links, trace_state
+                )
+        return self._inner.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return f"PollingOutsideTraces{{{self._inner.get_description()}}}"
+
+
+def _ratio(argument: str | None) -> float:
+    try:
+        ratio = float(argument if argument is not None else "1.0")
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        _log.warning("OTEL_TRACES_SAMPLER_ARG must be a ratio in [0, 1]; using 1.0")
+        return 1.0
+    return ratio
+
+
+def trace_sampler(environ: Mapping[str, str]) -> Sampler:
+    """The sampler `OTEL_TRACES_SAMPLER`/`OTEL_TRACES_SAMPLER_ARG` name (as the SDK reads
+    them), keeping polling out of traces unless `QINGLONG_TRACE_POLLING=true`."""
+    name = environ.get("OTEL_TRACES_SAMPLER", DEFAULT_SAMPLER).strip().lower()
+    argument = environ.get("OTEL_TRACES_SAMPLER_ARG")
+    fixed: dict[str, Sampler] = {
+        "always_on": ALWAYS_ON,
+        "always_off": ALWAYS_OFF,
+        "parentbased_always_on": DEFAULT_ON,
+        "parentbased_always_off": DEFAULT_OFF,
+    }
+    inner: Sampler
+    if name in fixed:
+        inner = fixed[name]
+    elif name == "traceidratio":
+        inner = TraceIdRatioBased(_ratio(argument))
+    elif name == "parentbased_traceidratio":
+        inner = ParentBasedTraceIdRatio(_ratio(argument))
+    else:
+        _log.warning("unknown OTEL_TRACES_SAMPLER %r; using %s", name, DEFAULT_SAMPLER)
+        inner = DEFAULT_ON
+    if environ.get(ENV_TRACE_POLLING, "").strip().lower() == "true":
+        return inner
+    return PollingOutsideTraces(inner)
 
 
 def _wants(environ: Mapping[str, str], signal: str) -> bool:
@@ -46,7 +147,7 @@ def configure_telemetry(service_name: str, environ: Mapping[str, str] | None = N
     if _wants(env, "TRACES"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider = TracerProvider(resource=resource, sampler=trace_sampler(env))
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         trace.set_tracer_provider(tracer_provider)
     if _wants(env, "METRICS"):

@@ -1,5 +1,6 @@
 """SPEC B-OBS: one trace per call across worker -> ingress -> control -> database, and a
-latency histogram with low-cardinality attributes. In-memory exporters, real servers."""
+latency histogram with low-cardinality attributes. In-memory exporters, real servers, and
+the sampler `configure_telemetry` installs by default: polling starts no trace."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from qinglong.control.v1 import run_service_pb2, run_service_pb2_grpc
 from qinglong.rpc.v1 import execution_pb2
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_protocol.bounds import encode_lease_capability
-from qinglong_protocol.telemetry import client_interceptors
+from qinglong_protocol.telemetry import client_interceptors, trace_sampler
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
 from tests.support.postgres import MigratedDatabase
@@ -30,7 +31,8 @@ from tests.support.stack import PROJECT, Stack, running_stack
 @pytest.fixture(scope="module")
 def telemetry() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
     spans = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
+    # The sampler configure_telemetry installs when nothing overrides it.
+    tracer_provider = TracerProvider(sampler=trace_sampler({}))
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     trace.set_tracer_provider(tracer_provider)
     reader = InMemoryMetricReader()
@@ -164,3 +166,40 @@ async def test_every_runtime_method_is_timed_in_one_place_unary_and_streaming(
     assert {"rpc.method": "GetRun", "outcome": "RUN_NOT_FOUND"} in recorded
     assert {"rpc.method": "WatchRunEvents", "outcome": "RUN_NOT_FOUND"} in recorded
     assert all(set(attributes) == {"rpc.method", "outcome"} for attributes in recorded)
+
+
+async def test_polling_starts_no_trace_but_is_traced_inside_one(
+    stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    """A Worker's PullOffers on its own is recorded nowhere — not by the Worker, ingress,
+    control or the database — so idle polling cannot flood the traces; the same call made
+    inside a sampled trace (someone debugging) is recorded at every hop of that trace."""
+    exporter, _ = telemetry
+    async with traced_channel(stack, "worker-a") as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        session = await worker.OpenSession(
+            worker_service_pb2.OpenSessionRequest(
+                request_id=uuid.uuid4().hex,
+                worker_id="worker-a",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            )
+        )
+        pull = worker_service_pb2.PullOffersRequest(
+            worker_id="worker-a",
+            session_id=session.session_id,
+            worker_generation=session.worker_generation,
+            max_offers=1,
+        )
+        exporter.clear()
+        for _ in range(3):
+            await worker.PullOffers(pull)
+        assert list(exporter.get_finished_spans()) == [], "an idle poll recorded spans"
+
+        with trace.get_tracer("test").start_as_current_span("debugging") as parent:
+            await worker.PullOffers(pull)
+    spans = list(exporter.get_finished_spans())
+    assert len(_by_name(spans, "WorkerService/PullOffers")) == 2  # worker and ingress
+    assert len(_by_name(spans, "RuntimeService/PullOffers")) == 2  # ingress and control
+    assert _by_name(spans, "qinglong.db.transaction")
+    assert {span.context.trace_id for span in spans} == {parent.get_span_context().trace_id}

@@ -76,6 +76,12 @@ WORKER_JOIN_SECRET = "qinglong-worker-join"
 # ingress's two listeners: mutual TLS, and Worker enrollment (server-authenticated TLS).
 PUBLIC_PORT = 8443
 ENROLLMENT_PORT = 9443
+#: Prometheus /metrics of control, ingress and the Worker (docs/observability.md), and
+#: where Prometheus and the OpenTelemetry collector run.
+METRICS_PORT = 9090
+OTLP_PORT = 4317
+MONITORING = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+COLLECTOR_POD = {"matchLabels": {"app.kubernetes.io/name": "opentelemetry-collector"}}
 INGRESS_HOST = f"{INGRESS}.{NAMESPACE}.svc.cluster.local"
 
 # One Secret per database role; the role names are qinglong_control.db.roles.
@@ -817,10 +823,19 @@ def test_the_namespace_denies_inbound_traffic_by_default() -> None:
     assert not policy["spec"].get("ingress")
 
 
+def _is_scrape_rule(rule: Resource) -> bool:
+    """Prometheus's namespace, to the metrics port and nothing else."""
+    return rule.get("from") == [{"namespaceSelector": MONITORING}] and _ports(rule) == {
+        ("TCP", METRICS_PORT)
+    }
+
+
 def test_only_ingress_pods_reach_control() -> None:
     assert _policies(CONTROL_POD, "Ingress"), "no NetworkPolicy selects the control pods"
     for rule in _rules(CONTROL_POD, "Ingress"):
         assert rule.get("from"), "a rule without `from` admits every source"
+        if _is_scrape_rule(rule):
+            continue
         for peer in rule["from"]:
             assert set(peer) == {"podSelector"}, f"control admits {peer}"
             assert _selects(peer["podSelector"], INGRESS_POD)
@@ -835,15 +850,61 @@ def test_ingress_pods_are_reachable_on_their_two_ports_from_anywhere() -> None:
     assert open_rules, "ingress must be reachable from outside the namespace"
     both = {("TCP", PUBLIC_PORT), ("TCP", ENROLLMENT_PORT)}
     assert set().union(*(_ports(rule) for rule in open_rules)) == both
-    assert all(_ports(rule) <= both for rule in rules)
+    assert all(_ports(rule) <= both or _is_scrape_rule(rule) for rule in rules)
     for source in (WORKER_POD, *STRANGER_PODS):
         assert _admitted(INGRESS_POD, source) == both, source
 
 
-@pytest.mark.parametrize("labels", [MIGRATE_POD, WORKER_POD], ids=["migrate", "worker"])
-def test_pods_that_only_dial_out_accept_nothing(labels: dict[str, str]) -> None:
-    assert _policies(labels, "Ingress")
-    assert _rules(labels, "Ingress") == []
+def test_the_migration_job_accepts_nothing() -> None:
+    assert _policies(MIGRATE_POD, "Ingress")
+    assert _rules(MIGRATE_POD, "Ingress") == []
+
+
+def test_workers_accept_only_the_scrape_of_their_metrics() -> None:
+    assert _policies(WORKER_POD, "Ingress")
+    rules = _rules(WORKER_POD, "Ingress")
+    assert rules
+    assert all(_is_scrape_rule(rule) for rule in rules)
+    for source in (CONTROL_POD, INGRESS_POD, WORKER_POD, *STRANGER_PODS):
+        assert _admitted(WORKER_POD, source) == set(), f"{source} can reach a Worker"
+
+
+@pytest.mark.parametrize(
+    "labels", [CONTROL_POD, INGRESS_POD, WORKER_POD], ids=["control", "ingress", "worker"]
+)
+def test_only_the_monitoring_namespace_reaches_the_metrics_port(labels: dict[str, str]) -> None:
+    scrape = [rule for rule in _rules(labels, "Ingress") if ("TCP", METRICS_PORT) in _ports(rule)]
+    assert scrape, f"{labels} cannot be scraped"
+    assert all(_is_scrape_rule(rule) for rule in scrape)
+    for source in STRANGER_PODS:
+        assert ("TCP", METRICS_PORT) not in _admitted(labels, source)
+
+
+@pytest.mark.parametrize(
+    ("name", "variable"),
+    [
+        (CONTROL, "QINGLONG_CONTROL_METRICS_PORT"),
+        (INGRESS, "QINGLONG_INGRESS_METRICS_PORT"),
+        (WORKER, None),
+    ],
+    ids=["control", "ingress", "worker"],
+)
+def test_workloads_serve_metrics_where_their_scrape_annotations_say(
+    name: str, variable: str | None
+) -> None:
+    workload = _find(WORKLOAD_KIND[name], name)
+    annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
+    assert annotations.get("prometheus.io/scrape") == "true"
+    assert annotations.get("prometheus.io/port") == str(METRICS_PORT)
+    assert annotations.get("prometheus.io/path") == "/metrics"
+    (container,) = _pod_spec(workload)["containers"]
+    ports = {port["name"]: port["containerPort"] for port in container.get("ports", [])}
+    assert ports.get("metrics") == METRICS_PORT
+    if variable is not None:
+        assert _env_value(container, variable) == str(METRICS_PORT)
+    else:
+        command = list(container["command"])
+        assert command[command.index("--metrics-port") + 1] == str(METRICS_PORT)
 
 
 def test_postgres_accepts_only_role_holders_and_its_own_machinery() -> None:
@@ -865,6 +926,11 @@ def _destination(rule: Resource) -> str:
         assert pods == {"matchLabels": {"k8s-app": "kube-dns"}}
         assert _ports(rule) == {("UDP", 53), ("TCP", 53)}
         return "dns"
+    if namespaces == MONITORING:
+        # The OpenTelemetry collector's OTLP/gRPC port, nothing else there.
+        assert pods == COLLECTOR_POD, peer
+        assert _ports(rule) == {("TCP", OTLP_PORT)}
+        return "otlp"
     assert namespaces is None, peer
     if _selects(pods, POSTGRES_POD) and not _selects(pods, CONTROL_POD):
         assert _ports(rule) == {("TCP", 5432)}
@@ -882,10 +948,10 @@ def _destination(rule: Resource) -> str:
 @pytest.mark.parametrize(
     ("labels", "allowed"),
     [
-        (CONTROL_POD, {"dns", "postgres"}),
-        (INGRESS_POD, {"dns", "postgres", "control"}),
+        (CONTROL_POD, {"dns", "postgres", "otlp"}),
+        (INGRESS_POD, {"dns", "postgres", "control", "otlp"}),
         (MIGRATE_POD, {"dns", "postgres"}),
-        (WORKER_POD, {"dns", "ingress"}),
+        (WORKER_POD, {"dns", "ingress", "otlp"}),
     ],
     ids=["control", "ingress", "migrate", "worker"],
 )
@@ -1068,7 +1134,8 @@ def test_services_route_to_the_listening_ports() -> None:
             {"matchLabels": service["spec"]["selector"]}, _pod_labels(_find("Deployment", name))
         )
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert set(ports) == set(variables), f"{name}: container ports"
+        # The metrics port is scraped per pod (annotations), never behind the Service.
+        assert set(ports) == {*variables, "metrics"}, f"{name}: container ports"
         service_ports = {p["name"]: p for p in service["spec"]["ports"]}
         assert set(service_ports) == set(variables), f"{name}: Service ports"
         for port_name, variable in variables.items():
@@ -1307,7 +1374,7 @@ def test_the_worker_keeps_its_identity_and_inbox_on_the_claim() -> None:
     identity_dir = PurePosixPath(_join_flags()["--dir"])
     assert identity_dir.is_relative_to(claim)
     flags = _daemon_flags()
-    assert set(flags) == {"--identity", "--inbox"}
+    assert set(flags) == {"--identity", "--inbox", "--metrics-port"}
     assert PurePosixPath(flags["--identity"]) == identity_dir / IDENTITY_FILE
     inbox = PurePosixPath(flags["--inbox"])
     # logs/ and exits/ are created beside the inbox: on the claim too, apart from the key.
@@ -1339,7 +1406,7 @@ def test_the_worker_dials_ingress_by_its_service_names() -> None:
 
 def test_the_worker_reaches_exactly_ingress_two_ports() -> None:
     egress = _rules(WORKER_POD, "Egress")
-    assert {_destination(rule) for rule in egress} == {"dns", "ingress"}
+    assert {_destination(rule) for rule in egress} == {"dns", "ingress", "otlp"}
     (to_ingress,) = [rule for rule in egress if _destination(rule) == "ingress"]
     assert _ports(to_ingress) == {("TCP", PUBLIC_PORT), ("TCP", ENROLLMENT_PORT)}
     # ... and ingress admits it there.

@@ -54,6 +54,8 @@ from qinglong.worker.v1 import worker_service_pb2_grpc
 from qinglong_protocol.errors import error_reason_of, reason_from_name, reason_name
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
+from qinglong_worker import metrics
+
 log = logging.getLogger(__name__)
 
 _Response = TypeVar("_Response", bound=Message)
@@ -345,12 +347,17 @@ class WorkerClient:
                 # the local lease.
                 timeout = min(self._settings.call_timeout_seconds, remaining)
             tries += 1
+            started = time.perf_counter()
             try:
-                return await call(request, timeout=timeout)
+                response = await call(request, timeout=timeout)
             except grpc.aio.AioRpcError as error:
                 code, reason = error.code(), typed_reason(error_reason_of(error))
                 # `from None`: the original error's text is the server's, not ours to log.
                 failure = CallFailed(method, code, reason, tries=tries)
+                elapsed = time.perf_counter() - started
+                metrics.CALL_DURATION.labels(method, failure.label).observe(elapsed)
+                if failure.fenced:
+                    metrics.FENCE_REJECTIONS.labels(method, failure.label).inc()
                 if not is_retryable(code, reason):
                     raise failure from None
                 pause = policy.delay(tries - 1, self._random())
@@ -358,3 +365,6 @@ class WorkerClient:
                     raise failure from None
                 log.debug("%s: %s; try %d in %.2f s", method, failure.label, tries + 1, pause)
                 await self._sleep(pause)
+            else:
+                metrics.CALL_DURATION.labels(method, "ok").observe(time.perf_counter() - started)
+                return response

@@ -1,9 +1,9 @@
 """The Worker daemon (`qinglong-worker run`): one inbox, one channel, one lifecycle loop.
 
 Exit statuses: 0 after a shutdown; 2 when it cannot start: the inbox cannot be opened
-(in use, corrupt, unreadable) or the TLS files cannot be read — one line on stderr names
-the file; 3 when the inbox became unreadable while running (the executors this process
-knew were stopped first).
+(in use, corrupt, unreadable), the TLS files cannot be read, or the ``--metrics-port``
+cannot be bound — one line on stderr names the file or the port; 3 when the inbox became
+unreadable while running (the executors this process knew were stopped first).
 
 Logs carry ids, states and low-cardinality reasons only: never the lease capability,
 the callback token or its digest (the inbox record's ``repr`` hides the secrets too).
@@ -17,6 +17,7 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 
+from qinglong_protocol.metrics import MetricsServer, serve_metrics
 from qinglong_protocol.telemetry import client_interceptors, configure_telemetry
 
 from qinglong_worker.client import ClientSettings, WorkerClient
@@ -55,9 +56,16 @@ async def run_daemon(
         # One line naming the file; no traceback (nothing here is a bug of ours).
         log.error("%s", error)
         return EXIT_INBOX_UNUSABLE
+    metrics: MetricsServer | None = None
     try:
         daemon.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         configure_telemetry("qinglong-worker")
+        if daemon.metrics is not None:
+            try:
+                metrics = serve_metrics(daemon.metrics, "worker")
+            except OSError as error:
+                log.error("cannot serve metrics on port %d: %s", daemon.metrics.port, error)
+                return EXIT_CANNOT_START
         try:
             client = WorkerClient(
                 ClientSettings(settings.ingress_address, settings.tls),
@@ -130,6 +138,8 @@ async def run_daemon(
             await client.close()
     finally:
         inbox.close()
+        if metrics is not None:
+            metrics.close()
     log.info("worker %s stopped", settings.worker_id)
     return 0
 

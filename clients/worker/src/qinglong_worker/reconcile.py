@@ -70,6 +70,7 @@ from qinglong_worker.inbox import (
     RecordState,
 )
 from qinglong_worker.launch import LaunchState, forget_launch, launch_key, resolve_launch
+from qinglong_worker.metrics import StartPhases
 from qinglong_worker.process import (
     UNOBSERVED_EXIT,
     ExecutorRefused,
@@ -272,6 +273,7 @@ class Reconciler:
         self._inflight: dict[str, asyncio.Task[Outcome]] = {}
         self._mode = Mode.NORMAL
         self._fatal: InboxUnreadable | None = None
+        self._phases = StartPhases()  # claim -> starting -> running latency (metrics)
 
     # --- entry points ---------------------------------------------------------------------
 
@@ -450,6 +452,7 @@ class Reconciler:
             self._save(record, state=RecordState.ABANDONED, detail=failure.label)
             return Outcome.ABANDONED
         plan = claimed.spec.plan
+        self._phases.claimed(record.offer_id)
         self._save(
             record,
             state=RecordState.CLAIMED,
@@ -475,6 +478,7 @@ class Reconciler:
                 return await self._after_transient(record, failure)
             # Nothing runs yet: any refusal closes the record.
             return await self._lease_lost(record, failure.label)
+        self._phases.starting(record.offer_id)
         activation = starting.activation
         problem = activation_problem(record.timeout_ms, activation)
         has_deadline = not problem and activation.HasField("deadline")
@@ -578,6 +582,7 @@ class Reconciler:
             )
         except CallFailed as failure:
             return await self._refused(record, failure)
+        self._phases.running(record.offer_id)
         self._save(record, state=RecordState.RUNNING_ACKNOWLEDGED)
         # A short process may already be done: recover its completion right away.
         return None if self._processes.poll(identity) is not None else Outcome.RUNNING

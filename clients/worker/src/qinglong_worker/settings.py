@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qinglong_protocol import bounds
+from qinglong_protocol.metrics import MetricsEndpoint, add_metrics_arguments, metrics_endpoint_of
 from qinglong_protocol.tls import TlsFiles
 
 ENV_PREFIX = "QINGLONG_WORKER_"
@@ -36,6 +37,8 @@ class DaemonSettings:
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
     drain_grace_seconds: float = DEFAULT_DRAIN_GRACE_SECONDS
     certificate_check_seconds: float = DEFAULT_CERTIFICATE_CHECK_SECONDS
+    #: The Prometheus /metrics endpoint; None (the default): none is served.
+    metrics: MetricsEndpoint | None = None
 
     @property
     def exit_dir(self) -> Path:
@@ -151,6 +154,7 @@ def parse_worker_settings(
         ),
         help="with --identity: how often the certificate's age is checked (renewed at 2/3)",
     )
+    add_metrics_arguments(parser, env, ENV_PREFIX)
     args = parser.parse_args(argv)
     for flag, path, read in (
         ("--stack", args.stack, _from_stack),
@@ -199,6 +203,7 @@ def parse_worker_settings(
             stop_grace_seconds=args.stop_grace_seconds,
             drain_grace_seconds=args.drain_grace_seconds,
             certificate_check_seconds=args.certificate_check_seconds,
+            metrics=metrics_endpoint_of(parser, args),
         )
     return args.command, WorkerSettings(
         args.worker_id, args.ingress_address, tls, daemon_settings, args.identity

@@ -32,6 +32,7 @@ from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong_protocol.errors import TypedStatus, code_for, reason_name
 from qinglong_protocol.storage_errors import StorageFailure, Verdict, storage_answer
 
+from qinglong_control import metrics as prometheus
 from qinglong_control.contract_bounds import PUBLIC_REQUEST_FIELD
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.wrapping import (
@@ -256,15 +257,18 @@ class _Call:
             raise error
         answer = answer_for(error, request)
         self.outcome = reason_name(answer.reason)
+        if answer.code is grpc.StatusCode.ABORTED:  # a fence (or assumed state) refused it
+            prometheus.FENCE_REJECTIONS.labels(self._method, self.outcome).inc()
         await context.abort_with_status(answer.status())
         raise AssertionError("abort_with_status always raises") from error
 
     def ended(self) -> None:
         # Low-cardinality attributes only: run and attempt ids belong on spans.
+        seconds = time.perf_counter() - self._started
         COMMAND_DURATION.record(
-            (time.perf_counter() - self._started) * 1000.0,
-            {"rpc.method": self._method, "outcome": self.outcome},
+            seconds * 1000.0, {"rpc.method": self._method, "outcome": self.outcome}
         )
+        prometheus.CALL_DURATION.labels(self._method, self.outcome).observe(seconds)
 
 
 def _answering(

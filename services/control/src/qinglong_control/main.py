@@ -16,6 +16,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
+from qinglong_protocol.metrics import serve_metrics
 from qinglong_protocol.probe import run_probe
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
@@ -42,6 +43,8 @@ async def serve(settings: ControlSettings) -> None:
     if settings.database_url is None:
         raise SystemExit("qinglong-control needs the runtime role's --database-url")
     async with contextlib.AsyncExitStack() as pools:
+        if settings.metrics is not None:
+            pools.callback(serve_metrics(settings.metrics, SERVICE).close)
         pool = await open_runtime_pool(
             settings.database_url, sizing=settings.pool, bounds=settings.storage
         )

@@ -8,12 +8,14 @@ coalesced: a caller that arrives while a cycle runs waits for that cycle's repor
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from qinglong_control import metrics as prometheus
 from qinglong_control.db.convergence import converge_page, expire_leases
 from qinglong_control.db.retries import retry_page
 from qinglong_control.domain.timings import Timings
@@ -58,6 +60,20 @@ class Reconciler:
         return await asyncio.shield(self._running)
 
     async def _cycle(self) -> CycleReport:
+        started = time.perf_counter()
+        try:
+            report = await self._work()
+        except Exception:
+            prometheus.RECONCILE_CYCLE_DURATION.labels("error").observe(
+                time.perf_counter() - started
+            )
+            raise
+        prometheus.RECONCILE_CYCLE_DURATION.labels("ok").observe(time.perf_counter() - started)
+        for kind, count in asdict(report).items():
+            prometheus.RECONCILE_WORK.labels(kind).observe(count)
+        return report
+
+    async def _work(self) -> CycleReport:
         limits = self._limits
         expired = converged = blocked = pages = 0
         async with self._pool.connection() as conn:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qinglong_protocol.identities import DEFAULT_TRUST_DOMAIN, service_uri
+from qinglong_protocol.metrics import MetricsEndpoint, add_metrics_arguments, metrics_endpoint_of
 from qinglong_protocol.pooling import PoolSizing, add_pool_size_argument, pool_sizing_of
 from qinglong_protocol.storage import (
     StorageBounds,
@@ -85,6 +86,8 @@ class ControlSettings:
     # The one cadence of lease expiry and convergence; 0 turns both off on this replica.
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
     timings: Timings = field(default_factory=Timings)
+    # The Prometheus /metrics endpoint; None (the default): none is served.
+    metrics: MetricsEndpoint | None = None
 
 
 def parse_control_settings(
@@ -166,6 +169,7 @@ def parse_control_settings(
     )
     add_storage_timeout_argument(parser, env)
     add_pool_size_argument(parser, env)
+    add_metrics_arguments(parser, env, "QINGLONG_CONTROL_")
     for name, variable in ENV_TIMINGS_MS.items():
         parser.add_argument(
             "--" + name.replace("_", "-"),
@@ -209,6 +213,7 @@ def parse_control_settings(
         pool=pool_sizing_of(parser, args),
         timings=_timings(parser, args),
         reconcile_interval_seconds=args.reconcile_interval_seconds,
+        metrics=metrics_endpoint_of(parser, args),
     )
 
 

@@ -29,6 +29,7 @@ from qinglong_protocol.pooling import read_retrying
 
 from qinglong_ingress.audit import AuditOutcome, refused_outcome
 from qinglong_ingress.group_commit import GroupCommit
+from qinglong_ingress.metrics import AUDIT_BATCH_ROWS, timed_audit_write
 from qinglong_ingress.sql import SQL
 
 _OPERATOR_BY_URI = SQL["directory.operator_by_uri"]
@@ -171,6 +172,7 @@ class Directory:
         with the concurrent calls' rows). Raises what the batch's statement raised."""
         return await self._audits.submit(entry)
 
+    @timed_audit_write  # metrics: audit write latency
     async def write_audit_alone(self, record: AuditRecord) -> uuid.UUID:
         """One row in its own statement that reads nothing: for when the batched
         statement failed and the failure may be one of its reads."""
@@ -182,7 +184,9 @@ class Directory:
             )
         return audit_id
 
+    @timed_audit_write  # metrics: audit write latency
     async def _write_audits(self, entries: Sequence[AuditEntry]) -> list[Audited]:
+        AUDIT_BATCH_ROWS.observe(len(entries))  # metrics: rows per group commit
         ids = [uuid.uuid4() for _ in entries]
         calls = json.dumps([_audit_row(i, entry) for i, entry in zip(ids, entries, strict=True)])
         values = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
@@ -13,8 +14,10 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong_protocol.errors import status_for
+from qinglong_protocol.metrics import outcome_of_code
 
 from qinglong_ingress.gateway import Gateway
+from qinglong_ingress.metrics import CALL_DURATION
 from qinglong_ingress.routes import ROUTES, Route
 from qinglong_ingress.stages import Context, Received
 from qinglong_ingress.validation import undecodable_violation
@@ -48,15 +51,29 @@ async def _internal(context: Context, error: Exception) -> None:
     await context.abort_with_status(status_for(ErrorReason.ERROR_REASON_INTERNAL, "internal error"))
 
 
+def _timed(route: Route, context: Context, started: float, cancelled: bool = False) -> None:
+    """Record the call's latency by method and the code it was answered with."""
+    code = context.code()
+    outcome = "cancelled" if cancelled else outcome_of_code(None if code is None else code.name)
+    CALL_DURATION.labels(route.name, outcome).observe(time.perf_counter() - started)
+
+
 def _unary(gateway: Gateway, route: Route) -> grpc.RpcMethodHandler[Any, Any]:
     async def behaviour(request: Received, context: Context) -> Message:
+        started = time.perf_counter()
+        cancelled = False
         try:
             return await gateway.unary(route, request, context)
-        except (grpc.aio.AbortError, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        except grpc.aio.AbortError:
             raise
         except Exception as error:  # any other fault: generic, never its text
             await _internal(context, error)
             raise
+        finally:
+            _timed(route, context, started, cancelled)
 
     return grpc.unary_unary_rpc_method_handler(
         behaviour,
@@ -67,14 +84,21 @@ def _unary(gateway: Gateway, route: Route) -> grpc.RpcMethodHandler[Any, Any]:
 
 def _server_stream(gateway: Gateway, route: Route) -> grpc.RpcMethodHandler[Any, Any]:
     async def behaviour(request: Received, context: Context) -> AsyncIterator[Message]:
+        started = time.perf_counter()
+        cancelled = False
         try:
             async for response in gateway.server_stream(route, request, context):
                 yield response
-        except (grpc.aio.AbortError, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        except grpc.aio.AbortError:
             raise
         except Exception as error:  # any other fault: generic, never its text
             await _internal(context, error)
             raise
+        finally:
+            _timed(route, context, started, cancelled)
 
     return grpc.unary_stream_rpc_method_handler(
         behaviour,

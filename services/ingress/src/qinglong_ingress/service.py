@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from qinglong_protocol.metrics import serve_metrics
 from qinglong_protocol.probe import run_probe
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
@@ -36,9 +37,16 @@ _log = logging.getLogger(__name__)
 async def serve(settings: IngressSettings) -> None:
     if settings.database_url is None:
         raise SystemExit("qinglong-ingress needs the worker-ingress role's --database-url")
-    pool = await open_ingress_pool(
-        settings.database_url, sizing=settings.pool, bounds=settings.storage
-    )
+    metrics = None if settings.metrics is None else serve_metrics(settings.metrics, SERVICE)
+    try:
+        await _serve(settings, settings.database_url)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+async def _serve(settings: IngressSettings, database_url: str) -> None:
+    pool = await open_ingress_pool(database_url, sizing=settings.pool, bounds=settings.storage)
     try:
         async with open_control_channel(settings.control) as control_channel:
             # One directory for both listeners: their audit rows share group commits.

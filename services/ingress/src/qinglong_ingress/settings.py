@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qinglong_protocol import identities
+from qinglong_protocol.metrics import MetricsEndpoint, add_metrics_arguments, metrics_endpoint_of
 from qinglong_protocol.pooling import PoolSizing, add_pool_size_argument, pool_sizing_of
 from qinglong_protocol.storage import (
     StorageBounds,
@@ -80,6 +81,8 @@ class IngressSettings:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     # None: no enrollment listener (Workers get certificates another way).
     enrollment: EnrollmentSettings | None = None
+    # The Prometheus /metrics endpoint; None (the default): none is served.
+    metrics: MetricsEndpoint | None = None
 
 
 def parse_ingress_settings(
@@ -168,6 +171,7 @@ def parse_ingress_settings(
     )
     add_storage_timeout_argument(parser, env)
     add_pool_size_argument(parser, env)
+    add_metrics_arguments(parser, env, "QINGLONG_INGRESS_")
     args = parser.parse_args(argv)
 
     required = (
@@ -210,4 +214,5 @@ def parse_ingress_settings(
         pool=pool_sizing_of(parser, args),
         trust_domain=args.trust_domain,
         enrollment=enrollment,
+        metrics=metrics_endpoint_of(parser, args),
     )

@@ -1,0 +1,53 @@
+"""Control's Prometheus metrics (SPEC R-OPS-3; the endpoint: qinglong_protocol.metrics).
+
+Labels: ``method`` (a RuntimeService method name), ``outcome`` (``ok``, an ErrorReason
+name, ``aborted`` or ``cancelled``), ``reason`` (an ErrorReason name), ``kind`` (what a
+reconcile cycle did). Never an id.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import Counter, Histogram
+from qinglong_protocol.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
+
+CALL_DURATION: Final = Histogram(
+    "qinglong_control_call_duration_seconds",
+    "RuntimeService call latency at control (one short transaction each), by method and outcome",
+    ["method", "outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+FENCE_REJECTIONS: Final = Counter(
+    "qinglong_control_fence_rejections",
+    "Commands refused because the caller's fence or the state it assumed is not the present"
+    " one (every refusal answered ABORTED), by method and reason",
+    ["method", "reason"],
+)
+RECONCILE_CYCLE_DURATION: Final = Histogram(
+    "qinglong_control_reconcile_cycle_seconds",
+    "Duration of one lease-expiry, convergence and retry cycle, by outcome (ok or error)",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+RECONCILE_WORK: Final = Histogram(
+    "qinglong_control_reconcile_work",
+    "Items one reconcile cycle handled, by kind (expired leases, converged or blocked runs,"
+    " retries scheduled or exhausted, requeued runs, pages read)",
+    ["kind"],
+    buckets=COUNT_BUCKETS,
+)
+#: The kinds of RECONCILE_WORK: CycleReport's fields.
+RECONCILE_KINDS: Final = (
+    "expired",
+    "converged",
+    "blocked",
+    "pages",
+    "retries_scheduled",
+    "retries_exhausted",
+    "requeued",
+)
+
+# Present (at zero) from the start, so a dashboard sees every kind before the first cycle.
+for _kind in RECONCILE_KINDS:
+    RECONCILE_WORK.labels(_kind)
