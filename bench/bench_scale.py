@@ -49,7 +49,6 @@ import argparse
 import asyncio
 import math
 import random
-import secrets
 import statistics
 import sys
 import tempfile
@@ -83,13 +82,10 @@ from qinglong_control.db.retries import retry_page
 from qinglong_control.db.roles import RoleUrls
 from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import acknowledge_running, acknowledge_starting
-from qinglong_control.domain.capability import digest_of_capability
-from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.fence import Fence
-from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.timings import Timings
 from qinglong_control.reconciler import CycleReport, Reconciler, ReconcilerLimits
-from qinglong_protocol.bounds import MAX_CONCURRENT_ATTEMPTS_MAX, encode_lease_capability
+from qinglong_protocol.bounds import MAX_CONCURRENT_ATTEMPTS_MAX
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 from qinglong_worker.settings import DEFAULT_LEASE_CONTROL_SECONDS, DEFAULT_TICK_SECONDS
 
@@ -576,32 +572,6 @@ class BacklogPreparer(bench_ack.Preparer):
             self.preparation[PREPARATION[1]].append(claim_ms)
             self.preparation[PREPARATION[2]].append(starting_ms)
             self.ready.append(fence)
-
-    async def _claim(self, session: SessionClaim, offer: placement.PlacedOffer) -> Fence:
-        """bench_ack's claim in the offer's own project (the backlog's is `bulk`)."""
-        digest = digest_of_capability(encode_lease_capability(secrets.token_bytes(32)))
-        request = ClaimRequest(
-            bench_ack.WORKER,
-            session.session_id,
-            session.worker_generation,
-            offer.offer_id,
-            offer.project_id,
-            offer.run_id,
-            digest,
-        )
-        claimed = await placement.claim_offer(self.conn, request, bench_ack.TIMINGS)
-        return Fence(
-            worker_id=bench_ack.WORKER,
-            session_id=session.session_id,
-            worker_generation=session.worker_generation,
-            project_id=offer.project_id,
-            run_id=offer.run_id,
-            attempt_id=claimed.attempt_id,
-            offer_id=offer.offer_id,
-            lease_generation=claimed.lease_generation,
-            token_digest=digest,
-            expected_lease_version=claimed.lease_version,
-        )
 
 
 async def measure_acks(

@@ -24,7 +24,6 @@ import psycopg
 import pytest
 from psycopg import pq
 from qinglong.control.v1 import run_service_pb2, run_service_pb2_grpc
-from qinglong.rpc.v1 import execution_pb2
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_control.db import placement, sessions
 from qinglong_control.db.start_facts import (
@@ -40,7 +39,7 @@ from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of
 from qinglong_protocol.pooling import RecoveringPool
 
-from tests.support.calls import failure
+from tests.support.calls import failure, opened_session, renewal
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import running_stack
 from tests.support.world import PROJECT, World
@@ -312,19 +311,7 @@ async def test_a_worker_call_through_ingress_is_one_round_trip(
         stack.channel(stack.worker_identity("worker-a")) as channel,
     ):
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        opened = await worker.OpenSession(
-            worker_service_pb2.OpenSessionRequest(
-                request_id=uuid.uuid4().hex,
-                worker_id="worker-a",
-                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-                max_concurrent_attempts=1,
-            )
-        )
-        renew = worker_service_pb2.RenewSessionRequest(
-            worker_id="worker-a",
-            session_id=opened.session_id,
-            worker_generation=opened.worker_generation,
-        )
+        renew = renewal("worker-a", await opened_session(worker, "worker-a"))
         admitted: list[int] = []
         for index in range(8):
             async with _traced_pool(stack.ingress_pool, tmp_path / f"ok-{index}") as trace:
@@ -376,19 +363,7 @@ async def test_concurrent_worker_calls_share_statements(
         stack.channel(stack.worker_identity("worker-a")) as channel,
     ):
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        opened = await worker.OpenSession(
-            worker_service_pb2.OpenSessionRequest(
-                request_id=uuid.uuid4().hex,
-                worker_id="worker-a",
-                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-                max_concurrent_attempts=1,
-            )
-        )
-        renew = worker_service_pb2.RenewSessionRequest(
-            worker_id="worker-a",
-            session_id=opened.session_id,
-            worker_generation=opened.worker_generation,
-        )
+        renew = renewal("worker-a", await opened_session(worker, "worker-a"))
         before = len(stack.audit_rows())
         async with _traced_pool(stack.ingress_pool, tmp_path / "burst") as trace:
             # Hold the audit table so that the calls arrive while the writers wait: how

@@ -6,16 +6,15 @@ latency by method and outcome, and the pools' usage by pool name."""
 from __future__ import annotations
 
 import urllib.request
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from qinglong.rpc.v1 import execution_pb2
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_protocol.metrics import MetricsEndpoint, MetricsServer, serve_metrics
 
+from tests.support.calls import opened_session
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import Stack, running_stack
 
@@ -60,14 +59,7 @@ async def test_a_fence_refusal_is_counted_by_method_and_reason(
     before = samples(endpoint)
     async with stack.channel(stack.worker_identity("worker-a")) as channel:
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        session = await worker.OpenSession(
-            worker_service_pb2.OpenSessionRequest(
-                request_id=uuid.uuid4().hex,
-                worker_id="worker-a",
-                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-                max_concurrent_attempts=1,
-            )
-        )
+        session = await opened_session(worker, "worker-a")
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await worker.RenewSession(
                 worker_service_pb2.RenewSessionRequest(

@@ -24,6 +24,7 @@ from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.telemetry import client_interceptors, trace_sampler
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
+from tests.support.calls import opened_session
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import PROJECT, Stack, running_stack
 
@@ -114,14 +115,7 @@ async def test_spans_carry_no_secret(
     capability = encode_lease_capability(secrets.token_bytes(32))
     async with traced_channel(stack, "worker-a") as channel:
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        session = await worker.OpenSession(
-            worker_service_pb2.OpenSessionRequest(
-                request_id=uuid.uuid4().hex,
-                worker_id="worker-a",
-                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-                max_concurrent_attempts=1,
-            )
-        )
+        session = await opened_session(worker, "worker-a")
         with pytest.raises(grpc.aio.AioRpcError):
             await worker.ClaimOffer(
                 worker_service_pb2.ClaimOfferRequest(
@@ -177,14 +171,7 @@ async def test_polling_starts_no_trace_but_is_traced_inside_one(
     exporter, _ = telemetry
     async with traced_channel(stack, "worker-a") as channel:
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        session = await worker.OpenSession(
-            worker_service_pb2.OpenSessionRequest(
-                request_id=uuid.uuid4().hex,
-                worker_id="worker-a",
-                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-                max_concurrent_attempts=1,
-            )
-        )
+        session = await opened_session(worker, "worker-a")
         pull = worker_service_pb2.PullOffersRequest(
             worker_id="worker-a",
             session_id=session.session_id,

@@ -1,5 +1,5 @@
 """Calls tests make through ingress: awaiting one that must fail (to assert on its
-status), and the operator steps that put a Run in the queue."""
+status), the operator steps that put a Run in the queue, and a Worker's session."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from qinglong.control.v1 import (
     task_service_pb2_grpc,
 )
 from qinglong.rpc.v1 import execution_pb2
+from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 
 
 async def failure(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
@@ -68,3 +69,29 @@ async def queued_run(
         metadata=metadata,
     )
     return run.run.run_id
+
+
+async def opened_session(
+    worker: worker_service_pb2_grpc.WorkerServiceStub, worker_id: str
+) -> worker_service_pb2.OpenSessionResponse:
+    """A fresh session of ``worker_id`` (one Attempt at a time, remote executor)."""
+    response: worker_service_pb2.OpenSessionResponse = await worker.OpenSession(
+        worker_service_pb2.OpenSessionRequest(
+            request_id=uuid.uuid4().hex,
+            worker_id=worker_id,
+            executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+            max_concurrent_attempts=1,
+        )
+    )
+    return response
+
+
+def renewal(
+    worker_id: str, session: worker_service_pb2.OpenSessionResponse
+) -> worker_service_pb2.RenewSessionRequest:
+    """The RenewSession request of ``session``."""
+    return worker_service_pb2.RenewSessionRequest(
+        worker_id=worker_id,
+        session_id=session.session_id,
+        worker_generation=session.worker_generation,
+    )
