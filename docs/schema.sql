@@ -634,6 +634,8 @@ CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) W
 
 CREATE INDEX security_audit_by_time ON qinglong.security_audit USING btree (occurred_at_ms);
 
+CREATE INDEX tasks_by_project ON qinglong.tasks USING btree (project_id, created_at_ms, task_id);
+
 CREATE INDEX worker_join_tokens_by_worker ON qinglong.worker_join_tokens USING btree (worker_id, created_at_ms);
 
 CREATE UNIQUE INDEX worker_sessions_one_live_per_worker ON qinglong.worker_sessions USING btree (worker_id) WHERE (status = ANY (ARRAY['online'::text, 'draining'::text]));

@@ -220,3 +220,30 @@ async def test_run_list_pages_with_limit_and_page_token(stack_file: Path) -> Non
     assert (second.code, second.err) == (0, "")
     listed = [json.loads(line)["runId"] for line in (first.out + second.out).splitlines()]
     assert listed == triggered[::-1]  # newest first
+
+
+async def test_task_list_shows_tasks_newest_first_and_pages(stack_file: Path) -> None:
+    stack = ("--stack", str(stack_file))
+    created = []
+    for name in ("first", "second", "third"):
+        made = await qinglong("task", "create", *stack, "--name", name, "--", "true")
+        created.append(json.loads(made.out)["taskId"])
+    newest_first = created[::-1]
+    first = await qinglong("task", "list", *stack, "--limit", "2")
+    assert first.code == 0
+    # The footer is on stderr, so stdout stays one JSON object per line.
+    assert first.err.startswith("next page: --page-token ")
+    token = first.err.split()[-1]
+    second = await qinglong("task", "list", *stack, "--limit", "2", "--page-token", token)
+    assert (second.code, second.err) == (0, "")
+    listed = [json.loads(line) for line in (first.out + second.out).splitlines()]
+    assert [task["taskId"] for task in listed] == newest_first
+    assert [task["latestRevisionNumber"] for task in listed] == [1, 1, 1]  # numbers
+    table = await qinglong("task", "list", *stack, "--output", "table")
+    assert (table.code, table.err) == (0, "")
+    header, *rows = table.out.splitlines()
+    assert header.split() == ["TASK", "NAME", "REVISION", "CREATED"]
+    names = ("third", "second", "first")
+    assert [row.split()[:3] for row in rows] == [
+        [task_id, name, "1"] for task_id, name in zip(newest_first, names, strict=True)
+    ]

@@ -415,6 +415,15 @@ async def test_the_database_stores_everything_the_contract_allows(stack: Stack) 
             )
         ).task
         assert (read.display_name, dict(read.labels)) == (display_name, labels)
+        listed_tasks = await tasks.ListTasks(
+            within_bounds(
+                ts.ListTasksRequest(
+                    project_id=PROJECT, page_size=highest(ts.ListTasksRequest, "page_size")
+                )
+            ),
+            metadata=meta,
+        )
+        assert [t for t in listed_tasks.tasks if t.task_id == task_id] == [read]
 
         # Revisions: every argv extreme, both ends of the timeout and retry ranges.
         for number, plan in enumerate(plans(), start=1):

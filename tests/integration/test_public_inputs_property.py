@@ -166,11 +166,20 @@ class Known:
 
 
 class World:
-    def __init__(self, stack: Stack, worker: Known, operator: Known, sanity_run_id: str) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        worker: Known,
+        operator: Known,
+        sanity_run_id: str,
+        page_tokens: dict[str, list[str]],
+    ) -> None:
         self.stack = stack
         self.worker = worker
         self.operator = operator
         self.sanity_run_id = sanity_run_id
+        self.page_tokens = page_tokens
+        """Tokens each operator listing issued, by method name (ListRuns, ListTasks)."""
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def __repr__(self) -> str:
@@ -183,24 +192,26 @@ class World:
         if method.audience == "enrollment":
             return Known()  # a joining machine knows nothing of this world
         if method.audience == "admin":
-            # The page token known is ListRuns'; an admin listing issues its own kind. The
-            # world's project stays out: DisableProject on it would lock everyone out of
-            # the world every other example relies on.
+            # The page tokens known are ListRuns' and ListTasks'; an admin listing issues
+            # its own kind. The world's project stays out: DisableProject on it would lock
+            # everyone out of the world every other example relies on.
             return Known(
-                texts={
-                    k: v
-                    for k, v in self.operator.texts.items()
-                    if k not in ("page_token", "project_id")
-                },
+                texts={k: v for k, v in self.operator.texts.items() if k != "project_id"},
                 ints=self.operator.ints,
                 messages=self.operator.messages,
             )
-        return self.operator
+        # An operator listing knows the tokens it issued itself, and no other kind.
+        return Known(
+            texts={**self.operator.texts, "page_token": self.issued_page_tokens(method)},
+            ints=self.operator.ints,
+            messages=self.operator.messages,
+        )
 
     def issued_page_tokens(self, method: PublicMethod) -> list[str]:
-        """Tokens a previous response of this very method issued (only ListRuns has any
-        here): a token of another listing is not "a token from a previous response"."""
-        return self.operator.texts["page_token"] if method.descriptor.name == "ListRuns" else []
+        """Tokens a previous response of this very method issued (only ListRuns and
+        ListTasks have any here): a token of another listing is not "a token from a
+        previous response"."""
+        return self.page_tokens.get(method.descriptor.name, [])
 
     def channel(self, method: PublicMethod) -> grpc.aio.Channel:
         """One long-lived channel per audience: examples pay for a call, not a handshake."""
@@ -358,7 +369,18 @@ async def build_world(stack: Stack) -> World:
         page = await runs.ListRuns(
             run_service_pb2.ListRunsRequest(project_id=PROJECT, page_size=1), metadata=meta
         )
+        tasks = task_service_pb2_grpc.TaskServiceStub(channel)
+        await tasks.CreateTask(
+            task_service_pb2.CreateTaskRequest(
+                project_id=PROJECT, request_id="prop-task-2", display_name="property 2"
+            ),
+            metadata=meta,
+        )
+        task_page = await tasks.ListTasks(
+            task_service_pb2.ListTasksRequest(project_id=PROJECT, page_size=1), metadata=meta
+        )
     assert page.next_page_token, "two runs and a page of one: there is a next page"
+    assert task_page.next_page_token, "two tasks and a page of one: there is a next page"
 
     fence_texts = ("session_id", "run_id", "attempt_id", "offer_id", "lease_token")
     worker_known = Known(
@@ -391,13 +413,21 @@ async def build_world(stack: Stack) -> World:
             "run_id": [run_ids[0]],  # terminal only: a watch of it ends by itself
             "request_id": ["prop-task", "prop-rev-1", "prop-run-1"],
             "mutation_id": ["prop-cancel"],
-            "page_token": [page.next_page_token],
             "display_name": ["property"],
         },
         ints={"revision_number": [1], "page_size": [0, 1], "after_sequence": [0, 3]},
         messages={"plan": [plan.SerializeToString()]},
     )
-    return World(stack, worker_known, operator_known, sanity_run_id=run_ids[0])
+    return World(
+        stack,
+        worker_known,
+        operator_known,
+        sanity_run_id=run_ids[0],
+        page_tokens={
+            "ListRuns": [page.next_page_token],
+            "ListTasks": [task_page.next_page_token],
+        },
+    )
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds, errors
+from qinglong_protocol.contract_rules import field_rules
 from qinglong_protocol.request_bounds import request_violations
 
 from tests.support.contract_fields import pattern_width
@@ -572,6 +573,19 @@ def test_identifier_validators() -> None:
     assert not bounds.is_event_type("Run.Running")
     assert _accepts(rs.ListRunsRequest(project_id="p", page_token=""), "page_token")
     assert not _accepts(rs.ListRunsRequest(project_id="p", page_token="a+b"), "page_token")
+
+
+def test_tasks_page_exactly_like_runs() -> None:
+    """ListTasks pages with ListRuns' very rules: one project, one page size range, one
+    kind of page token."""
+    for field in ("project_id", "page_size", "page_token"):
+        assert field_rules(ts.ListTasksRequest, field) == field_rules(rs.ListRunsRequest, field)
+    assert [f.name for f in ts.ListTasksRequest.DESCRIPTOR.fields] == [
+        "project_id",
+        "page_size",
+        "page_token",
+    ]
+    assert [f.name for f in ts.ListTasksResponse.DESCRIPTOR.fields] == ["tasks", "next_page_token"]
 
 
 def _accepts(request: Message, field: str) -> bool:

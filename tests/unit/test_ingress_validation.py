@@ -147,6 +147,7 @@ def valid_requests() -> dict[str, Message]:
             labels={"team": "infra", "tier": ""},
         ),
         T + "GetTask": ts.GetTaskRequest(project_id=PROJECT, task_id=TASK),
+        T + "ListTasks": ts.ListTasksRequest(project_id=PROJECT),
         T + "CreateTaskRevision": ts.CreateTaskRevisionRequest(
             project_id=PROJECT, task_id=TASK, request_id="rev-1", plan=plan()
         ),
@@ -290,6 +291,10 @@ def test_optional_fields_may_be_absent_or_present() -> None:
     runs.page_token = "AbC_-1"
     runs.states[:] = ALL_RUN_STATES
     assert validate_request(runs) == []
+    tasks = valid(T + "ListTasks")
+    tasks.page_size = bounds.PAGE_SIZE_MAX
+    tasks.page_token = "AbC_-1"
+    assert validate_request(tasks) == []
 
 
 def _maximal_requests() -> dict[str, Message]:
@@ -346,6 +351,9 @@ def _maximal_requests() -> dict[str, Message]:
                 executor_type=EXECUTOR, command=["c" * 4096] * 16, timeout_ms=604_800_000
             ),
         ),
+        T + "ListTasks": ts.ListTasksRequest(
+            project_id="p" * 63, page_size=500, page_token="t" * 512
+        ),
         R + "ListRuns": rs.ListRunsRequest(
             project_id="p" * 63,
             page_size=500,
@@ -381,7 +389,7 @@ OPEN, RENEW, DRAIN, PULL = (
 CLAIM, ACK_STARTING = W + "ClaimOffer", W + "AcknowledgeStarting"
 ACK_RUNNING, START_FAILURE = W + "AcknowledgeRunning", W + "ReportStartFailure"
 CONTROL, COMPLETE = W + "ControlLease", W + "CompleteAttempt"
-CREATE_TASK, GET_TASK = T + "CreateTask", T + "GetTask"
+CREATE_TASK, GET_TASK, LIST_TASKS = T + "CreateTask", T + "GetTask", T + "ListTasks"
 CREATE_REVISION, GET_REVISION = T + "CreateTaskRevision", T + "GetTaskRevision"
 TRIGGER, GET_RUN, LIST_RUNS = R + "TriggerRun", R + "GetRun", R + "ListRuns"
 LIST_EVENTS, WATCH, CANCEL = R + "ListRunEvents", R + "WatchRunEvents", R + "CancelRun"
@@ -498,6 +506,8 @@ CASES = [
     bad("max-concurrent-65", OPEN, "max_concurrent_attempts", 65),
     bad("page-size-501", LIST_RUNS, "page_size", 501),
     bad("page-size-negative", LIST_RUNS, "page_size", -1),
+    bad("tasks-page-size-501", LIST_TASKS, "page_size", 501),
+    bad("tasks-page-size-negative", LIST_TASKS, "page_size", -1),
     bad("events-page-size-501", LIST_EVENTS, "page_size", 501),
     bad("generation-0", RENEW, "worker_generation", 0),
     bad("generation-unsafe", DRAIN, "worker_generation", 2**53),
@@ -542,6 +552,8 @@ CASES = [
     bad("display-name-empty", CREATE_TASK, "display_name", ""),
     bad("display-name-201", CREATE_TASK, "display_name", "n" * 201),
     bad("page-token-alphabet", LIST_RUNS, "page_token", "abc+def/=="),
+    bad("tasks-page-token-alphabet", LIST_TASKS, "page_token", "abc+def/=="),
+    bad("tasks-page-token-513", LIST_TASKS, "page_token", "t" * 513),
     # labels (the path is the map: a key is caller data and is not echoed)
     bad("labels-17", CREATE_TASK, "labels", {f"k{i}": "v" for i in range(17)}),
     bad("labels-bad-key", CREATE_TASK, "labels", {"Team": "infra"}),
@@ -680,6 +692,7 @@ def test_byte_caps_per_method() -> None:
         W + "RenewCertificate": 8 * kib,
         T + "CreateTask": 128 * kib,
         T + "GetTask": 128 * kib,
+        T + "ListTasks": 128 * kib,
         T + "CreateTaskRevision": 128 * kib,
         T + "GetTaskRevision": 128 * kib,
         R + "TriggerRun": 8 * kib,
@@ -786,8 +799,8 @@ def test_every_field_of_every_public_request_has_a_fitting_rule() -> None:
     assert "qinglong.rpc.v1.Fence" in reachable
     assert "qinglong.rpc.v1.ExecutionPlan" in reachable
     assert "qinglong.rpc.v1.RetryPolicy" in reachable
-    # 39 requests + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
-    assert len(reachable) == 43
+    # 40 requests + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
+    assert len(reachable) == 44
     assert _coverage_problems(public_services()) == []
 
 

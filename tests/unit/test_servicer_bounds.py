@@ -20,6 +20,7 @@ from qinglong_protocol import bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SERVICE_PROTO = ROOT / "proto/qinglong/control/v1/run_service.proto"
+TASK_SERVICE_PROTO = ROOT / "proto/qinglong/control/v1/task_service.proto"
 ADMIN_SERVICE_PROTO = ROOT / "proto/qinglong/admin/v1/admin_service.proto"
 CONTROL = ROOT / "services/control/src/qinglong_control"
 
@@ -27,9 +28,11 @@ CONTROL = ROOT / "services/control/src/qinglong_control"
 def test_page_size_zero_means_the_default_the_contract_states() -> None:
     stated = re.findall(r"0 means the default of (\d+)", RUN_SERVICE_PROTO.read_text())
     assert len(stated) == 2, "ListRuns and ListRunEvents each state their default"
+    tasks = re.findall(r"0 means the default of (\d+)", TASK_SERVICE_PROTO.read_text())
+    assert len(tasks) == 1, "ListTasks states its default"
     admin = re.findall(r"0 means the default of (\d+)", ADMIN_SERVICE_PROTO.read_text())
     assert len(admin) == 4, "ListProjects, ListPrincipals, ListWorkers, ListAuditRecords"
-    assert {int(value) for value in stated + admin} == {bounds.PAGE_SIZE_DEFAULT}
+    assert {int(value) for value in stated + tasks + admin} == {bounds.PAGE_SIZE_DEFAULT}
     assert wire.page_size(0) == bounds.PAGE_SIZE_DEFAULT
     assert wire.page_size(1) == 1
     assert wire.page_size(bounds.PAGE_SIZE_MAX) == bounds.PAGE_SIZE_MAX

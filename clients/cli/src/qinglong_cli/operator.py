@@ -80,7 +80,7 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         )
         parser.add_argument("argv", nargs="+", help="the command, after --")
 
-    task = commands.add_parser("task", help="create and read tasks").add_subparsers(
+    task = commands.add_parser("task", help="create, read and list tasks").add_subparsers(
         dest="action", required=True
     )
     create = task.add_parser("create", help="create a task and its first revision")
@@ -94,6 +94,10 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
     get_task = task.add_parser("get", help="show a task")
     common(get_task)
     get_task.add_argument("task_id")
+    list_tasks = task.add_parser("list", help="list tasks, newest first")
+    common(list_tasks)
+    list_tasks.add_argument("--limit", type=int, default=20, help="tasks per page (1..500)")
+    list_tasks.add_argument("--page-token", default="", help="from a previous page's footer")
 
     run = commands.add_parser("run", help="trigger, read, watch and cancel runs").add_subparsers(
         dest="action", required=True
@@ -181,6 +185,17 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
             task_service_pb2.GetTaskRequest(project_id=project, task_id=args.task_id), **call
         )
         printer.item(got_task.task)
+    elif args.command == "task" and args.action == "list":
+        await print_pages(
+            functools.partial(tasks.ListTasks, **call),
+            task_service_pb2.ListTasksRequest(
+                project_id=project, page_size=args.limit, page_token=args.page_token
+            ),
+            lambda page: page.tasks,
+            printer,
+            err,
+            follow=False,
+        )
     elif args.action == "trigger":
         triggered = await runs.TriggerRun(
             run_service_pb2.TriggerRunRequest(

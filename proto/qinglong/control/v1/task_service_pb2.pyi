@@ -169,6 +169,68 @@ class GetTaskResponse(_message.Message):
 Global___GetTaskResponse: _TypeAlias = GetTaskResponse  # noqa: Y015
 
 @_typing.final
+class ListTasksRequest(_message.Message):
+    """ListTasksRequest pages through Tasks (AIP-158)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """The owning project."""
+    page_size: _builtins.int
+    """Maximum Tasks per page; 0 means the default of 50."""
+    page_token: _builtins.str
+    """Opaque token from a previous response; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class ListTasksResponse(_message.Message):
+    """ListTasksResponse is one page of Tasks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty on the last page.
+    Bound: 0..512 chars matching ^[A-Za-z0-9_-]*$.
+    """
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_task_pb2.Task]:
+        """The page, newest first.
+        Bound: 0..page_size items (at most 500).
+        """
+
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[_task_pb2.Task] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
+
+@_typing.final
 class CreateTaskRevisionRequest(_message.Message):
     """CreateTaskRevisionRequest appends an immutable revision."""
 

@@ -49,6 +49,11 @@ class TaskServiceStub:
                 request_serializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.GetTaskRequest.SerializeToString,
                 response_deserializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.GetTaskResponse.FromString,
                 _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/qinglong.control.v1.TaskService/ListTasks',
+                request_serializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
         self.CreateTaskRevision = channel.unary_unary(
                 '/qinglong.control.v1.TaskService/CreateTaskRevision',
                 request_serializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.CreateTaskRevisionRequest.SerializeToString,
@@ -84,6 +89,13 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTasks(self, request, context):
+        """Lists a project's Tasks, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateTaskRevision(self, request, context):
         """Creates the next immutable revision; the server assigns revision_number.
         """
@@ -110,6 +122,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.GetTask,
                     request_deserializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.GetTaskRequest.FromString,
                     response_serializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.GetTaskResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.ListTasksRequest.FromString,
+                    response_serializer=qinglong_dot_control_dot_v1_dot_task__service__pb2.ListTasksResponse.SerializeToString,
             ),
             'CreateTaskRevision': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTaskRevision,
@@ -181,6 +198,33 @@ class TaskService:
             '/qinglong.control.v1.TaskService/GetTask',
             qinglong_dot_control_dot_v1_dot_task__service__pb2.GetTaskRequest.SerializeToString,
             qinglong_dot_control_dot_v1_dot_task__service__pb2.GetTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.control.v1.TaskService/ListTasks',
+            qinglong_dot_control_dot_v1_dot_task__service__pb2.ListTasksRequest.SerializeToString,
+            qinglong_dot_control_dot_v1_dot_task__service__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

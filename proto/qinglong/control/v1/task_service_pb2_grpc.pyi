@@ -44,6 +44,8 @@ class TaskServiceStub:
     """
     GetTask: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]
     """Reads a Task."""
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.ListTasksRequest, _task_service_pb2.ListTasksResponse]
+    """Lists a project's Tasks, newest first."""
     CreateTaskRevision: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.CreateTaskRevisionRequest, _task_service_pb2.CreateTaskRevisionResponse]
     """Creates the next immutable revision; the server assigns revision_number."""
     GetTaskRevision: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRevisionRequest, _task_service_pb2.GetTaskRevisionResponse]
@@ -65,6 +67,8 @@ class TaskServiceAsyncStub(TaskServiceStub):
     """
     GetTask: _aio.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRequest, _task_service_pb2.GetTaskResponse]  # type: ignore[assignment]
     """Reads a Task."""
+    ListTasks: _aio.UnaryUnaryMultiCallable[_task_service_pb2.ListTasksRequest, _task_service_pb2.ListTasksResponse]  # type: ignore[assignment]
+    """Lists a project's Tasks, newest first."""
     CreateTaskRevision: _aio.UnaryUnaryMultiCallable[_task_service_pb2.CreateTaskRevisionRequest, _task_service_pb2.CreateTaskRevisionResponse]  # type: ignore[assignment]
     """Creates the next immutable revision; the server assigns revision_number."""
     GetTaskRevision: _aio.UnaryUnaryMultiCallable[_task_service_pb2.GetTaskRevisionRequest, _task_service_pb2.GetTaskRevisionResponse]  # type: ignore[assignment]
@@ -95,6 +99,14 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_task_service_pb2.GetTaskResponse, _abc.Awaitable[_task_service_pb2.GetTaskResponse]]:
         """Reads a Task."""
+
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _task_service_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_task_service_pb2.ListTasksResponse, _abc.Awaitable[_task_service_pb2.ListTasksResponse]]:
+        """Lists a project's Tasks, newest first."""
 
     @_abc_1.abstractmethod
     def CreateTaskRevision(

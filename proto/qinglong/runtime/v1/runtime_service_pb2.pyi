@@ -743,6 +743,66 @@ class GetTaskResponse(_message.Message):
 Global___GetTaskResponse: _TypeAlias = GetTaskResponse  # noqa: Y015
 
 @_typing.final
+class ListTasksRequest(_message.Message):
+    """ListTasksRequest is the forwarded TaskService.ListTasks call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated."""
+
+    @_builtins.property
+    def request(self) -> _task_service_pb2.ListTasksRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _task_service_pb2.ListTasksRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class ListTasksResponse(_message.Message):
+    """ListTasksResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _task_service_pb2.ListTasksResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _task_service_pb2.ListTasksResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
+
+@_typing.final
 class CreateTaskRevisionRequest(_message.Message):
     """CreateTaskRevisionRequest is the forwarded TaskService.CreateTaskRevision call."""
 

@@ -110,6 +110,11 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetTaskRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetTaskResponse.FromString,
                 _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ListTasks',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
         self.CreateTaskRevision = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/CreateTaskRevision',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateTaskRevisionRequest.SerializeToString,
@@ -342,6 +347,13 @@ class RuntimeServiceServicer:
 
     def GetTask(self, request, context):
         """Reads a Task (TaskService.GetTask).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTasks(self, request, context):
+        """Lists Tasks (TaskService.ListTasks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -596,6 +608,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.GetTask,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetTaskRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetTaskResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTasksRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTasksResponse.SerializeToString,
             ),
             'CreateTaskRevision': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTaskRevision,
@@ -1090,6 +1107,33 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/GetTask',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetTaskRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ListTasks',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTasksRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -70,6 +70,8 @@ class RuntimeServiceStub:
     """Creates a Task (TaskService.CreateTask)."""
     GetTask: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetTaskRequest, _runtime_service_pb2.GetTaskResponse]
     """Reads a Task (TaskService.GetTask)."""
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListTasksRequest, _runtime_service_pb2.ListTasksResponse]
+    """Lists Tasks (TaskService.ListTasks)."""
     CreateTaskRevision: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateTaskRevisionRequest, _runtime_service_pb2.CreateTaskRevisionResponse]
     """Creates a task revision (TaskService.CreateTaskRevision)."""
     GetTaskRevision: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetTaskRevisionRequest, _runtime_service_pb2.GetTaskRevisionResponse]
@@ -165,6 +167,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Creates a Task (TaskService.CreateTask)."""
     GetTask: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetTaskRequest, _runtime_service_pb2.GetTaskResponse]  # type: ignore[assignment]
     """Reads a Task (TaskService.GetTask)."""
+    ListTasks: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListTasksRequest, _runtime_service_pb2.ListTasksResponse]  # type: ignore[assignment]
+    """Lists Tasks (TaskService.ListTasks)."""
     CreateTaskRevision: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateTaskRevisionRequest, _runtime_service_pb2.CreateTaskRevisionResponse]  # type: ignore[assignment]
     """Creates a task revision (TaskService.CreateTaskRevision)."""
     GetTaskRevision: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetTaskRevisionRequest, _runtime_service_pb2.GetTaskRevisionResponse]  # type: ignore[assignment]
@@ -335,6 +339,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.GetTaskResponse, _abc.Awaitable[_runtime_service_pb2.GetTaskResponse]]:
         """Reads a Task (TaskService.GetTask)."""
+
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _runtime_service_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListTasksResponse, _abc.Awaitable[_runtime_service_pb2.ListTasksResponse]]:
+        """Lists Tasks (TaskService.ListTasks)."""
 
     @_abc_1.abstractmethod
     def CreateTaskRevision(

@@ -63,7 +63,7 @@ def parse_page_token(token: str, parts: Sequence[Part], field: str) -> tuple[obj
 
 
 def time_and_id(token: str, field: str = "page_token") -> tuple[int, uuid.UUID] | None:
-    """A ``(created or occurred at ms, uuid)`` cursor: Runs, principals, audit records."""
+    """A ``(created or occurred at ms, uuid)`` cursor: Runs, Tasks, principals, audit records."""
     cursor = parse_page_token(token, (epoch_ms, uuid.UUID), field)
     # The parts are what the converters above return.
     return None if cursor is None else cast(tuple[int, uuid.UUID], cursor)

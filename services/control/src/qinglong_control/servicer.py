@@ -353,6 +353,20 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods):
             )
         return rt.GetTaskResponse(response=task_service_pb2.GetTaskResponse(task=wire.task(view)))
 
+    async def ListTasks(self, request: rt.ListTasksRequest, context: Context) -> Any:
+        public = request.request
+        wire.operator_of(request.caller)
+        limit = wire.page_size(public.page_size)
+        before = wire.parse_page_token(public.page_token)
+        async with self._pool.connection() as conn:
+            page = await definitions.list_tasks(conn, public.project_id, limit=limit, before=before)
+        return rt.ListTasksResponse(
+            response=task_service_pb2.ListTasksResponse(
+                tasks=[wire.task(t) for t in page.tasks],
+                next_page_token=wire.page_token(page.next_cursor),
+            )
+        )
+
     async def CreateTaskRevision(
         self, request: rt.CreateTaskRevisionRequest, context: Context
     ) -> Any:

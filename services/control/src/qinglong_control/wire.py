@@ -105,12 +105,14 @@ def parse_fence(fence: fence_pb2.Fence, prefix: str = "fence.") -> Fence:
 
 
 def page_token(cursor: tuple[int, uuid.UUID] | None) -> str:
-    """A ListRuns cursor, `(created_at_ms, run_id)`, as an opaque token (paging.py)."""
+    """A ListRuns or ListTasks cursor, `(created_at_ms, run_id or task_id)`, as an opaque
+    token (paging.py)."""
     return paging.page_token(cursor)
 
 
 def parse_page_token(token: str, field: str = "page_token") -> tuple[int, uuid.UUID] | None:
-    """The ListRuns cursor of a token this server issued; anything else is FIELD_INVALID."""
+    """The ListRuns or ListTasks cursor of a token this server issued; anything else is
+    FIELD_INVALID."""
     return paging.time_and_id(token, field)
 
 

@@ -33,6 +33,7 @@ Audience = Literal["worker", "operator", "admin", "enrollment"]
 _OPERATOR: dict[str, Permission] = {
     "CreateTask": Permission.TASK_WRITE,
     "GetTask": Permission.READ,
+    "ListTasks": Permission.READ,
     "CreateTaskRevision": Permission.TASK_WRITE,
     "GetTaskRevision": Permission.READ,
     "TriggerRun": Permission.RUN_TRIGGER,

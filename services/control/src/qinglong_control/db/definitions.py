@@ -28,6 +28,13 @@ class TaskView:
 
 
 @dataclass(frozen=True)
+class TaskPage:
+    tasks: list[TaskView]
+    next_cursor: tuple[int, uuid.UUID] | None
+    """`(created_at_ms, task_id)` of the page's last Task when the page is full."""
+
+
+@dataclass(frozen=True)
 class RevisionView:
     revision_id: uuid.UUID
     task_id: uuid.UUID
@@ -54,6 +61,8 @@ _ACTIVE_PROJECT = SQL["definitions.active_project"]
 _INSERT_TASK = SQL["definitions.insert_task"]
 
 _GET_TASK = SQL["definitions.get_task"]
+
+_LIST_TASKS = SQL["definitions.list_tasks"]
 
 _LOCK_TASK = SQL["definitions.lock_task"]
 
@@ -188,6 +197,29 @@ async def get_task(conn: AsyncConnection[Any], project_id: str, task_id: uuid.UU
     if task is None:
         raise Refused(Reason.TASK_NOT_FOUND, "no such task")
     return task
+
+
+async def list_tasks(
+    conn: AsyncConnection[Any],
+    project_id: str,
+    *,
+    limit: int,
+    before: tuple[int, uuid.UUID] | None = None,
+) -> TaskPage:
+    """Newest first, keyset-paginated by (created_at, task_id)."""
+    cursor = conn.cursor(row_factory=kwargs_row(TaskView))
+    await cursor.execute(
+        _LIST_TASKS,
+        {
+            "project_id": project_id,
+            "before_created": None if before is None else before[0],
+            "before_task": None if before is None else before[1],
+            "limit": limit,
+        },
+    )
+    tasks = list(await cursor.fetchall())
+    last = tasks[-1] if len(tasks) == limit else None
+    return TaskPage(tasks, None if last is None else (last.created_at_ms, last.task_id))
 
 
 async def create_revision(

@@ -25,6 +25,19 @@ SELECT t.task_id, t.project_id, t.display_name, t.labels,
   FROM qinglong.tasks t
  WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
 
+-- name: list_tasks
+-- Newest first, keyset-paginated by (created_at_ms, task_id).
+SELECT t.task_id, t.project_id, t.display_name, t.labels,
+       coalesce((SELECT max(revision_number) FROM qinglong.task_revisions tr
+                  WHERE tr.task_id = t.task_id), 0) AS latest_revision_number,
+       t.created_at_ms
+  FROM qinglong.tasks t
+ WHERE t.project_id = %(project_id)s
+   AND (%(before_created)s::bigint IS NULL
+        OR (t.created_at_ms, t.task_id) < (%(before_created)s, %(before_task)s::uuid))
+ ORDER BY t.created_at_ms DESC, t.task_id DESC
+ LIMIT %(limit)s
+
 -- name: lock_task
 SELECT pg_advisory_xact_lock(hashtextextended('qinglong.task:' || %s, 0))
 
