@@ -9,7 +9,7 @@ nothing on the happy path and find a broken connection where it fails instead:
   restart breaks them all at once, and the next calls should not find them one by one;
 * :func:`read_retrying` runs a read again, once, on another connection when its first
   connection turned out broken; a write is never retried here (its caller answers
-  UNAVAILABLE and the Worker's idempotent retry decides, R-IDEM);
+  UNAVAILABLE, and the Worker retries: its commands replay idempotently);
 * ``max_idle`` and ``max_lifetime`` replace connections that sat unused (a NAT or a
   proxy may have dropped them silently) or lived long (memory, server-side caches).
 
