@@ -27,11 +27,14 @@ class Unreachable:
 
     def __init__(self) -> None:
         self.attempts = 0
+        self.tried_thrice = asyncio.Event()
 
     async def renew_certificate(
         self, request: ws.RenewCertificateRequest, *, budget_seconds: float | None = None
     ) -> ws.RenewCertificateResponse:
         self.attempts += 1
+        if self.attempts >= 3:
+            self.tried_thrice.set()
         raise CallFailed("RenewCertificate", grpc.StatusCode.UNAVAILABLE, None)
 
     async def use_identity(self, tls: TlsFiles, grace_seconds: float = 30.0) -> None:
@@ -77,10 +80,7 @@ async def test_a_failed_renewal_is_retried_and_changes_nothing(tmp_path: Path) -
     renewer = CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW)
     stop = asyncio.Event()
     task = asyncio.create_task(renewer.run(stop, check_seconds=0.01))
-    for _ in range(500):
-        if client.attempts >= 3:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(client.tried_thrice.wait(), 60)
     assert not task.done(), "a failed renewal must not end the renewal loop"
     stop.set()
     await task  # ends cleanly, raising nothing into the daemon's shutdown
@@ -92,6 +92,48 @@ async def test_a_failed_renewal_is_retried_and_changes_nothing(tmp_path: Path) -
         "worker.json",
         "worker.key",
     ]
+
+
+class SwitchFails:
+    """Control answers, but the switch to the new identity fails (an unexpected error,
+    not a CallFailed): worker.json must keep naming the certificate still in use."""
+
+    def __init__(self, certificate_pem: str) -> None:
+        self.certificate_pem = certificate_pem
+        self.attempts = 0
+        self.tried_twice = asyncio.Event()
+
+    async def renew_certificate(
+        self, request: ws.RenewCertificateRequest, *, budget_seconds: float | None = None
+    ) -> ws.RenewCertificateResponse:
+        self.attempts += 1
+        if self.attempts >= 2:
+            self.tried_twice.set()
+        answer = ws.RenewCertificateResponse(
+            certificate_pem=self.certificate_pem, ca_certificates_pem=self.certificate_pem
+        )
+        answer.expire_time.FromDatetime(NOW + dt.timedelta(days=7))
+        return answer
+
+    async def use_identity(self, tls: TlsFiles, grace_seconds: float = 30.0) -> None:
+        raise RuntimeError("the channel could not be switched")
+
+
+async def test_a_switch_that_failed_leaves_the_old_identity_and_is_retried(
+    tmp_path: Path,
+) -> None:
+    identity = identity_due_now(tmp_path)
+    before = identity.read_text()
+    client = SwitchFails((tmp_path / "worker.crt").read_text())
+    renewer = CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW)
+    stop = asyncio.Event()
+    task = asyncio.create_task(renewer.run(stop, check_seconds=0.01))
+    await asyncio.wait_for(client.tried_twice.wait(), 60)
+    assert not task.done(), "an unexpected failure must not end the renewal loop"
+    stop.set()
+    await task
+    assert client.attempts >= 2, "worker.json still names the due certificate: renewed again"
+    assert identity.read_text() == before
 
 
 def names_in(directory: Path) -> list[str]:

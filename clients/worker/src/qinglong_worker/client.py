@@ -262,76 +262,67 @@ class WorkerClient:
     async def open_session(
         self, request: ws.OpenSessionRequest, *, budget_seconds: float | None = None
     ) -> ws.OpenSessionResponse:
-        return await self._call("OpenSession", self._stub.OpenSession, request, budget_seconds)
+        return await self._call("OpenSession", request, budget_seconds)
 
     async def renew_session(
         self, request: ws.RenewSessionRequest, *, budget_seconds: float | None = None
     ) -> ws.RenewSessionResponse:
-        return await self._call("RenewSession", self._stub.RenewSession, request, budget_seconds)
+        return await self._call("RenewSession", request, budget_seconds)
 
     async def drain_session(
         self, request: ws.DrainSessionRequest, *, budget_seconds: float | None = None
     ) -> ws.DrainSessionResponse:
-        return await self._call("DrainSession", self._stub.DrainSession, request, budget_seconds)
+        return await self._call("DrainSession", request, budget_seconds)
 
     async def pull_offers(
         self, request: ws.PullOffersRequest, *, budget_seconds: float | None = None
     ) -> ws.PullOffersResponse:
-        return await self._call("PullOffers", self._stub.PullOffers, request, budget_seconds)
+        return await self._call("PullOffers", request, budget_seconds)
 
     async def claim_offer(
         self, request: ws.ClaimOfferRequest, *, budget_seconds: float | None = None
     ) -> ws.ClaimOfferResponse:
-        return await self._call("ClaimOffer", self._stub.ClaimOffer, request, budget_seconds)
+        return await self._call("ClaimOffer", request, budget_seconds)
 
     async def acknowledge_starting(
         self, request: ws.AcknowledgeStartingRequest, *, budget_seconds: float | None = None
     ) -> ws.AcknowledgeStartingResponse:
-        return await self._call(
-            "AcknowledgeStarting", self._stub.AcknowledgeStarting, request, budget_seconds
-        )
+        return await self._call("AcknowledgeStarting", request, budget_seconds)
 
     async def acknowledge_running(
         self, request: ws.AcknowledgeRunningRequest, *, budget_seconds: float | None = None
     ) -> ws.AcknowledgeRunningResponse:
-        return await self._call(
-            "AcknowledgeRunning", self._stub.AcknowledgeRunning, request, budget_seconds
-        )
+        return await self._call("AcknowledgeRunning", request, budget_seconds)
 
     async def report_start_failure(
         self, request: ws.ReportStartFailureRequest, *, budget_seconds: float | None = None
     ) -> ws.ReportStartFailureResponse:
-        return await self._call(
-            "ReportStartFailure", self._stub.ReportStartFailure, request, budget_seconds
-        )
+        return await self._call("ReportStartFailure", request, budget_seconds)
 
     async def control_lease(
         self, request: ws.ControlLeaseRequest, *, budget_seconds: float | None = None
     ) -> ws.ControlLeaseResponse:
-        return await self._call("ControlLease", self._stub.ControlLease, request, budget_seconds)
+        return await self._call("ControlLease", request, budget_seconds)
 
     async def renew_certificate(
         self, request: ws.RenewCertificateRequest, *, budget_seconds: float | None = None
     ) -> ws.RenewCertificateResponse:
-        return await self._call(
-            "RenewCertificate", self._stub.RenewCertificate, request, budget_seconds
-        )
+        return await self._call("RenewCertificate", request, budget_seconds)
 
     async def complete_attempt(
         self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None
     ) -> ws.CompleteAttemptResponse:
-        return await self._call(
-            "CompleteAttempt", self._stub.CompleteAttempt, request, budget_seconds
-        )
+        return await self._call("CompleteAttempt", request, budget_seconds)
 
     async def _call(
         self,
         method: str,
-        call: Callable[..., Awaitable[_Response]],
         request: Message,
         budget_seconds: float | None,
     ) -> _Response:
-        """The same request until it is answered, finally refused, or the budget ends."""
+        """The same request until it is answered, finally refused, or the budget ends.
+        Each try looks the method up on the current stub: a renewed certificate
+        (`use_identity`) closes the old channel, and a retry must not use it."""
         policy = self._settings.retry
         budget = policy.default_budget_seconds if budget_seconds is None else budget_seconds
         deadline = self._monotonic() + budget
@@ -349,6 +340,7 @@ class WorkerClient:
             tries += 1
             started = time.perf_counter()
             try:
+                call: Callable[..., Awaitable[_Response]] = getattr(self._stub, method)
                 response = await call(request, timeout=timeout)
             except grpc.aio.AioRpcError as error:
                 code, reason = error.code(), typed_reason(error_reason_of(error))

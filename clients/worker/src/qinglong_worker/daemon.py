@@ -12,6 +12,7 @@ the callback token or its digest (the inbox record's ``repr`` hides the secrets 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -163,4 +164,7 @@ async def _stop_renewal(renewing: _Renewal) -> None:
         return
     stop, task = renewing
     stop.set()
-    await task
+    # A renewal in progress must not hold up shutdown: the next start renews if still due.
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

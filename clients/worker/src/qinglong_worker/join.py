@@ -87,6 +87,8 @@ def join(
     server's typed status when the token is refused (nothing is written then but the new,
     unused key), and FileExistsError in a directory that already holds an identity. A
     one-shot command, so a blocking channel."""
+    # worker.json records absolute paths: the daemon may run from any directory.
+    directory = directory.resolve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if (directory / IDENTITY_FILE).exists():
         # A join token works once; joining again here would replace the key of a working

@@ -6,10 +6,12 @@ its present mutual-TLS channel (WorkerService.RenewCertificate), and switches to
 
 1. the new key and certificate are written under new names (``worker-<n>.key`` 0600, then
    ``worker-<n>.crt``), never over the files in use;
-2. ``worker.json`` is replaced in one rename to name them: a crash at any point leaves
-   either the old identity or the new one, never a key with another key's certificate;
-3. the client opens a channel with the new identity; calls in flight on the old channel
-   finish. Executions never depend on the channel, so no work is dropped.
+2. the client opens a channel with the new identity; calls in flight on the old channel
+   finish. Executions never depend on the channel, so no work is dropped;
+3. only then is ``worker.json`` replaced in one rename to name them: a crash at any point
+   leaves either the old identity or the new one, never a key with another key's
+   certificate — and a switch that failed leaves ``worker.json`` on the old certificate,
+   so the next check renews again instead of believing the renewal done.
 
 One check per minute in the daemon (not a timer per run); a failed renewal is retried at
 the next check, and the old certificate keeps working until it expires.
@@ -30,9 +32,7 @@ from cryptography import x509
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol.tls import TlsFiles
 
-from qinglong_worker.client import CallFailed
 from qinglong_worker.join import (
-    IDENTITY_FILE,
     new_private_key,
     private_key_pem,
     signing_request,
@@ -75,7 +75,8 @@ class CertificateRenewer:
     def _store(
         self, identity: dict[str, str], key: Any, answer: ws.RenewCertificateResponse
     ) -> TlsFiles:
-        """Steps 1 and 2: the new files under new names, then worker.json in one rename."""
+        """Step 1: the new files under new names; returns them, and the identity that
+        names them (written by step 3)."""
         directory = self.identity_file.parent
         generation = _next_generation(directory)
         key_path = directory / f"worker-{generation}.key"
@@ -88,7 +89,6 @@ class CertificateRenewer:
             tls_cert=str(cert_path),
             expire_time=answer.expire_time.ToJsonString(),
         )
-        write_public(self.identity_file, json.dumps(identity, indent=2) + "\n")
         return TlsFiles(ca_cert=Path(identity["tls_ca"]), cert=cert_path, key=key_path)
 
     async def renew_if_due(self) -> bool:
@@ -104,7 +104,8 @@ class CertificateRenewer:
             )
         )
         renewed = self._store(identity, key, answer)
-        await self.client.use_identity(renewed)  # step 3
+        await self.client.use_identity(renewed)  # step 2
+        write_public(self.identity_file, json.dumps(identity, indent=2) + "\n")  # step 3
         _remove(superseded)  # the superseded key is of no use to anyone any more
         log.info("certificate renewed; valid until %s", identity["expire_time"])
         return True
@@ -113,8 +114,9 @@ class CertificateRenewer:
         while not stop.is_set():
             try:
                 await self.renew_if_due()
-            except (CallFailed, OSError, ValueError) as error:
-                # The present certificate still works; the next check tries again.
+            except Exception as error:
+                # The present certificate still works; only the error's type is logged (a
+                # CSR, a key or a token is no business of a log line).
                 log.warning("certificate renewal failed (%s); retrying later", type(error).__name__)
             try:
                 await asyncio.wait_for(stop.wait(), check_seconds)
@@ -136,4 +138,4 @@ def _next_generation(directory: Path) -> int:
     return max(taken, default=0) + 1
 
 
-__all__ = ["IDENTITY_FILE", "CertificateRenewer", "renewal_due"]
+__all__ = ["CertificateRenewer", "renewal_due"]
