@@ -108,3 +108,34 @@ async def test_a_caller_that_gave_up_before_its_batch_is_left_out() -> None:
 def test_the_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         group(Writer(), max_batch=0)
+
+
+class StuckOnSingles(Writer):
+    """Fails any batch holding 13; then each row written alone hangs (a stuck database)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.single_started = asyncio.Event()
+
+    async def flush(self, items: Sequence[int]) -> list[int]:
+        if len(items) == 1 and items[0] != 1:
+            self.single_started.set()
+            await asyncio.Event().wait()  # never answers
+        return await super().flush(items)
+
+
+async def test_a_writer_stopped_while_isolating_rows_leaves_no_caller_waiting() -> None:
+    writer = StuckOnSingles()
+    commit = group(writer, writers=1)
+    first = asyncio.ensure_future(commit.submit(1))
+    await asyncio.sleep(0)
+    shared = [asyncio.ensure_future(commit.submit(i)) for i in (12, 13, 14)]
+    await asyncio.sleep(0)
+    writer.fail_with = BadRow
+    writer.release.set()
+    assert await first == 10
+    await asyncio.wait_for(writer.single_started.wait(), 10)  # isolating, row 12 hangs
+    for task in list(commit._tasks):  # the service stops
+        task.cancel()
+    results = await asyncio.wait_for(asyncio.gather(*shared, return_exceptions=True), 10)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results), results

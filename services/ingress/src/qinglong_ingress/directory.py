@@ -72,6 +72,9 @@ def _array_literal(words: Sequence[str]) -> str:
 
 
 _ORDERED_REFUSALS = sorted(ClaimRefusal)
+# The statement indexes the arrays below by refusal number (PostgreSQL arrays count from 1).
+if [r.value for r in _ORDERED_REFUSALS] != list(range(1, len(_ORDERED_REFUSALS) + 1)):
+    raise ValueError("ClaimRefusal must number its members 1..n")
 _REFUSED_OUTCOME: Final = _array_literal(
     [refused_outcome(CLAIM_REFUSAL_REASONS[r]).value for r in _ORDERED_REFUSALS]
 )
@@ -130,6 +133,8 @@ class Audited:
 
     audit_id: uuid.UUID
     refusal: ClaimRefusal | None
+    worker_id: str | None = None
+    """For a Worker's call: the Worker its certificate names (None if unenrolled)."""
 
 
 class Directory:
@@ -196,13 +201,8 @@ class Directory:
         }
         async with self._pool.connection() as conn:
             rows = await (await conn.execute(_WRITE_AUDITS, values)).fetchall()
-        refusals = {row[0]: row[1] for row in rows}
-        return [
-            Audited(
-                audit_id, None if refusals[audit_id] is None else ClaimRefusal(refusals[audit_id])
-            )
-            for audit_id in ids
-        ]
+        found = {row[0]: (_claim_refusal(row[1]), row[2]) for row in rows}
+        return [Audited(audit_id, *found[audit_id]) for audit_id in ids]
 
     async def _operator(self, query: Any, key: str) -> OperatorRow | None:
         async def read(conn: AsyncConnection[Any]) -> OperatorRow | None:

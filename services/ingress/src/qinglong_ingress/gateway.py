@@ -235,7 +235,9 @@ class Gateway:
             decision = claim_refused(audited.refusal)
         elif call.claim is not None and decision is Verdict.PASS:
             # The statement found the certificate's Worker to be the one the call names.
-            worker_id = call.targets.worker_id or ""
+            worker_id = audited.worker_id
+            if worker_id is None:
+                raise AssertionError("an admitted Worker's call has an enrolled Worker")
             call.principal = Principal(
                 PrincipalKind.WORKER,
                 worker_id,

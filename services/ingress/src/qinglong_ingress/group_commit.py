@@ -97,22 +97,28 @@ class GroupCommit(Generic[Item, Result]):
 
     async def _write(self, batch: list[_Waiting[Item, Result]]) -> None:
         try:
+            await self._settle(batch)
+        except BaseException:  # the service is stopping: every caller still waiting is told
+            for waiting in batch:
+                if not waiting.answer.done():
+                    waiting.answer.cancel()
+            raise
+
+    async def _settle(self, batch: list[_Waiting[Item, Result]]) -> None:
+        try:
             results = await self._flush([w.item for w in batch])
             if len(results) != len(batch):
                 raise AssertionError("flush must return one result per item")
         except Exception as error:
             if len(batch) > 1 and self._isolate(error):
                 for waiting in batch:
-                    await self._write([waiting])
+                    if not waiting.answer.done():  # a caller that gave up is left out
+                        await self._settle([waiting])
                 return
             for waiting in batch:
                 if not waiting.answer.done():
                     waiting.answer.set_exception(error)
             return
-        except BaseException:  # the service is stopping: its callers are told so
-            for waiting in batch:
-                waiting.answer.cancel()
-            raise
         for waiting, result in zip(batch, results, strict=True):
             if not waiting.answer.done():
                 waiting.answer.set_result(result)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
@@ -188,7 +189,8 @@ class Authentication:
 
     def __init__(self, directory: Directory, trust_domain: str) -> None:
         self._directory = directory
-        self._trust_domain = trust_domain
+        self._worker_prefix = worker_uri_prefix(trust_domain)
+        self._operator_prefix = operator_uri_prefix(trust_domain)
 
     async def check(self, call: Call) -> Verdict:
         uris = peer_tls(call.context.auth_context()).uris
@@ -201,9 +203,8 @@ class Authentication:
     def _worker_claim(self, uris: Sequence[str]) -> WorkerClaim:
         """The certificate's Worker URI (our CA issues exactly one), checked later by the
         audit statement; a certificate without one is refused here."""
-        prefix = worker_uri_prefix(self._trust_domain)
         for uri in uris:
-            if uri.startswith(prefix):
+            if uri.startswith(self._worker_prefix):
                 return WorkerClaim(uri)
         raise claim_refused(ClaimRefusal.UNENROLLED)
 
@@ -220,9 +221,8 @@ class Authentication:
                 CredentialKind.BEARER_TOKEN,
                 "bearer",
             )
-        prefix = operator_uri_prefix(self._trust_domain)
         for uri in uris:
-            if uri.startswith(prefix):
+            if uri.startswith(self._operator_prefix):
                 row = await self._directory.operator_by_certificate(uri)
                 if row is not None:
                     return Principal(
@@ -313,21 +313,28 @@ class RateLimit:
     ) -> None:
         self._per_peer = per_peer_per_minute
         self._total = _Bucket(total_per_minute, clock())
-        self._peers: dict[str, _Bucket] = {}
+        self._peers: OrderedDict[str, _Bucket] = OrderedDict()
         self._clock = clock
 
     async def check(self, call: Call) -> Verdict:
         now = self._clock()
         host = _peer_host(call.context.peer())
-        if len(self._peers) > _MAX_TRACKED_PEERS:
-            self._peers = {k: b for k, b in self._peers.items() if not b.full(now)}
-        peer = self._peers.setdefault(host, _Bucket(self._per_peer, now))
+        peer = self._peers.get(host)
+        if peer is None:
+            peer = self._peers[host] = _Bucket(self._per_peer, now)
+            if len(self._peers) > _MAX_TRACKED_PEERS:
+                # O(1) per call whatever the churn of addresses: the peer heard from least
+                # recently is forgotten (a new address starts full anyway; the total
+                # bucket still bounds everyone together).
+                self._peers.popitem(last=False)
+        else:
+            self._peers.move_to_end(host)
         if not (peer.take(now) and self._total.take(now)):
             raise Refusal(ErrorReason.ERROR_REASON_RATE_LIMITED, "too many attempts; retry later")
         return Verdict.PASS
 
 
-#: Beyond this many peers, buckets that refilled completely are forgotten.
+#: Beyond this many peers, the least recently heard from is forgotten.
 _MAX_TRACKED_PEERS: Final = 10_000
 
 
@@ -352,10 +359,6 @@ class _Bucket:
             return False
         self.tokens -= 1.0
         return True
-
-    def full(self, now: float) -> bool:
-        self._refill(now)
-        return self.tokens >= self.per_minute
 
 
 def _peer_host(peer: str) -> str:

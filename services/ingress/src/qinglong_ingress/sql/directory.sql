@@ -54,7 +54,7 @@ WITH call AS (
            CASE WHEN c.certificate_uri IS NULL THEN NULL
                 WHEN w.worker_id IS NULL THEN 1
                 WHEN c.outcome <> 'admitted' THEN NULL
-                WHEN w.worker_id <> c.worker_id THEN 2
+                WHEN w.worker_id IS DISTINCT FROM c.worker_id THEN 2
                 WHEN c.session_id IS NOT NULL
                      AND s.worker_id IS DISTINCT FROM w.worker_id THEN 3
            END AS refusal
@@ -80,4 +80,4 @@ WITH call AS (
 -- A data-modifying WITH runs to completion whether or not it is read (and RETURNING
 -- would need a SELECT grant on the audit the ingress role must not have): the rows
 -- come back only if every one was written.
-SELECT audit_id, refusal FROM judged
+SELECT audit_id, refusal, enrolled_worker FROM judged
