@@ -84,10 +84,10 @@ async def test_tasks_page_newest_first_and_stay_in_their_project(stack: Stack) -
             ["a-1"],
         ]
         assert [t for page in pages for t in page] == newest_first  # whole Tasks, as created
-        # The default page holds them all; a page of exactly all may point at an empty one.
-        assert (await every_page(tasks, meta, PROJECT, page_size=0))[0] == newest_first
-        exact = await every_page(tasks, meta, PROJECT, page_size=5)
-        assert [t for page in exact for t in page] == newest_first
+        # The default page holds them all; a page holding exactly all is the last page:
+        # its token is empty (the contract), not one that leads to an empty page.
+        assert await every_page(tasks, meta, PROJECT, page_size=0) == [newest_first]
+        assert await every_page(tasks, meta, PROJECT, page_size=5) == [newest_first]
 
         other_pages = await every_page(tasks, meta, OTHER, page_size=1)
         assert [t for page in other_pages for t in page] == theirs[::-1]

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from qinglong_cli.pki import ensure_dev_pki
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.issuing import CSR_FIELD, IssuingAuthority
+from qinglong_control.issuing import CSR_FIELD, CertificateAuthorityExpired, IssuingAuthority
 from qinglong_protocol.identities import worker_uri
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -116,3 +116,12 @@ def test_the_issuing_key_must_match_its_certificate(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="is not the key of"):
         IssuingAuthority.load(pki.ca_cert, wrong_key)
+
+
+def test_an_expired_ca_is_noticed_before_anything_is_spent(authority: IssuingAuthority) -> None:
+    """JoinWorker asks this before consuming the join token: a CA that can sign nothing
+    valid must not cost a machine its one-time token."""
+    authority.ensure_can_issue(NOW)  # the dev CA is current
+    after_expiry = authority.certificate.not_valid_after_utc + dt.timedelta(seconds=1)
+    with pytest.raises(CertificateAuthorityExpired):
+        authority.ensure_can_issue(after_expiry)

@@ -45,6 +45,7 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
         pool, issuing = self._configured()
         public = request.request
         key = issuing.requested_key(public.certificate_signing_request_pem)
+        issuing.ensure_can_issue(dt.datetime.now(dt.UTC))  # before the token is spent
         digest = NewSecret(public.join_token).digest
         async with pool.connection() as conn:
             enrolled = await enrollment.consume_join_token(conn, digest)

@@ -46,6 +46,10 @@ class IssuedCertificate:
         return int(self.not_after.timestamp() * 1000)
 
 
+class CertificateAuthorityExpired(RuntimeError):
+    """The issuing CA's certificate has expired: replace it (docs, deploy/k8s)."""
+
+
 @dataclass(frozen=True)
 class IssuingAuthority:
     certificate: x509.Certificate
@@ -74,6 +78,15 @@ class IssuingAuthority:
     @property
     def ca_certificates_pem(self) -> str:
         return self.certificate.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+    def ensure_can_issue(self, now: dt.datetime) -> None:
+        """Raise (a fault of the deployment, answered INTERNAL and logged) when this CA can
+        sign nothing valid any more: checked before a join token is spent on a call that
+        could not be answered."""
+        if self.certificate.not_valid_after_utc <= now:
+            raise CertificateAuthorityExpired(
+                f"the issuing CA expired at {self.certificate.not_valid_after_utc.isoformat()}"
+            )
 
     @staticmethod
     def requested_key(csr_pem: str) -> WorkerKey:

@@ -214,12 +214,14 @@ async def list_tasks(
             "project_id": project_id,
             "before_created": None if before is None else before[0],
             "before_task": None if before is None else before[1],
-            "limit": limit,
+            "limit": limit + 1,  # one more than a page: is there a next one?
         },
     )
     tasks = list(await cursor.fetchall())
-    last = tasks[-1] if len(tasks) == limit else None
-    return TaskPage(tasks, None if last is None else (last.created_at_ms, last.task_id))
+    if len(tasks) <= limit:  # the last page: its token is empty, as the contract says
+        return TaskPage(tasks, None)
+    page = tasks[:limit]
+    return TaskPage(page, (page[-1].created_at_ms, page[-1].task_id))
 
 
 async def create_revision(
