@@ -6,7 +6,7 @@ latency by method and outcome, and the pools' usage by pool name."""
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -15,16 +15,7 @@ from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_protocol.metrics import MetricsEndpoint, MetricsServer, serve_metrics
 
 from tests.support.calls import opened_session
-from tests.support.postgres import MigratedDatabase
-from tests.support.stack import Stack, running_stack
-
-
-@pytest.fixture
-async def stack(
-    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(database_pg18, tmp_path_factory.mktemp("pki")) as running:
-        yield running
+from tests.support.stack import Stack
 
 
 @pytest.fixture

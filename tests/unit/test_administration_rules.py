@@ -140,7 +140,8 @@ def test_a_cursor_of_another_shape_is_refused_by_field(token: str, parse: object
 
 
 def test_one_spelling_of_identity_uris_for_every_package() -> None:
-    """The dev PKI issues the SAN URI control records for a new Worker."""
+    """The dev PKI issues the SAN URI control records for a new Worker: it spells it
+    with the one definition, not a copy."""
     assert identities.worker_uri("t.example", "w-1") == "spiffe://t.example/worker/w-1"
-    assert pki.worker_uri("t.example", "w-1") == identities.worker_uri("t.example", "w-1")
-    assert pki.DEFAULT_TRUST_DOMAIN == identities.DEFAULT_TRUST_DOMAIN
+    assert pki.worker_uri is identities.worker_uri
+    assert pki.DEFAULT_TRUST_DOMAIN is identities.DEFAULT_TRUST_DOMAIN
