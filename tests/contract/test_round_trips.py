@@ -38,6 +38,7 @@ from qinglong_control.domain.start_facts import RunningReport
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of
 from qinglong_protocol.pooling import RecoveringPool
+from qinglong_protocol.storage import StorageBounds
 
 from tests.support.calls import failure, opened_session, renewal
 from tests.support.postgres import MigratedDatabase
@@ -358,8 +359,13 @@ async def test_concurrent_worker_calls_share_statements(
     """Group commit: calls that arrive together are audited by one statement and one
     commit, each answered only once its row is durable."""
     calls = 48
+    # The lock below is held until the whole burst has arrived, which on a loaded machine
+    # takes longer than the default storage bound: the writers and callers wait it out.
+    patient = StorageBounds(timeout_seconds=60)
     async with (
-        running_stack(database_pg18, tmp_path / "pki", ingress_pool_size=1) as stack,
+        running_stack(
+            database_pg18, tmp_path / "pki", ingress_pool_size=1, ingress_storage=patient
+        ) as stack,
         stack.channel(stack.worker_identity("worker-a")) as channel,
     ):
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
@@ -371,7 +377,7 @@ async def test_concurrent_worker_calls_share_statements(
             async with await psycopg.AsyncConnection.connect(stack.database.admin_url) as lock:
                 await lock.execute("LOCK TABLE qinglong.security_audit IN ACCESS EXCLUSIVE MODE")
                 burst = asyncio.gather(*(worker.RenewSession(renew) for _ in range(calls)))
-                for _ in range(500):
+                for _ in range(3000):
                     if stack.directory.audits_waiting >= calls - 2:  # two writers took one
                         break
                     await asyncio.sleep(0.01)

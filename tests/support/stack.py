@@ -47,6 +47,7 @@ from qinglong_ingress.server import create_server as create_ingress_server
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
 from qinglong_ingress.stages import Stage, admission_stages, enrollment_stages
 from qinglong_protocol.pooling import PoolSizing, RecoveringPool
+from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from tests.support.postgres import MigratedDatabase
@@ -160,15 +161,17 @@ async def running_stack(
     extra_stages: tuple[Stage, ...] = (),
     *,
     ingress_pool_size: int = 4,
+    ingress_storage: StorageBounds | None = None,
 ) -> AsyncIterator[Stack]:
-    """The stack; ``extra_stages`` run after ingress's own admission stages (a new rule)."""
+    """The stack; ``extra_stages`` run after ingress's own admission stages (a new rule);
+    ``ingress_storage`` widens ingress's storage bound for a test that holds a lock."""
     pki = ensure_dev_pki(pki_dir)
     tokens = enroll_people(database, pki)
     counter = CallCounter()
     runtime_pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(1, 4))
     admin_pool = await open_admin_pool(database.urls.admin)
     ingress_pool = await open_ingress_pool(
-        database.urls.ingress, sizing=PoolSizing(1, ingress_pool_size)
+        database.urls.ingress, sizing=PoolSizing(1, ingress_pool_size), bounds=ingress_storage
     )
     control, control_port = await create_control_server(
         ControlSettings(
@@ -196,7 +199,7 @@ async def running_stack(
     channel = open_control_channel(settings.control)
     directory = Directory(ingress_pool)
     stages = (*admission_stages(directory, pki.trust_domain), *extra_stages)
-    gateway = Gateway(directory, channel, pki.trust_domain, stages=stages)
+    gateway = Gateway(directory, channel, pki.trust_domain, storage=ingress_storage, stages=stages)
     ingress, ingress_port = await create_ingress_server(settings, public_handlers(gateway))
     await ingress.start()
     # Generous limits: tests join many times from one host; the limit has its own test.
