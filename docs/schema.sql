@@ -13,6 +13,25 @@ CREATE FUNCTION qinglong.db_now_ms() RETURNS bigint
     LANGUAGE sql PARALLEL SAFE
     AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
 
+CREATE FUNCTION qinglong.enforce_approval_decided_once() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.state <> 'pending'
+       OR (NEW.approval_id, NEW.project_id, NEW.method, NEW.request_type, NEW.request,
+           NEW.request_digest, NEW.run_id, NEW.requested_by, NEW.requested_by_kind,
+           NEW.audit_id, NEW.requested_at_ms, NEW.expires_at_ms)
+          IS DISTINCT FROM
+          (OLD.approval_id, OLD.project_id, OLD.method, OLD.request_type, OLD.request,
+           OLD.request_digest, OLD.run_id, OLD.requested_by, OLD.requested_by_kind,
+           OLD.audit_id, OLD.requested_at_ms, OLD.expires_at_ms) THEN
+        RAISE EXCEPTION 'approval request % is decided or its request is fixed', OLD.approval_id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'approval_requests_final';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION qinglong.enforce_attempt_transition() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -138,6 +157,36 @@ CREATE TABLE public.qinglong_schema_migrations (
     checksum text NOT NULL,
     applied_at_ms bigint NOT NULL,
     CONSTRAINT qinglong_schema_migrations_checksum_check CHECK ((checksum ~ '^[0-9a-f]{64}$'::text))
+);
+
+CREATE TABLE qinglong.approval_requests (
+    approval_id uuid NOT NULL,
+    project_id qinglong.slug NOT NULL,
+    method text NOT NULL,
+    request_type text NOT NULL,
+    request bytea NOT NULL,
+    request_digest bytea NOT NULL,
+    run_id uuid,
+    requested_by uuid NOT NULL,
+    requested_by_kind text NOT NULL,
+    audit_id uuid NOT NULL,
+    requested_at_ms qinglong.epoch_ms NOT NULL,
+    expires_at_ms qinglong.epoch_ms NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    decided_by uuid,
+    decided_at_ms qinglong.epoch_ms,
+    note text,
+    result text,
+    CONSTRAINT approval_requests_decision_whole CHECK ((((state = 'pending'::text) AND (decided_at_ms IS NULL) AND (decided_by IS NULL) AND (result IS NULL)) OR ((state = 'approved'::text) AND (decided_at_ms IS NOT NULL) AND (decided_by IS NOT NULL) AND (result IS NOT NULL)) OR ((state = 'denied'::text) AND (decided_at_ms IS NOT NULL) AND (decided_by IS NOT NULL) AND (result IS NULL)) OR ((state = 'expired'::text) AND (decided_at_ms IS NOT NULL) AND (decided_by IS NULL) AND (result IS NULL)))),
+    CONSTRAINT approval_requests_expiry_after_request CHECK (((expires_at_ms)::bigint > (requested_at_ms)::bigint)),
+    CONSTRAINT approval_requests_method_check CHECK (((length(method) >= 1) AND (length(method) <= 200))),
+    CONSTRAINT approval_requests_note_check CHECK ((octet_length(note) <= 500)),
+    CONSTRAINT approval_requests_request_check CHECK ((octet_length(request) <= 8192)),
+    CONSTRAINT approval_requests_request_digest_check CHECK ((octet_length(request_digest) = 32)),
+    CONSTRAINT approval_requests_request_type_check CHECK (((length(request_type) >= 1) AND (length(request_type) <= 200))),
+    CONSTRAINT approval_requests_requested_by_kind_check CHECK ((requested_by_kind = ANY (ARRAY['user'::text, 'agent'::text]))),
+    CONSTRAINT approval_requests_result_check CHECK ((result ~ '^[A-Z][A-Z0-9_]{0,63}$'::text)),
+    CONSTRAINT approval_requests_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text])))
 );
 
 CREATE TABLE qinglong.attempts (
@@ -485,6 +534,12 @@ CREATE TABLE qinglong.worker_sessions (
 ALTER TABLE ONLY public.qinglong_schema_migrations
     ADD CONSTRAINT qinglong_schema_migrations_pkey PRIMARY KEY (version);
 
+ALTER TABLE ONLY qinglong.approval_requests
+    ADD CONSTRAINT approval_requests_held_once UNIQUE (project_id, requested_by, request_digest);
+
+ALTER TABLE ONLY qinglong.approval_requests
+    ADD CONSTRAINT approval_requests_pkey PRIMARY KEY (approval_id);
+
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_offer_id_key UNIQUE (offer_id);
 
@@ -608,6 +663,10 @@ ALTER TABLE ONLY qinglong.worker_sessions
 ALTER TABLE ONLY qinglong.worker_sessions
     ADD CONSTRAINT worker_sessions_worker_id_open_request_id_key UNIQUE (worker_id, open_request_id);
 
+CREATE INDEX approval_requests_by_project ON qinglong.approval_requests USING btree (project_id, requested_at_ms, approval_id);
+
+CREATE INDEX approval_requests_pending_expiry ON qinglong.approval_requests USING btree (expires_at_ms) WHERE (state = 'pending'::text);
+
 CREATE INDEX attempts_live_by_worker ON qinglong.attempts USING btree (worker_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
 
 CREATE UNIQUE INDEX attempts_one_live_per_run ON qinglong.attempts USING btree (run_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
@@ -640,6 +699,8 @@ CREATE INDEX worker_join_tokens_by_worker ON qinglong.worker_join_tokens USING b
 
 CREATE UNIQUE INDEX worker_sessions_one_live_per_worker ON qinglong.worker_sessions USING btree (worker_id) WHERE (status = ANY (ARRAY['online'::text, 'draining'::text]));
 
+CREATE TRIGGER approval_requests_decided_once BEFORE UPDATE ON qinglong.approval_requests FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_approval_decided_once();
+
 CREATE TRIGGER attempts_enforce_transition BEFORE UPDATE ON qinglong.attempts FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_attempt_transition();
 
 CREATE TRIGGER run_events_enforce_sequence BEFORE INSERT ON qinglong.run_events FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_event_sequence();
@@ -649,6 +710,18 @@ CREATE TRIGGER run_leases_enforce_progress BEFORE UPDATE ON qinglong.run_leases 
 CREATE TRIGGER runs_enforce_transition BEFORE UPDATE ON qinglong.runs FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_run_transition();
 
 CREATE TRIGGER worker_join_tokens_enforce_single_use BEFORE UPDATE ON qinglong.worker_join_tokens FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_join_token_single_use();
+
+ALTER TABLE ONLY qinglong.approval_requests
+    ADD CONSTRAINT approval_requests_decided_by_fkey FOREIGN KEY (decided_by) REFERENCES qinglong.principals(principal_id);
+
+ALTER TABLE ONLY qinglong.approval_requests
+    ADD CONSTRAINT approval_requests_project_id_fkey FOREIGN KEY (project_id) REFERENCES qinglong.projects(project_id);
+
+ALTER TABLE ONLY qinglong.approval_requests
+    ADD CONSTRAINT approval_requests_requested_by_fkey FOREIGN KEY (requested_by) REFERENCES qinglong.principals(principal_id);
+
+ALTER TABLE ONLY qinglong.approval_requests
+    ADD CONSTRAINT approval_requests_run_id_fkey FOREIGN KEY (run_id) REFERENCES qinglong.runs(run_id);
 
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_offer_id_run_id_fkey FOREIGN KEY (offer_id, run_id) REFERENCES qinglong.offers(offer_id, run_id);
@@ -732,6 +805,8 @@ REVOKE ALL ON FUNCTION qinglong.enforce_event_sequence() FROM PUBLIC;
 REVOKE ALL ON FUNCTION qinglong.enforce_lease_progress() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION qinglong.enforce_run_transition() FROM PUBLIC;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.approval_requests TO qinglong_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempts TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.attempts TO qinglong_admin;

@@ -64,6 +64,7 @@ WORKER_REQUEST_MAX_BYTES: Final = 8 * 1024
 LEASE_CONTROL_REQUEST_MAX_BYTES: Final = 8 * 1024
 RUN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
 ADMIN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
+APPROVAL_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
 #: A join token and a CSR: tight, since the enrollment listener asks for no credential.
 ENROLLMENT_REQUEST_MAX_BYTES: Final = 8 * 1024
 #: TaskService carries execution plans (argv up to 64 KiB in total).

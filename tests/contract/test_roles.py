@@ -42,6 +42,7 @@ EXPECTED_TABLE_PRIVILEGES: dict[str, dict[str, set[str]]] = {
         "run_leases": {"SELECT", "INSERT", "UPDATE"},
         "worker_sessions": {"SELECT", "INSERT", "UPDATE"},
         "offers": {"SELECT", "INSERT", "UPDATE"},
+        "approval_requests": {"SELECT", "INSERT", "UPDATE"},
     },
     "qinglong_ingress": {
         "security_audit": {"INSERT"},

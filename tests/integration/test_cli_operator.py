@@ -247,3 +247,56 @@ async def test_task_list_shows_tasks_newest_first_and_pages(stack_file: Path) ->
     assert [row.split()[:3] for row in rows] == [
         [task_id, name, "1"] for task_id, name in zip(newest_first, names, strict=True)
     ]
+
+
+async def test_an_agents_cancel_is_approved_from_the_cli(
+    stack: Stack, stack_file: Path, tmp_path: Path
+) -> None:
+    """R-OPS-2 as a newcomer meets it: the Agent's cancel names its approval request; a
+    person lists, reads and approves it; deciding it again the other way is explained."""
+    bot_token = tmp_path / "bot.token"
+    bot_token.write_text(stack.tokens["bot"])
+    bot_token.chmod(0o600)
+    stack_flag = ("--stack", str(stack_file))
+    created = await qinglong("task", "create", *stack_flag, "--name", "long", "--", "sleep", "1")
+    task_id = json.loads(created.out)["taskId"]
+    run_id = json.loads((await qinglong("run", "trigger", "--task", task_id, *stack_flag)).out)[
+        "runId"
+    ]
+    held = await qinglong("run", "cancel", run_id, *stack_flag, "--token-file", str(bot_token))
+    assert (held.code, held.err) == (0, "")
+    answer = json.loads(held.out)
+    assert answer["outcome"] == "CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL"
+    approval_id = answer["approvalId"]
+
+    listed = await qinglong(
+        "approval", "list", *stack_flag, "--state", "pending", "--output", "table"
+    )
+    header, row = listed.out.splitlines()
+    assert header.split()[:5] == ["APPROVAL", "STATE", "METHOD", "RUN", "REQUESTED_BY"]
+    assert row.split()[:5] == [approval_id, "pending", "CancelRun", run_id, "bot"]
+    shown = json.loads((await qinglong("approval", "get", approval_id, *stack_flag)).out)
+    assert shown["request"]["runId"] == run_id  # the exact held request, readable
+
+    approved = await qinglong("approval", "approve", approval_id, *stack_flag, "--note", "ok")
+    assert (approved.code, approved.err) == (0, "")
+    decided = json.loads(approved.out)
+    assert (decided["state"], decided["decidedByName"], decided["result"]) == (
+        "APPROVAL_STATE_APPROVED",
+        "alice",
+        "ACCEPTED",
+    )
+    run = json.loads((await qinglong("run", "get", run_id, *stack_flag)).out)
+    assert run["cancelIntent"]["reason"] == "CANCEL_REASON_USER"
+
+    too_late = await qinglong("approval", "deny", approval_id, *stack_flag)
+    assert (too_late.code, too_late.out) == (1, "")
+    assert too_late.err.startswith("error: FAILED_PRECONDITION APPROVAL_NOT_PENDING")
+    assert "approved" in too_late.err
+    # An Agent may not decide: refused with the documented exit code, no traceback.
+    agent = await qinglong(
+        "approval", "deny", approval_id, *stack_flag, "--token-file", str(bot_token)
+    )
+    assert (agent.code, agent.out) == (1, "")
+    assert agent.err.startswith("error: PERMISSION_DENIED PERMISSION_DENIED")
+    assert "Traceback" not in agent.err

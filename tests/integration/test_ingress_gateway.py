@@ -230,14 +230,18 @@ async def test_operator_admission(stack: Stack) -> None:
         # No role in the project at all: denied, and the project's existence is not revealed.
         outsider = await failure(runs.GetRun(get, metadata=bearer(stack, "mallory")))
         assert outsider.code() == grpc.StatusCode.PERMISSION_DENIED
-        # An agent asking to stop a Run gets require_approval, never a cancel.
+        # An agent asking to stop a Run gets require_approval, never a cancel: control is
+        # asked only to hold the call (R-OPS-2), and the Run is untouched.
         calls = list(stack.control_calls.methods)
         approval = await runs.CancelRun(
             run_service_pb2.CancelRunRequest(project_id=PROJECT, run_id=run_id, mutation_id="m-2"),
             metadata=bearer(stack, "bot"),
         )
         assert approval.outcome == run_service_pb2.CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL
-        assert stack.control_calls.methods == calls
+        assert uuid.UUID(approval.approval_id)
+        assert stack.control_calls.methods == [*calls, "HoldForApproval"]
+        after = await runs.GetRun(get, metadata=bearer(stack, "vera"))
+        assert not after.run.HasField("cancel_intent")
         # A forged or malformed token is unauthenticated.
         forged = await failure(
             runs.GetRun(get, metadata=(("authorization", "Bearer qlo1_" + "x" * 43),))

@@ -55,6 +55,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from qinglong.admin.v1 import admin_service_pb2
 from qinglong.control.v1 import (
+    approval_service_pb2,
     run_service_pb2,
     run_service_pb2_grpc,
     task_service_pb2,
@@ -121,6 +122,7 @@ def _public_methods() -> list[PublicMethod]:
         worker_service_pb2,
         task_service_pb2,
         run_service_pb2,
+        approval_service_pb2,
         admin_service_pb2,
         enrollment_service_pb2,
     ):
@@ -1433,6 +1435,7 @@ def test_every_public_method_is_covered() -> None:
         "qinglong.worker.v1.WorkerService",
         "qinglong.control.v1.TaskService",
         "qinglong.control.v1.RunService",
+        "qinglong.control.v1.ApprovalService",
         "qinglong.admin.v1.AdminService",
         "qinglong.enrollment.v1.EnrollmentService",
     }

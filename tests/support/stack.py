@@ -162,6 +162,7 @@ async def running_stack(
     *,
     ingress_pool_size: int = 4,
     ingress_storage: StorageBounds | None = None,
+    timings: Timings | None = None,
 ) -> AsyncIterator[Stack]:
     """The stack; ``extra_stages`` run after ingress's own admission stages (a new rule);
     ``ingress_storage`` widens ingress's storage bound for a test that holds a lock."""
@@ -181,7 +182,7 @@ async def running_stack(
         ),
         runtime_servicer=RuntimeServicer(
             runtime_pool,
-            Timings(),
+            timings or Timings(),
             admin_pool=admin_pool,
             trust_domain=pki.trust_domain,
             # The dev CA signs joining Workers' certificates, as in `qinglong up`.

@@ -3,13 +3,16 @@ refusal is audited. The running pipeline is proven in tests/integration (the rea
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import grpc
 import pytest
 from qinglong.control.v1 import run_service_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
+from qinglong_ingress.admission import DEFAULT_POLICY, Decision, Permission, Policy
 from qinglong_ingress.audit import AuditOutcome, refused_outcome
+from qinglong_ingress.principals import CredentialKind, Principal, PrincipalKind
 from qinglong_ingress.routes import ROUTES
 from qinglong_ingress.stages import (
     Authentication,
@@ -40,23 +43,64 @@ def test_the_stages_run_in_the_documented_order() -> None:
     ]
 
 
-def test_cancel_run_answers_approval_with_its_own_outcome_as_before() -> None:
+APPROVAL_ID = "0b5d6c1e-6a53-4d5e-9f0a-6f2b8f6c1d2e"
+
+
+def test_cancel_run_answers_approval_with_its_own_outcome_and_the_request() -> None:
     [cancel] = [route for route in ROUTES if route.name == "CancelRun"]
-    answer = cancel.approval_response()
+    answer = cancel.approval_response(APPROVAL_ID)
     assert answer is not None
-    # Byte for byte what ingress answered before: the outcome alone, no Run.
+    # The outcome and the request that holds the call; no Run (nothing was read).
     expected = run_service_pb2.CancelRunResponse(
-        outcome=run_service_pb2.CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL
+        outcome=run_service_pb2.CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL, approval_id=APPROVAL_ID
     )
     assert answer.SerializeToString() == expected.SerializeToString()
-    assert answer is not cancel.approval_response(), "a fresh message per call"
+    assert answer is not cancel.approval_response(APPROVAL_ID), "a fresh message per call"
 
 
 def test_only_a_contract_outcome_answers_approval_otherwise_a_typed_status() -> None:
-    with_outcome = {route.name for route in ROUTES if route.approval_response() is not None}
+    with_outcome = {
+        route.name for route in ROUTES if route.approval_response(APPROVAL_ID) is not None
+    }
     assert with_outcome == {"CancelRun"}
     # A stream never has a single answer, whatever its messages look like.
     assert all(route.approval_outcome is None for route in ROUTES if route.server_streaming)
+
+
+def _principal(kind: PrincipalKind) -> Principal:
+    return Principal(kind, str(uuid.uuid4()), "someone", CredentialKind.BEARER_TOKEN, "bearer")
+
+
+@pytest.mark.parametrize(
+    ("kind", "role", "permission", "decision"),
+    [
+        (PrincipalKind.USER, "operator", Permission.RUN_STOP, Decision.ADMIT),
+        (PrincipalKind.AGENT, "operator", Permission.RUN_STOP, Decision.REQUIRE_APPROVAL),
+        (PrincipalKind.AGENT, "viewer", Permission.RUN_STOP, Decision.DENY),
+        (PrincipalKind.USER, "operator", Permission.APPROVAL_DECIDE, Decision.ADMIT),
+        (PrincipalKind.USER, "viewer", Permission.APPROVAL_DECIDE, Decision.DENY),
+        # An Agent's request waits for a person: an Agent may not decide one.
+        (PrincipalKind.AGENT, "owner", Permission.APPROVAL_DECIDE, Decision.DENY),
+        (PrincipalKind.AGENT, "operator", Permission.READ, Decision.ADMIT),
+        (PrincipalKind.USER, None, Permission.READ, Decision.DENY),
+    ],
+)
+def test_the_default_policy(
+    kind: PrincipalKind, role: str | None, permission: Permission, decision: Decision
+) -> None:
+    assert DEFAULT_POLICY.decide(_principal(kind), role, permission) is decision
+
+
+def test_another_policy_holds_another_method_without_code() -> None:
+    """Requiring an approval for a method is a line of data, not a special case."""
+    policy = Policy(
+        grants=DEFAULT_POLICY.grants,
+        held={PrincipalKind.USER: frozenset({Permission.RUN_TRIGGER})},
+    )
+    user, agent = _principal(PrincipalKind.USER), _principal(PrincipalKind.AGENT)
+    assert policy.decide(user, "owner", Permission.RUN_TRIGGER) is Decision.REQUIRE_APPROVAL
+    assert policy.decide(agent, "owner", Permission.RUN_TRIGGER) is Decision.ADMIT
+    assert policy.decide(agent, "owner", Permission.RUN_STOP) is Decision.ADMIT
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,12 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import Descriptor, FileDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from qinglong.admin.v1 import admin_pb2, admin_service_pb2
-from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.control.v1 import (
+    approval_pb2,
+    run_service_pb2,
+    task_service_pb2,
+)
+from qinglong.control.v1 import approval_service_pb2 as aps
 from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.rpc.v1 import execution_pb2, fence_pb2, lifecycle_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
@@ -42,6 +47,8 @@ T = "/qinglong.control.v1.TaskService/"
 R = "/qinglong.control.v1.RunService/"
 A = "/qinglong.admin.v1.AdminService/"
 E = "/qinglong.enrollment.v1.EnrollmentService/"
+AP = "/qinglong.control.v1.ApprovalService/"
+APPROVAL = "7d3c2b1a-0f9e-4d8c-8b7a-6a5b4c3d2e1f"
 
 WORKER = "edge-01"
 PROJECT = "proj-a"
@@ -164,6 +171,14 @@ def valid_requests() -> dict[str, Message]:
             project_id=PROJECT, run_id=RUN, after_sequence=12
         ),
         R + "CancelRun": rs.CancelRunRequest(project_id=PROJECT, run_id=RUN, mutation_id="stop-1"),
+        AP + "ListApprovals": aps.ListApprovalsRequest(
+            project_id=PROJECT, states=[approval_pb2.APPROVAL_STATE_PENDING]
+        ),
+        AP + "GetApproval": aps.GetApprovalRequest(project_id=PROJECT, approval_id=APPROVAL),
+        AP + "Approve": aps.ApproveRequest(project_id=PROJECT, approval_id=APPROVAL),
+        AP + "Deny": aps.DenyRequest(
+            project_id=PROJECT, approval_id=APPROVAL, note="not during the release"
+        ),
         A + "CreateProject": ad.CreateProjectRequest(
             request_id="project-1", project_id=PROJECT, display_name="Project A"
         ),
@@ -211,6 +226,7 @@ def public_services() -> list[ServiceDescriptor]:
         worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"],
         task_service_pb2.DESCRIPTOR.services_by_name["TaskService"],
         run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
+        aps.DESCRIPTOR.services_by_name["ApprovalService"],
         admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],
         enrollment_service_pb2.DESCRIPTOR.services_by_name["EnrollmentService"],
     ]
@@ -701,7 +717,13 @@ def test_byte_caps_per_method() -> None:
         R + "ListRunEvents": 8 * kib,
         R + "WatchRunEvents": 8 * kib,
         R + "CancelRun": 8 * kib,
-        **{A + method.name: 8 * kib for method in public_services()[3].methods},
+        **{AP + name: 8 * kib for name in ("ListApprovals", "GetApproval", "Approve", "Deny")},
+        **{
+            A + method.name: 8 * kib
+            for service in public_services()
+            if service.name == "AdminService"
+            for method in service.methods
+        },
         E + "JoinWorker": 8 * kib,
     }
     assert REQUEST_BYTE_CAPS[W + "ControlLease"] == bounds.LEASE_CONTROL_REQUEST_MAX_BYTES
@@ -799,8 +821,8 @@ def test_every_field_of_every_public_request_has_a_fitting_rule() -> None:
     assert "qinglong.rpc.v1.Fence" in reachable
     assert "qinglong.rpc.v1.ExecutionPlan" in reachable
     assert "qinglong.rpc.v1.RetryPolicy" in reachable
-    # 40 requests + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
-    assert len(reachable) == 44
+    # Every request + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
+    assert len(reachable) == len(all_methods()) + 4
     assert _coverage_problems(public_services()) == []
 
 

@@ -1,5 +1,5 @@
 """`qinglong`: the operator CLI. Subcommands: `up` (the embedded dev stack), `health`,
-`task` and `run` (operator commands through ingress), `admin` and `worker` (a cluster
+`task`, `run` and `approval` (operator commands through ingress), `admin` and `worker` (a cluster
 admin's commands through ingress)."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from qinglong_cli.admin import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+from qinglong_cli.approval import COMMAND as APPROVAL_COMMAND
+from qinglong_cli.approval import add_approval_commands, run_approval_command
 from qinglong_cli.devstack import (
     DEFAULT_DATA_DIR,
     DEFAULT_OPERATOR_NAME,
@@ -99,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--stack", type=Path, default=DEFAULT_DATA_DIR / STACK_FILE_NAME)
     health.add_argument("--timeout", type=float, default=5.0, help="seconds per endpoint")
     add_operator_commands(commands, DEFAULT_DATA_DIR / STACK_FILE_NAME)
+    add_approval_commands(commands, DEFAULT_DATA_DIR / STACK_FILE_NAME)
     add_admin_commands(commands, DEFAULT_DATA_DIR / STACK_FILE_NAME)
     return parser
 
@@ -170,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run_health(args.stack, args.timeout, sys.stdout))
     if args.command in ADMIN_COMMANDS:
         return asyncio.run(run_admin_command(args, sys.stdout))
+    if args.command == APPROVAL_COMMAND:
+        return asyncio.run(run_approval_command(args, sys.stdout))
     return asyncio.run(run_operator_command(args, sys.stdout))
 
 

@@ -136,6 +136,16 @@ TABLES: dict[str, Columns] = {
         ("ACTOR", _actor),
         ("AT", _get("occurredAt")),
     ),
+    "qinglong.control.v1.Approval": (
+        ("APPROVAL", _get("approvalId")),
+        ("STATE", _state("state", prefix="APPROVAL_STATE_")),
+        ("METHOD", lambda d: str(d.get("method", "")).rsplit("/", 1)[-1]),
+        ("RUN", _get("runId", absent="-")),
+        ("REQUESTED_BY", _get("requestedByName")),
+        ("EXPIRES", _get("expiresAt")),
+        ("DECIDED_BY", _get("decidedByName", absent="-")),
+        ("RESULT", _get("result", absent="-")),
+    ),
     "qinglong.control.v1.Task": (
         ("TASK", _get("taskId")),
         ("NAME", _get("displayName")),

@@ -207,6 +207,7 @@ class RunEvent(_message.Message):
     ATTEMPT_RUNNING_FIELD_NUMBER: _builtins.int
     ATTEMPT_FINISHED_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    APPROVAL_CHANGED_FIELD_NUMBER: _builtins.int
     ACTOR_NAME_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Server-generated id (random, or derived per R-CONV-3 for convergence
@@ -275,6 +276,12 @@ class RunEvent(_message.Message):
     def cancel_requested(self) -> Global___CancelRequested:
         """run.cancel_requested."""
 
+    @_builtins.property
+    def approval_changed(self) -> Global___ApprovalChanged:
+        """run.approval_requested, run.approval_approved, run.approval_denied,
+        run.approval_expired.
+        """
+
     def __init__(
         self,
         *,
@@ -293,13 +300,14 @@ class RunEvent(_message.Message):
         attempt_running: Global___AttemptRunning | None = ...,
         attempt_finished: Global___AttemptFinished | None = ...,
         cancel_requested: Global___CancelRequested | None = ...,
+        approval_changed: Global___ApprovalChanged | None = ...,
         actor_name: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_claimed", b"attempt_claimed", "attempt_finished", b"attempt_finished", "attempt_running", b"attempt_running", "attempt_starting", b"attempt_starting", "cancel_requested", b"cancel_requested", "occurred_at", b"occurred_at", "payload", b"payload", "run_state_changed", b"run_state_changed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_changed", b"approval_changed", "attempt_claimed", b"attempt_claimed", "attempt_finished", b"attempt_finished", "attempt_running", b"attempt_running", "attempt_starting", b"attempt_starting", "cancel_requested", b"cancel_requested", "occurred_at", b"occurred_at", "payload", b"payload", "run_state_changed", b"run_state_changed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_kind", b"actor_kind", "actor_name", b"actor_name", "attempt_claimed", b"attempt_claimed", "attempt_finished", b"attempt_finished", "attempt_id", b"attempt_id", "attempt_running", b"attempt_running", "attempt_starting", b"attempt_starting", "cancel_requested", b"cancel_requested", "event_id", b"event_id", "occurred_at", b"occurred_at", "payload", b"payload", "project_id", b"project_id", "run_id", b"run_id", "run_state_changed", b"run_state_changed", "sequence", b"sequence", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_kind", b"actor_kind", "actor_name", b"actor_name", "approval_changed", b"approval_changed", "attempt_claimed", b"attempt_claimed", "attempt_finished", b"attempt_finished", "attempt_id", b"attempt_id", "attempt_running", b"attempt_running", "attempt_starting", b"attempt_starting", "cancel_requested", b"cancel_requested", "event_id", b"event_id", "occurred_at", b"occurred_at", "payload", b"payload", "project_id", b"project_id", "run_id", b"run_id", "run_state_changed", b"run_state_changed", "sequence", b"sequence", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_state_changed", "attempt_claimed", "attempt_starting", "attempt_running", "attempt_finished", "cancel_requested"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_state_changed", "attempt_claimed", "attempt_starting", "attempt_running", "attempt_finished", "cancel_requested", "approval_changed"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
@@ -513,8 +521,14 @@ class CancelRequested(_message.Message):
 
     REASON_FIELD_NUMBER: _builtins.int
     REQUESTED_AT_FIELD_NUMBER: _builtins.int
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
     reason: _lifecycle_pb2.CancelReason.ValueType
     """Why the Run must stop."""
+    approval_id: _builtins.str
+    """The approval that this cancellation executes; empty when the actor asked
+    directly.
+    Bound: UUID, 36 chars, lowercase canonical form, or empty.
+    """
     @_builtins.property
     def requested_at(self) -> _timestamp_pb2.Timestamp:
         """DB time of the intent."""
@@ -524,11 +538,51 @@ class CancelRequested(_message.Message):
         *,
         reason: _lifecycle_pb2.CancelReason.ValueType = ...,
         requested_at: _timestamp_pb2.Timestamp | None = ...,
+        approval_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["requested_at", b"requested_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "requested_at", b"requested_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "reason", b"reason", "requested_at", b"requested_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelRequested: _TypeAlias = CancelRequested  # noqa: Y015
+
+@_typing.final
+class ApprovalChanged(_message.Message):
+    """ApprovalChanged records an approval request about the Run (R-OPS-2). The
+    Event's actor is who asked (requested), who decided (approved, denied) or
+    the reconciler (expired).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    approval_id: _builtins.str
+    """The approval request.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    method: _builtins.str
+    """The held public method.
+    Bound: 1..200 chars.
+    """
+    note: _builtins.str
+    """The decider's note; empty when none.
+    Bound: 0..500 bytes of printable text.
+    """
+    def __init__(
+        self,
+        *,
+        approval_id: _builtins.str = ...,
+        method: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "method", b"method", "note", b"note"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovalChanged: _TypeAlias = ApprovalChanged  # noqa: Y015

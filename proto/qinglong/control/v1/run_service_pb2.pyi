@@ -410,8 +410,14 @@ class CancelRunResponse(_message.Message):
 
     OUTCOME_FIELD_NUMBER: _builtins.int
     RUN_FIELD_NUMBER: _builtins.int
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
     outcome: Global___CancelRunOutcome.ValueType
     """ACCEPTED, ALREADY_REQUESTED, ALREADY_TERMINAL or REQUIRE_APPROVAL."""
+    approval_id: _builtins.str
+    """For REQUIRE_APPROVAL: the approval request that holds this cancellation
+    (ApprovalService); empty otherwise.
+    Bound: UUID, 36 chars, lowercase canonical form, or empty.
+    """
     @_builtins.property
     def run(self) -> _run_pb2.Run:
         """The Run after the call; unset for REQUIRE_APPROVAL (nothing was read)."""
@@ -421,10 +427,11 @@ class CancelRunResponse(_message.Message):
         *,
         outcome: Global___CancelRunOutcome.ValueType = ...,
         run: _run_pb2.Run | None = ...,
+        approval_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "outcome", b"outcome", "run", b"run"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

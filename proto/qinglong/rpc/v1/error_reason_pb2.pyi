@@ -108,6 +108,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The Worker is not enrolled (AdminService). gRPC code: NOT_FOUND."""
     ERROR_REASON_ROLE_BINDING_NOT_FOUND: _ErrorReason.ValueType  # 42
     """The principal has no role binding in the project (AdminService.RevokeRole). gRPC code: NOT_FOUND."""
+    ERROR_REASON_APPROVAL_NOT_FOUND: _ErrorReason.ValueType  # 43
+    """No such approval request in the project (ApprovalService). gRPC code: NOT_FOUND."""
+    ERROR_REASON_APPROVAL_NOT_PENDING: _ErrorReason.ValueType  # 44
+    """The approval request was already decided or has expired; the message says
+    which (ApprovalService). gRPC code: FAILED_PRECONDITION.
+    """
+    ERROR_REASON_APPROVAL_UNSUPPORTED: _ErrorReason.ValueType  # 45
+    """The held method has no approval path in this control version: nothing was
+    held (RuntimeService.HoldForApproval). gRPC code: FAILED_PRECONDITION.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the one low-cardinality vocabulary of failure reasons used by
@@ -213,4 +223,14 @@ ERROR_REASON_WORKER_NOT_FOUND: ErrorReason.ValueType  # 41
 """The Worker is not enrolled (AdminService). gRPC code: NOT_FOUND."""
 ERROR_REASON_ROLE_BINDING_NOT_FOUND: ErrorReason.ValueType  # 42
 """The principal has no role binding in the project (AdminService.RevokeRole). gRPC code: NOT_FOUND."""
+ERROR_REASON_APPROVAL_NOT_FOUND: ErrorReason.ValueType  # 43
+"""No such approval request in the project (ApprovalService). gRPC code: NOT_FOUND."""
+ERROR_REASON_APPROVAL_NOT_PENDING: ErrorReason.ValueType  # 44
+"""The approval request was already decided or has expired; the message says
+which (ApprovalService). gRPC code: FAILED_PRECONDITION.
+"""
+ERROR_REASON_APPROVAL_UNSUPPORTED: ErrorReason.ValueType  # 45
+"""The held method has no approval path in this control version: nothing was
+held (RuntimeService.HoldForApproval). gRPC code: FAILED_PRECONDITION.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

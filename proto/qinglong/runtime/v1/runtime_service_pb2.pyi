@@ -3,9 +3,12 @@
 isort:skip_file
 """
 
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from qinglong.admin.v1 import admin_service_pb2 as _admin_service_pb2
+from qinglong.control.v1 import approval_pb2 as _approval_pb2
+from qinglong.control.v1 import approval_service_pb2 as _approval_service_pb2
 from qinglong.control.v1 import run_service_pb2 as _run_service_pb2
 from qinglong.control.v1 import task_service_pb2 as _task_service_pb2
 from qinglong.enrollment.v1 import enrollment_service_pb2 as _enrollment_service_pb2
@@ -2421,3 +2424,311 @@ class RenewCertificateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RenewCertificateResponse: _TypeAlias = RenewCertificateResponse  # noqa: Y015
+
+@_typing.final
+class HoldForApprovalRequest(_message.Message):
+    """HoldForApprovalRequest carries a call ingress admitted only as needing an
+    approval: it was authenticated, bounded and audited like any other.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for the held call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    method: _builtins.str
+    """The held public method, e.g. /qinglong.control.v1.RunService/CancelRun.
+    Bound: 1..200 chars.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal that asked (an Agent, for run.stop), with its role binding."""
+
+    @_builtins.property
+    def request(self) -> _any_pb2.Any:
+        """The held public request, unchanged (its type names the message)."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        method: _builtins.str = ...,
+        request: _any_pb2.Any | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "method", b"method", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldForApprovalRequest: _TypeAlias = HoldForApprovalRequest  # noqa: Y015
+
+@_typing.final
+class HoldForApprovalResponse(_message.Message):
+    """HoldForApprovalResponse names the approval request that now holds the call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def approval(self) -> _approval_pb2.Approval:
+        """The pending request; an exact retry of the held call answers the same one."""
+
+    def __init__(
+        self,
+        *,
+        approval: _approval_pb2.Approval | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldForApprovalResponse: _TypeAlias = HoldForApprovalResponse  # noqa: Y015
+
+@_typing.final
+class ListApprovalsRequest(_message.Message):
+    """ListApprovalsRequest is the forwarded ApprovalService.ListApprovals call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated."""
+
+    @_builtins.property
+    def request(self) -> _approval_service_pb2.ListApprovalsRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _approval_service_pb2.ListApprovalsRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListApprovalsRequest: _TypeAlias = ListApprovalsRequest  # noqa: Y015
+
+@_typing.final
+class ListApprovalsResponse(_message.Message):
+    """ListApprovalsResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _approval_service_pb2.ListApprovalsResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _approval_service_pb2.ListApprovalsResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListApprovalsResponse: _TypeAlias = ListApprovalsResponse  # noqa: Y015
+
+@_typing.final
+class GetApprovalRequest(_message.Message):
+    """GetApprovalRequest is the forwarded ApprovalService.GetApproval call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated."""
+
+    @_builtins.property
+    def request(self) -> _approval_service_pb2.GetApprovalRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _approval_service_pb2.GetApprovalRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetApprovalRequest: _TypeAlias = GetApprovalRequest  # noqa: Y015
+
+@_typing.final
+class GetApprovalResponse(_message.Message):
+    """GetApprovalResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _approval_service_pb2.GetApprovalResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _approval_service_pb2.GetApprovalResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetApprovalResponse: _TypeAlias = GetApprovalResponse  # noqa: Y015
+
+@_typing.final
+class ApproveRequest(_message.Message):
+    """ApproveRequest is the forwarded ApprovalService.Approve call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated."""
+
+    @_builtins.property
+    def request(self) -> _approval_service_pb2.ApproveRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _approval_service_pb2.ApproveRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveRequest: _TypeAlias = ApproveRequest  # noqa: Y015
+
+@_typing.final
+class ApproveResponse(_message.Message):
+    """ApproveResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _approval_service_pb2.ApproveResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _approval_service_pb2.ApproveResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveResponse: _TypeAlias = ApproveResponse  # noqa: Y015
+
+@_typing.final
+class DenyRequest(_message.Message):
+    """DenyRequest is the forwarded ApprovalService.Deny call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated."""
+
+    @_builtins.property
+    def request(self) -> _approval_service_pb2.DenyRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _approval_service_pb2.DenyRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DenyRequest: _TypeAlias = DenyRequest  # noqa: Y015
+
+@_typing.final
+class DenyResponse(_message.Message):
+    """DenyResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _approval_service_pb2.DenyResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _approval_service_pb2.DenyResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DenyResponse: _TypeAlias = DenyResponse  # noqa: Y015

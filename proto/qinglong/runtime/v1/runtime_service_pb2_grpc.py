@@ -155,6 +155,31 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
+        self.HoldForApproval = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/HoldForApproval',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.HoldForApprovalRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.HoldForApprovalResponse.FromString,
+                _registered_method=True)
+        self.ListApprovals = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ListApprovals',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListApprovalsRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListApprovalsResponse.FromString,
+                _registered_method=True)
+        self.GetApproval = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/GetApproval',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetApprovalRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetApprovalResponse.FromString,
+                _registered_method=True)
+        self.Approve = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/Approve',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ApproveRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ApproveResponse.FromString,
+                _registered_method=True)
+        self.Deny = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/Deny',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DenyRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DenyResponse.FromString,
+                _registered_method=True)
         self.JoinWorker = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/JoinWorker',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.JoinWorkerRequest.SerializeToString,
@@ -415,6 +440,42 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HoldForApproval(self, request, context):
+        """Holds a public call that project policy requires an approval for: control
+        stores it as a pending approval request (R-OPS-2). Not a public method.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApprovals(self, request, context):
+        """Forwarded ApprovalService.ListApprovals.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetApproval(self, request, context):
+        """Forwarded ApprovalService.GetApproval.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Approve(self, request, context):
+        """Forwarded ApprovalService.Approve.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Deny(self, request, context):
+        """Forwarded ApprovalService.Deny.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def JoinWorker(self, request, context):
         """Forwarded EnrollmentService.JoinWorker (from the enrollment listener).
         """
@@ -653,6 +714,31 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'HoldForApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldForApproval,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.HoldForApprovalRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.HoldForApprovalResponse.SerializeToString,
+            ),
+            'ListApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApprovals,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListApprovalsRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListApprovalsResponse.SerializeToString,
+            ),
+            'GetApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetApproval,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetApprovalRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetApprovalResponse.SerializeToString,
+            ),
+            'Approve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Approve,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ApproveRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ApproveResponse.SerializeToString,
+            ),
+            'Deny': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deny,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DenyRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DenyResponse.SerializeToString,
             ),
             'JoinWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.JoinWorker,
@@ -1350,6 +1436,141 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/CancelRun',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldForApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/HoldForApproval',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.HoldForApprovalRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.HoldForApprovalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ListApprovals',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListApprovalsRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/GetApproval',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetApprovalRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetApprovalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Approve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/Approve',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ApproveRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ApproveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deny(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/Deny',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DenyRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DenyResponse.FromString,
             options,
             channel_credentials,
             insecure,

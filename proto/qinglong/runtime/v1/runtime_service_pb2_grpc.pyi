@@ -88,6 +88,18 @@ class RuntimeServiceStub:
     """Streams a Run's Events (RunService.WatchRunEvents)."""
     CancelRun: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CancelRunRequest, _runtime_service_pb2.CancelRunResponse]
     """Records a user cancel intent (RunService.CancelRun)."""
+    HoldForApproval: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.HoldForApprovalRequest, _runtime_service_pb2.HoldForApprovalResponse]
+    """Holds a public call that project policy requires an approval for: control
+    stores it as a pending approval request (R-OPS-2). Not a public method.
+    """
+    ListApprovals: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListApprovalsRequest, _runtime_service_pb2.ListApprovalsResponse]
+    """Forwarded ApprovalService.ListApprovals."""
+    GetApproval: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetApprovalRequest, _runtime_service_pb2.GetApprovalResponse]
+    """Forwarded ApprovalService.GetApproval."""
+    Approve: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ApproveRequest, _runtime_service_pb2.ApproveResponse]
+    """Forwarded ApprovalService.Approve."""
+    Deny: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.DenyRequest, _runtime_service_pb2.DenyResponse]
+    """Forwarded ApprovalService.Deny."""
     JoinWorker: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.JoinWorkerRequest, _runtime_service_pb2.JoinWorkerResponse]
     """Forwarded EnrollmentService.JoinWorker (from the enrollment listener)."""
     CreateProject: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateProjectRequest, _runtime_service_pb2.CreateProjectResponse]
@@ -185,6 +197,18 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Streams a Run's Events (RunService.WatchRunEvents)."""
     CancelRun: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CancelRunRequest, _runtime_service_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Records a user cancel intent (RunService.CancelRun)."""
+    HoldForApproval: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.HoldForApprovalRequest, _runtime_service_pb2.HoldForApprovalResponse]  # type: ignore[assignment]
+    """Holds a public call that project policy requires an approval for: control
+    stores it as a pending approval request (R-OPS-2). Not a public method.
+    """
+    ListApprovals: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListApprovalsRequest, _runtime_service_pb2.ListApprovalsResponse]  # type: ignore[assignment]
+    """Forwarded ApprovalService.ListApprovals."""
+    GetApproval: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetApprovalRequest, _runtime_service_pb2.GetApprovalResponse]  # type: ignore[assignment]
+    """Forwarded ApprovalService.GetApproval."""
+    Approve: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ApproveRequest, _runtime_service_pb2.ApproveResponse]  # type: ignore[assignment]
+    """Forwarded ApprovalService.Approve."""
+    Deny: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.DenyRequest, _runtime_service_pb2.DenyResponse]  # type: ignore[assignment]
+    """Forwarded ApprovalService.Deny."""
     JoinWorker: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.JoinWorkerRequest, _runtime_service_pb2.JoinWorkerResponse]  # type: ignore[assignment]
     """Forwarded EnrollmentService.JoinWorker (from the enrollment listener)."""
     CreateProject: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateProjectRequest, _runtime_service_pb2.CreateProjectResponse]  # type: ignore[assignment]
@@ -411,6 +435,48 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.CancelRunResponse, _abc.Awaitable[_runtime_service_pb2.CancelRunResponse]]:
         """Records a user cancel intent (RunService.CancelRun)."""
+
+    @_abc_1.abstractmethod
+    def HoldForApproval(
+        self,
+        request: _runtime_service_pb2.HoldForApprovalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.HoldForApprovalResponse, _abc.Awaitable[_runtime_service_pb2.HoldForApprovalResponse]]:
+        """Holds a public call that project policy requires an approval for: control
+        stores it as a pending approval request (R-OPS-2). Not a public method.
+        """
+
+    @_abc_1.abstractmethod
+    def ListApprovals(
+        self,
+        request: _runtime_service_pb2.ListApprovalsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListApprovalsResponse, _abc.Awaitable[_runtime_service_pb2.ListApprovalsResponse]]:
+        """Forwarded ApprovalService.ListApprovals."""
+
+    @_abc_1.abstractmethod
+    def GetApproval(
+        self,
+        request: _runtime_service_pb2.GetApprovalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.GetApprovalResponse, _abc.Awaitable[_runtime_service_pb2.GetApprovalResponse]]:
+        """Forwarded ApprovalService.GetApproval."""
+
+    @_abc_1.abstractmethod
+    def Approve(
+        self,
+        request: _runtime_service_pb2.ApproveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ApproveResponse, _abc.Awaitable[_runtime_service_pb2.ApproveResponse]]:
+        """Forwarded ApprovalService.Approve."""
+
+    @_abc_1.abstractmethod
+    def Deny(
+        self,
+        request: _runtime_service_pb2.DenyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.DenyResponse, _abc.Awaitable[_runtime_service_pb2.DenyResponse]]:
+        """Forwarded ApprovalService.Deny."""
 
     @_abc_1.abstractmethod
     def JoinWorker(

@@ -46,6 +46,7 @@ RECONCILE_KINDS: Final = (
     "retries_scheduled",
     "retries_exhausted",
     "requeued",
+    "approvals_expired",
 )
 
 # Present (at zero) from the start, so a dashboard sees every kind before the first cycle.

@@ -1,4 +1,5 @@
-"""The convergence coordinator: one bounded cycle of lease expiry, convergence, retries.
+"""The convergence coordinator: one bounded cycle of lease expiry, convergence, retries,
+and the expiry of approval requests nobody decided in time.
 
 It owns no timer, connection or queue (SPEC R-CONV-1): the service's single cadence calls
 `cycle()`, which borrows one pooled connection for its duration. Overlapping calls are
@@ -16,6 +17,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from qinglong_control import metrics as prometheus
+from qinglong_control.db.approvals import expire_page as expire_approvals
 from qinglong_control.db.convergence import converge_page, expire_leases
 from qinglong_control.db.retries import retry_page
 from qinglong_control.domain.timings import Timings
@@ -40,6 +42,7 @@ class CycleReport:
     retries_scheduled: int = 0
     retries_exhausted: int = 0
     requeued: int = 0
+    approvals_expired: int = 0
 
 
 class Reconciler:
@@ -97,4 +100,12 @@ class Reconciler:
                 requeued += retry.requeued
                 if retry.candidates < limits.page_size:
                     break
-        return CycleReport(expired, converged, blocked, pages, scheduled, exhausted, requeued)
+            approvals_expired = 0
+            for _ in range(limits.max_pages):
+                count = await expire_approvals(conn, limits.page_size)
+                approvals_expired += count
+                if count < limits.page_size:
+                    break
+        return CycleReport(
+            expired, converged, blocked, pages, scheduled, exhausted, requeued, approvals_expired
+        )

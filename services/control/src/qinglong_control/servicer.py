@@ -22,13 +22,14 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from qinglong.control.v1 import run_service_pb2, task_service_pb2
 from qinglong.rpc.v1 import lifecycle_pb2
-from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2
+from qinglong.runtime.v1 import runtime_service_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2
 from qinglong_protocol import bounds
 from qinglong_protocol.identities import DEFAULT_TRUST_DOMAIN
 
 from qinglong_control import wire
 from qinglong_control.admin_servicer import AdminMethods
+from qinglong_control.approval_servicer import ApprovalMethods
 from qinglong_control.db import (
     cancellation,
     definitions,
@@ -38,7 +39,6 @@ from qinglong_control.db import (
     sessions,
     start_facts,
 )
-from qinglong_control.domain.cancellation import BindingSnapshot
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.completion import CompletionReport
 from qinglong_control.domain.refusals import Reason, Refused
@@ -109,7 +109,7 @@ def _run_states(numbers: Any) -> tuple[str, ...]:
     )
 
 
-class RuntimeServicer(AdminMethods, EnrollmentMethods):
+class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods):
     def __init__(
         self,
         pool: AsyncConnectionPool[AsyncConnection[Any]],
@@ -124,6 +124,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods):
         ``issuing`` the CA that signs joining Workers' certificates."""
         AdminMethods.__init__(self, pool, admin_pool, trust_domain)
         EnrollmentMethods.__init__(self, admin_pool, issuing)
+        ApprovalMethods.__init__(self, pool, timings)
         self._pool = pool
         self._timings = timings
 
@@ -429,22 +430,13 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods):
         public = request.request
         actor = wire.operator_of(request.caller)
         project_id = public.project_id
-        binding = request.caller.role_binding
-        if not request.caller.HasField("role_binding") or binding.project_id != project_id:
-            raise Refused(Reason.ROLE_BINDING_FENCED, "no role binding was admitted for this")
         cancel = cancellation.CancelRequest(
             project_id=project_id,
             run_id=uuid.UUID(public.run_id),
             mutation_id=public.mutation_id,
             actor=actor,
             principal_id=wire.caller_principal_id(request.caller),
-            snapshot=BindingSnapshot(
-                project_version=binding.project_version,
-                binding_version=binding.role_binding_version,
-                role=caller_pb2.ProjectRole.Name(binding.role)
-                .removeprefix("PROJECT_ROLE_")
-                .lower(),
-            ),
+            snapshot=wire.binding_snapshot(request.caller, project_id),
         )
         async with self._pool.connection() as conn:
             outcome = await cancellation.cancel_run(conn, cancel)

@@ -50,6 +50,7 @@ ENV_TIMINGS_MS = {
     "session_ttl_ms": "QINGLONG_CONTROL_SESSION_TTL_MS",
     "lease_ttl_ms": "QINGLONG_CONTROL_LEASE_TTL_MS",
     "offer_ttl_ms": "QINGLONG_CONTROL_OFFER_TTL_MS",
+    "approval_ttl_ms": "QINGLONG_CONTROL_APPROVAL_TTL_MS",
 }
 
 
@@ -175,7 +176,7 @@ def parse_control_settings(
             "--" + name.replace("_", "-"),
             type=int,
             default=env.get(variable, str(getattr(Timings(), name))),
-            help=f"{name.removesuffix('_ms').replace('_', ' ')} in ms, 1000..3600000 [{variable}]",
+            help=f"{name.removesuffix('_ms').replace('_', ' ')} in ms [{variable}]",
         )
     args = parser.parse_args(argv)
 

@@ -26,6 +26,8 @@ from qinglong_control.db.definitions import RevisionPlan, RevisionView, TaskView
 from qinglong_control.db.events import Actor
 from qinglong_control.db.placement import PlacedOffer, Plan
 from qinglong_control.db.runs import EventView, RunView
+from qinglong_control.domain.approvals import APPROVAL_EVENT_PREFIX
+from qinglong_control.domain.cancellation import BindingSnapshot
 from qinglong_control.domain.capability import TokenDigest, digest_of_capability, parse_digest
 from qinglong_control.domain.fence import Fence
 from qinglong_control.domain.lease_control import LeaseAnswer, LeaseDecision
@@ -49,6 +51,19 @@ def operator_of(caller: caller_pb2.Caller) -> Actor:
     if kind is None or not caller.principal_id:
         raise Refused(Reason.FIELD_INVALID, "caller is not an operator principal")
     return Actor(kind, caller.principal_id)
+
+
+def binding_snapshot(caller: caller_pb2.Caller, project_id: str) -> BindingSnapshot:
+    """The role binding ingress admitted the caller under, for ``project_id``; a mutation
+    re-reads it in its transaction and refuses any drift (R-CAN-3)."""
+    binding = caller.role_binding
+    if not caller.HasField("role_binding") or binding.project_id != project_id:
+        raise Refused(Reason.ROLE_BINDING_FENCED, "no role binding was admitted for this")
+    return BindingSnapshot(
+        project_version=binding.project_version,
+        binding_version=binding.role_binding_version,
+        role=caller_pb2.ProjectRole.Name(binding.role).removeprefix("PROJECT_ROLE_").lower(),
+    )
 
 
 def page_size(value: int) -> int:
@@ -281,9 +296,15 @@ def run(view: RunView) -> run_pb2.Run:
 _ACTOR_KINDS = {"worker", "user", "agent", "reconciler", "system"}
 
 
+def actor_kind(name: str | None) -> lifecycle_pb2.ActorKind.ValueType:
+    actor = name if name in _ACTOR_KINDS else None
+    return lifecycle_pb2.ActorKind.ValueType(
+        enum_value(lifecycle_pb2.ActorKind, "ACTOR_KIND_", actor)
+    )
+
+
 def event(view: EventView) -> run_pb2.RunEvent:
     """Render an Event; its typed payload is chosen by the event type."""
-    actor = view.actor_kind if view.actor_kind in _ACTOR_KINDS else None
     message = run_pb2.RunEvent(
         event_id=str(view.event_id),
         run_id=str(view.run_id),
@@ -291,9 +312,7 @@ def event(view: EventView) -> run_pb2.RunEvent:
         sequence=view.sequence,
         type=view.event_type,
         attempt_id="" if view.attempt_id is None else str(view.attempt_id),
-        actor_kind=lifecycle_pb2.ActorKind.ValueType(
-            enum_value(lifecycle_pb2.ActorKind, "ACTOR_KIND_", actor)
-        ),
+        actor_kind=actor_kind(view.actor_kind),
         actor_id=view.actor_id,
         actor_name=view.actor_name or "",
         occurred_at=timestamp(view.occurred_at_ms),
@@ -307,6 +326,12 @@ def _fill_payload(message: run_pb2.RunEvent, event_type: str, payload: Mapping[s
         message.cancel_requested.reason = cancel_reason(payload.get("reason"))
         if payload.get("requested_at_ms") is not None:
             message.cancel_requested.requested_at.CopyFrom(timestamp(payload["requested_at_ms"]))
+        message.cancel_requested.approval_id = payload.get("approval_id", "")
+    elif event_type.startswith(APPROVAL_EVENT_PREFIX):
+        approval = message.approval_changed
+        approval.approval_id = payload.get("approval_id", "")
+        approval.method = payload.get("method", "")
+        approval.note = payload.get("note", "")
     elif event_type.startswith("run."):
         changed = message.run_state_changed
         changed.from_state = run_state(payload.get("from_state"))

@@ -12,8 +12,10 @@
    they are; a control that cannot be reached is UNAVAILABLE/RUNTIME_UNAVAILABLE.
 
 A refusal is answered with its typed status once its audit row is committed; a call held
-for approval is answered as its route says (CancelRun's REQUIRE_APPROVAL outcome, or the
-status APPROVAL_REQUIRED) once audited; nothing refused, held or unaudited reaches control.
+for approval is, once audited, handed to control as a pending approval request
+(RuntimeService.HoldForApproval, R-OPS-2) and answered as its route says (CancelRun's
+REQUIRE_APPROVAL outcome with the request's id, or the status APPROVAL_REQUIRED); nothing
+refused or unaudited reaches control, and nothing held runs until a person approves it.
 All of a call's database work (identity, binding, audit — also the audit of a refusal)
 shares one storage budget, so an outage is answered within the storage bound (R-ERR-2);
 a storage failure is answered by the rule control uses too (qinglong_protocol
@@ -33,7 +35,7 @@ import psycopg
 from google.protobuf.message import Message
 from grpc_status import rpc_status
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
-from qinglong.runtime.v1 import caller_pb2
+from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2
 from qinglong_protocol.errors import TypedStatus, reason_name, rich_status_of, status_for
 from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.storage_errors import StorageFailure, storage_answer
@@ -77,6 +79,7 @@ _PROJECT_ROLES = {
     "operator": caller_pb2.PROJECT_ROLE_OPERATOR,
     "viewer": caller_pb2.PROJECT_ROLE_VIEWER,
 }
+_HOLD_METHOD = "/qinglong.runtime.v1.RuntimeService/HoldForApproval"
 _APPROVAL_REQUIRED = TypedStatus(
     ErrorReason.ERROR_REASON_APPROVAL_REQUIRED, "this needs an approval; nothing was done"
 )
@@ -88,6 +91,8 @@ class Admitted:
     binding: RoleBinding | None
     audit_id: str
     tls_version: str
+    held: bool = False
+    """Admitted only as needing an approval (R-OPS-2): control holds it, runs nothing."""
 
 
 class Gateway:
@@ -117,10 +122,11 @@ class Gateway:
 
     async def unary(self, route: Route, received: Received, context: Context) -> Message:
         request, admitted = await self._admit(route, received, context)
-        if admitted is None:  # held for approval: audited, answered here, never forwarded
-            answer = route.approval_response()
+        if admitted.held:  # audited; control keeps it for a decision, nothing else is done
+            approval_id = await self._hold(route, request, admitted, context)
+            answer = route.approval_response(approval_id)
             if answer is None:
-                await context.abort_with_status(_APPROVAL_REQUIRED.status())
+                await context.abort_with_status(_approval_required(approval_id))
                 raise AssertionError("abort_with_status always raises")
             return answer
         call = self._runtime.unary_unary(
@@ -144,7 +150,7 @@ class Gateway:
         self, route: Route, received: Received, context: Context
     ) -> AsyncIterator[Message]:
         request, admitted = await self._admit(route, received, context)
-        if admitted is None:  # held for approval; a stream has no single answer to give
+        if admitted.held:  # a stream is no mutation to execute later: nothing is held
             await context.abort_with_status(_APPROVAL_REQUIRED.status())
             raise AssertionError("abort_with_status always raises")
         call = self._runtime.unary_stream(
@@ -173,10 +179,10 @@ class Gateway:
 
     async def _admit(
         self, route: Route, received: Received, context: Context
-    ) -> tuple[Message, Admitted | None]:
+    ) -> tuple[Message, Admitted]:
         """Run the stages and audit what they decided, within one storage budget. Returns
-        the request and how it was admitted (None: held for approval); a refusal, and an
-        audit that could not be written, end the call here."""
+        the request and how it was admitted (perhaps only to be held for approval); a
+        refusal, and an audit that could not be written, end the call here."""
         call = Call.arrived(route, received, context)
         audit_id = ""
         try:
@@ -192,9 +198,8 @@ class Gateway:
         if isinstance(decision, Refusal):
             await context.abort_with_status(decision.answer.status())
             raise AssertionError("abort_with_status always raises") from decision
-        if decision is Verdict.REQUIRE_APPROVAL:
-            return call.request, None
-        return call.request, Admitted(call.caller, call.binding, audit_id, call.tls_version)
+        held = decision is Verdict.REQUIRE_APPROVAL
+        return call.request, Admitted(call.caller, call.binding, audit_id, call.tls_version, held)
 
     async def _decide(self, call: Call) -> Verdict | Refusal:
         """The first refusal or approval of the stages, in order; else PASS."""
@@ -256,31 +261,71 @@ class Gateway:
             _log.error("security audit failed", exc_info=error)
             raise Refusal(ErrorReason.ERROR_REASON_INTERNAL, "internal error") from None
 
-    def _runtime_request(self, route: Route, request: Message, admitted: Admitted) -> Message:
-        principal = admitted.principal
-        caller = caller_pb2.Caller(
-            principal_kind=_PRINCIPAL_KINDS[principal.kind],
-            principal_id=principal.id,
-            worker_id=principal.worker_id or "",
-            credential=caller_pb2.CredentialBinding(
-                kind=_CREDENTIAL_KINDS[principal.credential],
-                subject=principal.subject,
-                tls_version=admitted.tls_version,
-            ),
+    async def _hold(
+        self, route: Route, request: Message, admitted: Admitted, context: Context
+    ) -> str:
+        """Have control keep the call as a pending approval request; its id."""
+        held = runtime_service_pb2.HoldForApprovalRequest(
+            caller=_caller(request, admitted), audit_id=admitted.audit_id, method=route.full_method
         )
-        if admitted.binding is not None:
-            caller.role_binding.CopyFrom(
-                caller_pb2.RoleBindingSnapshot(
-                    project_id=targets_of(request).project_id or "",
-                    project_version=admitted.binding.project_version,
-                    role_binding_id=principal.id,
-                    role_binding_version=admitted.binding.binding_version,
-                    role=_PROJECT_ROLES[admitted.binding.role],
-                )
+        held.request.Pack(request)
+        call = self._runtime.unary_unary(
+            _HOLD_METHOD,
+            request_serializer=_serialize,
+            response_deserializer=runtime_service_pb2.HoldForApprovalResponse.FromString,
+        )
+        try:
+            answer = await call(
+                held, timeout=_forward_timeout(context), metadata=self._passed_on(context)
             )
-        wrapped = route.runtime_request_type(caller=caller, audit_id=admitted.audit_id)
+        except grpc.aio.AioRpcError as error:
+            await _relay(context, error)
+            raise
+        approval_id: str = answer.approval.approval_id
+        return approval_id
+
+    def _runtime_request(self, route: Route, request: Message, admitted: Admitted) -> Message:
+        wrapped = route.runtime_request_type(
+            caller=_caller(request, admitted), audit_id=admitted.audit_id
+        )
         getattr(wrapped, "request").CopyFrom(request)  # noqa: B009 - protobuf field
         return wrapped
+
+
+def _caller(request: Message, admitted: Admitted) -> caller_pb2.Caller:
+    """Who ingress authenticated, and the role binding it admitted them under."""
+    principal = admitted.principal
+    caller = caller_pb2.Caller(
+        principal_kind=_PRINCIPAL_KINDS[principal.kind],
+        principal_id=principal.id,
+        worker_id=principal.worker_id or "",
+        credential=caller_pb2.CredentialBinding(
+            kind=_CREDENTIAL_KINDS[principal.credential],
+            subject=principal.subject,
+            tls_version=admitted.tls_version,
+        ),
+    )
+    if admitted.binding is not None:
+        caller.role_binding.CopyFrom(
+            caller_pb2.RoleBindingSnapshot(
+                project_id=targets_of(request).project_id or "",
+                project_version=admitted.binding.project_version,
+                role_binding_id=principal.id,
+                role_binding_version=admitted.binding.binding_version,
+                role=_PROJECT_ROLES[admitted.binding.role],
+            )
+        )
+    return caller
+
+
+def _approval_required(approval_id: str) -> grpc.Status:
+    """The answer of a held method whose response cannot say so: the typed status, with
+    the request that holds the call."""
+    return status_for(
+        _APPROVAL_REQUIRED.reason,
+        "this needs an approval; it is held as a pending request, nothing was done yet",
+        metadata={"approvalId": approval_id},
+    )
 
 
 def _record(call: Call, decision: Verdict | Refusal) -> AuditRecord:

@@ -8,8 +8,9 @@ be served without a decision about who may call it.
 
 How a call held for approval is answered comes from the contract too: a unary method
 whose response has an ``outcome`` enum with a ``…_REQUIRE_APPROVAL`` value answers with
-that outcome (CancelRun, R-CAN-2); any other method answers the typed status
-``APPROVAL_REQUIRED`` (its meaning in ``error_reason.proto``).
+that outcome and the ``approval_id`` of the request that holds it (CancelRun, R-CAN-2);
+any other method answers the typed status ``APPROVAL_REQUIRED`` with the id in its
+ErrorInfo metadata (``approvalId``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 from qinglong.admin.v1 import admin_service_pb2
-from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.control.v1 import approval_service_pb2, run_service_pb2, task_service_pb2
 from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.runtime.v1 import runtime_service_pb2
 from qinglong.worker.v1 import worker_service_pb2
@@ -42,6 +43,10 @@ _OPERATOR: dict[str, Permission] = {
     "ListRunEvents": Permission.READ,
     "WatchRunEvents": Permission.READ,
     "CancelRun": Permission.RUN_STOP,
+    "ListApprovals": Permission.READ,
+    "GetApproval": Permission.READ,
+    "Approve": Permission.APPROVAL_DECIDE,
+    "Deny": Permission.APPROVAL_DECIDE,
 }
 
 
@@ -60,12 +65,16 @@ class Route:
     """The response field and value that answer a call held for approval, if the
     contract has them; otherwise such a call is answered APPROVAL_REQUIRED."""
 
-    def approval_response(self) -> Message | None:
-        """The answer to a call held for approval, or None: then it is a typed status."""
+    def approval_response(self, approval_id: str) -> Message | None:
+        """The answer to a call held for approval, naming the request that holds it where
+        the response has an ``approval_id``; None: then it is a typed status."""
         if self.approval_outcome is None:
             return None
         field, value = self.approval_outcome
-        return self.response_type(**{field: value})
+        answer = self.response_type(**{field: value})
+        if _APPROVAL_ID_FIELD in answer.DESCRIPTOR.fields_by_name:
+            setattr(answer, _APPROVAL_ID_FIELD, approval_id)
+        return answer
 
     @property
     def full_method(self) -> str:
@@ -110,6 +119,7 @@ def _routes(services: tuple[tuple[Any, str, Audience], ...]) -> tuple[Route, ...
 
 
 _OUTCOME_FIELD = "outcome"
+_APPROVAL_ID_FIELD = "approval_id"
 _REQUIRE_APPROVAL_SUFFIX = "_REQUIRE_APPROVAL"
 
 
@@ -132,6 +142,7 @@ ROUTES: tuple[Route, ...] = _routes(
         (worker_service_pb2, "WorkerService", "worker"),
         (task_service_pb2, "TaskService", "operator"),
         (run_service_pb2, "RunService", "operator"),
+        (approval_service_pb2, "ApprovalService", "operator"),
         (admin_service_pb2, "AdminService", "admin"),
     )
 )

@@ -32,7 +32,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescr
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 from qinglong.admin.v1 import admin_service_pb2
-from qinglong.control.v1 import run_service_pb2, task_service_pb2
+from qinglong.control.v1 import approval_service_pb2, run_service_pb2, task_service_pb2
 from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2
@@ -80,6 +80,10 @@ PUBLIC_SERVICES: Final[Sequence[tuple[ServiceDescriptor, int]]] = (
     (
         run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
         bounds.RUN_SERVICE_REQUEST_MAX_BYTES,
+    ),
+    (
+        approval_service_pb2.DESCRIPTOR.services_by_name["ApprovalService"],
+        bounds.APPROVAL_SERVICE_REQUEST_MAX_BYTES,
     ),
     (
         admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"],

@@ -19,7 +19,7 @@ from psycopg import AsyncConnection, errors
 from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.admin import PROJECT_LOCK
-from qinglong_control.db.command_tx import command_transaction
+from qinglong_control.db.command_tx import CommandTx, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.cancellation import (
@@ -93,28 +93,41 @@ async def _cancel_once(conn: AsyncConnection[Any], request: CancelRequest) -> Ca
         now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
         check_policy(request.snapshot, await policy.fetchone())
         run = await locked.fetchone()
-        outcome = decide_cancel(
-            None if run is None else CancelTarget(RunState(run.state), run.cancel_reason)
-        )
-        if outcome is not CancelOutcome.ACCEPTED:
-            return outcome
-        assert run is not None
+        target = None if run is None else CancelTarget(RunState(run.state), run.cancel_reason)
         now_ms: int = await now.fetchone() or 0
-        await tx.execute("run.cancel_intent", _WRITE_INTENT, {**values, "now": now_ms})
-        await append_events(
-            tx,
-            request.run_id,
-            run.event_sequence,
-            request.actor,
-            now_ms,
-            [
-                NewEvent(
-                    "run.cancel_requested",
-                    None,
-                    {"reason": "user", "requested_at_ms": now_ms},
-                    # One intent per mutation id: a retried mutation can never add an Event.
-                    dedupe_key=f"cancel:{request.run_id}:{request.mutation_id}",
-                )
-            ],
+        outcome, events = await record_intent(
+            tx, request.run_id, target, request.actor, now_ms, request.mutation_id
         )
+        if events:
+            assert run is not None
+            await append_events(
+                tx, request.run_id, run.event_sequence, request.actor, now_ms, events
+            )
         return outcome
+
+
+async def record_intent(
+    tx: CommandTx,
+    run_id: uuid.UUID,
+    target: CancelTarget | None,
+    actor: Actor,
+    now_ms: int,
+    mutation_id: str,
+    approval_id: uuid.UUID | None = None,
+) -> tuple[CancelOutcome, list[NewEvent]]:
+    """Decide and write the intent on the locked Run ``target``; return the outcome and
+    the Event the caller appends (with any of its own, in one sequence). An approved
+    cancellation names the approval it executes."""
+    outcome = decide_cancel(target)
+    if outcome is not CancelOutcome.ACCEPTED:
+        return outcome, []
+    values = {"run_id": run_id, "actor_id": actor.id, "now": now_ms}
+    await tx.execute("run.cancel_intent", _WRITE_INTENT, values)
+    payload: dict[str, object] = {"reason": "user", "requested_at_ms": now_ms}
+    if approval_id is not None:
+        payload["approval_id"] = str(approval_id)
+    # One intent per mutation id: a retried mutation can never add an Event.
+    event = NewEvent(
+        "run.cancel_requested", None, payload, dedupe_key=f"cancel:{run_id}:{mutation_id}"
+    )
+    return outcome, [event]

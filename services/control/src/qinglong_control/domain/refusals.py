@@ -37,12 +37,19 @@ class Reason(StrEnum):
     TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # noqa: S105 - a reason name, not a secret
     WORKER_NOT_FOUND = "WORKER_NOT_FOUND"
     ROLE_BINDING_NOT_FOUND = "ROLE_BINDING_NOT_FOUND"
+    APPROVAL_NOT_FOUND = "APPROVAL_NOT_FOUND"
     # Validation (gRPC INVALID_ARGUMENT).
     CAPABILITY_MALFORMED = "CAPABILITY_MALFORMED"
     CAPABILITY_WEAK = "CAPABILITY_WEAK"
     FIELD_INVALID = "FIELD_INVALID"
     # A create collided with a resource another request made (gRPC ALREADY_EXISTS).
     ALREADY_EXISTS = "ALREADY_EXISTS"
+    # A decided or expired approval request (gRPC FAILED_PRECONDITION); a held method
+    # this control version cannot execute later.
+    APPROVAL_NOT_PENDING = "APPROVAL_NOT_PENDING"
+    APPROVAL_UNSUPPORTED = "APPROVAL_UNSUPPORTED"
+    # What only control can refuse about who asks (gRPC PERMISSION_DENIED).
+    PERMISSION_DENIED = "PERMISSION_DENIED"
     # Authentication that only control can decide (a Worker's join token).
     UNAUTHENTICATED_PRINCIPAL = "UNAUTHENTICATED_PRINCIPAL"
     # This replica cannot reach the storage a command needs (gRPC UNAVAILABLE).

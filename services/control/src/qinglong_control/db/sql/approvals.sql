@@ -1,0 +1,75 @@
+-- Statements of db/approvals.py.
+
+-- name: hold
+-- A retry of a held call (same caller, same method and bytes) finds the first request.
+INSERT INTO qinglong.approval_requests (
+    approval_id, project_id, method, request_type, request, request_digest, run_id,
+    requested_by, requested_by_kind, audit_id, requested_at_ms, expires_at_ms)
+VALUES (%(approval_id)s, %(project_id)s, %(method)s, %(request_type)s, %(request)s,
+        %(request_digest)s, %(run_id)s, %(requested_by)s, %(requested_by_kind)s,
+        %(audit_id)s, %(now)s, %(now)s + %(ttl_ms)s)
+ON CONFLICT (project_id, requested_by, request_digest) DO NOTHING
+RETURNING approval_id
+
+-- name: held_before
+SELECT approval_id FROM qinglong.approval_requests
+ WHERE project_id = %(project_id)s AND requested_by = %(requested_by)s
+   AND request_digest = %(request_digest)s
+
+-- name: lock
+SELECT approval_id, state, method, run_id, requested_by, decided_by, expires_at_ms
+  FROM qinglong.approval_requests
+ WHERE project_id = %(project_id)s AND approval_id = %(approval_id)s
+   FOR UPDATE
+
+-- name: record_decision
+UPDATE qinglong.approval_requests
+   SET state = %(state)s, decided_by = %(decided_by)s, decided_at_ms = %(now)s,
+       note = %(note)s, result = %(result)s
+ WHERE approval_id = %(approval_id)s
+
+-- name: get
+-- What an operator sees: a pending request past its expiry is expired, whether or not
+-- the reconciler has recorded that yet.
+SELECT a.approval_id, a.project_id,
+       CASE WHEN a.state = 'pending' AND a.expires_at_ms <= qinglong.db_now_ms()
+            THEN 'expired' ELSE a.state END AS state,
+       a.method, a.request_type, a.request, a.run_id, a.requested_by, a.requested_by_kind,
+       rp.name AS requested_by_name, a.audit_id, a.requested_at_ms, a.expires_at_ms,
+       a.decided_by, dp.name AS decided_by_name, a.decided_at_ms, a.note, a.result
+  FROM qinglong.approval_requests a
+  JOIN qinglong.principals rp ON rp.principal_id = a.requested_by
+  LEFT JOIN qinglong.principals dp ON dp.principal_id = a.decided_by
+ WHERE a.project_id = %(project_id)s AND a.approval_id = %(approval_id)s
+
+-- name: list
+-- Newest first, keyset-paginated by (requested_at_ms, approval_id).
+SELECT * FROM (
+    SELECT a.approval_id, a.project_id,
+           CASE WHEN a.state = 'pending' AND a.expires_at_ms <= qinglong.db_now_ms()
+                THEN 'expired' ELSE a.state END AS state,
+           a.method, a.request_type, a.request, a.run_id, a.requested_by,
+           a.requested_by_kind, rp.name AS requested_by_name, a.audit_id, a.requested_at_ms,
+           a.expires_at_ms, a.decided_by, dp.name AS decided_by_name, a.decided_at_ms,
+           a.note, a.result
+      FROM qinglong.approval_requests a
+      JOIN qinglong.principals rp ON rp.principal_id = a.requested_by
+      LEFT JOIN qinglong.principals dp ON dp.principal_id = a.decided_by
+     WHERE a.project_id = %(project_id)s
+       AND (%(before_requested)s::bigint IS NULL
+            OR (a.requested_at_ms, a.approval_id)
+               < (%(before_requested)s, %(before_approval)s::uuid))
+) seen
+ WHERE cardinality(%(states)s::text[]) = 0 OR state = ANY(%(states)s)
+ ORDER BY requested_at_ms DESC, approval_id DESC
+ LIMIT %(limit)s
+
+-- name: expire_page
+-- The reconciler's share: pending requests past their expiry, oldest first; a request a
+-- decision holds is skipped (the decision records the expiry itself).
+SELECT approval_id, project_id, method, run_id
+  FROM qinglong.approval_requests
+ WHERE state = 'pending' AND expires_at_ms <= (SELECT qinglong.db_now_ms())
+ ORDER BY expires_at_ms
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED

@@ -1,0 +1,91 @@
+"""The mutations control can hold for approval and execute later (SPEC R-OPS-2).
+
+Ingress decides *whether* a call needs an approval (its policy) and forwards any such
+call; control decides whether it *can* hold it: a method listed here. Each entry reads
+its own request (the exact bytes the caller sent), names the Run it concerns, checks a
+decider's current binding as the method's own call would, and performs the mutation as
+the approver inside the decision's transaction. A method ingress holds that is not here
+is refused APPROVAL_UNSUPPORTED and nothing is kept.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Final
+
+from google.protobuf.message import Message
+from qinglong.control.v1 import run_service_pb2
+
+from qinglong_control.db.approvals import Executed, HeldMutation, LockedRun
+from qinglong_control.db.cancellation import record_intent
+from qinglong_control.db.command_tx import CommandTx
+from qinglong_control.db.events import Actor
+from qinglong_control.domain.cancellation import (
+    BindingSnapshot,
+    CancelTarget,
+    PolicyNow,
+    check_policy,
+)
+from qinglong_control.domain.states import RunState
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a held request is about, read from the request itself."""
+
+    project_id: str
+    run_id: uuid.UUID | None
+
+
+class HeldCancel:
+    """RunService.CancelRun: an approved request records the cancel intent as the
+    approver, exactly as the approver's own CancelRun would (R-CAN-3)."""
+
+    request_type: Final = run_service_pb2.CancelRunRequest
+
+    def subject(self, request: Message) -> Subject:
+        assert isinstance(request, run_service_pb2.CancelRunRequest)
+        return Subject(request.project_id, uuid.UUID(request.run_id))
+
+    def check_policy(self, snapshot: BindingSnapshot, now: PolicyNow | None) -> None:
+        check_policy(snapshot, now)
+
+    async def execute(
+        self,
+        tx: CommandTx,
+        request: bytes,
+        run: LockedRun | None,
+        approval_id: uuid.UUID,
+        approver: Actor,
+        now_ms: int,
+    ) -> Executed:
+        held = run_service_pb2.CancelRunRequest.FromString(request)
+        target = None if run is None else CancelTarget(RunState(run.state), run.cancel_reason)
+        outcome, events = await record_intent(
+            tx,
+            uuid.UUID(held.run_id),
+            target,
+            approver,
+            now_ms,
+            # The approval is the mutation: one intent per approval, however often retried.
+            f"approval:{approval_id}",
+            approval_id,
+        )
+        return Executed(outcome.name, events)
+
+
+def _method(service: str, name: str) -> str:
+    """A public method's gRPC path, from the contract."""
+    return f"/{run_service_pb2.DESCRIPTOR.services_by_name[service].full_name}/{name}"
+
+
+#: By public method: what control can hold and execute.
+HELD_MUTATIONS: Final[dict[str, HeldCancel]] = {
+    _method("RunService", "CancelRun"): HeldCancel(),
+}
+
+
+def registry() -> dict[str, HeldMutation]:
+    """The table as the decision transaction takes it."""
+    return dict(HELD_MUTATIONS)

@@ -1,0 +1,160 @@
+"""Approval requests in the database (SPEC R-OPS-2), on PostgreSQL 16 and 18: a request is
+decided once — by the transaction's locks when two people decide at the same moment, and
+by the table's trigger against any later write — and approving runs the held cancel as
+the approver, under R-CAN-3's binding fence."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from qinglong.control.v1 import run_service_pb2
+from qinglong_control.db import approvals
+from qinglong_control.db.events import Actor
+from qinglong_control.db.identities import bind_role, enroll_operator_token
+from qinglong_control.domain.approvals import Decision, HeldCall
+from qinglong_control.domain.cancellation import BindingSnapshot
+from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.held_mutations import HELD_MUTATIONS, registry
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.seed import digest
+from tests.support.world import PROJECT, World
+
+CANCEL = next(iter(HELD_MUTATIONS))
+AS_OPERATOR = BindingSnapshot(project_version=1, binding_version=1, role="operator")
+DAY_MS = 86_400_000
+APPROVE, DENY = Decision.APPROVE, Decision.DENY
+
+
+@pytest.fixture
+def people(database: MigratedDatabase) -> Iterator[dict[str, uuid.UUID]]:
+    """An Agent that asks, two operators who decide."""
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        found = {}
+        for name, kind in (("bot", "agent"), ("alice", "user"), ("carol", "user")):
+            found[name] = enroll_operator_token(admin, name, kind, digest(f"qlo1_{name}"))  # type: ignore[arg-type]
+            bind_role(admin, PROJECT, found[name], "operator")
+        yield found
+
+
+async def held(world: World, people: dict[str, uuid.UUID]) -> tuple[uuid.UUID, uuid.UUID]:
+    run_id = await world.queued_run()
+    request = run_service_pb2.CancelRunRequest(
+        project_id=PROJECT, run_id=str(run_id), mutation_id="m-1"
+    ).SerializeToString()
+    call = HeldCall(
+        project_id=PROJECT,
+        method=CANCEL,
+        request_type="qinglong.control.v1.CancelRunRequest",
+        request=request,
+        run_id=run_id,
+        requested_by=people["bot"],
+        requested_by_kind="agent",
+        audit_id=uuid.uuid4(),
+    )
+    approval_id = await approvals.hold(world.conn, call, DAY_MS, Actor("agent", str(people["bot"])))
+    return run_id, approval_id
+
+
+def decision(
+    approval_id: uuid.UUID, who: uuid.UUID, what: Decision, snapshot: BindingSnapshot = AS_OPERATOR
+) -> approvals.DecideApproval:
+    return approvals.DecideApproval(
+        project_id=PROJECT,
+        approval_id=approval_id,
+        decision=what,
+        decider=Actor("user", str(who)),
+        decider_id=who,
+        snapshot=snapshot,
+        note=None,
+    )
+
+
+async def test_two_people_deciding_at_once_make_one_decision(
+    database: MigratedDatabase, world: World, people: dict[str, uuid.UUID]
+) -> None:
+    run_id, approval_id = await held(world, people)
+    async with (
+        await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as one,
+        await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as two,
+    ):
+        outcomes = await asyncio.gather(
+            approvals.decide(
+                one, decision(approval_id, people["alice"], Decision.APPROVE), registry()
+            ),
+            approvals.decide(
+                two, decision(approval_id, people["carol"], Decision.DENY), registry()
+            ),
+            return_exceptions=True,
+        )
+    refused = [o for o in outcomes if isinstance(o, Refused)]
+    assert len(refused) == 1, outcomes
+    assert refused[0].reason is Reason.APPROVAL_NOT_PENDING
+    view = await approvals.get_approval(world.conn, PROJECT, approval_id)
+    cursor = await world.conn.execute(
+        "SELECT cancel_reason FROM qinglong.runs WHERE run_id = %s", (run_id,)
+    )
+    cancelled = (await cursor.fetchone()) == ("user",)
+    events = await world.conn.execute(
+        "SELECT event_type FROM qinglong.run_events WHERE run_id = %s AND event_type LIKE 'run.%%'"
+        " ORDER BY sequence",
+        (run_id,),
+    )
+    types = [row[0] for row in await events.fetchall()]
+    print(f"\nconcurrent approve/deny: {view.state} won, run cancelled: {cancelled}, {types}")
+    if view.state == "approved":
+        assert cancelled
+        assert types[-3:] == [
+            "run.approval_requested",
+            "run.approval_approved",
+            "run.cancel_requested",
+        ]
+    else:
+        assert view.state == "denied"
+        assert not cancelled
+        assert types[-2:] == ["run.approval_requested", "run.approval_denied"]
+
+
+async def test_a_changed_binding_fences_the_approval_before_any_write(
+    world: World, people: dict[str, uuid.UUID]
+) -> None:
+    _, approval_id = await held(world, people)
+    stale = BindingSnapshot(project_version=1, binding_version=0, role="operator")
+    with pytest.raises(Refused) as fenced:
+        await approvals.decide(
+            world.conn, decision(approval_id, people["alice"], Decision.APPROVE, stale), registry()
+        )
+    assert fenced.value.reason is Reason.ROLE_BINDING_FENCED
+    assert (await approvals.get_approval(world.conn, PROJECT, approval_id)).state == "pending"
+    # The requester cannot decide its own request, whatever its role.
+    with pytest.raises(Refused) as own:
+        await approvals.decide(
+            world.conn, decision(approval_id, people["bot"], Decision.APPROVE), registry()
+        )
+    assert own.value.reason is Reason.PERMISSION_DENIED
+
+
+async def test_a_decided_request_never_changes_again(
+    database: MigratedDatabase, world: World, people: dict[str, uuid.UUID]
+) -> None:
+    _, pending = await held(world, people)
+    _, decided = await held(world, people)  # a second held cancel, of another Run
+    await approvals.decide(
+        world.conn, decision(decided, people["alice"], Decision.DENY), registry()
+    )
+    with psycopg.connect(database.urls.migration, autocommit=True) as owner:
+        for statement, approval_id in (
+            # Re-opening or re-deciding a decided request.
+            ("UPDATE qinglong.approval_requests SET state = 'pending', decided_by = NULL,"
+             " decided_at_ms = NULL WHERE approval_id = %s", decided),
+            # Changing what was asked while it waits.
+            ("UPDATE qinglong.approval_requests SET request = '\\x00'::bytea"
+             " WHERE approval_id = %s", pending),
+        ):  # fmt: skip
+            with pytest.raises(psycopg.errors.CheckViolation) as refused:
+                owner.execute(statement.encode(), (approval_id,))
+            assert refused.value.diag.constraint_name == "approval_requests_final"
