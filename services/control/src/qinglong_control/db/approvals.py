@@ -98,6 +98,7 @@ class _Locked:
     approval_id: uuid.UUID
     state: str
     method: str
+    request: bytes
     run_id: uuid.UUID | None
     requested_by: uuid.UUID
     decided_by: uuid.UUID | None
@@ -230,9 +231,8 @@ async def _decide_once(
         ]
         result = None
         if command.decision is Decision.APPROVE:
-            request = await _held_request(tx, command)
             executed = await mutation.execute(
-                tx, request, run, locked.approval_id, command.decider, now_ms
+                tx, locked.request, run, locked.approval_id, command.decider, now_ms
             )
             result = executed.result
             events += executed.events
@@ -253,19 +253,6 @@ async def _decide_once(
                 tx, locked.run_id, run.event_sequence, command.decider, now_ms, events
             )
         return Decided(expired=False)
-
-
-async def _held_request(tx: CommandTx, command: DecideApproval) -> bytes:
-    view = await tx.execute(
-        "approval.get",
-        _GET,
-        {"project_id": command.project_id, "approval_id": command.approval_id},
-        kwargs_row(ApprovalView),
-    )
-    found = await view.fetchone()
-    if found is None:  # locked a moment ago in this transaction
-        raise AssertionError("a locked approval request vanished")
-    return found.request
 
 
 # --- expiring -------------------------------------------------------------------------

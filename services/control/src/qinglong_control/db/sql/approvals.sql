@@ -17,7 +17,7 @@ SELECT approval_id FROM qinglong.approval_requests
    AND request_digest = %(request_digest)s
 
 -- name: lock
-SELECT approval_id, state, method, run_id, requested_by, decided_by, expires_at_ms
+SELECT approval_id, state, method, request, run_id, requested_by, decided_by, expires_at_ms
   FROM qinglong.approval_requests
  WHERE project_id = %(project_id)s AND approval_id = %(approval_id)s
    FOR UPDATE
