@@ -189,6 +189,45 @@ CREATE TABLE qinglong.approval_requests (
     CONSTRAINT approval_requests_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text])))
 );
 
+CREATE TABLE qinglong.principals (
+    principal_id uuid NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    status text DEFAULT 'active'::text NOT NULL,
+    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
+    create_request_id text,
+    CONSTRAINT principals_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
+    CONSTRAINT principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'agent'::text, 'worker'::text, 'service'::text]))),
+    CONSTRAINT principals_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT principals_status_check CHECK ((status = ANY (ARRAY['active'::text, 'disabled'::text])))
+);
+
+CREATE VIEW qinglong.approval_projection AS
+ SELECT a.approval_id,
+    a.project_id,
+        CASE
+            WHEN ((a.state = 'pending'::text) AND ((a.expires_at_ms)::bigint <= qinglong.db_now_ms())) THEN 'expired'::text
+            ELSE a.state
+        END AS state,
+    a.method,
+    a.request_type,
+    a.request,
+    a.run_id,
+    a.requested_by,
+    a.requested_by_kind,
+    rp.name AS requested_by_name,
+    a.audit_id,
+    a.requested_at_ms,
+    a.expires_at_ms,
+    a.decided_by,
+    dp.name AS decided_by_name,
+    a.decided_at_ms,
+    a.note,
+    a.result
+   FROM ((qinglong.approval_requests a
+     JOIN qinglong.principals rp ON ((rp.principal_id = a.requested_by)))
+     LEFT JOIN qinglong.principals dp ON ((dp.principal_id = a.decided_by)));
+
 CREATE TABLE qinglong.attempts (
     attempt_id uuid NOT NULL,
     run_id uuid NOT NULL,
@@ -270,19 +309,6 @@ CREATE TABLE qinglong.operator_credentials (
     CONSTRAINT operator_credentials_rotation_has_request CHECK (((replaces_credential_id IS NULL) OR (issue_request_id IS NOT NULL))),
     CONSTRAINT operator_credentials_status_check CHECK ((status = ANY (ARRAY['active'::text, 'revoked'::text]))),
     CONSTRAINT operator_credentials_token_prefix_check CHECK ((token_prefix ~ '^qlo1_[A-Za-z0-9_-]{6}$'::text))
-);
-
-CREATE TABLE qinglong.principals (
-    principal_id uuid NOT NULL,
-    kind text NOT NULL,
-    name text NOT NULL,
-    status text DEFAULT 'active'::text NOT NULL,
-    created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
-    create_request_id text,
-    CONSTRAINT principals_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
-    CONSTRAINT principals_kind_check CHECK ((kind = ANY (ARRAY['user'::text, 'agent'::text, 'worker'::text, 'service'::text]))),
-    CONSTRAINT principals_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
-    CONSTRAINT principals_status_check CHECK ((status = ANY (ARRAY['active'::text, 'disabled'::text])))
 );
 
 CREATE TABLE qinglong.projects (
@@ -808,6 +834,12 @@ REVOKE ALL ON FUNCTION qinglong.enforce_run_transition() FROM PUBLIC;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.approval_requests TO qinglong_runtime;
 
+GRANT SELECT ON TABLE qinglong.principals TO qinglong_runtime;
+GRANT SELECT ON TABLE qinglong.principals TO qinglong_ingress;
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.principals TO qinglong_admin;
+
+GRANT SELECT ON TABLE qinglong.approval_projection TO qinglong_runtime;
+
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempts TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.attempts TO qinglong_admin;
 
@@ -818,10 +850,6 @@ GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.offers TO qinglong_runtime;
 
 GRANT SELECT ON TABLE qinglong.operator_credentials TO qinglong_ingress;
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.operator_credentials TO qinglong_admin;
-
-GRANT SELECT ON TABLE qinglong.principals TO qinglong_runtime;
-GRANT SELECT ON TABLE qinglong.principals TO qinglong_ingress;
-GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.principals TO qinglong_admin;
 
 GRANT SELECT ON TABLE qinglong.projects TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.projects TO qinglong_ingress;

@@ -312,3 +312,26 @@ def _set_role(database: MigratedDatabase, name: str, **change: str) -> None:
     with psycopg.connect(database.urls.migration, autocommit=True) as conn:
         updated = conn.execute(statement, (value, PROJECT, name)).rowcount
     assert updated == 1
+
+
+async def test_requests_page_newest_first_and_filter_by_state(stack: Stack) -> None:
+    async with operators(stack) as people:
+        made = [(await held_cancel(stack, people))[1] for _ in range(3)]
+        await people["alice"].deny(made[0])
+        alice = people["alice"]
+
+        async def page(token: str = "", states: tuple[int, ...] = ()) -> Any:
+            return await alice.approvals.ListApprovals(
+                aps.ListApprovalsRequest(
+                    project_id=PROJECT, page_size=2, page_token=token, states=states
+                ),
+                metadata=alice.meta,
+            )
+
+        first = await page()
+        second = await page(first.next_page_token)
+        pending = await page(states=(PENDING,))
+    assert [a.approval_id for a in first.approvals] == made[:0:-1]
+    assert [a.approval_id for a in second.approvals] == made[:1]
+    assert second.next_page_token == ""
+    assert [a.approval_id for a in pending.approvals] == made[:0:-1]

@@ -69,6 +69,21 @@ $$;
 CREATE TRIGGER approval_requests_decided_once BEFORE UPDATE ON qinglong.approval_requests
     FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_approval_decided_once();
 
+-- A request as operators see it, in one definition for GetApproval and ListApprovals: the
+-- principals' names, and a pending request past its expiry already reads as expired
+-- (the reconciler records that in its next cycle).
+CREATE VIEW qinglong.approval_projection AS
+SELECT a.approval_id, a.project_id,
+       CASE WHEN a.state = 'pending' AND a.expires_at_ms <= qinglong.db_now_ms()
+            THEN 'expired' ELSE a.state END AS state,
+       a.method, a.request_type, a.request, a.run_id, a.requested_by, a.requested_by_kind,
+       rp.name AS requested_by_name, a.audit_id, a.requested_at_ms, a.expires_at_ms,
+       a.decided_by, dp.name AS decided_by_name, a.decided_at_ms, a.note, a.result
+  FROM qinglong.approval_requests a
+  JOIN qinglong.principals rp ON rp.principal_id = a.requested_by
+  LEFT JOIN qinglong.principals dp ON dp.principal_id = a.decided_by;
+
 -- Only the runtime holds and decides requests; ingress forwards, the admin role and
 -- anyone else have no access. Nothing is ever deleted.
 GRANT SELECT, INSERT, UPDATE ON qinglong.approval_requests TO qinglong_runtime;
+GRANT SELECT ON qinglong.approval_projection TO qinglong_runtime;

@@ -29,38 +29,16 @@ UPDATE qinglong.approval_requests
  WHERE approval_id = %(approval_id)s
 
 -- name: get
--- What an operator sees: a pending request past its expiry is expired, whether or not
--- the reconciler has recorded that yet.
-SELECT a.approval_id, a.project_id,
-       CASE WHEN a.state = 'pending' AND a.expires_at_ms <= qinglong.db_now_ms()
-            THEN 'expired' ELSE a.state END AS state,
-       a.method, a.request_type, a.request, a.run_id, a.requested_by, a.requested_by_kind,
-       rp.name AS requested_by_name, a.audit_id, a.requested_at_ms, a.expires_at_ms,
-       a.decided_by, dp.name AS decided_by_name, a.decided_at_ms, a.note, a.result
-  FROM qinglong.approval_requests a
-  JOIN qinglong.principals rp ON rp.principal_id = a.requested_by
-  LEFT JOIN qinglong.principals dp ON dp.principal_id = a.decided_by
- WHERE a.project_id = %(project_id)s AND a.approval_id = %(approval_id)s
+SELECT * FROM qinglong.approval_projection
+ WHERE project_id = %(project_id)s AND approval_id = %(approval_id)s
 
 -- name: list
 -- Newest first, keyset-paginated by (requested_at_ms, approval_id).
-SELECT * FROM (
-    SELECT a.approval_id, a.project_id,
-           CASE WHEN a.state = 'pending' AND a.expires_at_ms <= qinglong.db_now_ms()
-                THEN 'expired' ELSE a.state END AS state,
-           a.method, a.request_type, a.request, a.run_id, a.requested_by,
-           a.requested_by_kind, rp.name AS requested_by_name, a.audit_id, a.requested_at_ms,
-           a.expires_at_ms, a.decided_by, dp.name AS decided_by_name, a.decided_at_ms,
-           a.note, a.result
-      FROM qinglong.approval_requests a
-      JOIN qinglong.principals rp ON rp.principal_id = a.requested_by
-      LEFT JOIN qinglong.principals dp ON dp.principal_id = a.decided_by
-     WHERE a.project_id = %(project_id)s
-       AND (%(before_requested)s::bigint IS NULL
-            OR (a.requested_at_ms, a.approval_id)
-               < (%(before_requested)s, %(before_approval)s::uuid))
-) seen
- WHERE cardinality(%(states)s::text[]) = 0 OR state = ANY(%(states)s)
+SELECT * FROM qinglong.approval_projection
+ WHERE project_id = %(project_id)s
+   AND (cardinality(%(states)s::text[]) = 0 OR state = ANY(%(states)s))
+   AND (%(before_requested)s::bigint IS NULL
+        OR (requested_at_ms, approval_id) < (%(before_requested)s, %(before_approval)s::uuid))
  ORDER BY requested_at_ms DESC, approval_id DESC
  LIMIT %(limit)s
 
