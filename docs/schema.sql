@@ -140,6 +140,27 @@ CREATE TABLE public.qinglong_schema_migrations (
     CONSTRAINT qinglong_schema_migrations_checksum_check CHECK ((checksum ~ '^[0-9a-f]{64}$'::text))
 );
 
+CREATE TABLE qinglong.attempt_output (
+    attempt_id uuid NOT NULL,
+    end_offset bigint NOT NULL,
+    first_offset bigint NOT NULL,
+    created_at_ms qinglong.epoch_ms NOT NULL,
+    updated_at_ms qinglong.epoch_ms NOT NULL,
+    CONSTRAINT attempt_output_check CHECK ((first_offset <= end_offset)),
+    CONSTRAINT attempt_output_end_offset_check CHECK (((end_offset >= 1) AND (end_offset <= '9007199254740991'::bigint))),
+    CONSTRAINT attempt_output_first_offset_check CHECK ((first_offset >= 0))
+);
+
+CREATE TABLE qinglong.attempt_output_chunks (
+    attempt_id uuid NOT NULL,
+    start_offset bigint NOT NULL,
+    end_offset bigint NOT NULL,
+    data bytea NOT NULL,
+    CONSTRAINT attempt_output_chunks_check CHECK ((end_offset = (start_offset + octet_length(data)))),
+    CONSTRAINT attempt_output_chunks_data_check CHECK (((octet_length(data) >= 1) AND (octet_length(data) <= 65536))),
+    CONSTRAINT attempt_output_chunks_start_offset_check CHECK ((start_offset >= 0))
+);
+
 CREATE TABLE qinglong.attempts (
     attempt_id uuid NOT NULL,
     run_id uuid NOT NULL,
@@ -485,6 +506,12 @@ CREATE TABLE qinglong.worker_sessions (
 ALTER TABLE ONLY public.qinglong_schema_migrations
     ADD CONSTRAINT qinglong_schema_migrations_pkey PRIMARY KEY (version);
 
+ALTER TABLE ONLY qinglong.attempt_output_chunks
+    ADD CONSTRAINT attempt_output_chunks_pkey PRIMARY KEY (attempt_id, start_offset);
+
+ALTER TABLE ONLY qinglong.attempt_output
+    ADD CONSTRAINT attempt_output_pkey PRIMARY KEY (attempt_id);
+
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_offer_id_key UNIQUE (offer_id);
 
@@ -608,6 +635,8 @@ ALTER TABLE ONLY qinglong.worker_sessions
 ALTER TABLE ONLY qinglong.worker_sessions
     ADD CONSTRAINT worker_sessions_worker_id_open_request_id_key UNIQUE (worker_id, open_request_id);
 
+CREATE INDEX attempt_output_retained ON qinglong.attempt_output USING btree (updated_at_ms) WHERE (first_offset < end_offset);
+
 CREATE INDEX attempts_live_by_worker ON qinglong.attempts USING btree (worker_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
 
 CREATE UNIQUE INDEX attempts_one_live_per_run ON qinglong.attempts USING btree (run_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
@@ -649,6 +678,12 @@ CREATE TRIGGER run_leases_enforce_progress BEFORE UPDATE ON qinglong.run_leases 
 CREATE TRIGGER runs_enforce_transition BEFORE UPDATE ON qinglong.runs FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_run_transition();
 
 CREATE TRIGGER worker_join_tokens_enforce_single_use BEFORE UPDATE ON qinglong.worker_join_tokens FOR EACH ROW EXECUTE FUNCTION qinglong.enforce_join_token_single_use();
+
+ALTER TABLE ONLY qinglong.attempt_output
+    ADD CONSTRAINT attempt_output_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES qinglong.attempts(attempt_id);
+
+ALTER TABLE ONLY qinglong.attempt_output_chunks
+    ADD CONSTRAINT attempt_output_chunks_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES qinglong.attempt_output(attempt_id);
 
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_offer_id_run_id_fkey FOREIGN KEY (offer_id, run_id) REFERENCES qinglong.offers(offer_id, run_id);
@@ -732,6 +767,10 @@ REVOKE ALL ON FUNCTION qinglong.enforce_event_sequence() FROM PUBLIC;
 REVOKE ALL ON FUNCTION qinglong.enforce_lease_progress() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION qinglong.enforce_run_transition() FROM PUBLIC;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempt_output TO qinglong_runtime;
+
+GRANT SELECT,INSERT,DELETE ON TABLE qinglong.attempt_output_chunks TO qinglong_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempts TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.attempts TO qinglong_admin;

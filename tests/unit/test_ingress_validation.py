@@ -140,6 +140,9 @@ def valid_requests() -> dict[str, Message]:
         W + "RenewCertificate": ws.RenewCertificateRequest(
             worker_id=WORKER, certificate_signing_request_pem=CSR
         ),
+        W + "AppendOutput": ws.AppendOutputRequest(
+            fence=fence(), offset=65536, data=b"\x00\xff binary is fine\n"
+        ),
         T + "CreateTask": ts.CreateTaskRequest(
             project_id=PROJECT,
             request_id="task-1",
@@ -164,6 +167,9 @@ def valid_requests() -> dict[str, Message]:
             project_id=PROJECT, run_id=RUN, after_sequence=12
         ),
         R + "CancelRun": rs.CancelRunRequest(project_id=PROJECT, run_id=RUN, mutation_id="stop-1"),
+        R + "ReadRunOutput": rs.ReadRunOutputRequest(
+            project_id=PROJECT, run_id=RUN, attempt_number=2, offset=4096
+        ),
         A + "CreateProject": ad.CreateProjectRequest(
             request_id="project-1", project_id=PROJECT, display_name="Project A"
         ),
@@ -690,6 +696,8 @@ def test_byte_caps_per_method() -> None:
         W + "ControlLease": 8 * kib,  # R-LC-1
         W + "CompleteAttempt": 8 * kib,
         W + "RenewCertificate": 8 * kib,
+        # A chunk of output (at most 64 KiB) on top of what any Worker request carries.
+        W + "AppendOutput": 64 * kib + 8 * kib,
         T + "CreateTask": 128 * kib,
         T + "GetTask": 128 * kib,
         T + "ListTasks": 128 * kib,
@@ -701,6 +709,7 @@ def test_byte_caps_per_method() -> None:
         R + "ListRunEvents": 8 * kib,
         R + "WatchRunEvents": 8 * kib,
         R + "CancelRun": 8 * kib,
+        R + "ReadRunOutput": 8 * kib,
         **{A + method.name: 8 * kib for method in public_services()[3].methods},
         E + "JoinWorker": 8 * kib,
     }
@@ -799,8 +808,8 @@ def test_every_field_of_every_public_request_has_a_fitting_rule() -> None:
     assert "qinglong.rpc.v1.Fence" in reachable
     assert "qinglong.rpc.v1.ExecutionPlan" in reachable
     assert "qinglong.rpc.v1.RetryPolicy" in reachable
-    # 40 requests + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
-    assert len(reachable) == 44
+    # 42 requests + Fence + ExecutionPlan + RetryPolicy + Timestamp (audit time filters)
+    assert len(reachable) == 46
     assert _coverage_problems(public_services()) == []
 
 

@@ -1,4 +1,5 @@
-"""The convergence coordinator: one bounded cycle of lease expiry, convergence, retries.
+"""The convergence coordinator: one bounded cycle of lease expiry, convergence, retries
+and the expiry of old Run output (its retention age, R-OPS-1).
 
 It owns no timer, connection or queue (SPEC R-CONV-1): the service's single cadence calls
 `cycle()`, which borrows one pooled connection for its duration. Overlapping calls are
@@ -17,7 +18,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from qinglong_control import metrics as prometheus
 from qinglong_control.db.convergence import converge_page, expire_leases
+from qinglong_control.db.output import OutputStore, TableOutputStore
 from qinglong_control.db.retries import retry_page
+from qinglong_control.domain.output import OutputRetention
 from qinglong_control.domain.timings import Timings
 
 
@@ -40,6 +43,7 @@ class CycleReport:
     retries_scheduled: int = 0
     retries_exhausted: int = 0
     requeued: int = 0
+    outputs_expired: int = 0
 
 
 class Reconciler:
@@ -48,10 +52,14 @@ class Reconciler:
         pool: AsyncConnectionPool[AsyncConnection[Any]],
         limits: ReconcilerLimits,
         timings: Timings | None = None,
+        output_retention: OutputRetention | None = None,
+        output_store: OutputStore | None = None,
     ) -> None:
         self._pool = pool
         self._limits = limits
         self._timings = timings or Timings()
+        self._output_retention = output_retention or OutputRetention()
+        self._output = output_store or TableOutputStore(pool)
         self._running: asyncio.Task[CycleReport] | None = None
 
     async def cycle(self) -> CycleReport:
@@ -97,4 +105,12 @@ class Reconciler:
                 requeued += retry.requeued
                 if retry.candidates < limits.page_size:
                     break
-        return CycleReport(expired, converged, blocked, pages, scheduled, exhausted, requeued)
+        outputs_expired = 0
+        for _ in range(limits.max_pages):
+            count = await self._output.expire(self._output_retention.max_age_ms, limits.page_size)
+            outputs_expired += count
+            if count < limits.page_size:
+                break
+        return CycleReport(
+            expired, converged, blocked, pages, scheduled, exhausted, requeued, outputs_expired
+        )

@@ -42,6 +42,7 @@ _OPERATOR: dict[str, Permission] = {
     "ListRunEvents": Permission.READ,
     "WatchRunEvents": Permission.READ,
     "CancelRun": Permission.RUN_STOP,
+    "ReadRunOutput": Permission.READ,
 }
 
 
