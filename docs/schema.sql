@@ -228,6 +228,27 @@ CREATE VIEW qinglong.approval_projection AS
      JOIN qinglong.principals rp ON ((rp.principal_id = a.requested_by)))
      LEFT JOIN qinglong.principals dp ON ((dp.principal_id = a.decided_by)));
 
+CREATE TABLE qinglong.attempt_output (
+    attempt_id uuid NOT NULL,
+    end_offset bigint NOT NULL,
+    first_offset bigint NOT NULL,
+    created_at_ms qinglong.epoch_ms NOT NULL,
+    updated_at_ms qinglong.epoch_ms NOT NULL,
+    CONSTRAINT attempt_output_check CHECK ((first_offset <= end_offset)),
+    CONSTRAINT attempt_output_end_offset_check CHECK (((end_offset >= 1) AND (end_offset <= '9007199254740991'::bigint))),
+    CONSTRAINT attempt_output_first_offset_check CHECK ((first_offset >= 0))
+);
+
+CREATE TABLE qinglong.attempt_output_chunks (
+    attempt_id uuid NOT NULL,
+    start_offset bigint NOT NULL,
+    end_offset bigint NOT NULL,
+    data bytea NOT NULL,
+    CONSTRAINT attempt_output_chunks_check CHECK ((end_offset = (start_offset + octet_length(data)))),
+    CONSTRAINT attempt_output_chunks_data_check CHECK (((octet_length(data) >= 1) AND (octet_length(data) <= 65536))),
+    CONSTRAINT attempt_output_chunks_start_offset_check CHECK ((start_offset >= 0))
+);
+
 CREATE TABLE qinglong.attempts (
     attempt_id uuid NOT NULL,
     run_id uuid NOT NULL,
@@ -566,6 +587,12 @@ ALTER TABLE ONLY qinglong.approval_requests
 ALTER TABLE ONLY qinglong.approval_requests
     ADD CONSTRAINT approval_requests_pkey PRIMARY KEY (approval_id);
 
+ALTER TABLE ONLY qinglong.attempt_output_chunks
+    ADD CONSTRAINT attempt_output_chunks_pkey PRIMARY KEY (attempt_id, start_offset);
+
+ALTER TABLE ONLY qinglong.attempt_output
+    ADD CONSTRAINT attempt_output_pkey PRIMARY KEY (attempt_id);
+
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_offer_id_key UNIQUE (offer_id);
 
@@ -693,6 +720,8 @@ CREATE INDEX approval_requests_by_project ON qinglong.approval_requests USING bt
 
 CREATE INDEX approval_requests_pending_expiry ON qinglong.approval_requests USING btree (expires_at_ms) WHERE (state = 'pending'::text);
 
+CREATE INDEX attempt_output_retained ON qinglong.attempt_output USING btree (updated_at_ms) WHERE (first_offset < end_offset);
+
 CREATE INDEX attempts_live_by_worker ON qinglong.attempts USING btree (worker_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
 
 CREATE UNIQUE INDEX attempts_one_live_per_run ON qinglong.attempts USING btree (run_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
@@ -748,6 +777,12 @@ ALTER TABLE ONLY qinglong.approval_requests
 
 ALTER TABLE ONLY qinglong.approval_requests
     ADD CONSTRAINT approval_requests_run_id_fkey FOREIGN KEY (run_id) REFERENCES qinglong.runs(run_id);
+
+ALTER TABLE ONLY qinglong.attempt_output
+    ADD CONSTRAINT attempt_output_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES qinglong.attempts(attempt_id);
+
+ALTER TABLE ONLY qinglong.attempt_output_chunks
+    ADD CONSTRAINT attempt_output_chunks_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES qinglong.attempt_output(attempt_id);
 
 ALTER TABLE ONLY qinglong.attempts
     ADD CONSTRAINT attempts_offer_id_run_id_fkey FOREIGN KEY (offer_id, run_id) REFERENCES qinglong.offers(offer_id, run_id);
@@ -839,6 +874,10 @@ GRANT SELECT ON TABLE qinglong.principals TO qinglong_ingress;
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.principals TO qinglong_admin;
 
 GRANT SELECT ON TABLE qinglong.approval_projection TO qinglong_runtime;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempt_output TO qinglong_runtime;
+
+GRANT SELECT,INSERT,DELETE ON TABLE qinglong.attempt_output_chunks TO qinglong_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempts TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.attempts TO qinglong_admin;

@@ -57,10 +57,20 @@ PAGE_SIZE_MAX: Final = int_range(_RS.ListRunsRequest, "page_size")[1]
 #: the contract's comments say this number and a test holds them to it).
 PAGE_SIZE_DEFAULT: Final = 50
 
+# --- Run output (R-OPS-1) ---------------------------------------------------------------
+
+#: The largest chunk of output one AppendOutput carries (the contract's ``data`` rule).
+OUTPUT_CHUNK_MAX_BYTES: Final = field_rules(_WS.AppendOutputRequest, "data").bytes.max_len
+OUTPUT_READ_MAX_BYTES: Final = int_range(_RS.ReadRunOutputRequest, "max_bytes")[1]
+#: What ``max_bytes == 0`` means in ReadRunOutput (held to the contract's comment by a test).
+OUTPUT_READ_DEFAULT_BYTES: Final = 256 * 1024
+
 # --- Byte caps on whole messages (R-LC-1, R-ING-2) ----------------------------
 
 #: Every WorkerService request, including the lease-control command.
 WORKER_REQUEST_MAX_BYTES: Final = 8 * 1024
+#: AppendOutput carries a chunk of output besides what any Worker request may carry.
+APPEND_OUTPUT_REQUEST_MAX_BYTES: Final = OUTPUT_CHUNK_MAX_BYTES + WORKER_REQUEST_MAX_BYTES
 LEASE_CONTROL_REQUEST_MAX_BYTES: Final = 8 * 1024
 RUN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
 ADMIN_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024

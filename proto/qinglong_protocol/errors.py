@@ -101,6 +101,8 @@ REASON_CODES: Final[Mapping[ErrorReason.ValueType, grpc.StatusCode]] = {
     _E.ERROR_REASON_APPROVAL_NOT_FOUND: _C.NOT_FOUND,
     _E.ERROR_REASON_APPROVAL_NOT_PENDING: _C.FAILED_PRECONDITION,
     _E.ERROR_REASON_APPROVAL_UNSUPPORTED: _C.FAILED_PRECONDITION,
+    _E.ERROR_REASON_OUTPUT_OFFSET_GAP: _C.ABORTED,
+    _E.ERROR_REASON_ATTEMPT_NOT_FOUND: _C.NOT_FOUND,
 }
 
 
@@ -178,11 +180,13 @@ def status_for(
 @dataclass(frozen=True)
 class TypedStatus:
     """A failed call's answer, decided but not yet sent: its reason (which fixes the
-    code), a short message safe for any caller, and the fields at fault, if any."""
+    code), a short message safe for any caller, the fields at fault, if any, and the
+    ErrorInfo metadata a caller acts on (``expectedOffset`` of OUTPUT_OFFSET_GAP)."""
 
     reason: ErrorReason.ValueType
     message: str
     field_violations: tuple[tuple[str, str], ...] = ()
+    metadata: tuple[tuple[str, str], ...] = ()
 
     @property
     def code(self) -> grpc.StatusCode:
@@ -190,7 +194,12 @@ class TypedStatus:
 
     def status(self) -> grpc.Status:
         """The ``grpc.Status`` to pass to ``context.abort_with_status``."""
-        return status_for(self.reason, self.message, field_violations=self.field_violations)
+        return status_for(
+            self.reason,
+            self.message,
+            metadata=dict(self.metadata),
+            field_violations=self.field_violations,
+        )
 
 
 def rich_status_of(rpc_error: grpc.RpcError) -> status_pb2.Status | None:

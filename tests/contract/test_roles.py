@@ -11,7 +11,16 @@ from psycopg import errors, sql
 
 from tests.support.postgres import MigratedDatabase
 
-RUNTIME_OWNED_TABLES = ("runs", "attempts", "run_leases", "run_events", "worker_sessions", "offers")
+RUNTIME_OWNED_TABLES = (
+    "runs",
+    "attempts",
+    "run_leases",
+    "run_events",
+    "worker_sessions",
+    "offers",
+    "attempt_output",
+    "attempt_output_chunks",
+)
 #: What only an administrator writes (the admin role; the migration role owns them).
 IDENTITY_TABLES = (
     "projects",
@@ -43,6 +52,9 @@ EXPECTED_TABLE_PRIVILEGES: dict[str, dict[str, set[str]]] = {
         "worker_sessions": {"SELECT", "INSERT", "UPDATE"},
         "offers": {"SELECT", "INSERT", "UPDATE"},
         "approval_requests": {"SELECT", "INSERT", "UPDATE"},
+        # Run output (migration 0010): retention deletes chunks, the one DELETE it has.
+        "attempt_output": {"SELECT", "INSERT", "UPDATE"},
+        "attempt_output_chunks": {"SELECT", "INSERT", "DELETE"},
     },
     "qinglong_ingress": {
         "security_audit": {"INSERT"},
@@ -84,6 +96,8 @@ def _any_column(table: str) -> str:
         "run_events": "payload",
         "worker_sessions": "status",
         "offers": "state",
+        "attempt_output": "end_offset",
+        "attempt_output_chunks": "data",
         "security_audit": "outcome",
         "tasks": "display_name",
         "task_revisions": "timeout_ms",
@@ -293,6 +307,9 @@ def test_runtime_role_cannot_rewrite_history_or_definitions(database: MigratedDa
             "DELETE FROM qinglong.run_events",
             "UPDATE qinglong.task_revisions SET timeout_ms = NULL",
             "DELETE FROM qinglong.runs",
+            # Retention deletes output chunks; a stream row (its end) stays for good.
+            "DELETE FROM qinglong.attempt_output",
+            "UPDATE qinglong.attempt_output_chunks SET data = 'x'",
             "INSERT INTO qinglong.security_audit (audit_id, operation, outcome)"
             " VALUES (gen_random_uuid(), 'x', 'admitted')",
             "UPDATE qinglong.role_bindings SET role = 'owner'",

@@ -222,6 +222,8 @@ def probes(f: FieldDescriptor, declared: FieldRule) -> Iterator[tuple[str, Any, 
         yield from _argv_probes(declared)
     elif kind is Kind.LABELS:
         yield from _label_probes(declared)
+    elif kind is Kind.OPAQUE_BYTES:
+        yield from _bytes_probes(declared)
     else:
         yield from _text_probes(declared)
 
@@ -272,6 +274,14 @@ def _label_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
     yield "an upper-case key", {"Key": "v"}, False
     yield "a value one byte too long", {"k": "a" * (value_max + 1)}, False
     yield "a C1 control in a value", {"k": "a\x85"}, False
+
+
+def _bytes_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
+    shortest, most = declared.lengths
+    yield "the longest, every byte value", bytes(range(256)) * (most // 256), True
+    yield "not UTF-8, with NUL and controls", b"\xff\xfe\x00\x1b[31m\x85", True
+    yield "one byte too long", b"a" * (most + 1), False
+    yield "empty", b"", shortest == 0
 
 
 def _text_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:

@@ -623,6 +623,21 @@ def _valid_text(rule: FieldRule) -> st.SearchStrategy[str]:
     raise AssertionError(f"{rule.kind} is not a text kind")
 
 
+def valid_bytes(rule: FieldRule) -> st.SearchStrategy[bytes]:
+    """Any bytes within the bounds, often at the maximum (executor output: any value)."""
+    shortest, most = rule.lengths
+    return st.one_of(
+        st.binary(min_size=shortest, max_size=min(most, 80)),
+        st.sampled_from([b"\x00" * most, b"\xff" * most, bytes(range(256)) * (most // 256)]),
+    )
+
+
+def hostile_bytes(rule: FieldRule) -> st.SearchStrategy[bytes]:
+    """Empty, or one byte past the bound."""
+    shortest, most = rule.lengths
+    return st.sampled_from([b"" if shortest else b"\x00", b"a" * (most + 1)])
+
+
 def join_token_of(secret: bytes) -> str:
     """A join token's spelling of 32 bytes (what AdminService.CreateWorker issues)."""
     return "qlj1_" + bounds.encode_lease_capability(secret).removeprefix("qlc1_")
@@ -749,6 +764,9 @@ class Builder:
 
     def text(self, message: Descriptor, name: str, hostile: bool) -> bytes:
         rule = rule_of(message, name)
+        if rule.kind is Kind.OPAQUE_BYTES:
+            # Data, not an identifier or a secret: nothing to remember for the echo check.
+            return bytes(self.draw(hostile_bytes(rule) if hostile else valid_bytes(rule)))
         known = self.known.texts.get(name, [])
         if hostile:
             options = [HOSTILE_TEXT]
@@ -1174,6 +1192,8 @@ def base_request(descriptor: Descriptor, known: Known) -> Message:
             getattr(message, f.name).extend(declared_values(f)[: rule.items[0]])
         elif rule.presence:
             continue  # optional scalars: absent is always within bounds
+        elif rule.kind is Kind.OPAQUE_BYTES:
+            setattr(message, f.name, b"sweep output\n")
         elif rule.kind in TEXT_KINDS:
             real_texts = known.texts.get(f.name)
             setattr(message, f.name, real_texts[0] if real_texts else valid_default(rule))
@@ -1373,6 +1393,10 @@ def sweep(descriptor: Descriptor, base: Message, prefix: str = "") -> list[Varia
                 # The varied nested message replaces the base's value of this field.
                 wrapped = replaced(protowire.length_delimited(f.number, variant.body))
                 variants.append(Variant(variant.path, wrapped, variant.texts))
+        elif rule.kind is Kind.OPAQUE_BYTES:
+            most = rule.lengths[1]
+            edges = [b"", b"\x00", INVALID_UTF8[0], b"\xff" * most, b"a" * (most + 1)]
+            variants += [Variant(path, appended(protowire.text(f, edge)), []) for edge in edges]
         elif f.type == FieldDescriptor.TYPE_STRING:
             variants += [
                 Variant(path, appended(protowire.text(f, edge)), _texts_of(edge))

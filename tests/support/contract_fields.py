@@ -17,6 +17,7 @@ through :mod:`qinglong_protocol.contract_rules`; nothing here restates a bound:
 * free text is a string whose pattern admits exactly the characters that are not
   controls (checked by behaviour, not by spelling); ``min_bytes``/``max_bytes`` make it
   byte-bounded, ``min_len``/``max_len`` character-bounded;
+* opaque bytes (executor output) by their ``min_len``/``max_len``;
 * integers (their own ``gte``/``lte`` or a predefined range, via
   :func:`~qinglong_protocol.contract_rules.int_range`), enums, repeated fields, maps
   and messages by their rule type.
@@ -77,6 +78,7 @@ class Kind(enum.Enum):
     PEM = "PEM text with a fixed first line"
     BYTES_TEXT = "printable text bounded in UTF-8 bytes"
     CHARS_TEXT = "printable text bounded in characters"
+    OPAQUE_BYTES = "bytes of any value, bounded in length"
     INT_RANGE = "integer range"
     REQUIRED_ENUM = "required enum"
     OPTIONAL_ENUM = "optional enum"
@@ -299,6 +301,15 @@ def _classify(field: FieldDescriptor) -> FieldRule:
         raise LookupError(f"{where}: field-level CEL no test kind knows: {rules}")
     if kind == "string":
         return _string(where, rules.string, presence)
+    if kind == "bytes":
+        if _set_fields(rules.bytes) != {"min_len", "max_len"} or _named_rules(rules.bytes):
+            raise LookupError(f"{where}: bytes rules no test kind knows: {rules}")
+        return FieldRule(
+            Kind.OPAQUE_BYTES,
+            presence,
+            min_length=rules.bytes.min_len,
+            max_length=rules.bytes.max_len,
+        )
     if kind in ("int32", "int64"):
         numeric = getattr(rules, kind)
         if not _set_fields(numeric) <= {"gte", "lte"} or len(_named_rules(numeric)) > 1:

@@ -147,6 +147,9 @@ def valid_requests() -> dict[str, Message]:
         W + "RenewCertificate": ws.RenewCertificateRequest(
             worker_id=WORKER, certificate_signing_request_pem=CSR
         ),
+        W + "AppendOutput": ws.AppendOutputRequest(
+            fence=fence(), offset=65536, data=b"\x00\xff binary is fine\n"
+        ),
         T + "CreateTask": ts.CreateTaskRequest(
             project_id=PROJECT,
             request_id="task-1",
@@ -171,6 +174,9 @@ def valid_requests() -> dict[str, Message]:
             project_id=PROJECT, run_id=RUN, after_sequence=12
         ),
         R + "CancelRun": rs.CancelRunRequest(project_id=PROJECT, run_id=RUN, mutation_id="stop-1"),
+        R + "ReadRunOutput": rs.ReadRunOutputRequest(
+            project_id=PROJECT, run_id=RUN, attempt_number=2, offset=4096
+        ),
         AP + "ListApprovals": aps.ListApprovalsRequest(
             project_id=PROJECT, states=[approval_pb2.APPROVAL_STATE_PENDING]
         ),
@@ -706,6 +712,8 @@ def test_byte_caps_per_method() -> None:
         W + "ControlLease": 8 * kib,  # R-LC-1
         W + "CompleteAttempt": 8 * kib,
         W + "RenewCertificate": 8 * kib,
+        # A chunk of output (at most 64 KiB) on top of what any Worker request carries.
+        W + "AppendOutput": 64 * kib + 8 * kib,
         T + "CreateTask": 128 * kib,
         T + "GetTask": 128 * kib,
         T + "ListTasks": 128 * kib,
@@ -717,6 +725,7 @@ def test_byte_caps_per_method() -> None:
         R + "ListRunEvents": 8 * kib,
         R + "WatchRunEvents": 8 * kib,
         R + "CancelRun": 8 * kib,
+        R + "ReadRunOutput": 8 * kib,
         **{AP + name: 8 * kib for name in ("ListApprovals", "GetApproval", "Approve", "Deny")},
         **{
             A + method.name: 8 * kib

@@ -38,6 +38,12 @@ def test_page_size_zero_means_the_default_the_contract_states() -> None:
     assert wire.page_size(bounds.PAGE_SIZE_MAX) == bounds.PAGE_SIZE_MAX
 
 
+def test_output_read_size_zero_means_the_default_the_contract_states() -> None:
+    stated = re.findall(r"0 reads the default, (\d+) bytes", RUN_SERVICE_PROTO.read_text())
+    assert [int(value) for value in stated] == [bounds.OUTPUT_READ_DEFAULT_BYTES]
+    assert bounds.OUTPUT_READ_DEFAULT_BYTES <= bounds.OUTPUT_READ_MAX_BYTES
+
+
 def _response_bound(message: str, field: str) -> str:
     """The `Bound:` comment of ``message.field`` in admin_service.proto."""
     text = ADMIN_SERVICE_PROTO.read_text()

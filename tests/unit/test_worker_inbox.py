@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -293,3 +294,27 @@ def test_a_statement_sqlite_refuses_is_an_unreadable_inbox(inbox_path: Path) -> 
         assert refused.value.__cause__ is None, "SQLite's own exception is not chained"
     finally:
         inbox.close()
+
+
+def test_an_inbox_of_schema_1_is_upgraded_in_place(inbox_path: Path) -> None:
+    """A Worker from before output shipping left a version-1 inbox: its records stay,
+    with nothing of their output shipped yet."""
+    inbox = Inbox.open(inbox_path)
+    record = _record()
+    inbox.admit(record)
+    inbox.close()
+    with sqlite3.connect(inbox_path) as old:
+        old.execute("ALTER TABLE offers DROP COLUMN output_offset")
+        old.execute("PRAGMA user_version=1")
+    inbox = Inbox.open(inbox_path)
+    try:
+        upgraded = inbox.get(record.offer_id)
+        assert upgraded is not None
+        assert upgraded.output_offset == 0
+        assert dataclasses.replace(upgraded, output_offset=0) == record
+        shipped = inbox.compare_and_set(upgraded, dataclasses.replace(upgraded, output_offset=42))
+        assert shipped.output_offset == 42
+    finally:
+        inbox.close()
+    with sqlite3.connect(inbox_path) as reopened:
+        assert reopened.execute("PRAGMA user_version").fetchone() == (2,)

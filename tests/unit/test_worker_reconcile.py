@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from qinglong_protocol import bounds
 from qinglong_worker.client import CallFailed
 from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
+from qinglong_worker.output import CHUNKS_PER_PASS, output_stream_id
 from qinglong_worker.process import ExitStatus, ProcessController, StopResult
 from qinglong_worker.reconcile import (
     LOCAL_SHUTDOWN,
@@ -77,6 +79,24 @@ class ScriptedClient:
         self.plans: dict[str, execution_pb2.ExecutionPlan] = {}
         self.completed = ws.CompleteAttemptRequest()
         self.completion_refusals: list[CallFailed] = []
+        # Output as a correct server keeps it: one stream, idempotent by offset.
+        self.output = bytearray()
+        self.appended: list[tuple[int, int, bool]] = []  # (offset, size, replayed)
+        self.lose_append_answers: set[int] = set()  # 1-based append calls
+
+    async def append_output(
+        self, request: ws.AppendOutputRequest, *, budget_seconds: float | None = None
+    ) -> ws.AppendOutputResponse:
+        self._record("AppendOutput", request, budget_seconds)
+        offset, data = request.offset, request.data
+        assert offset <= len(self.output), "a gap: the Worker skipped output"
+        assert self.output[offset : offset + len(data)] == data[: len(self.output) - offset]
+        replayed = offset + len(data) <= len(self.output)
+        self.output[offset:] = data if not replayed else self.output[offset:]
+        self.appended.append((offset, len(data), replayed))
+        if len(self.appended) in self.lose_append_answers:
+            raise CallFailed("AppendOutput", grpc.StatusCode.UNAVAILABLE, None)
+        return ws.AppendOutputResponse(end_offset=len(self.output), replayed=replayed)
 
     def _record(self, name: str, request: Any, budget_seconds: float | None) -> None:
         self.calls.append(name)
@@ -801,3 +821,84 @@ async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+# --- output (R-OPS-1) ---------------------------------------------------------------------
+
+
+def _printing(size: int) -> list[str]:
+    """An executor that prints `size` bytes of numbered lines of 100 bytes, then exits 0."""
+    script = (
+        "import sys\n"
+        f"for n in range({size} // 100): sys.stdout.write(f'{{n:09d}} ' + 'o' * 89 + '\\n')\n"
+    )
+    return [sys.executable, "-c", script]
+
+
+def _printed(size: int) -> bytes:
+    return b"".join(f"{n:09d} ".encode() + b"o" * 89 + b"\n" for n in range(size // 100))
+
+
+async def _until_completed(reconciler: Reconciler, offer_id: str) -> None:
+    for _ in range(500):
+        if await reconciler.reconcile(offer_id) is Outcome.COMPLETED:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("never completed")
+
+
+async def test_output_is_shipped_whole_before_completion_and_named_by_running(
+    world: World,
+) -> None:
+    size = 3 * bounds.OUTPUT_CHUNK_MAX_BYTES // 2 // 100 * 100  # 1.5 chunks, whole lines
+    offer_id = world.admit(_printing(size))
+    await _until_completed(world.reconciler, offer_id)
+    assert bytes(world.client.output) == _printed(size)
+    calls = world.client.calls
+    assert calls.index("CompleteAttempt") > max(
+        i for i, name in enumerate(calls) if name == "AppendOutput"
+    ), "the ending is reported once all output is shipped"
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    assert record.output_offset == size
+    assert all(length <= bounds.OUTPUT_CHUNK_MAX_BYTES for _, length, _ in world.client.appended)
+
+
+async def test_shipping_resumes_from_the_inbox_and_resends_harmlessly(
+    world: World, tmp_path: Path
+) -> None:
+    size = (CHUNKS_PER_PASS + 4) * bounds.OUTPUT_CHUNK_MAX_BYTES // 100 * 100
+    world.client.lose_append_answers = {3}  # stored, but the Worker never learns it
+    offer_id = world.admit(_printing(size))
+    record = world.inbox.get(offer_id)
+    for _ in range(500):  # until the chunk whose answer was lost has been sent again
+        await world.reconciler.reconcile(offer_id)
+        if len(world.client.appended) > 3:
+            break
+        await asyncio.sleep(0.02)
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    # The lost answer: chunk 3 was re-sent from the offset the inbox held, as a replay.
+    offsets = [offset for offset, _, _ in world.client.appended]
+    assert offsets[2] == offsets[3]
+    assert world.client.appended[3][2] is True
+    # A restarted Worker (a new Reconciler on the same inbox) goes on from the inbox.
+    shipped = record.output_offset
+    already = len(world.client.appended)
+    restarted = Reconciler(
+        inbox=world.inbox,
+        client=world.client,  # type: ignore[arg-type]
+        processes=ProcessController(status_dir=tmp_path / "exits"),
+        log_dir=tmp_path,
+    )
+    await _until_completed(restarted, offer_id)
+    assert world.client.appended[already][0] == shipped
+    assert bytes(world.client.output) == _printed(size)
+    assert any(call == "AcknowledgeRunning" for call in world.client.calls), (
+        "running was acknowledged"
+    )
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    assert record.attempt_id is not None
+    assert record.output_offset == size
+    assert output_stream_id(record.attempt_id) == f"attempts/{record.attempt_id}/output"

@@ -31,6 +31,7 @@ from qinglong_cli.ingress_client import (
     run_through_ingress,
 )
 from qinglong_cli.output import enum_names
+from qinglong_cli.run_output import print_run_output
 
 #: `--retry-on` names: the endings a retry policy may opt into.
 _RETRYABLE = {
@@ -114,6 +115,18 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         action = run.add_parser(name, help=help_text)
         common(action)
         action.add_argument("run_id")
+    logs = run.add_parser(
+        "logs", help="print a run's output (stdout and stderr, as the executor wrote them)"
+    )
+    common(logs)
+    logs.add_argument("run_id")
+    logs.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing new output; ends when the run is terminal and all is printed",
+    )
+    logs.add_argument("--attempt", type=int, help="attempt number (default: the latest)")
     listing = run.add_parser("list", help="list runs, newest first")
     common(listing)
     listing.add_argument("--limit", type=int, default=20, help="runs per page (1..500)")
@@ -237,6 +250,17 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
         )
         async for watched in stream:
             printer.item(watched.event)
+    elif args.action == "logs":
+        await print_run_output(
+            runs,
+            session.call_options,
+            project,
+            args.run_id,
+            attempt=args.attempt,
+            follow=args.follow,
+            out=session.printer.out,
+            err=err,
+        )
     elif args.action == "cancel":
         cancelled = await runs.CancelRun(
             run_service_pb2.CancelRunRequest(

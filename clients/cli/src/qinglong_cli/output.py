@@ -243,6 +243,11 @@ class Printer:
         self._items: list[tuple[str, dict[str, Any]]] = []
         self._streamed_header = False
 
+    @property
+    def out(self) -> TextIO:
+        """Where answers go: for what is printed as it is, not as items (`run logs`)."""
+        return self._out
+
     def item(self, message: Message) -> None:
         document = as_json(message)
         if self._output is OutputFormat.JSONL:

@@ -22,7 +22,8 @@ codes without one). The answer to the retry is the answer the lost one would hav
 * ControlLease: a renewal that committed but lost its answer leaves the lease at
   ``expected + 1``; the server answers the retry — same request, same expected version
   — with the current projection, without advancing again;
-* RenewSession, DrainSession and PullOffers are harmless to repeat.
+* RenewSession, DrainSession and PullOffers are harmless to repeat;
+* AppendOutput by its offset: a chunk already stored is answered as a replay.
 
 Everything else is final and raised at once: a fence (a fencing reason, see
 :attr:`CallFailed.fenced`), a state conflict, a refusal of a field, an identity
@@ -42,7 +43,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -51,7 +52,7 @@ from google.protobuf.message import Message
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong.worker.v1 import worker_service_pb2_grpc
-from qinglong_protocol.errors import error_reason_of, reason_from_name, reason_name
+from qinglong_protocol.errors import error_info_of, reason_from_name, reason_name
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from qinglong_worker import metrics
@@ -140,11 +141,15 @@ class CallFailed(Exception):
         reason: ErrorReason.ValueType | None,
         *,
         tries: int = 1,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         self.method = method
         self.code = code
         self.reason = reason
         self.tries = tries
+        #: The ErrorInfo's metadata: what the refusal says to do (OUTPUT_OFFSET_GAP's
+        #: ``expectedOffset``); never a secret.
+        self.metadata: Mapping[str, str] = dict(metadata or {})
         super().__init__(f"{method} failed: {code.name} {self.label} (tries: {tries})")
 
     @property
@@ -314,6 +319,11 @@ class WorkerClient:
     ) -> ws.CompleteAttemptResponse:
         return await self._call("CompleteAttempt", request, budget_seconds)
 
+    async def append_output(
+        self, request: ws.AppendOutputRequest, *, budget_seconds: float | None = None
+    ) -> ws.AppendOutputResponse:
+        return await self._call("AppendOutput", request, budget_seconds)
+
     async def _call(
         self,
         method: str,
@@ -343,9 +353,17 @@ class WorkerClient:
                 call: Callable[..., Awaitable[_Response]] = getattr(self._stub, method)
                 response = await call(request, timeout=timeout)
             except grpc.aio.AioRpcError as error:
-                code, reason = error.code(), typed_reason(error_reason_of(error))
+                info = error_info_of(error)
+                code = error.code()
+                reason = typed_reason(info.reason if info is not None and info.reason else None)
                 # `from None`: the original error's text is the server's, not ours to log.
-                failure = CallFailed(method, code, reason, tries=tries)
+                failure = CallFailed(
+                    method,
+                    code,
+                    reason,
+                    tries=tries,
+                    metadata=None if info is None else dict(info.metadata),
+                )
                 elapsed = time.perf_counter() - started
                 metrics.CALL_DURATION.labels(method, failure.label).observe(elapsed)
                 if failure.fenced:

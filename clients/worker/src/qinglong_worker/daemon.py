@@ -83,11 +83,11 @@ async def run_daemon(
                 processes=processes,
                 stop_grace_seconds=daemon.stop_grace_seconds,
                 log_dir=daemon.log_dir,
+                lease_control_seconds=daemon.lease_control_seconds,
             )
             lifecycle_settings = LifecycleSettings(
                 tick_seconds=daemon.tick_seconds,
                 max_concurrency=daemon.max_concurrency,
-                lease_control_seconds=daemon.lease_control_seconds,
                 drain_grace_seconds=daemon.drain_grace_seconds,
             )
             session = SessionKeeper(

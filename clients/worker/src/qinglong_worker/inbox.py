@@ -35,7 +35,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+#: What each older schema version lacks, added in place when a Worker opens its inbox.
+_UPGRADES: Final = {
+    1: "ALTER TABLE offers ADD COLUMN output_offset INTEGER NOT NULL DEFAULT 0",
+}
 _FILE_MODE: Final = 0o600
 _DIRECTORY_MODE: Final = 0o700
 #: The first 16 bytes of every SQLite 3 database file.
@@ -201,6 +205,10 @@ class InboxRecord:
     start_failure: str | None = None
     quarantine_reason: QuarantineReason | None = None
     detail: str | None = None
+    # How many bytes of the executor's output file the control plane holds (R-OPS-1):
+    # moved forward only after AppendOutput answered, so a restart resumes from here and
+    # at worst re-sends a chunk the control plane answers as a replay.
+    output_offset: int = 0
 
     @property
     def lease_expires_unix_ms(self) -> int | None:
@@ -244,7 +252,7 @@ _COLUMN_LIST: Final = """
     lease_generation, lease_version, lease_observed_unix_ms, lease_remaining_ms,
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
-    start_failure, quarantine_reason, detail
+    start_failure, quarantine_reason, detail, output_offset
 """
 # Rows are read with `SELECT *` and mapped by column name (the extra `seq` is the cursor).
 
@@ -255,14 +263,14 @@ INSERT INTO offers (seq,
     lease_generation, lease_version, lease_observed_unix_ms, lease_remaining_ms,
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
-    start_failure, quarantine_reason, detail
+    start_failure, quarantine_reason, detail, output_offset
 ) SELECT (SELECT coalesce(max(seq), 0) + 1 FROM offers),
     :offer_id, :revision, :state, :worker_id, :session_id, :worker_generation, :project_id,
     :run_id, :capability, :argv, :timeout_ms, :created_unix_ms, :updated_unix_ms, :attempt_id,
     :lease_generation, :lease_version, :lease_observed_unix_ms, :lease_remaining_ms,
     :deadline_unix_ms, :deadline_remaining_ms, :executor_pid, :executor_start_ticks,
     :callback_sequence, :callback_token, :stop_reason, :exit_code, :exit_signal,
-    :completion_outcome, :start_failure, :quarantine_reason, :detail
+    :completion_outcome, :start_failure, :quarantine_reason, :detail, :output_offset
     WHERE NOT EXISTS (SELECT 1 FROM offers WHERE offer_id = :offer_id)
 """
 _UPDATE: Final = """
@@ -278,7 +286,8 @@ UPDATE offers SET revision = :revision,
     executor_start_ticks = :executor_start_ticks, callback_sequence = :callback_sequence,
     callback_token = :callback_token, stop_reason = :stop_reason, exit_code = :exit_code,
     exit_signal = :exit_signal, completion_outcome = :completion_outcome,
-    start_failure = :start_failure, quarantine_reason = :quarantine_reason, detail = :detail
+    start_failure = :start_failure, quarantine_reason = :quarantine_reason, detail = :detail,
+    output_offset = :output_offset
  WHERE offer_id = :offer_id AND revision = :expected_revision
 """
 _COLUMNS: Final = tuple(f.name for f in dataclasses.fields(InboxRecord))
@@ -338,7 +347,8 @@ CREATE TABLE IF NOT EXISTS offers (
     completion_outcome     TEXT,
     start_failure          TEXT,
     quarantine_reason      TEXT,
-    detail                 TEXT
+    detail                 TEXT,
+    output_offset          INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS offers_by_state ON offers (state, seq);
 CREATE TABLE IF NOT EXISTS session (
@@ -398,10 +408,15 @@ class Inbox:
             connection.execute("PRAGMA synchronous=FULL")
             connection.execute("PRAGMA busy_timeout=5000")
             version = connection.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in (0, SCHEMA_VERSION, *_UPGRADES):
                 raise InboxError(f"{path}: unsupported inbox schema version {version}")
             connection.executescript(_SCHEMA)
+            # One transaction: an upgrade a crash interrupts is not half applied.
+            connection.execute("BEGIN IMMEDIATE")
+            for step in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+                connection.execute(_UPGRADES[step])
             connection.execute(f"PRAGMA user_version={SCHEMA_VERSION:d}")
+            connection.execute("COMMIT")
             return cls(path, connection, lock_descriptor)
         except BaseException as error:
             if connection is not None:

@@ -7,11 +7,13 @@ Each tick:
 2. supervises at most ``supervise_limit`` (1..64) open inbox records, taken in a stable
    round-robin order by a cursor over the inbox's admission sequence. A record is
    reconciled when it needs it: anything not yet running (recovery: claim, start,
-   completion), a process that exited, a lease whose local estimate ran out, or a
-   lease due for control (every ``lease_control_seconds``, and always before a third
-   of its remaining time is used up). The tick waits at most ``reconcile_wait_seconds``
-   for them: a reconcile still retrying goes on and the next tick joins it, so one slow
-   Run does not hold back the session's renewal or the other Runs' leases;
+   completion), a process that exited, a lease whose local estimate ran out, a lease
+   due for control (the Reconciler's ``lease_control_seconds``, and always before a
+   third of its remaining time is used up), or output the control plane does not hold
+   yet (R-OPS-1: a bounded part per pass, lease control first when it is due). The tick
+   waits at most ``reconcile_wait_seconds`` for them: a reconcile still retrying goes
+   on and the next tick joins it, so one slow Run does not hold back the session's
+   renewal or the other Runs' leases;
 3. only then decides whether to Pull: not when this tick lost a lease, met a
    control-plane terminal, a refusal, a reconcile still in flight or could not confirm
    a stop; not while a durable recovery fact is open (a record other than
@@ -86,8 +88,6 @@ class LifecycleSettings:
     """Open records (and the session's max_concurrent_attempts): 1..64."""
     supervise_limit: int = 0
     """Records supervised per tick, 1..64; 0 means ``max_concurrency``."""
-    lease_control_seconds: float = 2.0
-    """How often a running Attempt's lease is controlled (renewal, stop, terminal)."""
     drain_grace_seconds: float = 30.0
     """After the first shutdown signal: how long running Attempts may still finish."""
     reconcile_wait_seconds: float = 2.0
@@ -106,8 +106,6 @@ class LifecycleSettings:
             raise ValueError("max_concurrency must be 1..64")
         if not 0 <= self.supervise_limit <= SUPERVISE_LIMIT_MAX:
             raise ValueError("supervise_limit must be 1..64 (or 0 for max_concurrency)")
-        if not self.lease_control_seconds > 0:
-            raise ValueError("lease_control_seconds must be positive")
         if not self.drain_grace_seconds >= 0:
             raise ValueError("drain_grace_seconds must not be negative")
         if not (self.reconcile_wait_seconds > 0 and self.shutdown_report_seconds > 0):
@@ -311,13 +309,11 @@ class Lifecycle:
         identity = identity_of(record)
         if identity is None or self._processes.poll(identity) is not None:
             return True
-        if record.lease_observed_unix_ms is None or record.lease_remaining_ms is None:
-            return True
-        elapsed = now - record.lease_observed_unix_ms
-        control_every = min(
-            int(self._settings.lease_control_seconds * 1000), record.lease_remaining_ms // 3
+        return (
+            self._reconciler.lease_control_due(record, now)
+            or record.lease_lost_locally(now)
+            or self._reconciler.output_pending(record)
         )
-        return elapsed >= control_every or record.lease_lost_locally(now)
 
     async def _reconcile_all(self, offer_ids: list[str]) -> tuple[tuple[str, Outcome | None], ...]:
         if not offer_ids:

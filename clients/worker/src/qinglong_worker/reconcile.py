@@ -7,7 +7,9 @@ so every fence carries the newest *persisted* lease version, and goes, in order:
 1. done if completion was acknowledged (or the record is otherwise closed);
 2. completion first: a process that exited is persisted as ``exited`` with its outcome
    (fixed once, from the exit status and any stop reason) and reported with
-   CompleteAttempt — before anything else is asked of the control plane;
+   CompleteAttempt — before anything else is asked of the control plane, once the rest
+   of its output is shipped (R-OPS-1: a terminal Run's output is complete; the lease is
+   kept meanwhile, and given up waiting for when the lease runs out locally);
 3. if the local lease estimate ran out, the control plane is not called: the process
    is stopped by its durable identity and the record quarantined
    ``lease_lost_local_execution_stopped`` or ``…_unverified``;
@@ -23,6 +25,10 @@ AcknowledgeRunning (``running_acknowledged``). A start that cannot be establishe
 reported with ReportStartFailure. A ``launching`` record whose spawn outcome a crash
 took with it is settled from its launch claim first (:mod:`qinglong_worker.launch`): a
 started executor is adopted, and only one that never started is reported as a failure.
+
+Output (:mod:`qinglong_worker.output`): while the executor runs, a reconcile with output
+to ship and no lease control due ships a bounded number of chunks; lease control comes
+first whenever it is due.
 
 Every call is retried inside the reconcile (see :mod:`qinglong_worker.client`) on
 ``UNAVAILABLE``, ``DEADLINE_EXCEEDED`` and a broken connection, for a lease-holding
@@ -71,6 +77,7 @@ from qinglong_worker.inbox import (
 )
 from qinglong_worker.launch import LaunchState, forget_launch, launch_key, resolve_launch
 from qinglong_worker.metrics import StartPhases
+from qinglong_worker.output import Shipped, output_size, output_stream_id, ship_output
 from qinglong_worker.process import (
     UNOBSERVED_EXIT,
     ExecutorRefused,
@@ -245,6 +252,15 @@ def _cancel_reason_name(reason: lifecycle_pb2.CancelReason.ValueType) -> str:
     return lifecycle_pb2.CancelReason.Name(reason).removeprefix("CANCEL_REASON_").lower()
 
 
+def lease_control_due(record: InboxRecord, now: int, lease_control_ms: int) -> bool:
+    """A running Attempt's lease is controlled every ``lease_control_ms``, and always
+    before a third of its remaining time is used up."""
+    if record.lease_observed_unix_ms is None or record.lease_remaining_ms is None:
+        return True
+    elapsed = now - record.lease_observed_unix_ms
+    return elapsed >= min(lease_control_ms, record.lease_remaining_ms // 3)
+
+
 def identity_of(record: InboxRecord) -> ProcessIdentity | None:
     if record.executor_pid is None or record.executor_start_ticks is None:
         return None
@@ -263,13 +279,21 @@ class Reconciler:
         clock: Callable[[], int] = wall_clock_ms,
         stop_grace_seconds: float = 5.0,
         log_dir: Path | None = None,
+        lease_control_seconds: float = 2.0,
     ) -> None:
+        """``log_dir``: where executors write their output (one file per offer), which
+        is shipped to the control plane; without it output is discarded.
+        ``lease_control_seconds``: how often a running Attempt's lease is controlled
+        (renewal, stop, terminal)."""
+        if not lease_control_seconds > 0:
+            raise ValueError("lease_control_seconds must be positive")
         self._inbox = inbox
         self._client = client
         self._processes = processes
         self._clock = clock
         self._grace = stop_grace_seconds
         self._log_dir = log_dir
+        self._lease_control_ms = int(lease_control_seconds * 1000)
         self._inflight: dict[str, asyncio.Task[Outcome]] = {}
         self._mode = Mode.NORMAL
         self._fatal: InboxUnreadable | None = None
@@ -292,6 +316,13 @@ class Reconciler:
         if order.index(mode) < order.index(self._mode):
             raise ValueError(f"cannot go back from {self._mode} to {mode}")
         self._mode = mode
+
+    def lease_control_due(self, record: InboxRecord, now: int) -> bool:
+        return lease_control_due(record, now, self._lease_control_ms)
+
+    def output_pending(self, record: InboxRecord) -> bool:
+        """The executor wrote output the control plane does not hold yet."""
+        return output_size(self._log_path(record)) > record.output_offset
 
     @property
     def fatal(self) -> InboxUnreadable | None:
@@ -403,8 +434,8 @@ class Reconciler:
             return Outcome.HELD
         if state is RecordState.CLAIMING:
             return await self._claim(record)
-        if state is RecordState.EXITED:  # (2) completion first
-            return await self._complete(record)
+        if state is RecordState.EXITED:  # (2) completion first, after the output
+            return await self._complete_with_output(record)
         if state is RecordState.RUNNING_ACKNOWLEDGED:
             identity = identity_of(record)
             status = None if identity is None else self._processes.poll(identity)
@@ -429,6 +460,9 @@ class Reconciler:
             return await self._acknowledge_running(record)
         if self._mode is Mode.STOPPING:
             return await self._stop_for_shutdown(record)
+        if self.output_pending(record) and not self.lease_control_due(record, self._clock()):
+            await self._ship(record)
+            return Outcome.RUNNING
         return await self._control(record)  # (4) and (5)
 
     async def _claim(self, record: InboxRecord) -> Outcome | None:
@@ -575,6 +609,11 @@ class Reconciler:
                 ws.AcknowledgeRunningRequest(
                     fence=fence_of(record),
                     executor_handle=identity.handle,
+                    log_artifact_id=(
+                        None
+                        if self._log_dir is None or record.attempt_id is None
+                        else output_stream_id(record.attempt_id)
+                    ),
                     callback_sequence=record.callback_sequence,
                     callback_token_digest=callback_digest(record.callback_token),
                 ),
@@ -685,6 +724,65 @@ class Reconciler:
             record = self._save(record, stop_reason=None)
         self._persist_exit(record, status)
         return None  # the next pass completes
+
+    async def _complete_with_output(self, record: InboxRecord) -> Outcome | None:
+        """Ship the rest of an exited executor's output (a bounded part per pass, the
+        lease kept meanwhile), then report the ending. A shutdown ships one part and
+        reports; a lease that ran out locally reports at once."""
+        if self.output_pending(record) and not record.lease_lost_locally(self._clock()):
+            if self.lease_control_due(record, self._clock()):
+                kept = await self._keep_lease(record)
+                if isinstance(kept, Outcome):
+                    return kept
+                record = kept
+            shipped = await self._ship(record)
+            if shipped.pending and self._mode is not Mode.STOPPING:
+                return Outcome.RUNNING  # the rest at the next tick
+            record = shipped.record
+        return await self._complete(record)
+
+    async def _keep_lease(self, record: InboxRecord) -> InboxRecord | Outcome:
+        """Lease control for an exited executor whose output is still being shipped: a
+        new version is persisted; a stop asked for now changes nothing (the process has
+        already ended with its own outcome); terminal closes the record."""
+        sent = self._clock()
+        try:
+            answer = await self._client.control_lease(
+                ws.ControlLeaseRequest(fence=fence_of(record)),
+                budget_seconds=self._lease_budget(record),
+            )
+        except CallFailed as failure:
+            if failure.fenced:
+                return await self._lease_lost(record, failure.label)
+            return record  # the next pass tries again; the local lease bounds the wait
+        result = answer.WhichOneof("result")
+        if result == "renewed" or result == "stop_requested":
+            granted = answer.renewed if result == "renewed" else answer.stop_requested
+            return self._save(
+                record,
+                lease_version=granted.lease_version,
+                lease_observed_unix_ms=sent,
+                lease_remaining_ms=granted.lease_remaining.ToMilliseconds(),
+            )
+        if result == "terminal":
+            self._quarantine(
+                record,
+                QuarantineReason.CONTROL_PLANE_TERMINAL,
+                lifecycle_pb2.RunState.Name(answer.terminal.run_state),
+            )
+            return Outcome.TERMINAL
+        return record
+
+    async def _ship(self, record: InboxRecord) -> Shipped:
+        path = self._log_path(record)
+        assert path is not None  # output is pending only where there is a file
+        return await ship_output(
+            self._client,
+            record,
+            path,
+            fence_of,
+            lambda current, offset: self._save(current, output_offset=offset),
+        )
 
     async def _complete(self, record: InboxRecord) -> Outcome | None:
         outcome = record.completion_outcome or "failed"
@@ -943,6 +1041,7 @@ __all__ = [
     "completion_outcome",
     "fence_of",
     "identity_of",
+    "lease_control_due",
     "new_capability",
     "wall_clock_ms",
 ]

@@ -436,3 +436,127 @@ class CancelRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelRunResponse: _TypeAlias = CancelRunResponse  # noqa: Y015
+
+@_typing.final
+class ReadRunOutputRequest(_message.Message):
+    """ReadRunOutputRequest names a Run, optionally one of its Attempts, and where to read."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_NUMBER_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """The owning project."""
+    run_id: _builtins.str
+    """The Run."""
+    attempt_number: _builtins.int
+    """The Attempt by its number in the Run (1 is the first); absent reads the latest.
+    A number the Run has no Attempt of fails ATTEMPT_NOT_FOUND.
+    """
+    offset: _builtins.int
+    """The first byte to read; 0 starts at the beginning. Before first_offset the page
+    starts at first_offset; at or past the stored end it is empty.
+    """
+    max_bytes: _builtins.int
+    """At most this many bytes in the answer; 0 reads the default, 262144 bytes."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        attempt_number: _builtins.int | None = ...,
+        offset: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attempt_number", b"_attempt_number", "attempt_number", b"attempt_number"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempt_number", b"_attempt_number", "attempt_number", b"attempt_number", "max_bytes", b"max_bytes", "offset", b"offset", "project_id", b"project_id", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__attempt_number: _TypeAlias = _typing.Literal["attempt_number"]  # noqa: Y015
+    _WhichOneofArgType__attempt_number: _TypeAlias = _typing.Literal["_attempt_number", b"_attempt_number"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__attempt_number) -> _WhichOneofReturnType__attempt_number | None: ...
+
+Global___ReadRunOutputRequest: _TypeAlias = ReadRunOutputRequest  # noqa: Y015
+
+@_typing.final
+class ReadRunOutputResponse(_message.Message):
+    """ReadRunOutputResponse is one page of output and where the stream stands."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_NUMBER_FIELD_NUMBER: _builtins.int
+    ATTEMPT_ID_FIELD_NUMBER: _builtins.int
+    LOG_ARTIFACT_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    RUN_TERMINAL_FIELD_NUMBER: _builtins.int
+    attempt_number: _builtins.int
+    """The Attempt read; 0 when the Run has no Attempt yet (then nothing else is set
+    but run_terminal).
+    Range: 0..9007199254740991 (2^53-1).
+    """
+    attempt_id: _builtins.str
+    """The Attempt's id; empty when the Run has no Attempt yet.
+    Bound: UUID, 36 chars, lowercase canonical form, or empty.
+    """
+    log_artifact_id: _builtins.str
+    """The name of the stream, as the Worker reported it with running (R-ACK-5); empty
+    before running.
+    Bound: 0..256 bytes, printable.
+    """
+    data: _builtins.bytes
+    """The bytes from offset, exactly as the executor wrote them.
+    Bound: 0..max_bytes bytes.
+    """
+    offset: _builtins.int
+    """Where data starts: the request's offset, or first_offset when retention removed
+    the bytes before it.
+    Range: 0..9007199254740991 (2^53-1).
+    """
+    next_offset: _builtins.int
+    """offset plus the length of data: the offset of the next request.
+    Range: 0..9007199254740991 (2^53-1).
+    """
+    end_offset: _builtins.int
+    """How much output the control plane holds: the end of the stream so far.
+    Range: 0..9007199254740991 (2^53-1).
+    """
+    first_offset: _builtins.int
+    """The first byte still kept: output older than the retention age, and the oldest
+    bytes of an Attempt beyond the retention size, are removed.
+    Range: 0..end_offset.
+    """
+    complete: _builtins.bool
+    """The Attempt is terminal. Its Worker ships all output before it reports the
+    ending, so end_offset is final (only a lost Attempt's Worker may still add some).
+    """
+    run_terminal: _builtins.bool
+    """The Run is terminal."""
+    def __init__(
+        self,
+        *,
+        attempt_number: _builtins.int = ...,
+        attempt_id: _builtins.str = ...,
+        log_artifact_id: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
+        next_offset: _builtins.int = ...,
+        end_offset: _builtins.int = ...,
+        first_offset: _builtins.int = ...,
+        complete: _builtins.bool = ...,
+        run_terminal: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_id", b"attempt_id", "attempt_number", b"attempt_number", "complete", b"complete", "data", b"data", "end_offset", b"end_offset", "first_offset", b"first_offset", "log_artifact_id", b"log_artifact_id", "next_offset", b"next_offset", "offset", b"offset", "run_terminal", b"run_terminal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadRunOutputResponse: _TypeAlias = ReadRunOutputResponse  # noqa: Y015

@@ -70,6 +70,11 @@ class RunServiceStub:
                 request_serializer=qinglong_dot_control_dot_v1_dot_run__service__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=qinglong_dot_control_dot_v1_dot_run__service__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
+        self.ReadRunOutput = channel.unary_unary(
+                '/qinglong.control.v1.RunService/ReadRunOutput',
+                request_serializer=qinglong_dot_control_dot_v1_dot_run__service__pb2.ReadRunOutputRequest.SerializeToString,
+                response_deserializer=qinglong_dot_control_dot_v1_dot_run__service__pb2.ReadRunOutputResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -125,6 +130,15 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadRunOutput(self, request, context):
+        """Reads one page of an Attempt's executor output from a byte offset (R-OPS-1): the
+        latest Attempt unless the request names one. To follow a running Attempt, call
+        again from next_offset until complete is true and next_offset is end_offset.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +171,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=qinglong_dot_control_dot_v1_dot_run__service__pb2.CancelRunRequest.FromString,
                     response_serializer=qinglong_dot_control_dot_v1_dot_run__service__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'ReadRunOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadRunOutput,
+                    request_deserializer=qinglong_dot_control_dot_v1_dot_run__service__pb2.ReadRunOutputRequest.FromString,
+                    response_serializer=qinglong_dot_control_dot_v1_dot_run__service__pb2.ReadRunOutputResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -327,6 +346,33 @@ class RunService:
             '/qinglong.control.v1.RunService/CancelRun',
             qinglong_dot_control_dot_v1_dot_run__service__pb2.CancelRunRequest.SerializeToString,
             qinglong_dot_control_dot_v1_dot_run__service__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadRunOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.control.v1.RunService/ReadRunOutput',
+            qinglong_dot_control_dot_v1_dot_run__service__pb2.ReadRunOutputRequest.SerializeToString,
+            qinglong_dot_control_dot_v1_dot_run__service__pb2.ReadRunOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

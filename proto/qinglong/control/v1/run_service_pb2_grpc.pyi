@@ -55,6 +55,11 @@ class RunServiceStub:
     """Records a user cancel intent (permission run.stop, R-CAN-1..5). The intent
     is durable; a running remote Attempt sees it at its next ControlLease.
     """
+    ReadRunOutput: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.ReadRunOutputRequest, _run_service_pb2.ReadRunOutputResponse]
+    """Reads one page of an Attempt's executor output from a byte offset (R-OPS-1): the
+    latest Attempt unless the request names one. To follow a running Attempt, call
+    again from next_offset until complete is true and next_offset is end_offset.
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -82,6 +87,11 @@ class RunServiceAsyncStub(RunServiceStub):
     CancelRun: _aio.UnaryUnaryMultiCallable[_run_service_pb2.CancelRunRequest, _run_service_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Records a user cancel intent (permission run.stop, R-CAN-1..5). The intent
     is durable; a running remote Attempt sees it at its next ControlLease.
+    """
+    ReadRunOutput: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ReadRunOutputRequest, _run_service_pb2.ReadRunOutputResponse]  # type: ignore[assignment]
+    """Reads one page of an Attempt's executor output from a byte offset (R-OPS-1): the
+    latest Attempt unless the request names one. To follow a running Attempt, call
+    again from next_offset until complete is true and next_offset is end_offset.
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -143,6 +153,17 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_run_service_pb2.CancelRunResponse, _abc.Awaitable[_run_service_pb2.CancelRunResponse]]:
         """Records a user cancel intent (permission run.stop, R-CAN-1..5). The intent
         is durable; a running remote Attempt sees it at its next ControlLease.
+        """
+
+    @_abc_1.abstractmethod
+    def ReadRunOutput(
+        self,
+        request: _run_service_pb2.ReadRunOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_service_pb2.ReadRunOutputResponse, _abc.Awaitable[_run_service_pb2.ReadRunOutputResponse]]:
+        """Reads one page of an Attempt's executor output from a byte offset (R-OPS-1): the
+        latest Attempt unless the request names one. To follow a running Attempt, call
+        again from next_offset until complete is true and next_offset is end_offset.
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

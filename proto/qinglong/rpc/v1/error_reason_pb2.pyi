@@ -51,7 +51,7 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_STARTING_REQUIRED: _ErrorReason.ValueType  # 13
     """A running ACK arrived for an Attempt that never committed starting (R-ACK-5). gRPC code: ABORTED."""
     ERROR_REASON_REPLAY_MISMATCH: _ErrorReason.ValueType  # 14
-    """A retry reused a request id, mutation id or ACK authority with different content (R-ACK-6, R-FAIL-2). gRPC code: ABORTED."""
+    """A retry reused a request id, mutation id or ACK authority with different content (R-ACK-6, R-FAIL-2), or an output chunk differs from the output already stored at its offsets (R-OPS-1). gRPC code: ABORTED."""
     ERROR_REASON_EXECUTOR_TYPE_MISMATCH: _ErrorReason.ValueType  # 15
     """The Attempt's executor type is not remote_worker, so Worker ACKs cannot apply (R-ACK-2). gRPC code: ABORTED."""
     ERROR_REASON_RUN_NOT_FOUND: _ErrorReason.ValueType  # 16
@@ -108,13 +108,17 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The Worker is not enrolled (AdminService). gRPC code: NOT_FOUND."""
     ERROR_REASON_ROLE_BINDING_NOT_FOUND: _ErrorReason.ValueType  # 42
     """The principal has no role binding in the project (AdminService.RevokeRole). gRPC code: NOT_FOUND."""
-    ERROR_REASON_APPROVAL_NOT_FOUND: _ErrorReason.ValueType  # 43
+    ERROR_REASON_OUTPUT_OFFSET_GAP: _ErrorReason.ValueType  # 43
+    """An output chunk starts past the end of the stored output (R-OPS-1); ErrorInfo.metadata["expectedOffset"] is where the next chunk must start. gRPC code: ABORTED."""
+    ERROR_REASON_ATTEMPT_NOT_FOUND: _ErrorReason.ValueType  # 44
+    """The Run has no Attempt of that number. gRPC code: NOT_FOUND."""
+    ERROR_REASON_APPROVAL_NOT_FOUND: _ErrorReason.ValueType  # 45
     """No such approval request in the project (ApprovalService). gRPC code: NOT_FOUND."""
-    ERROR_REASON_APPROVAL_NOT_PENDING: _ErrorReason.ValueType  # 44
+    ERROR_REASON_APPROVAL_NOT_PENDING: _ErrorReason.ValueType  # 46
     """The approval request was already decided or has expired; the message says
     which (ApprovalService). gRPC code: FAILED_PRECONDITION.
     """
-    ERROR_REASON_APPROVAL_UNSUPPORTED: _ErrorReason.ValueType  # 45
+    ERROR_REASON_APPROVAL_UNSUPPORTED: _ErrorReason.ValueType  # 47
     """The held method has no approval path in this control version: nothing was
     held (RuntimeService.HoldForApproval). gRPC code: FAILED_PRECONDITION.
     """
@@ -166,7 +170,7 @@ ERROR_REASON_STATE_CONFLICT: ErrorReason.ValueType  # 12
 ERROR_REASON_STARTING_REQUIRED: ErrorReason.ValueType  # 13
 """A running ACK arrived for an Attempt that never committed starting (R-ACK-5). gRPC code: ABORTED."""
 ERROR_REASON_REPLAY_MISMATCH: ErrorReason.ValueType  # 14
-"""A retry reused a request id, mutation id or ACK authority with different content (R-ACK-6, R-FAIL-2). gRPC code: ABORTED."""
+"""A retry reused a request id, mutation id or ACK authority with different content (R-ACK-6, R-FAIL-2), or an output chunk differs from the output already stored at its offsets (R-OPS-1). gRPC code: ABORTED."""
 ERROR_REASON_EXECUTOR_TYPE_MISMATCH: ErrorReason.ValueType  # 15
 """The Attempt's executor type is not remote_worker, so Worker ACKs cannot apply (R-ACK-2). gRPC code: ABORTED."""
 ERROR_REASON_RUN_NOT_FOUND: ErrorReason.ValueType  # 16
@@ -223,13 +227,17 @@ ERROR_REASON_WORKER_NOT_FOUND: ErrorReason.ValueType  # 41
 """The Worker is not enrolled (AdminService). gRPC code: NOT_FOUND."""
 ERROR_REASON_ROLE_BINDING_NOT_FOUND: ErrorReason.ValueType  # 42
 """The principal has no role binding in the project (AdminService.RevokeRole). gRPC code: NOT_FOUND."""
-ERROR_REASON_APPROVAL_NOT_FOUND: ErrorReason.ValueType  # 43
+ERROR_REASON_OUTPUT_OFFSET_GAP: ErrorReason.ValueType  # 43
+"""An output chunk starts past the end of the stored output (R-OPS-1); ErrorInfo.metadata["expectedOffset"] is where the next chunk must start. gRPC code: ABORTED."""
+ERROR_REASON_ATTEMPT_NOT_FOUND: ErrorReason.ValueType  # 44
+"""The Run has no Attempt of that number. gRPC code: NOT_FOUND."""
+ERROR_REASON_APPROVAL_NOT_FOUND: ErrorReason.ValueType  # 45
 """No such approval request in the project (ApprovalService). gRPC code: NOT_FOUND."""
-ERROR_REASON_APPROVAL_NOT_PENDING: ErrorReason.ValueType  # 44
+ERROR_REASON_APPROVAL_NOT_PENDING: ErrorReason.ValueType  # 46
 """The approval request was already decided or has expired; the message says
 which (ApprovalService). gRPC code: FAILED_PRECONDITION.
 """
-ERROR_REASON_APPROVAL_UNSUPPORTED: ErrorReason.ValueType  # 45
+ERROR_REASON_APPROVAL_UNSUPPORTED: ErrorReason.ValueType  # 47
 """The held method has no approval path in this control version: nothing was
 held (RuntimeService.HoldForApproval). gRPC code: FAILED_PRECONDITION.
 """

@@ -2732,3 +2732,123 @@ class DenyResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DenyResponse: _TypeAlias = DenyResponse  # noqa: Y015
+
+@_typing.final
+class AppendOutputRequest(_message.Message):
+    """AppendOutputRequest is the forwarded WorkerService.AppendOutput call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated."""
+
+    @_builtins.property
+    def request(self) -> _worker_service_pb2.AppendOutputRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _worker_service_pb2.AppendOutputRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendOutputRequest: _TypeAlias = AppendOutputRequest  # noqa: Y015
+
+@_typing.final
+class AppendOutputResponse(_message.Message):
+    """AppendOutputResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _worker_service_pb2.AppendOutputResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _worker_service_pb2.AppendOutputResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendOutputResponse: _TypeAlias = AppendOutputResponse  # noqa: Y015
+
+@_typing.final
+class ReadRunOutputRequest(_message.Message):
+    """ReadRunOutputRequest is the forwarded RunService.ReadRunOutput call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated."""
+
+    @_builtins.property
+    def request(self) -> _run_service_pb2.ReadRunOutputRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _run_service_pb2.ReadRunOutputRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadRunOutputRequest: _TypeAlias = ReadRunOutputRequest  # noqa: Y015
+
+@_typing.final
+class ReadRunOutputResponse(_message.Message):
+    """ReadRunOutputResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _run_service_pb2.ReadRunOutputResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _run_service_pb2.ReadRunOutputResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadRunOutputResponse: _TypeAlias = ReadRunOutputResponse  # noqa: Y015

@@ -100,6 +100,11 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateResponse.FromString,
                 _registered_method=True)
+        self.AppendOutput = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/AppendOutput',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.AppendOutputRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.AppendOutputResponse.FromString,
+                _registered_method=True)
         self.CreateTask = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/CreateTask',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateTaskRequest.SerializeToString,
@@ -154,6 +159,11 @@ class RuntimeServiceStub:
                 '/qinglong.runtime.v1.RuntimeService/CancelRun',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.FromString,
+                _registered_method=True)
+        self.ReadRunOutput = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/ReadRunOutput',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ReadRunOutputRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ReadRunOutputResponse.FromString,
                 _registered_method=True)
         self.HoldForApproval = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/HoldForApproval',
@@ -363,6 +373,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendOutput(self, request, context):
+        """Appends a chunk of an Attempt's output (WorkerService.AppendOutput).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateTask(self, request, context):
         """Creates a Task (TaskService.CreateTask).
         """
@@ -435,6 +452,13 @@ class RuntimeServiceServicer:
 
     def CancelRun(self, request, context):
         """Records a user cancel intent (RunService.CancelRun).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadRunOutput(self, request, context):
+        """Reads a page of an Attempt's output (RunService.ReadRunOutput).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -660,6 +684,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.RenewCertificateResponse.SerializeToString,
             ),
+            'AppendOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendOutput,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.AppendOutputRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.AppendOutputResponse.SerializeToString,
+            ),
             'CreateTask': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTask,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateTaskRequest.FromString,
@@ -714,6 +743,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'ReadRunOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadRunOutput,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ReadRunOutputRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ReadRunOutputResponse.SerializeToString,
             ),
             'HoldForApproval': grpc.unary_unary_rpc_method_handler(
                     servicer.HoldForApproval,
@@ -1150,6 +1184,33 @@ class RuntimeService:
             _registered_method=True)
 
     @staticmethod
+    def AppendOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/AppendOutput',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.AppendOutputRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.AppendOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def CreateTask(request,
             target,
             options=(),
@@ -1436,6 +1497,33 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/CancelRun',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadRunOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/ReadRunOutput',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ReadRunOutputRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ReadRunOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,8 @@ class RuntimeServiceStub:
     """Commits a completion (WorkerService.CompleteAttempt)."""
     RenewCertificate: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RenewCertificateRequest, _runtime_service_pb2.RenewCertificateResponse]
     """Issues a Worker's successor certificate (WorkerService.RenewCertificate)."""
+    AppendOutput: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.AppendOutputRequest, _runtime_service_pb2.AppendOutputResponse]
+    """Appends a chunk of an Attempt's output (WorkerService.AppendOutput)."""
     CreateTask: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateTaskRequest, _runtime_service_pb2.CreateTaskResponse]
     """Creates a Task (TaskService.CreateTask)."""
     GetTask: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetTaskRequest, _runtime_service_pb2.GetTaskResponse]
@@ -88,6 +90,8 @@ class RuntimeServiceStub:
     """Streams a Run's Events (RunService.WatchRunEvents)."""
     CancelRun: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CancelRunRequest, _runtime_service_pb2.CancelRunResponse]
     """Records a user cancel intent (RunService.CancelRun)."""
+    ReadRunOutput: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ReadRunOutputRequest, _runtime_service_pb2.ReadRunOutputResponse]
+    """Reads a page of an Attempt's output (RunService.ReadRunOutput)."""
     HoldForApproval: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.HoldForApprovalRequest, _runtime_service_pb2.HoldForApprovalResponse]
     """Holds a public call that project policy requires an approval for: control
     stores it as a pending approval request (R-OPS-2). Not a public method.
@@ -175,6 +179,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Commits a completion (WorkerService.CompleteAttempt)."""
     RenewCertificate: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RenewCertificateRequest, _runtime_service_pb2.RenewCertificateResponse]  # type: ignore[assignment]
     """Issues a Worker's successor certificate (WorkerService.RenewCertificate)."""
+    AppendOutput: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.AppendOutputRequest, _runtime_service_pb2.AppendOutputResponse]  # type: ignore[assignment]
+    """Appends a chunk of an Attempt's output (WorkerService.AppendOutput)."""
     CreateTask: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateTaskRequest, _runtime_service_pb2.CreateTaskResponse]  # type: ignore[assignment]
     """Creates a Task (TaskService.CreateTask)."""
     GetTask: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetTaskRequest, _runtime_service_pb2.GetTaskResponse]  # type: ignore[assignment]
@@ -197,6 +203,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Streams a Run's Events (RunService.WatchRunEvents)."""
     CancelRun: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CancelRunRequest, _runtime_service_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Records a user cancel intent (RunService.CancelRun)."""
+    ReadRunOutput: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ReadRunOutputRequest, _runtime_service_pb2.ReadRunOutputResponse]  # type: ignore[assignment]
+    """Reads a page of an Attempt's output (RunService.ReadRunOutput)."""
     HoldForApproval: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.HoldForApprovalRequest, _runtime_service_pb2.HoldForApprovalResponse]  # type: ignore[assignment]
     """Holds a public call that project policy requires an approval for: control
     stores it as a pending approval request (R-OPS-2). Not a public method.
@@ -349,6 +357,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         """Issues a Worker's successor certificate (WorkerService.RenewCertificate)."""
 
     @_abc_1.abstractmethod
+    def AppendOutput(
+        self,
+        request: _runtime_service_pb2.AppendOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.AppendOutputResponse, _abc.Awaitable[_runtime_service_pb2.AppendOutputResponse]]:
+        """Appends a chunk of an Attempt's output (WorkerService.AppendOutput)."""
+
+    @_abc_1.abstractmethod
     def CreateTask(
         self,
         request: _runtime_service_pb2.CreateTaskRequest,
@@ -435,6 +451,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.CancelRunResponse, _abc.Awaitable[_runtime_service_pb2.CancelRunResponse]]:
         """Records a user cancel intent (RunService.CancelRun)."""
+
+    @_abc_1.abstractmethod
+    def ReadRunOutput(
+        self,
+        request: _runtime_service_pb2.ReadRunOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ReadRunOutputResponse, _abc.Awaitable[_runtime_service_pb2.ReadRunOutputResponse]]:
+        """Reads a page of an Attempt's output (RunService.ReadRunOutput)."""
 
     @_abc_1.abstractmethod
     def HoldForApproval(

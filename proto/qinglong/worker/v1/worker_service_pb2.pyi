@@ -846,3 +846,76 @@ class RenewCertificateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RenewCertificateResponse: _TypeAlias = RenewCertificateResponse  # noqa: Y015
+
+@_typing.final
+class AppendOutputRequest(_message.Message):
+    """AppendOutputRequest is one chunk of an Attempt's output. Made idempotent by its
+    offset: the same bytes at the same offset are stored once.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FENCE_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """Where the chunk starts in the Attempt's output: where the previous chunk ended (0
+    for the first). An offset past the stored end is refused OUTPUT_OFFSET_GAP with
+    the expected offset in ErrorInfo.metadata["expectedOffset"]; a chunk that starts
+    earlier must repeat the stored bytes it covers (else REPLAY_MISMATCH) and only its
+    new tail is stored.
+    """
+    data: _builtins.bytes
+    """The output bytes, exactly as written (any encoding, or none)."""
+    @_builtins.property
+    def fence(self) -> _fence_pb2.Fence:
+        """The Attempt's fence. Every identity field must match the Attempt (worker, session,
+        generation, project, run, attempt, offer, lease generation and capability: only
+        the Worker that claimed it can write its output). expected_lease_version is not
+        compared and the lease need not be held any more: output belongs to the Attempt,
+        and its Worker ships the tail after the executor exits, before CompleteAttempt (and
+        a restarted Worker possibly after it). Appending changes no Run, Attempt or lease.
+        """
+
+    def __init__(
+        self,
+        *,
+        fence: _fence_pb2.Fence | None = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "fence", b"fence", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendOutputRequest: _TypeAlias = AppendOutputRequest  # noqa: Y015
+
+@_typing.final
+class AppendOutputResponse(_message.Message):
+    """AppendOutputResponse says how much output the control plane holds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
+    end_offset: _builtins.int
+    """The end of the stored output after this call: the next chunk's offset.
+    Range: 1..9007199254740991 (2^53-1).
+    """
+    replayed: _builtins.bool
+    """True when every byte of the chunk was already stored: nothing was written."""
+    def __init__(
+        self,
+        *,
+        end_offset: _builtins.int = ...,
+        replayed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "replayed", b"replayed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendOutputResponse: _TypeAlias = AppendOutputResponse  # noqa: Y015

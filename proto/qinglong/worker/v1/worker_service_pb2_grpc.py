@@ -35,7 +35,8 @@ class WorkerServiceStub:
 
     Every call is short and caller-driven: no stream, server mailbox or per-run
     timer is held open for a Worker (R-ING-4). Each serialized request is at most
-    8 KiB; ControlLease responses are at most 4 KiB (R-LC-1). Fenced conflicts
+    8 KiB (AppendOutput: its chunk plus 8 KiB); ControlLease responses are at most
+    4 KiB (R-LC-1). Fenced conflicts
     fail with ABORTED and a qinglong.rpc.v1.ErrorReason; exact replays are
     answers, never errors. No response ever contains the lease token or the
     callback token digest (R-SEC-1).
@@ -102,6 +103,11 @@ class WorkerServiceStub:
                 request_serializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateRequest.SerializeToString,
                 response_deserializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateResponse.FromString,
                 _registered_method=True)
+        self.AppendOutput = channel.unary_unary(
+                '/qinglong.worker.v1.WorkerService/AppendOutput',
+                request_serializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.AppendOutputRequest.SerializeToString,
+                response_deserializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.AppendOutputResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -114,7 +120,8 @@ class WorkerServiceServicer:
 
     Every call is short and caller-driven: no stream, server mailbox or per-run
     timer is held open for a Worker (R-ING-4). Each serialized request is at most
-    8 KiB; ControlLease responses are at most 4 KiB (R-LC-1). Fenced conflicts
+    8 KiB (AppendOutput: its chunk plus 8 KiB); ControlLease responses are at most
+    4 KiB (R-LC-1). Fenced conflicts
     fail with ABORTED and a qinglong.rpc.v1.ErrorReason; exact replays are
     answers, never errors. No response ever contains the lease token or the
     callback token digest (R-SEC-1).
@@ -203,6 +210,18 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendOutput(self, request, context):
+        """Appends one chunk of an Attempt's executor output (stdout and stderr, as the
+        executor wrote them to the Worker's local file) at a byte offset (R-OPS-1). The
+        offset is the chunk's sequence number: chunk n starts where chunk n-1 ended.
+        Idempotent: a chunk whose bytes are already stored is answered, not refused, so the
+        Worker re-sends after a restart without harm. This one request may be as large as
+        a chunk (64 KiB) plus the 8 KiB every other Worker request is held to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -261,6 +280,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     request_deserializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateRequest.FromString,
                     response_serializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateResponse.SerializeToString,
             ),
+            'AppendOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendOutput,
+                    request_deserializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.AppendOutputRequest.FromString,
+                    response_serializer=qinglong_dot_worker_dot_v1_dot_worker__service__pb2.AppendOutputResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'qinglong.worker.v1.WorkerService', rpc_method_handlers)
@@ -279,7 +303,8 @@ class WorkerService:
 
     Every call is short and caller-driven: no stream, server mailbox or per-run
     timer is held open for a Worker (R-ING-4). Each serialized request is at most
-    8 KiB; ControlLease responses are at most 4 KiB (R-LC-1). Fenced conflicts
+    8 KiB (AppendOutput: its chunk plus 8 KiB); ControlLease responses are at most
+    4 KiB (R-LC-1). Fenced conflicts
     fail with ABORTED and a qinglong.rpc.v1.ErrorReason; exact replays are
     answers, never errors. No response ever contains the lease token or the
     callback token digest (R-SEC-1).
@@ -572,6 +597,33 @@ class WorkerService:
             '/qinglong.worker.v1.WorkerService/RenewCertificate',
             qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateRequest.SerializeToString,
             qinglong_dot_worker_dot_v1_dot_worker__service__pb2.RenewCertificateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.worker.v1.WorkerService/AppendOutput',
+            qinglong_dot_worker_dot_v1_dot_worker__service__pb2.AppendOutputRequest.SerializeToString,
+            qinglong_dot_worker_dot_v1_dot_worker__service__pb2.AppendOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

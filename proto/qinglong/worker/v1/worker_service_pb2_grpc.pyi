@@ -36,7 +36,8 @@ class WorkerServiceStub:
 
     Every call is short and caller-driven: no stream, server mailbox or per-run
     timer is held open for a Worker (R-ING-4). Each serialized request is at most
-    8 KiB; ControlLease responses are at most 4 KiB (R-LC-1). Fenced conflicts
+    8 KiB (AppendOutput: its chunk plus 8 KiB); ControlLease responses are at most
+    4 KiB (R-LC-1). Fenced conflicts
     fail with ABORTED and a qinglong.rpc.v1.ErrorReason; exact replays are
     answers, never errors. No response ever contains the lease token or the
     callback token digest (R-SEC-1).
@@ -78,6 +79,14 @@ class WorkerServiceStub:
     """Issues a successor of the calling Worker's certificate for a new key, before the
     present one expires (R-ADM-2); the Worker switches to it without dropping work.
     """
+    AppendOutput: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.AppendOutputRequest, _worker_service_pb2.AppendOutputResponse]
+    """Appends one chunk of an Attempt's executor output (stdout and stderr, as the
+    executor wrote them to the Worker's local file) at a byte offset (R-OPS-1). The
+    offset is the chunk's sequence number: chunk n starts where chunk n-1 ended.
+    Idempotent: a chunk whose bytes are already stored is answered, not refused, so the
+    Worker re-sends after a restart without harm. This one request may be as large as
+    a chunk (64 KiB) plus the 8 KiB every other Worker request is held to.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -90,7 +99,8 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
 
     Every call is short and caller-driven: no stream, server mailbox or per-run
     timer is held open for a Worker (R-ING-4). Each serialized request is at most
-    8 KiB; ControlLease responses are at most 4 KiB (R-LC-1). Fenced conflicts
+    8 KiB (AppendOutput: its chunk plus 8 KiB); ControlLease responses are at most
+    4 KiB (R-LC-1). Fenced conflicts
     fail with ABORTED and a qinglong.rpc.v1.ErrorReason; exact replays are
     answers, never errors. No response ever contains the lease token or the
     callback token digest (R-SEC-1).
@@ -129,6 +139,14 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """Issues a successor of the calling Worker's certificate for a new key, before the
     present one expires (R-ADM-2); the Worker switches to it without dropping work.
     """
+    AppendOutput: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.AppendOutputRequest, _worker_service_pb2.AppendOutputResponse]  # type: ignore[assignment]
+    """Appends one chunk of an Attempt's executor output (stdout and stderr, as the
+    executor wrote them to the Worker's local file) at a byte offset (R-OPS-1). The
+    offset is the chunk's sequence number: chunk n starts where chunk n-1 ended.
+    Idempotent: a chunk whose bytes are already stored is answered, not refused, so the
+    Worker re-sends after a restart without harm. This one request may be as large as
+    a chunk (64 KiB) plus the 8 KiB every other Worker request is held to.
+    """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     """WorkerService is the public API a Worker calls over mTLS on one keep-alive
@@ -140,7 +158,8 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Every call is short and caller-driven: no stream, server mailbox or per-run
     timer is held open for a Worker (R-ING-4). Each serialized request is at most
-    8 KiB; ControlLease responses are at most 4 KiB (R-LC-1). Fenced conflicts
+    8 KiB (AppendOutput: its chunk plus 8 KiB); ControlLease responses are at most
+    4 KiB (R-LC-1). Fenced conflicts
     fail with ABORTED and a qinglong.rpc.v1.ErrorReason; exact replays are
     answers, never errors. No response ever contains the lease token or the
     callback token digest (R-SEC-1).
@@ -242,6 +261,20 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_worker_service_pb2.RenewCertificateResponse, _abc.Awaitable[_worker_service_pb2.RenewCertificateResponse]]:
         """Issues a successor of the calling Worker's certificate for a new key, before the
         present one expires (R-ADM-2); the Worker switches to it without dropping work.
+        """
+
+    @_abc_1.abstractmethod
+    def AppendOutput(
+        self,
+        request: _worker_service_pb2.AppendOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_service_pb2.AppendOutputResponse, _abc.Awaitable[_worker_service_pb2.AppendOutputResponse]]:
+        """Appends one chunk of an Attempt's executor output (stdout and stderr, as the
+        executor wrote them to the Worker's local file) at a byte offset (R-OPS-1). The
+        offset is the chunk's sequence number: chunk n starts where chunk n-1 ended.
+        Idempotent: a chunk whose bytes are already stored is answered, not refused, so the
+        Worker re-sends after a restart without harm. This one request may be as large as
+        a chunk (64 KiB) plus the 8 KiB every other Worker request is held to.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -76,6 +76,8 @@ _FIELD_CONSTRAINTS: Final[Mapping[str, str]] = {
     "attempts_executor_handle_check": "executor_handle",
     "attempts_log_artifact_id_check": "log_artifact_id",
     "attempts_callback_sequence_check": "callback_sequence",
+    "attempt_output_chunks_data_check": "data",
+    "attempt_output_end_offset_check": "offset",
     "projects_display_name_check": "display_name",
     "projects_create_request_id_check": "request_id",
     "principals_create_request_id_check": "request_id",
@@ -107,6 +109,9 @@ _CONFLICT_CONSTRAINTS: Final = frozenset(
         "attempts_offer_id_key",
         "attempts_run_id_attempt_number_key",
         "run_leases_offer_id_key",
+        # Two first chunks of one Attempt's output (the stream lock makes it unlikely).
+        "attempt_output_pkey",
+        "attempt_output_chunks_pkey",
         # Administration: a create with the same request id, a second rotation of one
         # token, a join token used twice.
         "projects_create_request_id_key",
@@ -170,7 +175,7 @@ def _refusal_status(refused: Refused, request: object) -> TypedStatus:
         # An invalid request without a known field still names what was invalid: the
         # request message itself (R-ERR-1: every INVALID_ARGUMENT carries a BadRequest).
         violations = ((_public_message_name(request) or "request", message),)
-    return TypedStatus(reason, message, violations)
+    return TypedStatus(reason, message, violations, refused.metadata)
 
 
 def _constraint_refusal(constraint: str) -> Refused | None:

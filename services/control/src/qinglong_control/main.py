@@ -81,13 +81,14 @@ async def _serve(
         admin_pool=admin_pool,
         trust_domain=settings.trust_domain,
         issuing=issuing,
+        output_retention=settings.output_retention,
     )
     server, port = await create_server(settings, runtime_servicer=servicer)
     await server.start()
     announce_listening(SERVICE, port, settings.listen_address)
     cadence = None
     if settings.reconcile_interval_seconds > 0:
-        reconciler = Reconciler(pool, ReconcilerLimits(), timings)
+        reconciler = Reconciler(pool, ReconcilerLimits(), timings, settings.output_retention)
         cadence = asyncio.create_task(
             drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"
         )
@@ -109,16 +110,23 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
         except Exception:  # a failed cycle is retried at the next tick
             _log.exception("reconcile cycle failed")
             continue
-        if report.expired or report.converged or report.retries_scheduled or report.requeued:
+        if (
+            report.expired
+            or report.converged
+            or report.retries_scheduled
+            or report.requeued
+            or report.outputs_expired
+        ):
             _log.info(
                 "reconciled: %d leases expired, %d runs converged, %d blocked, "
-                "%d retries scheduled, %d exhausted, %d requeued",
+                "%d retries scheduled, %d exhausted, %d requeued, %d outputs expired",
                 report.expired,
                 report.converged,
                 report.blocked,
                 report.retries_scheduled,
                 report.retries_exhausted,
                 report.requeued,
+                report.outputs_expired,
             )
 
 

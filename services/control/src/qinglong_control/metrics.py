@@ -37,6 +37,10 @@ RECONCILE_WORK: Final = Histogram(
     ["kind"],
     buckets=COUNT_BUCKETS,
 )
+OUTPUT_BYTES_STORED: Final = Counter(
+    "qinglong_control_output_bytes_stored",
+    "Bytes of Run output stored (AppendOutput; replayed bytes are not counted again)",
+)
 #: The kinds of RECONCILE_WORK: CycleReport's fields.
 RECONCILE_KINDS: Final = (
     "expired",
@@ -47,6 +51,7 @@ RECONCILE_KINDS: Final = (
     "retries_exhausted",
     "requeued",
     "approvals_expired",
+    "outputs_expired",
 )
 
 # Present (at zero) from the start, so a dashboard sees every kind before the first cycle.

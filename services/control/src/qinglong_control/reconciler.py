@@ -1,5 +1,6 @@
 """The convergence coordinator: one bounded cycle of lease expiry, convergence, retries,
-and the expiry of approval requests nobody decided in time.
+the expiry of approval requests nobody decided in time (R-OPS-2) and of old Run output
+(its retention age, R-OPS-1).
 
 It owns no timer, connection or queue (SPEC R-CONV-1): the service's single cadence calls
 `cycle()`, which borrows one pooled connection for its duration. Overlapping calls are
@@ -19,7 +20,9 @@ from psycopg_pool import AsyncConnectionPool
 from qinglong_control import metrics as prometheus
 from qinglong_control.db.approvals import expire_page as expire_approvals
 from qinglong_control.db.convergence import converge_page, expire_leases
+from qinglong_control.db.output import OutputStore, TableOutputStore
 from qinglong_control.db.retries import retry_page
+from qinglong_control.domain.output import OutputRetention
 from qinglong_control.domain.timings import Timings
 
 
@@ -43,6 +46,7 @@ class CycleReport:
     retries_exhausted: int = 0
     requeued: int = 0
     approvals_expired: int = 0
+    outputs_expired: int = 0
 
 
 class Reconciler:
@@ -51,10 +55,14 @@ class Reconciler:
         pool: AsyncConnectionPool[AsyncConnection[Any]],
         limits: ReconcilerLimits,
         timings: Timings | None = None,
+        output_retention: OutputRetention | None = None,
+        output_store: OutputStore | None = None,
     ) -> None:
         self._pool = pool
         self._limits = limits
         self._timings = timings or Timings()
+        self._output_retention = output_retention or OutputRetention()
+        self._output = output_store or TableOutputStore(pool)
         self._running: asyncio.Task[CycleReport] | None = None
 
     async def cycle(self) -> CycleReport:
@@ -106,6 +114,20 @@ class Reconciler:
                 approvals_expired += count
                 if count < limits.page_size:
                     break
+        outputs_expired = 0
+        for _ in range(limits.max_pages):
+            count = await self._output.expire(self._output_retention.max_age_ms, limits.page_size)
+            outputs_expired += count
+            if count < limits.page_size:
+                break
         return CycleReport(
-            expired, converged, blocked, pages, scheduled, exhausted, requeued, approvals_expired
+            expired,
+            converged,
+            blocked,
+            pages,
+            scheduled,
+            exhausted,
+            requeued,
+            approvals_expired,
+            outputs_expired,
         )

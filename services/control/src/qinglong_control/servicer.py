@@ -39,14 +39,17 @@ from qinglong_control.db import (
     sessions,
     start_facts,
 )
+from qinglong_control.db.output import OutputStore, TableOutputStore
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.completion import CompletionReport
+from qinglong_control.domain.output import OutputRetention
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.timings import Timings
 from qinglong_control.enrollment_servicer import EnrollmentMethods
 from qinglong_control.issuing import IssuingAuthority
+from qinglong_control.output_servicer import OutputMethods
 from qinglong_control.wire import worker_of
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -109,7 +112,7 @@ def _run_states(numbers: Any) -> tuple[str, ...]:
     )
 
 
-class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods):
+class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMethods):
     def __init__(
         self,
         pool: AsyncConnectionPool[AsyncConnection[Any]],
@@ -118,13 +121,19 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods):
         admin_pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None,
         trust_domain: str = DEFAULT_TRUST_DOMAIN,
         issuing: IssuingAuthority | None = None,
+        output_store: OutputStore | None = None,
+        output_retention: OutputRetention | None = None,
     ) -> None:
         """``pool`` is the runtime role's; ``admin_pool`` the admin role's, for the
         AdminService and enrollment methods only (without it they answer UNAVAILABLE);
-        ``issuing`` the CA that signs joining Workers' certificates."""
+        ``issuing`` the CA that signs joining Workers' certificates; ``output_store``
+        where Run output is kept (default: the runtime role's tables)."""
         AdminMethods.__init__(self, pool, admin_pool, trust_domain)
         EnrollmentMethods.__init__(self, admin_pool, issuing)
         ApprovalMethods.__init__(self, pool, timings)
+        OutputMethods.__init__(
+            self, output_store or TableOutputStore(pool), output_retention or OutputRetention()
+        )
         self._pool = pool
         self._timings = timings
 

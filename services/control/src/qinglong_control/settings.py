@@ -24,6 +24,7 @@ from qinglong_protocol.storage import (
 )
 from qinglong_protocol.tls import TlsFiles
 
+from qinglong_control.domain.output import OutputRetention
 from qinglong_control.domain.timings import Timings
 
 DEFAULT_LISTEN_ADDRESS = "[::]:50052"
@@ -45,6 +46,10 @@ DEFAULT_WORKER_CERTIFICATE_DAYS = 7.0
 ENV_SHUTDOWN_GRACE_SECONDS = "QINGLONG_CONTROL_SHUTDOWN_GRACE_SECONDS"
 ENV_RECONCILE_INTERVAL_SECONDS = "QINGLONG_CONTROL_RECONCILE_INTERVAL_SECONDS"
 DEFAULT_RECONCILE_INTERVAL_SECONDS = 2.0
+#: How long Run output is kept (R-OPS-1): seconds since it was last written, and the
+#: newest bytes an Attempt keeps.
+ENV_OUTPUT_RETENTION_SECONDS = "QINGLONG_CONTROL_OUTPUT_RETENTION_SECONDS"
+ENV_OUTPUT_MAX_BYTES_PER_ATTEMPT = "QINGLONG_CONTROL_OUTPUT_MAX_BYTES_PER_ATTEMPT"
 #: How long durable promises last (Timings), in milliseconds of DB time.
 ENV_TIMINGS_MS = {
     "session_ttl_ms": "QINGLONG_CONTROL_SESSION_TTL_MS",
@@ -87,6 +92,7 @@ class ControlSettings:
     # The one cadence of lease expiry and convergence; 0 turns both off on this replica.
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
     timings: Timings = field(default_factory=Timings)
+    output_retention: OutputRetention = field(default_factory=OutputRetention)
     # The Prometheus /metrics endpoint; None (the default): none is served.
     metrics: MetricsEndpoint | None = None
 
@@ -168,6 +174,22 @@ def parse_control_settings(
         default=env.get(ENV_RECONCILE_INTERVAL_SECONDS, str(DEFAULT_RECONCILE_INTERVAL_SECONDS)),
         help=f"cadence of lease expiry and convergence; 0 = off [{ENV_RECONCILE_INTERVAL_SECONDS}]",
     )
+    parser.add_argument(
+        "--output-retention-seconds",
+        type=int,
+        default=env.get(ENV_OUTPUT_RETENTION_SECONDS, str(OutputRetention().max_age_ms // 1000)),
+        help="Run output not written to for this long is removed (by the reconcile"
+        f" cadence) [{ENV_OUTPUT_RETENTION_SECONDS}]",
+    )
+    parser.add_argument(
+        "--output-max-bytes-per-attempt",
+        type=int,
+        default=env.get(
+            ENV_OUTPUT_MAX_BYTES_PER_ATTEMPT, str(OutputRetention().max_bytes_per_attempt)
+        ),
+        help="an Attempt keeps its newest this many bytes of output (at least one 64 KiB"
+        f" chunk) [{ENV_OUTPUT_MAX_BYTES_PER_ATTEMPT}]",
+    )
     add_storage_timeout_argument(parser, env)
     add_pool_size_argument(parser, env)
     add_metrics_arguments(parser, env, "QINGLONG_CONTROL_")
@@ -213,6 +235,7 @@ def parse_control_settings(
         storage=storage_bounds_of(parser, args),
         pool=pool_sizing_of(parser, args),
         timings=_timings(parser, args),
+        output_retention=_output_retention(parser, args),
         reconcile_interval_seconds=args.reconcile_interval_seconds,
         metrics=metrics_endpoint_of(parser, args),
     )
@@ -221,6 +244,17 @@ def parse_control_settings(
 def _timings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Timings:
     try:
         return Timings(**{name: getattr(args, name) for name in ENV_TIMINGS_MS})
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def _output_retention(parser: argparse.ArgumentParser, args: argparse.Namespace) -> OutputRetention:
+    if args.output_retention_seconds < 1:
+        parser.error("--output-retention-seconds must be at least 1")
+    try:
+        return OutputRetention(
+            args.output_retention_seconds * 1000, args.output_max_bytes_per_attempt
+        )
     except ValueError as error:
         parser.error(str(error))
 

@@ -47,6 +47,7 @@ _OPERATOR: dict[str, Permission] = {
     "GetApproval": Permission.READ,
     "Approve": Permission.APPROVAL_DECIDE,
     "Deny": Permission.APPROVAL_DECIDE,
+    "ReadRunOutput": Permission.READ,
 }
 
 

@@ -23,6 +23,7 @@ class Reason(StrEnum):
     STARTING_REQUIRED = "STARTING_REQUIRED"
     REPLAY_MISMATCH = "REPLAY_MISMATCH"
     CALLBACK_SEQUENCE_FENCED = "CALLBACK_SEQUENCE_FENCED"
+    OUTPUT_OFFSET_GAP = "OUTPUT_OFFSET_GAP"
     OFFER_EXPIRED = "OFFER_EXPIRED"
     OFFER_CLAIMED_BY_OTHER_CAPABILITY = "OFFER_CLAIMED_BY_OTHER_CAPABILITY"
     ROLE_BINDING_FENCED = "ROLE_BINDING_FENCED"
@@ -38,6 +39,7 @@ class Reason(StrEnum):
     WORKER_NOT_FOUND = "WORKER_NOT_FOUND"
     ROLE_BINDING_NOT_FOUND = "ROLE_BINDING_NOT_FOUND"
     APPROVAL_NOT_FOUND = "APPROVAL_NOT_FOUND"
+    ATTEMPT_NOT_FOUND = "ATTEMPT_NOT_FOUND"
     # Validation (gRPC INVALID_ARGUMENT).
     CAPABILITY_MALFORMED = "CAPABILITY_MALFORMED"
     CAPABILITY_WEAK = "CAPABILITY_WEAK"
@@ -62,16 +64,26 @@ class Refused(Exception):
     ``field`` is the path of the request field at fault (``fence.session_id``,
     ``plan.retry_policy.max_backoff_ms``) when one is: the wire answer then carries a
     ``google.rpc.BadRequest`` naming it (SPEC R-ERR-1). Like ``detail``, it never holds
-    the offending value.
+    the offending value. ``metadata`` is what the caller needs to act on the refusal
+    (the ``expectedOffset`` of a gap in output), sent as ErrorInfo metadata: never a
+    secret either.
     """
 
-    def __init__(self, reason: Reason, detail: str = "", *, field: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: Reason,
+        detail: str = "",
+        *,
+        field: str | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
         self.reason = reason
         self.detail = detail
         self.field = field
+        self.metadata = metadata
 
     def at(self, field: str) -> Refused:
         """The same refusal, about ``field``: for checks that do not know where their
         value came from (a capability is one shape wherever a request carries it)."""
-        return Refused(self.reason, self.detail, field=field)
+        return Refused(self.reason, self.detail, field=field, metadata=self.metadata)

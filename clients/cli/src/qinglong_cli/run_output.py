@@ -1,0 +1,92 @@
+"""`qinglong run logs RUN [--follow] [--attempt N]`: a Run's output, as the executor
+wrote it (R-OPS-1).
+
+The bytes go to stdout unchanged (no table, no JSON: output is whatever the executor
+wrote); notes — an Attempt changing while following, bytes retention removed — go to
+stderr. Without ``--follow`` it prints what is stored and ends. With it, it polls
+RunService.ReadRunOutput and ends by itself once the Run is terminal and the output of
+its last Attempt is complete and printed; without ``--attempt`` it moves on to a retry's
+new Attempt. Each poll is one short call: the control plane holds nothing open for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Final, TextIO
+
+from qinglong.control.v1 import run_service_pb2, run_service_pb2_grpc
+
+#: How long following waits before asking again when nothing new was there.
+FOLLOW_POLL_SECONDS: Final = 0.5
+
+_Page = run_service_pb2.ReadRunOutputResponse
+
+
+class _Sink:
+    """Raw bytes to stdout (its binary buffer); text streams without one (tests) get
+    the bytes decoded, undecodable ones replaced."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._buffer = getattr(out, "buffer", None)
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._buffer is None:
+            self._out.write(data.decode("utf-8", errors="replace"))
+            return
+        self._out.flush()
+        self._buffer.write(data)
+        self._buffer.flush()
+
+
+async def print_run_output(
+    runs: run_service_pb2_grpc.RunServiceAsyncStub,
+    call_options: Callable[[], dict[str, Any]],
+    project_id: str,
+    run_id: str,
+    *,
+    attempt: int | None,
+    follow: bool,
+    out: TextIO,
+    err: TextIO,
+) -> None:
+    sink = _Sink(out)
+
+    async def read(number: int | None, offset: int) -> _Page:
+        request = run_service_pb2.ReadRunOutputRequest(
+            project_id=project_id, run_id=run_id, offset=offset
+        )
+        if number is not None:
+            request.attempt_number = number
+        return await runs.ReadRunOutput(request, **call_options())
+
+    offset = 0
+    page = await read(attempt, offset)
+    number = page.attempt_number or None  # None: the Run has no Attempt yet
+    while True:
+        if page.offset > offset:
+            print(f"[{page.offset - offset} bytes removed by retention]", file=err)
+        sink.write(page.data)
+        offset = page.next_offset
+        if offset < page.end_offset:
+            page = await read(number, offset)
+            continue
+        if not follow:
+            return
+        if number is None or (attempt is None and page.complete):
+            # The latest Attempt may be another one now (a retry), or the first one.
+            latest = await read(None, 0)
+            if latest.attempt_number and latest.attempt_number != number:
+                if number is not None:
+                    print(f"--- attempt {latest.attempt_number}", file=err)
+                number, offset, page = latest.attempt_number, 0, latest
+                continue
+            if latest.run_terminal:
+                return  # no Attempt follows, and this one's output is all printed
+        elif page.complete:
+            return  # the Attempt asked for has ended, and its output is all printed
+        await asyncio.sleep(FOLLOW_POLL_SECONDS)
+        page = await read(number, offset)

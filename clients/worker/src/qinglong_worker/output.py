@@ -1,0 +1,118 @@
+"""Shipping an executor's output to the control plane (R-OPS-1).
+
+The executor writes to its local file (one per offer, beside the inbox) and never waits
+for the network: the Worker reads the file afterwards, in chunks of at most the
+contract's 64 KiB, and appends each one at its byte offset (WorkerService.AppendOutput).
+The offset the control plane holds is persisted in the inbox record after each answer,
+so a restarted Worker resumes from it; a chunk whose answer was lost is sent again and
+answered as a replay, never stored twice.
+
+Shipping is bounded per reconcile pass (:data:`CHUNKS_PER_PASS`), so one chatty Run
+cannot hold up lease control; the rest goes at the next tick. This module reads the file
+and makes the calls; when to ship, and persisting, is the reconcile's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from qinglong.rpc.v1 import fence_pb2
+from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
+from qinglong.worker.v1 import worker_service_pb2 as ws
+from qinglong_protocol import bounds
+
+from qinglong_worker.client import CallFailed, WorkerClient
+from qinglong_worker.inbox import InboxRecord
+
+log = logging.getLogger(__name__)
+
+#: Chunks one reconcile pass ships at most (1 MiB of output at the contract's chunk size).
+CHUNKS_PER_PASS: Final = 16
+#: Retries of one chunk stay short: the same reconcile also keeps the record's lease.
+CALL_BUDGET_SECONDS: Final = 2.0
+#: The ErrorInfo metadata key of OUTPUT_OFFSET_GAP (error_reason.proto names it).
+_EXPECTED_OFFSET: Final = "expectedOffset"
+
+
+def output_stream_id(attempt_id: str) -> str:
+    """The log artifact id the Worker reports with `running` (R-ACK-5): it names the
+    Attempt's output stream, which the control plane keeps by Attempt."""
+    return f"attempts/{attempt_id}/output"
+
+
+def output_size(path: Path | None) -> int:
+    """How many bytes the executor has written so far (0 without a file)."""
+    if path is None:
+        return 0
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def read_chunk(path: Path, offset: int, size: int = bounds.OUTPUT_CHUNK_MAX_BYTES) -> bytes:
+    with path.open("rb") as file:
+        file.seek(offset)
+        return file.read(size)
+
+
+@dataclass(frozen=True)
+class Shipped:
+    record: InboxRecord
+    """The record as persisted after the last answered chunk."""
+    pending: bool
+    """Bytes are left that may still be shipped (at the next pass)."""
+    refused: str | None = None
+    """A refusal no retry changes (the file differs from what was shipped): the rest is
+    given up, so completion does not wait for it."""
+
+
+async def ship_output(
+    client: WorkerClient,
+    record: InboxRecord,
+    path: Path,
+    fence: Callable[[InboxRecord], fence_pb2.Fence],
+    persist: Callable[[InboxRecord, int], InboxRecord],
+    *,
+    max_chunks: int = CHUNKS_PER_PASS,
+) -> Shipped:
+    """Ship up to ``max_chunks`` chunks from ``record.output_offset``; ``persist`` records
+    a new offset (a compare-and-set) and returns the record written."""
+    for _ in range(max_chunks):
+        size = output_size(path)
+        offset = record.output_offset
+        if offset >= size:
+            if offset > size:
+                log.warning("offer %s: output file is shorter than shipped", record.offer_id)
+            return Shipped(record, pending=False)
+        data = read_chunk(path, offset)
+        try:
+            answer = await client.append_output(
+                ws.AppendOutputRequest(fence=fence(record), offset=offset, data=data),
+                budget_seconds=CALL_BUDGET_SECONDS,
+            )
+        except CallFailed as failure:
+            return _after_refusal(record, failure, persist)
+        record = persist(record, answer.end_offset)
+    return Shipped(record, pending=output_size(path) > record.output_offset)
+
+
+def _after_refusal(
+    record: InboxRecord, failure: CallFailed, persist: Callable[[InboxRecord, int], InboxRecord]
+) -> Shipped:
+    if failure.transient:
+        log.info("offer %s: output not shipped (%s); next tick", record.offer_id, failure.label)
+        return Shipped(record, pending=True)
+    expected = failure.metadata.get(_EXPECTED_OFFSET, "")
+    if failure.reason == ErrorReason.ERROR_REASON_OUTPUT_OFFSET_GAP and expected.isdigit():
+        # The control plane holds less than the inbox says (never by this Worker's own
+        # doing): ship again from where it stands.
+        log.warning("offer %s: output resumes at %s", record.offer_id, expected)
+        return Shipped(persist(record, int(expected)), pending=True)
+    log.warning("offer %s: output refused (%s); not shipped", record.offer_id, failure.label)
+    return Shipped(record, pending=False, refused=failure.label)

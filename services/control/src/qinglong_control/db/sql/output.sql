@@ -1,0 +1,91 @@
+-- Statements of db/output.py (Run output, R-OPS-1; migration 0010).
+
+-- name: lock_stream
+-- Serialises the appends of one Attempt (a re-sent chunk racing its original). Its own
+-- key, not the Attempt's command lock: shipping output never waits for lease control.
+SELECT pg_advisory_xact_lock(hashtextextended('qinglong.output:' || %s, 0))
+
+-- name: owner
+-- The Attempt's authority. Its identity columns never change once claimed (the
+-- attempts_authority_fixed trigger), so they are read without a row lock.
+SELECT a.attempt_id, a.run_id, r.project_id, a.worker_id, a.session_id, a.worker_generation,
+       a.offer_id, a.lease_generation, a.lease_token_digest
+  FROM qinglong.attempts a JOIN qinglong.runs r ON r.run_id = a.run_id
+ WHERE a.attempt_id = %s
+
+-- name: stream
+SELECT end_offset, first_offset FROM qinglong.attempt_output WHERE attempt_id = %s FOR UPDATE
+
+-- name: overlapping
+-- The kept chunks that share bytes with [from, until). A chunk is at most one chunk's
+-- size, so one that ends after `from` starts after `earliest_start` (the primary key's
+-- range, not a walk over every chunk before it).
+SELECT start_offset, data FROM qinglong.attempt_output_chunks
+ WHERE attempt_id = %(attempt_id)s
+   AND start_offset > %(earliest_start)s AND start_offset < %(until)s
+   AND end_offset > %(from)s
+ ORDER BY start_offset
+
+-- name: append
+-- The new tail as one chunk at the old end; the chunks wholly before `keep_from` go (the
+-- size bound); the stream row records the new end and the first byte still kept. The
+-- CTEs see one snapshot, so the new chunk is never among the trimmed.
+WITH stored AS (
+    INSERT INTO qinglong.attempt_output_chunks (attempt_id, start_offset, end_offset, data)
+    VALUES (%(attempt_id)s, %(write_offset)s, %(end_offset)s, %(data)s)
+), trimmed AS (
+    DELETE FROM qinglong.attempt_output_chunks
+     WHERE attempt_id = %(attempt_id)s
+       AND start_offset < %(keep_from)s AND end_offset <= %(keep_from)s
+    RETURNING end_offset
+)
+INSERT INTO qinglong.attempt_output AS o
+       (attempt_id, end_offset, first_offset, created_at_ms, updated_at_ms)
+VALUES (%(attempt_id)s, %(end_offset)s,
+        coalesce((SELECT max(end_offset) FROM trimmed), 0), %(now)s, %(now)s)
+ON CONFLICT (attempt_id) DO UPDATE
+   SET end_offset = excluded.end_offset,
+       first_offset = greatest(o.first_offset, excluded.first_offset),
+       updated_at_ms = excluded.updated_at_ms
+
+-- name: locate
+-- The Run (in its project), the Attempt asked for (by number, else the latest) and where
+-- its stream stands. No row: no such Run here; a NULL attempt_id: no such Attempt.
+SELECT r.state AS run_state, a.attempt_id, a.attempt_number, a.log_artifact_id,
+       a.finished_at_ms IS NOT NULL AS complete,
+       coalesce(o.end_offset, 0) AS end_offset, coalesce(o.first_offset, 0) AS first_offset
+  FROM qinglong.runs r
+  LEFT JOIN qinglong.attempts a
+         ON a.run_id = r.run_id
+        AND a.attempt_number = coalesce(%(attempt_number)s::bigint, r.attempt_count)
+  LEFT JOIN qinglong.attempt_output o ON o.attempt_id = a.attempt_id
+ WHERE r.project_id = %(project_id)s AND r.run_id = %(run_id)s
+
+-- name: page
+-- Kept chunks from `from` on, in order (see `overlapping` for `earliest_start`).
+SELECT start_offset, data FROM qinglong.attempt_output_chunks
+ WHERE attempt_id = %(attempt_id)s
+   AND start_offset > %(earliest_start)s AND end_offset > %(from)s
+ ORDER BY start_offset
+ LIMIT %(limit)s
+
+-- name: expire
+-- One page of streams not written to for `max_age_ms` of DB time: their chunks go, the
+-- stream row stays (its end still recognises a re-sent chunk). SKIP LOCKED: control
+-- replicas share the work, and an append in flight is left to the next cycle.
+WITH expired AS (
+    SELECT attempt_id FROM qinglong.attempt_output
+     WHERE first_offset < end_offset
+       AND updated_at_ms < qinglong.db_now_ms() - %(max_age_ms)s
+     ORDER BY updated_at_ms
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), removed AS (
+    DELETE FROM qinglong.attempt_output_chunks c USING expired e
+     WHERE c.attempt_id = e.attempt_id
+)
+UPDATE qinglong.attempt_output o
+   SET first_offset = o.end_offset
+  FROM expired e
+ WHERE o.attempt_id = e.attempt_id
+RETURNING o.attempt_id

@@ -1,0 +1,164 @@
+"""Run output survives kill -9 of the Worker in the middle of shipping it (R-OPS-1).
+
+Real processes only: `qinglong up`, a `qinglong-worker run` behind the lossy proxy, and
+the `qinglong` CLI. The executor prints 1 MiB of numbered lines in bursts. The proxy
+kills the Worker at its 8th AppendOutput, after control stored that chunk and before
+the Worker learnt so (the answer is lost with it), so the restarted Worker re-sends a
+chunk that is already stored. `qinglong run logs` must then print exactly what the
+executor printed: every byte, in order, once. A `run logs --follow` started while the
+Run is queued prints the same bytes and ends by itself when the Run is terminal.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import psycopg
+
+from tests.support.devstack_process import QINGLONG
+from tests.support.fault_rig import FaultRig
+from tests.support.fault_tally import Expected, Tally, assert_verdict
+from tests.support.lossy_proxy import Phase, act_at
+from tests.support.polling import wait_until
+
+LINES: Final = 16_384
+LINE_BYTES: Final = 64  # 16,384 lines of 64 bytes: 1 MiB
+BURSTS: Final = 8
+KILL_AT_APPEND: Final = 8
+KILL_SECONDS: Final = 60.0
+CONVERGE_SECONDS: Final = 60.0
+FOLLOW_END_SECONDS: Final = 60.0
+
+#: The executor: numbered lines of 64 bytes, in bursts with a pause between them, so
+#: output is shipped while the Run runs as well as after it ended.
+_PRINTER: Final = (
+    "import sys, time\n"
+    f"per_burst = {LINES // BURSTS}\n"
+    f"for burst in range({BURSTS}):\n"
+    "    for n in range(burst * per_burst, (burst + 1) * per_burst):\n"
+    f"        sys.stdout.write(f'{{n:08d}} ' + 'x' * {LINE_BYTES - 10} + '\\n')\n"
+    "    sys.stdout.flush()\n"
+    "    time.sleep(0.3)\n"
+)
+
+
+def printed_bytes() -> bytes:
+    """What the executor prints, computed here independently of the executor."""
+    return b"".join(f"{n:08d} ".encode() + b"x" * (LINE_BYTES - 10) + b"\n" for n in range(LINES))
+
+
+def printing_command(marks: Path) -> list[str]:
+    """The printer, wrapped in the fault suite's start/end marks (one execution each)."""
+    target = shlex.quote(str(marks))
+    ids = '"$QINGLONG_RUN_ID" "${QINGLONG_ATTEMPT_ID:-none}" "$$"'
+    printer = shlex.quote(_PRINTER)
+    script = (
+        f"echo start {ids} >> {target}; "
+        f"{shlex.quote(sys.executable)} -c {printer} || exit 1; "
+        f"echo end {ids} 0 >> {target}"
+    )
+    return ["sh", "-c", script]
+
+
+def run_logs(stack_path: Path, run_id: str, *flags: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(QINGLONG), "run", "logs", "--stack", str(stack_path), run_id, *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def stored_chunks(migration_url: str, run_id: str) -> list[tuple[int, int]]:
+    with psycopg.connect(migration_url, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT c.start_offset, c.end_offset FROM qinglong.attempt_output_chunks c"
+            " JOIN qinglong.attempts a USING (attempt_id) WHERE a.run_id = %s"
+            " ORDER BY c.start_offset",
+            (run_id,),
+        ).fetchall()
+    return [(int(start), int(end)) for start, end in rows]
+
+
+def test_output_is_read_back_whole_after_kill_9_while_shipping(
+    rig: FaultRig, report_tally: Callable[[Tally], None]
+) -> None:
+    worker = rig.worker(max_concurrency=1)
+    killed = threading.Event()
+
+    def kill() -> None:
+        worker.kill9()
+        killed.set()
+
+    rig.schedule.add(act_at("AppendOutput", Phase.ANSWER, kill, call=KILL_AT_APPEND))
+    run_id = rig.operator.trigger(printing_command(rig.marks), name="output")
+    rig.expected.append(Expected(run_id, "succeeded", exit_code=0, label="output"))
+    follower = run_logs(rig.stack.stack_path, run_id, "--follow")
+    worker.start()
+
+    problems: list[str] = []
+    if not killed.wait(KILL_SECONDS):
+        problems.append(f"the Worker never reached AppendOutput #{KILL_AT_APPEND}")
+    elif worker.wait() is None:
+        problems.append("the Worker survived kill -9")
+    else:
+        calls_before = sum(rig.schedule.calls.values())
+        worker.start()
+        if not wait_until(lambda: sum(rig.schedule.calls.values()) > calls_before, 30.0):
+            problems.append("the restarted Worker never called ingress")
+        if not rig.wait_terminal(CONVERGE_SECONDS):
+            problems.append(f"the Run was not terminal {CONVERGE_SECONDS:.0f} s after the restart")
+    try:
+        followed, follow_err = follower.communicate(timeout=FOLLOW_END_SECONDS)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+        followed, follow_err = follower.communicate()
+        problems.append("`run logs --follow` did not end after the Run was terminal")
+    status = worker.stop()
+
+    expected = printed_bytes()
+    reader = run_logs(rig.stack.stack_path, run_id)
+    read, read_err = reader.communicate(timeout=60)
+    chunks = stored_chunks(rig.stack.migration_url, run_id)
+    overlaps = sum(1 for (_, end), (start, _) in itertools.pairwise(chunks) if start < end)
+    holes = sum(1 for (_, end), (start, _) in itertools.pairwise(chunks) if start > end)
+    appends = rig.schedule.calls["AppendOutput"]
+    line = (
+        f"run output kill -9: bytes printed {len(expected)}, bytes read {len(read)},"
+        f" stored chunks {len(chunks)}, appends sent {appends}"
+        f" (re-sent {appends - len(chunks)}), duplicate chunks {overlaps},"
+        f" lost bytes {max(0, len(expected) - len(read)) + holes}"
+    )
+    print(line, flush=True)
+
+    tally = rig.tally("run output kill -9", extra_faults=0)
+    tally.notes.append(line)
+    report_tally(tally)
+    if reader.returncode != 0:
+        problems.append(f"`run logs` exited {reader.returncode}: {read_err.decode()}")
+    if read != expected:
+        problems.append("`run logs` did not print exactly what the executor printed")
+    if followed != expected:
+        problems.append(
+            f"`run logs --follow` printed {len(followed)} bytes, not the executor's"
+            f" {len(expected)} in order ({follow_err.decode()[-400:]})"
+        )
+    if follower.returncode != 0:
+        problems.append(f"`run logs --follow` exited {follower.returncode}")
+    if overlaps or holes or (chunks and chunks[0][0] != 0):
+        problems.append(f"stored chunks are not one contiguous stream: {chunks}")
+    if appends <= len(chunks):
+        problems.append("no chunk was re-sent: the kill did not land between commit and answer")
+    if status != 0:
+        problems.append(f"the restarted Worker exited {status} on SIGINT, not 0")
+    if rig.live_executors():
+        problems.append(f"executors still running: {rig.live_executors()}")
+    if problems or not tally.clean:
+        problems.append("worker log tail:\n" + worker.log_tail())
+    assert_verdict(tally, problems)
