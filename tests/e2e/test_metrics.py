@@ -39,6 +39,7 @@ CONTROL_METRICS = {
     "qinglong_control_fence_rejections",  # by method and reason
     "qinglong_control_reconcile_cycle_seconds",  # convergence/expiry cycle
     "qinglong_control_reconcile_work",  # work per cycle, by kind
+    "qinglong_control_output_bytes_stored",  # Run output (R-OPS-1)
     "qinglong_pool_connections",  # pool usage
     "qinglong_pool_connections_idle",
     "qinglong_pool_connections_max",
