@@ -17,7 +17,7 @@ from qinglong.control.v1 import approval_pb2, approval_service_pb2, approval_ser
 from qinglong_cli.ingress_client import (
     OPERATOR_TOKEN,
     Session,
-    add_connection_flags,
+    add_operator_flags,
     print_pages,
     run_through_ingress,
 )
@@ -30,8 +30,7 @@ _STATES = enum_names(approval_pb2.ApprovalState, "APPROVAL_STATE_")
 
 def add_approval_commands(commands: Any, default_stack: Path) -> None:
     def common(parser: argparse.ArgumentParser) -> None:
-        add_connection_flags(parser, default_stack, OPERATOR_TOKEN)
-        parser.add_argument("--project", help="project id (default: the stack's project)")
+        add_operator_flags(parser, default_stack)
 
     approval = commands.add_parser(
         COMMAND, help="list, approve and deny mutations held for approval"

@@ -141,6 +141,12 @@ def add_connection_flags(
     )
 
 
+def add_operator_flags(parser: argparse.ArgumentParser, default_stack: Path) -> None:
+    """An operator command's flags: the connection, the operator's token, and the project."""
+    add_connection_flags(parser, default_stack, OPERATOR_TOKEN)
+    parser.add_argument("--project", help="project id (default: the stack's project)")
+
+
 @dataclass(frozen=True)
 class Session:
     """What one command works with: the stack's context, the channel to ingress, and

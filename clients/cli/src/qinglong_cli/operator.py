@@ -26,7 +26,7 @@ from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 from qinglong_cli.ingress_client import (
     OPERATOR_TOKEN,
     Session,
-    add_connection_flags,
+    add_operator_flags,
     print_pages,
     run_through_ingress,
 )
@@ -44,8 +44,7 @@ _RUN_STATES = enum_names(lifecycle_pb2.RunState, "RUN_STATE_")
 
 def add_operator_commands(commands: Any, default_stack: Path) -> None:
     def common(parser: argparse.ArgumentParser) -> None:
-        add_connection_flags(parser, default_stack, OPERATOR_TOKEN)
-        parser.add_argument("--project", help="project id (default: the stack's project)")
+        add_operator_flags(parser, default_stack)
 
     def plan_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--timeout-ms", type=int, help="durable execution timeout")
