@@ -56,7 +56,11 @@ async def held(world: World, people: dict[str, uuid.UUID]) -> tuple[uuid.UUID, u
         requested_by_kind="agent",
         audit_id=uuid.uuid4(),
     )
-    approval_id = await approvals.hold(world.conn, call, DAY_MS, Actor("agent", str(people["bot"])))
+    outcome = await approvals.hold(
+        world.conn, call, DAY_MS, Actor("agent", str(people["bot"])), HELD_MUTATIONS[CANCEL]
+    )
+    assert outcome.approval_id is not None
+    approval_id = outcome.approval_id
     return run_id, approval_id
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import psycopg
+import pytest
 from psycopg import sql
 from qinglong.control.v1 import (
     approval_pb2,
@@ -24,6 +25,7 @@ from qinglong.control.v1 import (
     run_service_pb2_grpc,
 )
 from qinglong.rpc.v1 import lifecycle_pb2
+from qinglong_control.db.identities import bind_role, ensure_project
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.domain.timings import Timings
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
@@ -192,6 +194,10 @@ async def test_a_denied_request_runs_nothing(stack: Stack) -> None:
         refused = await failure(people["alice"].approve(approval_id))
         assert error_reason_of(refused) == "APPROVAL_NOT_PENDING"
         assert "denied" in (refused.details() or "")
+        # Denying again is the same answer; a viewer may not deny at all.
+        assert (await people["alice"].deny(approval_id)).approval.decided_at == denied.decided_at
+        viewer = await failure(people["vera"].deny(approval_id))
+        assert viewer.code() == grpc.StatusCode.PERMISSION_DENIED
         # The Agent asking again with the same request is told the same answer.
         assert (await people["bot"].cancel(run_id)).approval_id == approval_id
         events = await people["alice"].events(run_id)
@@ -204,7 +210,30 @@ async def test_a_denied_request_runs_nothing(stack: Stack) -> None:
 
 
 async def test_unknown_and_foreign_requests_are_not_found(stack: Stack) -> None:
+    # Alice also works in another project: a request of this one is not found there.
+    with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
+        ensure_project(admin, "other", "Other")
+        alice_id = admin.execute(
+            "SELECT principal_id FROM qinglong.principals WHERE name = 'alice'"
+        ).fetchone()
+        assert alice_id is not None
+        bind_role(admin, "other", alice_id[0], "operator")
     async with operators(stack) as people:
+        _, approval_id = await held_cancel(stack, people)
+        alice = people["alice"]
+        for call in (
+            alice.approvals.GetApproval(
+                aps.GetApprovalRequest(project_id="other", approval_id=approval_id),
+                metadata=alice.meta,
+            ),
+            alice.approvals.Approve(
+                aps.ApproveRequest(project_id="other", approval_id=approval_id),
+                metadata=alice.meta,
+            ),
+        ):
+            foreign = await failure(call)
+            assert error_reason_of(foreign) == "APPROVAL_NOT_FOUND"
+        assert (await alice.get(approval_id)).state == PENDING
         missing = await failure(people["alice"].approve(str(uuid.uuid4())))
         assert missing.code() == grpc.StatusCode.NOT_FOUND
         assert error_reason_of(missing) == "APPROVAL_NOT_FOUND"
@@ -216,7 +245,27 @@ async def test_unknown_and_foreign_requests_are_not_found(stack: Stack) -> None:
         listed = await people["alice"].approvals.ListApprovals(
             aps.ListApprovalsRequest(project_id=PROJECT), metadata=people["alice"].meta
         )
+    assert [a.approval_id for a in listed.approvals] == [approval_id]
+
+
+async def test_a_cancel_that_would_change_nothing_is_answered_not_held(stack: Stack) -> None:
+    """Nothing to approve: the Agent gets the method's own answer, and no request waits."""
+    async with operators(stack) as people:
+        async with stack.channel(stack.operator_identity("ops")) as channel:
+            run_id = await queued_run_through(channel, bearer(stack, "alice"), PROJECT)
+        assert (await people["alice"].cancel(run_id)).outcome == (
+            run_service_pb2.CANCEL_RUN_OUTCOME_ACCEPTED
+        )
+        answer = await people["bot"].cancel(run_id)
+        listed = await people["alice"].approvals.ListApprovals(
+            aps.ListApprovalsRequest(project_id=PROJECT), metadata=people["alice"].meta
+        )
+    assert answer.outcome == run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_REQUESTED
+    assert answer.approval_id == ""
+    assert answer.run.run_id == run_id
     assert list(listed.approvals) == []
+    audited = [(r["operation"], r["principal_kind"], r["outcome"]) for r in stack.audit_rows()]
+    assert audited.count(("RunService/CancelRun", "agent", "require_approval")) == 1
 
 
 async def test_a_revoked_approver_cannot_approve(stack: Stack) -> None:
@@ -229,23 +278,27 @@ async def test_a_revoked_approver_cannot_approve(stack: Stack) -> None:
         assert not (await people["vera"].run(run_id)).HasField("cancel_intent")
 
 
-class DemoteAfterAdmission:
-    """Changes the approver's role after ingress admitted the call under the old one:
+class ChangeAfterAdmission:
+    """Changes the approver's binding after ingress admitted the call under the old one:
     control's own re-check (R-CAN-3) must catch what admission could not."""
 
-    def __init__(self, database: MigratedDatabase) -> None:
+    def __init__(self, database: MigratedDatabase, change: dict[str, str]) -> None:
         self._database = database
+        self._change = change
 
     async def check(self, call: Call) -> Verdict:
         if call.route.name == "Approve":
-            _set_role(self._database, "alice", role="viewer")
+            _set_role(self._database, "alice", **self._change)
         return Verdict.PASS
 
 
+@pytest.mark.parametrize(
+    "change", [{"role": "viewer"}, {"status": "revoked"}], ids=["demoted", "revoked"]
+)
 async def test_control_re_checks_the_approvers_binding(
-    database_pg18: MigratedDatabase, tmp_path: Path
+    database_pg18: MigratedDatabase, tmp_path: Path, change: dict[str, str]
 ) -> None:
-    extra = (DemoteAfterAdmission(database_pg18),)
+    extra = (ChangeAfterAdmission(database_pg18, change),)
     async with (
         running_stack(database_pg18, tmp_path / "pki", extra_stages=extra) as stack,
         operators(stack) as people,

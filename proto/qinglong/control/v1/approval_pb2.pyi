@@ -140,7 +140,7 @@ class Approval(_message.Message):
 
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
-        """DB time after which it can no longer be approved."""
+        """DB time from which it can no longer be approved."""
 
     @_builtins.property
     def decided_at(self) -> _timestamp_pb2.Timestamp:

@@ -2471,23 +2471,36 @@ Global___HoldForApprovalRequest: _TypeAlias = HoldForApprovalRequest  # noqa: Y0
 
 @_typing.final
 class HoldForApprovalResponse(_message.Message):
-    """HoldForApprovalResponse names the approval request that now holds the call."""
+    """HoldForApprovalResponse names the approval request that now holds the call,
+    or answers it at once: a call that would change nothing (a cancel of a Run
+    that has ended) has nothing to approve, and is answered as the method would.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     APPROVAL_FIELD_NUMBER: _builtins.int
+    ANSWER_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def approval(self) -> _approval_pb2.Approval:
-        """The pending request; an exact retry of the held call answers the same one."""
+        """The pending request; an exact retry of the held call answers the same one.
+        Unset when answer is set.
+        """
+
+    @_builtins.property
+    def answer(self) -> _any_pb2.Any:
+        """The method's own answer when nothing needed holding (its type is the
+        method's response); unset when the call is held.
+        """
 
     def __init__(
         self,
         *,
         approval: _approval_pb2.Approval | None = ...,
+        answer: _any_pb2.Any | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "approval", b"approval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "approval", b"approval"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

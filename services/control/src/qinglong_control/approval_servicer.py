@@ -18,7 +18,7 @@ from qinglong.control.v1 import approval_pb2, approval_service_pb2
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
 
 from qinglong_control import wire
-from qinglong_control.db import approvals
+from qinglong_control.db import approvals, runs
 from qinglong_control.domain.approvals import ApprovalView, Decision, HeldCall, expired_refusal
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.timings import Timings
@@ -53,7 +53,8 @@ class ApprovalMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 Reason.FIELD_INVALID, "the held request is not the method's", field="request"
             )
         subject = mutation.subject(held_request)
-        # The binding ingress admitted the call under is the one it was held under.
+        # Held only under a binding ingress admitted for this very project (the snapshot
+        # itself is re-read when someone decides, as the decider's).
         wire.binding_snapshot(request.caller, subject.project_id)
         held = HeldCall(
             project_id=subject.project_id,
@@ -66,8 +67,16 @@ class ApprovalMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             audit_id=_audit_id(request.audit_id),
         )
         async with self._approval_pool.connection() as conn:
-            approval_id = await approvals.hold(conn, held, self._approval_ttl_ms, actor)
-            view = await approvals.get_approval(conn, held.project_id, approval_id)
+            outcome = await approvals.hold(conn, held, self._approval_ttl_ms, actor, mutation)
+            if outcome.approval_id is None:
+                # Only a mutation about a Run can be moot (HeldMutation.moot reads the Run).
+                assert outcome.moot is not None
+                assert subject.run_id is not None
+                run = await runs.get_run(conn, subject.project_id, subject.run_id)
+                answer = rt.HoldForApprovalResponse()
+                answer.answer.Pack(mutation.answer(outcome.moot, run))
+                return answer
+            view = await approvals.get_approval(conn, held.project_id, outcome.approval_id)
         return rt.HoldForApprovalResponse(approval=approval(view))
 
     async def ListApprovals(self, request: rt.ListApprovalsRequest, context: Context) -> Any:

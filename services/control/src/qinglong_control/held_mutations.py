@@ -17,17 +17,19 @@ from typing import Final
 from google.protobuf.message import Message
 from qinglong.control.v1 import run_service_pb2
 
-from qinglong_control.db.approvals import Executed, HeldMutation, LockedRun
-from qinglong_control.db.cancellation import record_intent
+from qinglong_control import wire
+from qinglong_control.db.approvals import Executed, HeldMutation
+from qinglong_control.db.cancellation import LockedRun, record_intent
 from qinglong_control.db.command_tx import CommandTx
 from qinglong_control.db.events import Actor
+from qinglong_control.db.runs import RunView
 from qinglong_control.domain.cancellation import (
     BindingSnapshot,
-    CancelTarget,
+    CancelOutcome,
     PolicyNow,
     check_policy,
+    decide_cancel,
 )
-from qinglong_control.domain.states import RunState
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,17 @@ class HeldCancel:
     def check_policy(self, snapshot: BindingSnapshot, now: PolicyNow | None) -> None:
         check_policy(snapshot, now)
 
+    def moot(self, run: LockedRun | None) -> str | None:
+        """A Run that has ended, or already has a cancel intent, needs no approval."""
+        outcome = decide_cancel(None if run is None else run.target)
+        return None if outcome is CancelOutcome.ACCEPTED else outcome.value
+
+    def answer(self, result: str, run: RunView) -> Message:
+        """The method's own answer when nothing was held."""
+        return run_service_pb2.CancelRunResponse(
+            outcome=wire.CANCEL_OUTCOMES[CancelOutcome(result)], run=wire.run(run)
+        )
+
     async def execute(
         self,
         tx: CommandTx,
@@ -61,11 +74,10 @@ class HeldCancel:
         now_ms: int,
     ) -> Executed:
         held = run_service_pb2.CancelRunRequest.FromString(request)
-        target = None if run is None else CancelTarget(RunState(run.state), run.cancel_reason)
         outcome, events = await record_intent(
             tx,
             uuid.UUID(held.run_id),
-            target,
+            None if run is None else run.target,
             approver,
             now_ms,
             # The approval is the mutation: one intent per approval, however often retried.
@@ -88,4 +100,4 @@ HELD_MUTATIONS: Final[dict[str, HeldCancel]] = {
 
 def registry() -> dict[str, HeldMutation]:
     """The table as the decision transaction takes it."""
-    return dict(HELD_MUTATIONS)
+    return {method: mutation for method, mutation in HELD_MUTATIONS.items()}

@@ -70,11 +70,6 @@ _RUNNING = {
 }
 # A watcher sees a new Event within this long; each poll is one short query.
 _WATCH_POLL_SECONDS = 0.2
-_CANCEL_OUTCOMES = {
-    "accepted": run_service_pb2.CANCEL_RUN_OUTCOME_ACCEPTED,
-    "already_requested": run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_REQUESTED,
-    "already_terminal": run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_TERMINAL,
-}
 # What a Worker may say about why it stopped an execution itself (CompleteAttempt);
 # UNSPECIFIED is None ("the control plane asked"), anything unlisted is refused.
 _STOP_REASONS: dict[int, str | None] = {
@@ -452,7 +447,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             view = await runs.get_run(conn, project_id, cancel.run_id)
         return rt.CancelRunResponse(
             response=run_service_pb2.CancelRunResponse(
-                outcome=_CANCEL_OUTCOMES[outcome.value], run=wire.run(view)
+                outcome=wire.CANCEL_OUTCOMES[outcome], run=wire.run(view)
             )
         )
 

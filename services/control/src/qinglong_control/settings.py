@@ -25,7 +25,7 @@ from qinglong_protocol.storage import (
 from qinglong_protocol.tls import TlsFiles
 
 from qinglong_control.domain.output import OutputRetention
-from qinglong_control.domain.timings import Timings
+from qinglong_control.domain.timings import TIMING_RANGES_MS, Timings
 
 DEFAULT_LISTEN_ADDRESS = "[::]:50052"
 DEFAULT_ALLOWED_CALLER_URI = service_uri(DEFAULT_TRUST_DOMAIN, "ingress")
@@ -198,7 +198,8 @@ def parse_control_settings(
             "--" + name.replace("_", "-"),
             type=int,
             default=env.get(variable, str(getattr(Timings(), name))),
-            help=f"{name.removesuffix('_ms').replace('_', ' ')} in ms [{variable}]",
+            help=f"{name.removesuffix('_ms').replace('_', ' ')} in ms, "
+            f"{'..'.join(map(str, TIMING_RANGES_MS[name]))} [{variable}]",
         )
     args = parser.parse_args(argv)
 

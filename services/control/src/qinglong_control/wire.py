@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from qinglong.control.v1 import run_pb2, task_pb2
+from qinglong.control.v1 import run_pb2, run_service_pb2, task_pb2
 from qinglong.rpc.v1 import execution_pb2, fence_pb2, lifecycle_pb2
 from qinglong.runtime.v1 import caller_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2
@@ -27,7 +27,7 @@ from qinglong_control.db.events import Actor
 from qinglong_control.db.placement import PlacedOffer, Plan
 from qinglong_control.db.runs import EventView, RunView
 from qinglong_control.domain.approvals import APPROVAL_EVENT_PREFIX
-from qinglong_control.domain.cancellation import BindingSnapshot
+from qinglong_control.domain.cancellation import BindingSnapshot, CancelOutcome
 from qinglong_control.domain.capability import TokenDigest, digest_of_capability, parse_digest
 from qinglong_control.domain.fence import Fence
 from qinglong_control.domain.lease_control import LeaseAnswer, LeaseDecision
@@ -51,6 +51,14 @@ def operator_of(caller: caller_pb2.Caller) -> Actor:
     if kind is None or not caller.principal_id:
         raise Refused(Reason.FIELD_INVALID, "caller is not an operator principal")
     return Actor(kind, caller.principal_id)
+
+
+#: CancelRun's answers, by the domain's outcome.
+CANCEL_OUTCOMES: Final[Mapping[CancelOutcome, run_service_pb2.CancelRunOutcome.ValueType]] = {
+    CancelOutcome.ACCEPTED: run_service_pb2.CANCEL_RUN_OUTCOME_ACCEPTED,
+    CancelOutcome.ALREADY_REQUESTED: run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_REQUESTED,
+    CancelOutcome.ALREADY_TERMINAL: run_service_pb2.CANCEL_RUN_OUTCOME_ALREADY_TERMINAL,
+}
 
 
 def binding_snapshot(caller: caller_pb2.Caller, project_id: str) -> BindingSnapshot:

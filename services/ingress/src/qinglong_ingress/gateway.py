@@ -79,7 +79,9 @@ _PROJECT_ROLES = {
     "operator": caller_pb2.PROJECT_ROLE_OPERATOR,
     "viewer": caller_pb2.PROJECT_ROLE_VIEWER,
 }
-_HOLD_METHOD = "/qinglong.runtime.v1.RuntimeService/HoldForApproval"
+_HOLD_METHOD = "/{}/HoldForApproval".format(
+    runtime_service_pb2.DESCRIPTOR.services_by_name["RuntimeService"].full_name
+)
 _APPROVAL_REQUIRED = TypedStatus(
     ErrorReason.ERROR_REASON_APPROVAL_REQUIRED, "this needs an approval; nothing was done"
 )
@@ -123,7 +125,13 @@ class Gateway:
     async def unary(self, route: Route, received: Received, context: Context) -> Message:
         request, admitted = await self._admit(route, received, context)
         if admitted.held:  # audited; control keeps it for a decision, nothing else is done
-            approval_id = await self._hold(route, request, admitted, context)
+            held = await self._hold(route, request, admitted, context)
+            if held.HasField("answer"):  # nothing to approve: control answered the call
+                moot: Message = route.response_type()
+                if not held.answer.Unpack(moot):
+                    raise AssertionError("control answered a held call with another type")
+                return moot
+            approval_id: str = held.approval.approval_id
             answer = route.approval_response(approval_id)
             if answer is None:
                 await context.abort_with_status(_approval_required(approval_id))
@@ -263,8 +271,9 @@ class Gateway:
 
     async def _hold(
         self, route: Route, request: Message, admitted: Admitted, context: Context
-    ) -> str:
-        """Have control keep the call as a pending approval request; its id."""
+    ) -> runtime_service_pb2.HoldForApprovalResponse:
+        """Have control keep the call as a pending approval request (or answer it, when
+        it would change nothing)."""
         held = runtime_service_pb2.HoldForApprovalRequest(
             caller=_caller(request, admitted), audit_id=admitted.audit_id, method=route.full_method
         )
@@ -275,14 +284,13 @@ class Gateway:
             response_deserializer=runtime_service_pb2.HoldForApprovalResponse.FromString,
         )
         try:
-            answer = await call(
+            answer: runtime_service_pb2.HoldForApprovalResponse = await call(
                 held, timeout=_forward_timeout(context), metadata=self._passed_on(context)
             )
         except grpc.aio.AioRpcError as error:
             await _relay(context, error)
             raise
-        approval_id: str = answer.approval.approval_id
-        return approval_id
+        return answer
 
     def _runtime_request(self, route: Route, request: Message, admitted: Admitted) -> Message:
         wrapped = route.runtime_request_type(

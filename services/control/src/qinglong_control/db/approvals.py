@@ -11,17 +11,16 @@ none of them.
 
 from __future__ import annotations
 
-import asyncio
-import random
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.admin import PROJECT_LOCK
-from qinglong_control.db.command_tx import CommandTx, command_transaction
+from qinglong_control.db.cancellation import LockedRun
+from qinglong_control.db.command_tx import CommandTx, command_transaction, retrying_serialization
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.approvals import (
@@ -34,7 +33,6 @@ from qinglong_control.domain.approvals import (
 )
 from qinglong_control.domain.cancellation import BindingSnapshot, PolicyNow
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.domain.states import RunState
 
 _LOCK_PROJECT_SHARED = SQL["cancellation.lock_project_shared"]
 _POLICY_NOW = SQL["cancellation.policy_now"]
@@ -46,25 +44,10 @@ _LOCK = SQL["approvals.lock"]
 _RECORD_DECISION = SQL["approvals.record_decision"]
 _GET = SQL["approvals.get"]
 _LIST = SQL["approvals.list"]
-_EXPIRE_PAGE = SQL["approvals.expire_page"]
+_EXPIRE_NEXT = SQL["approvals.expire_next"]
 
 #: Who records an expiry nobody decided.
 EXPIRY = Actor("reconciler", "approval-expiry")
-
-#: Attempts of one decision when concurrent ones collide (SQLSTATE 40001/40P01).
-SERIALIZATION_ATTEMPTS = 8
-
-
-@dataclass(frozen=True)
-class LockedRun:
-    state: str
-    cancel_reason: str | None
-    event_sequence: int
-
-    @property
-    def takes_events(self) -> bool:
-        """A terminal Run accepts no later write, not even an Event."""
-        return not RunState(self.state).is_terminal
 
 
 @dataclass(frozen=True)
@@ -77,6 +60,10 @@ class Executed:
 
 class HeldMutation(Protocol):
     """One method that can be held for approval, as control executes it later."""
+
+    def moot(self, run: LockedRun | None) -> str | None:
+        """The result the mutation would have now if it changes nothing (so there is
+        nothing to approve), or None."""
 
     def check_policy(self, snapshot: BindingSnapshot, now: PolicyNow | None) -> None:
         """Refuse a decider whose current binding may not perform the mutation."""
@@ -133,7 +120,22 @@ class ApprovalPage:
 # --- holding --------------------------------------------------------------------------
 
 
-async def hold(conn: AsyncConnection[Any], held: HeldCall, ttl_ms: int, actor: Actor) -> uuid.UUID:
+@dataclass(frozen=True)
+class Held:
+    """What holding a call did: the request that holds it, or — when the mutation would
+    change nothing — no request and the result the method answers at once."""
+
+    approval_id: uuid.UUID | None
+    moot: str | None = None
+
+
+async def hold(
+    conn: AsyncConnection[Any],
+    held: HeldCall,
+    ttl_ms: int,
+    actor: Actor,
+    mutation: HeldMutation,
+) -> Held:
     """Keep ``held`` as a pending request and tell its Run; a retry of the same call
     answers the request the first one made, and appends nothing."""
     values = {
@@ -151,15 +153,22 @@ async def hold(conn: AsyncConnection[Any], held: HeldCall, ttl_ms: int, actor: A
     }
     async with command_transaction(conn) as tx:
         run = await _lock_run(tx, held.project_id, held.run_id)
+        before = await tx.execute("approval.held_before", _HELD_BEFORE, values, scalar_row)
+        found: uuid.UUID | None = await before.fetchone()
+        if found is not None:
+            return Held(found)
+        moot = mutation.moot(run)
+        if moot is not None:
+            return Held(None, moot)
         now_ms = await _now(tx)
         inserted = await tx.execute("approval.hold", _HOLD, {**values, "now": now_ms}, scalar_row)
         approval_id: uuid.UUID | None = await inserted.fetchone()
-        if approval_id is None:
-            before = await tx.execute("approval.held_before", _HELD_BEFORE, values, scalar_row)
-            found: uuid.UUID | None = await before.fetchone()
-            if found is None:  # the unique key collided, so the row exists
+        if approval_id is None:  # the same call, held a moment ago by a concurrent retry
+            again = await tx.execute("approval.held_before", _HELD_BEFORE, values, scalar_row)
+            found = await again.fetchone()
+            if found is None:
                 raise AssertionError("a held request vanished")
-            return found
+            return Held(found)
         if held.run_id is not None and run is not None and run.takes_events:
             await append_events(
                 tx,
@@ -169,7 +178,7 @@ async def hold(conn: AsyncConnection[Any], held: HeldCall, ttl_ms: int, actor: A
                 now_ms,
                 [_approval_event(approval_event_type("requested"), approval_id, held.method, None)],
             )
-        return approval_id
+        return Held(approval_id)
 
 
 # --- deciding -------------------------------------------------------------------------
@@ -182,14 +191,7 @@ async def decide(
 ) -> Decided:
     """Approve or deny, retrying a serialization conflict a bounded number of times: the
     retry re-reads everything, so a second concurrent decision meets the first's result."""
-    for attempt in range(1, SERIALIZATION_ATTEMPTS + 1):
-        try:
-            return await _decide_once(conn, command, mutations)
-        except (errors.SerializationFailure, errors.DeadlockDetected):
-            if attempt == SERIALIZATION_ATTEMPTS:
-                raise
-            await asyncio.sleep(random.uniform(0, 0.005 * attempt))  # noqa: S311 - jitter
-    raise AssertionError("unreachable")
+    return await retrying_serialization(lambda: _decide_once(conn, command, mutations))
 
 
 async def _decide_once(
@@ -267,20 +269,22 @@ class _Expiring:
 
 
 async def expire_page(conn: AsyncConnection[Any], limit: int) -> int:
-    """Record the expiry of up to ``limit`` requests nobody decided in time, each with
-    its Run's Event, in one transaction. Returns how many."""
-    async with command_transaction(conn) as tx:
-        page = await tx.execute(
-            "approval.expire_page", _EXPIRE_PAGE, {"limit": limit}, kwargs_row(_Expiring)
-        )
-        expiring = list(await page.fetchall())
-        if not expiring:
-            return 0
-        now_ms = await _now(tx)
-        for item in expiring:
+    """Record the expiry of up to ``limit`` requests nobody decided in time, each in its
+    own short transaction with its Run's Event: request, then Run, the order a decision
+    locks them in, so replicas and decisions never wait on each other in a cycle (a
+    request another transaction holds is skipped). Returns how many."""
+    expired = 0
+    for _ in range(limit):
+        async with command_transaction(conn) as tx:
+            page = await tx.execute("approval.expire_next", _EXPIRE_NEXT, (), kwargs_row(_Expiring))
+            item = await page.fetchone()
+            if item is None:
+                return expired
             run = await _lock_run(tx, item.project_id, item.run_id)
+            now_ms = await _now(tx)
             await _record_expiry(tx, item.approval_id, item.method, item.run_id, run, now_ms)
-        return len(expiring)
+        expired += 1
+    return expired
 
 
 async def _record_expiry(

@@ -9,17 +9,19 @@ rows, hence the advisory lock; SERIALIZABLE makes the reads and the write one de
 
 from __future__ import annotations
 
-import asyncio
-import random
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.admin import PROJECT_LOCK
-from qinglong_control.db.command_tx import CommandTx, command_transaction
+from qinglong_control.db.command_tx import (
+    CommandTx,
+    command_transaction,
+    retrying_serialization,
+)
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.cancellation import (
@@ -44,10 +46,21 @@ _WRITE_INTENT = SQL["cancellation.write_intent"]
 
 
 @dataclass(frozen=True)
-class _LockedRun:
+class LockedRun:
+    """A Run as a cancellation (or an approval executing one) locked it."""
+
     state: str
     cancel_reason: str | None
     event_sequence: int
+
+    @property
+    def takes_events(self) -> bool:
+        """A terminal Run accepts no later write, not even an Event."""
+        return not RunState(self.state).is_terminal
+
+    @property
+    def target(self) -> CancelTarget:
+        return CancelTarget(RunState(self.state), self.cancel_reason)
 
 
 @dataclass(frozen=True)
@@ -60,23 +73,10 @@ class CancelRequest:
     snapshot: BindingSnapshot
 
 
-#: Attempts of one cancellation when concurrent ones collide (SQLSTATE 40001/40P01).
-SERIALIZATION_ATTEMPTS = 8
-
-
 async def cancel_run(conn: AsyncConnection[Any], request: CancelRequest) -> CancelOutcome:
     """Record the intent, retrying a serialization conflict a bounded number of times
-    (R-CAN-6): the retry re-reads everything, so it answers as what it then is — the
-    first commit `accepted`, every other `already_requested`."""
-    for attempt in range(1, SERIALIZATION_ATTEMPTS + 1):
-        try:
-            return await _cancel_once(conn, request)
-        except (errors.SerializationFailure, errors.DeadlockDetected):
-            if attempt == SERIALIZATION_ATTEMPTS:
-                raise
-            # Spread the retries so that the colliding transactions do not meet again.
-            await asyncio.sleep(random.uniform(0, 0.005 * attempt))  # noqa: S311 - jitter
-    raise AssertionError("unreachable")
+    (R-CAN-6): the first commit answers `accepted`, every other `already_requested`."""
+    return await retrying_serialization(lambda: _cancel_once(conn, request))
 
 
 async def _cancel_once(conn: AsyncConnection[Any], request: CancelRequest) -> CancelOutcome:
@@ -89,11 +89,11 @@ async def _cancel_once(conn: AsyncConnection[Any], request: CancelRequest) -> Ca
     async with command_transaction(conn, serializable=True) as tx:
         await tx.execute("lock.project", _LOCK_PROJECT_SHARED, (PROJECT_LOCK, request.project_id))
         policy = await tx.execute("policy.now", _POLICY_NOW, values, kwargs_row(PolicyNow))
-        locked = await tx.execute("lock.run", _LOCK_RUN, values, kwargs_row(_LockedRun))
+        locked = await tx.execute("lock.run", _LOCK_RUN, values, kwargs_row(LockedRun))
         now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
         check_policy(request.snapshot, await policy.fetchone())
         run = await locked.fetchone()
-        target = None if run is None else CancelTarget(RunState(run.state), run.cancel_reason)
+        target = None if run is None else run.target
         now_ms: int = await now.fetchone() or 0
         outcome, events = await record_intent(
             tx, request.run_id, target, request.actor, now_ms, request.mutation_id

@@ -12,7 +12,9 @@ have really executed when the transaction must roll back.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar, overload
@@ -133,3 +135,24 @@ async def command_transaction(
         # Statement labels only (e.g. "lock.run"): never parameters, never SQL values.
         span.set_attribute("qinglong.db.statements", ",".join(tx.labels))
         span.end()
+
+
+#: Attempts of one serializable command when concurrent ones collide (SQLSTATE 40001/40P01).
+SERIALIZATION_ATTEMPTS = 8
+
+Result = TypeVar("Result")
+
+
+async def retrying_serialization(once: Callable[[], Awaitable[Result]]) -> Result:
+    """Run a serializable command, retrying a serialization conflict or deadlock a bounded
+    number of times (R-CAN-6): each retry re-reads everything, so it answers as what the
+    world then is."""
+    for attempt in range(1, SERIALIZATION_ATTEMPTS + 1):
+        try:
+            return await once()
+        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+            if attempt == SERIALIZATION_ATTEMPTS:
+                raise
+            # Spread the retries so that the colliding transactions do not meet again.
+            await asyncio.sleep(random.uniform(0, 0.005 * attempt))  # noqa: S311 - jitter
+    raise AssertionError("unreachable")

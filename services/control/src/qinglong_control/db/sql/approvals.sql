@@ -42,12 +42,12 @@ SELECT * FROM qinglong.approval_projection
  ORDER BY requested_at_ms DESC, approval_id DESC
  LIMIT %(limit)s
 
--- name: expire_page
--- The reconciler's share: pending requests past their expiry, oldest first; a request a
--- decision holds is skipped (the decision records the expiry itself).
+-- name: expire_next
+-- The reconciler's share: the oldest pending request past its expiry; one a decision
+-- (or another replica) holds is skipped — the decision records the expiry itself.
 SELECT approval_id, project_id, method, run_id
   FROM qinglong.approval_requests
  WHERE state = 'pending' AND expires_at_ms <= (SELECT qinglong.db_now_ms())
  ORDER BY expires_at_ms
- LIMIT %(limit)s
+ LIMIT 1
    FOR UPDATE SKIP LOCKED
