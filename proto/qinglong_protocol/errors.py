@@ -48,6 +48,9 @@ ERROR_DOMAIN: Final = "qinglong.remote-run"
 REASON_PREFIX: Final = "ERROR_REASON_"
 #: AIP-193 limit on ErrorInfo.reason.
 REASON_MAX_LENGTH: Final = 63
+#: The ErrorInfo metadata key of OUTPUT_OFFSET_GAP: where the next output chunk must
+#: start (error_reason.proto names it; control sets it, the Worker resumes from it).
+EXPECTED_OFFSET: Final = "expectedOffset"
 
 _E = ErrorReason
 _C = grpc.StatusCode

@@ -1,25 +1,31 @@
 """Run output in PostgreSQL (R-OPS-1, migration 0010), asserting on rows: appends are
 idempotent by offset, refuse gaps, conflicting bytes and other Workers' Attempts without
-writing anything, keep at most the size bound per Attempt, and expire by age."""
+writing anything, keep at most the size bound per Attempt, and expire by age in bounded
+steps that always progress."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import secrets
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 import pytest
 from qinglong_control.db.lease_control import complete_attempt, control_lease
 from qinglong_control.db.output import append_output, expire_output, read_output
 from qinglong_control.db.start_facts import acknowledge_running, acknowledge_starting
 from qinglong_control.domain.capability import digest_of_capability, parse_digest
 from qinglong_control.domain.completion import CompletionReport
-from qinglong_control.domain.output import EXPECTED_OFFSET, OutputRetention
+from qinglong_control.domain.output import OutputRetention
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_protocol import bounds
 from qinglong_protocol.bounds import encode_lease_capability
+from qinglong_protocol.errors import EXPECTED_OFFSET
 
+from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, ClaimedWork, World
 
 KEEP_ALL = OutputRetention()
@@ -54,6 +60,19 @@ async def stored(world: World, work: ClaimedWork) -> tuple[Any, list[tuple[int, 
 async def whole_output(world: World, work: ClaimedWork) -> bytes:
     page = await read_output(world.conn, PROJECT, work.fence.run_id, None, 0, 1 << 20)
     return page.data
+
+
+HOUR_MS = 3_600_000
+
+
+async def written_long_ago(world: World, *works: ClaimedWork, hours: int = 1) -> None:
+    """As if the streams were last written ``hours`` ago (the sweep reads DB time)."""
+    for work in works:
+        await world.conn.execute(
+            "UPDATE qinglong.attempt_output SET updated_at_ms = updated_at_ms - %s"
+            " WHERE attempt_id = %s",
+            (hours * HOUR_MS, work.fence.attempt_id),
+        )
 
 
 async def refused(coroutine: Any) -> Refused:
@@ -192,12 +211,105 @@ async def test_old_output_expires_and_its_end_is_kept(world: World) -> None:
     fresh = await running(world, "worker-b")
     conn = world.conn
     await append_output(conn, work.fence, 0, b"old output\n", KEEP_ALL)
-    await conn.execute("SELECT pg_sleep(0.01)")
-    # An age of 5 ms: the first stream is older, the second is written just now.
     await append_output(conn, fresh.fence, 0, b"new output\n", KEEP_ALL)
-    assert await expire_output(conn, 5, 128) == 1
+    await written_long_ago(world, work)
+    # An age of a minute: the first stream is older, the second was written just now.
+    assert await expire_output(conn, 60_000, 128) == 1
     assert await stored(world, work) == ((11, 11), [])
     assert (await stored(world, fresh))[1] == [(0, 11)]
     page = await read_output(conn, PROJECT, work.fence.run_id, None, 0, 1024)
     assert (page.data, page.offset, page.end_offset) == (b"", 11, 11)
-    assert await expire_output(conn, 5, 128) == 0  # nothing left to expire there
+    assert await expire_output(conn, 60_000, 128) == 0  # nothing left to expire there
+
+
+async def test_the_age_sweep_progresses_through_a_stream_larger_than_one_step(
+    world: World,
+) -> None:
+    """Each step removes at most `limit` chunks, the oldest first, and moves first_offset
+    to the end of the last one removed: a stream too large for one step is emptied over
+    several, never started over (every step makes progress)."""
+    work = await running(world)
+    small = await running(world, "worker-b")
+    conn = world.conn
+    lines = [b"%04d\n" % n for n in range(7)]  # seven chunks of five bytes
+    for n, line in enumerate(lines):
+        await append_output(conn, work.fence, 5 * n, line, KEEP_ALL)
+    await append_output(conn, small.fence, 0, b"tiny\n", KEEP_ALL)
+    await written_long_ago(world, work, hours=2)
+    await written_long_ago(world, small)  # the younger of the two
+    assert await expire_output(conn, 60_000, 3) == 3
+    assert await stored(world, work) == ((35, 15), [(15, 20), (20, 25), (25, 30), (30, 35)])
+    page = await read_output(conn, PROJECT, work.fence.run_id, None, 0, 1024)
+    assert (page.offset, page.first_offset, page.data) == (15, 15, b"".join(lines[3:]))
+    assert await expire_output(conn, 60_000, 3) == 3
+    assert await stored(world, work) == ((35, 30), [(30, 35)])
+    # The rest of the older stream, then the younger one, in the same step.
+    assert await expire_output(conn, 60_000, 3) == 2
+    assert await stored(world, work) == ((35, 35), [])
+    assert await stored(world, small) == ((5, 5), [])
+    assert await expire_output(conn, 60_000, 3) == 0
+    # The end stays: a late re-sent chunk is still recognised.
+    replay = await append_output(conn, work.fence, 30, lines[6], KEEP_ALL)
+    assert (replay.replayed, replay.end_offset) == (True, 35)
+
+
+async def test_the_age_sweep_skips_a_stream_another_step_holds(
+    world: World, database: MigratedDatabase
+) -> None:
+    """Replicas share the sweep: a stream locked by one step (SKIP LOCKED) is left to it,
+    and the other step goes on with the next stream."""
+    first = await running(world)
+    second = await running(world, "worker-b")
+    conn = world.conn
+    await append_output(conn, first.fence, 0, b"first\n", KEEP_ALL)
+    await append_output(conn, second.fence, 0, b"second\n", KEEP_ALL)
+    await written_long_ago(world, first, second)
+    async with await psycopg.AsyncConnection.connect(database.urls.runtime) as other:
+        await other.execute(
+            "SELECT 1 FROM qinglong.attempt_output WHERE attempt_id = %s FOR UPDATE",
+            (first.fence.attempt_id,),
+        )
+        assert await expire_output(conn, 60_000, 128) == 1
+        assert (await stored(world, first))[1] == [(0, 6)]
+        assert await stored(world, second) == ((7, 7), [])
+        await other.rollback()
+    assert await expire_output(conn, 60_000, 128) == 1
+    assert await stored(world, first) == ((6, 6), [])
+
+
+async def test_concurrent_appends_to_one_attempt_store_each_byte_once(
+    world: World, database: MigratedDatabase
+) -> None:
+    """Appends of one Attempt on two connections at once — the first chunk re-sent while
+    its original is in flight (a lost answer, a restarted Worker), then two chunks that
+    overlap — wait for each other on the stream's lock: every byte is stored once, in
+    order, whichever goes first."""
+    work = await running(world)
+    data = bytes(range(256)) * 1024
+    rounds = [
+        ((0, data[:CHUNK]), (0, data[:CHUNK])),
+        ((CHUNK // 2, data[CHUNK // 2 : CHUNK + 100]), (CHUNK, data[CHUNK : 2 * CHUNK])),
+    ]
+    lock = "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.output:' || %s, 0))"
+    async with (
+        await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as one,
+        await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as two,
+        await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as gate,
+    ):
+        for first, second in rounds:
+            async with gate.transaction():  # both appends are in flight before either runs
+                await gate.execute(lock, (str(work.fence.attempt_id),))
+                racing = asyncio.gather(
+                    append_output(one, work.fence, *first, KEEP_ALL),
+                    append_output(two, work.fence, *second, KEEP_ALL),
+                )
+                await asyncio.sleep(0.2)
+                assert not racing.done()
+            results = await racing
+            assert [result.replayed for result in results].count(False) >= 1
+    stream, chunks = await stored(world, work)
+    assert stream == (2 * CHUNK, 0)
+    assert chunks[0] == (0, CHUNK)
+    assert all(stop == start for (_, stop), (start, _) in itertools.pairwise(chunks))
+    assert chunks[-1][1] == 2 * CHUNK, "contiguous to the end: no byte stored twice"
+    assert await whole_output(world, work) == data[: 2 * CHUNK]

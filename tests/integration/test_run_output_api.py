@@ -76,6 +76,16 @@ async def test_a_worker_appends_and_an_operator_pages_through_the_output(stack: 
             metadata=bearer(stack, "alice"),
         )
         assert first.data == output[: bounds.OUTPUT_READ_DEFAULT_BYTES]
+        # Where the latest Attempt stands, without its bytes (what `run logs --follow`
+        # asks while it waits): an offset past any end.
+        where = await runs.ReadRunOutput(
+            rs.ReadRunOutputRequest(
+                project_id=PROJECT, run_id=fence.run_id, offset=bounds.MAX_SAFE_INTEGER, max_bytes=1
+            ),
+            metadata=bearer(stack, "vera"),
+        )
+        assert (where.attempt_number, where.end_offset, where.data) == (1, len(output), b"")
+        assert (where.complete, where.run_terminal) == (False, False)
         absent = await failure(
             runs.ReadRunOutput(
                 rs.ReadRunOutputRequest(project_id=PROJECT, run_id=fence.run_id, attempt_number=2),

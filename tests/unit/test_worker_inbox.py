@@ -18,6 +18,7 @@ import pytest
 from qinglong_worker.inbox import (
     Inbox,
     InboxConflict,
+    InboxError,
     InboxLocked,
     InboxRecord,
     InboxUnreadable,
@@ -296,16 +297,50 @@ def test_a_statement_sqlite_refuses_is_an_unreadable_inbox(inbox_path: Path) -> 
         inbox.close()
 
 
+def _closed(inbox: Inbox, record: InboxRecord) -> InboxRecord:
+    """Admit ``record``, then claim and close it (a lease lost locally)."""
+    assert inbox.admit(record)
+    claimed = inbox.compare_and_set(
+        record,
+        dataclasses.replace(
+            record,
+            state=RecordState.CLAIMED,
+            attempt_id=str(uuid.uuid4()),
+            lease_generation=1,
+            lease_version=1,
+        ),
+    )
+    return inbox.compare_and_set(
+        claimed,
+        dataclasses.replace(
+            claimed,
+            state=RecordState.QUARANTINED,
+            quarantine_reason=QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+        ),
+    )
+
+
+def _as_schema(path: Path, version: int) -> None:
+    """Turn an inbox file into what a Worker of schema ``version`` left behind."""
+    with sqlite3.connect(path) as old:
+        old.execute("DROP INDEX offers_output_unsettled")
+        old.execute("ALTER TABLE offers DROP COLUMN output_shipped")
+        old.execute("ALTER TABLE offers DROP COLUMN output_given_up")
+        if version == 1:
+            old.execute("ALTER TABLE offers DROP COLUMN output_offset")
+        old.execute(f"PRAGMA user_version={version:d}")
+
+
 def test_an_inbox_of_schema_1_is_upgraded_in_place(inbox_path: Path) -> None:
     """A Worker from before output shipping left a version-1 inbox: its records stay,
-    with nothing of their output shipped yet."""
+    with nothing of their output shipped yet, and its closed records owe no output (they
+    never promised any)."""
     inbox = Inbox.open(inbox_path)
     record = _record()
     inbox.admit(record)
+    closed = _closed(inbox, _record())
     inbox.close()
-    with sqlite3.connect(inbox_path) as old:
-        old.execute("ALTER TABLE offers DROP COLUMN output_offset")
-        old.execute("PRAGMA user_version=1")
+    _as_schema(inbox_path, 1)
     inbox = Inbox.open(inbox_path)
     try:
         upgraded = inbox.get(record.offer_id)
@@ -314,7 +349,74 @@ def test_an_inbox_of_schema_1_is_upgraded_in_place(inbox_path: Path) -> None:
         assert dataclasses.replace(upgraded, output_offset=0) == record
         shipped = inbox.compare_and_set(upgraded, dataclasses.replace(upgraded, output_offset=42))
         assert shipped.output_offset == 42
+        old_closed = inbox.get(closed.offer_id)
+        assert old_closed is not None
+        assert old_closed.output_shipped
+        assert inbox.closed_with_output(limit=10) == []
     finally:
         inbox.close()
     with sqlite3.connect(inbox_path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone() == (2,)
+        assert reopened.execute("PRAGMA user_version").fetchone() == (3,)
+
+
+def _closed_records(inbox: Inbox, *, after_seq: int = 0, limit: int = 10) -> list[InboxRecord]:
+    return [record for _, record in inbox.closed_with_output(after_seq=after_seq, limit=limit)]
+
+
+def test_an_inbox_of_schema_2_keeps_closed_records_output_to_ship(inbox_path: Path) -> None:
+    """A record a schema-2 Worker closed before all its output was shipped is shipped by
+    the upgraded Worker (its offset is kept); an older Worker refuses the upgraded file."""
+    inbox = Inbox.open(inbox_path)
+    closed = _closed(inbox, _record())
+    closed = inbox.compare_and_set(closed, dataclasses.replace(closed, output_offset=7))
+    inbox.close()
+    _as_schema(inbox_path, 2)
+    inbox = Inbox.open(inbox_path)
+    try:
+        upgraded = inbox.get(closed.offer_id)
+        assert upgraded == closed
+        assert _closed_records(inbox) == [closed]
+    finally:
+        inbox.close()
+    with sqlite3.connect(inbox_path) as reopened:
+        assert reopened.execute("PRAGMA user_version").fetchone() == (3,)
+
+
+def test_a_closed_record_changes_only_its_output_shipping(inbox_path: Path) -> None:
+    inbox = Inbox.open(inbox_path)
+    try:
+        closed = _closed(inbox, _record())
+        other = _closed(inbox, _record())
+        assert _closed_records(inbox) == [closed, other]
+        [(seq, first)] = inbox.closed_with_output(limit=1)
+        assert first == closed
+        assert _closed_records(inbox, after_seq=seq) == [other]
+        moved = inbox.compare_and_set(closed, dataclasses.replace(closed, output_offset=100))
+        assert moved.output_offset == 100
+        for change in ({"detail": "again"}, {"lease_version": 9}, {"exit_code": 0}):
+            with pytest.raises(InvalidTransition):
+                inbox.compare_and_set(moved, dataclasses.replace(moved, **change))
+        given_up = inbox.compare_and_set(
+            moved, dataclasses.replace(moved, output_given_up="REPLAY_MISMATCH")
+        )
+        done = inbox.compare_and_set(other, dataclasses.replace(other, output_shipped=True))
+        assert inbox.closed_with_output(limit=10) == []
+        assert inbox.get(closed.offer_id) == given_up
+        assert inbox.get(other.offer_id) == done
+        # An open record is never listed, whatever its output.
+        assert inbox.admit(_record())
+        assert inbox.closed_with_output(limit=10) == []
+    finally:
+        inbox.close()
+
+
+def test_an_inbox_newer_than_the_worker_is_refused(inbox_path: Path) -> None:
+    """No downgrade: a Worker refuses an inbox a newer Worker upgraded, changing nothing
+    (docs/worker-operations.md, "Upgrades are one-way")."""
+    Inbox.open(inbox_path).close()
+    with sqlite3.connect(inbox_path) as newer:
+        newer.execute("PRAGMA user_version=4")
+    with pytest.raises(InboxError, match="unsupported inbox schema version 4"):
+        Inbox.open(inbox_path)
+    with sqlite3.connect(inbox_path) as reopened:
+        assert reopened.execute("PRAGMA user_version").fetchone() == (4,)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import signal
 import sys
 import uuid
@@ -22,10 +23,11 @@ from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
+from qinglong_protocol.errors import EXPECTED_OFFSET
 from qinglong_worker.client import CallFailed
 from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
-from qinglong_worker.output import CHUNKS_PER_PASS, output_stream_id
+from qinglong_worker.output import CALL_BUDGET_SECONDS, CHUNKS_PER_PASS
 from qinglong_worker.process import ExitStatus, ProcessController, StopResult
 from qinglong_worker.reconcile import (
     LOCAL_SHUTDOWN,
@@ -83,12 +85,29 @@ class ScriptedClient:
         self.output = bytearray()
         self.appended: list[tuple[int, int, bool]] = []  # (offset, size, replayed)
         self.lose_append_answers: set[int] = set()  # 1-based append calls
+        self.answer_gaps = False  # refuse a gap like control, instead of failing the test
+        self.append_refusal: CallFailed | None = None  # every append is refused so
+        self.on_append: Callable[[], None] = lambda: None  # e.g. time passing
+        self.unreachable_attempts: set[str] = set()  # their appends fail UNAVAILABLE
+        self.log_artifact_ids: list[str] = []
 
     async def append_output(
         self, request: ws.AppendOutputRequest, *, budget_seconds: float | None = None
     ) -> ws.AppendOutputResponse:
         self._record("AppendOutput", request, budget_seconds)
+        self.on_append()
+        if self.append_refusal is not None:
+            raise self.append_refusal
+        if request.fence.attempt_id in self.unreachable_attempts:
+            raise CallFailed("AppendOutput", grpc.StatusCode.UNAVAILABLE, None)
         offset, data = request.offset, request.data
+        if offset > len(self.output) and self.answer_gaps:
+            raise CallFailed(
+                "AppendOutput",
+                grpc.StatusCode.ABORTED,
+                ErrorReason.ERROR_REASON_OUTPUT_OFFSET_GAP,
+                metadata={EXPECTED_OFFSET: str(len(self.output))},
+            )
         assert offset <= len(self.output), "a gap: the Worker skipped output"
         assert self.output[offset : offset + len(data)] == data[: len(self.output) - offset]
         replayed = offset + len(data) <= len(self.output)
@@ -145,6 +164,7 @@ class ScriptedClient:
     ) -> ws.AcknowledgeRunningResponse:
         self._record("AcknowledgeRunning", request, budget_seconds)
         assert bounds.is_sha256_hex(request.callback_token_digest)
+        self.log_artifact_ids.append(request.log_artifact_id)
         return ws.AcknowledgeRunningResponse(
             outcome=worker_pb2.RUNNING_OUTCOME_RUNNING,
             lease_version=request.fence.expected_lease_version,
@@ -826,11 +846,15 @@ async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
 # --- output (R-OPS-1) ---------------------------------------------------------------------
 
 
-def _printing(size: int) -> list[str]:
-    """An executor that prints `size` bytes of numbered lines of 100 bytes, then exits 0."""
+def _printing(size: int, *, linger: float = 0.0, delay: float = 0.0) -> list[str]:
+    """An executor that prints `size` bytes of numbered lines of 100 bytes (after `delay`
+    seconds), then keeps running for `linger` seconds and exits 0."""
     script = (
-        "import sys\n"
+        "import sys, time\n"
+        f"time.sleep({delay})\n"
         f"for n in range({size} // 100): sys.stdout.write(f'{{n:09d}} ' + 'o' * 89 + '\\n')\n"
+        "sys.stdout.flush()\n"
+        f"time.sleep({linger})\n"
     )
     return [sys.executable, "-c", script]
 
@@ -862,6 +886,9 @@ async def test_output_is_shipped_whole_before_completion_and_named_by_running(
     assert record is not None
     assert record.output_offset == size
     assert all(length <= bounds.OUTPUT_CHUNK_MAX_BYTES for _, length, _ in world.client.appended)
+    # `running` named the stream by the Attempt the claim returned (R-ACK-5).
+    assert record.attempt_id is not None
+    assert world.client.log_artifact_ids == [f"attempts/{record.attempt_id}/output"]
 
 
 async def test_shipping_resumes_from_the_inbox_and_resends_harmlessly(
@@ -899,6 +926,231 @@ async def test_shipping_resumes_from_the_inbox_and_resends_harmlessly(
     )
     record = world.inbox.get(offer_id)
     assert record is not None
-    assert record.attempt_id is not None
     assert record.output_offset == size
-    assert output_stream_id(record.attempt_id) == f"attempts/{record.attempt_id}/output"
+    # Every chunk went once, in order, but the one whose answer was lost: no gap, no
+    # other re-send, across the restart too.
+    assert [replayed for _, _, replayed in world.client.appended].count(True) == 1
+    fresh = [(offset, length) for offset, length, replayed in world.client.appended if not replayed]
+    starts = itertools.accumulate((length for _, length in fresh[:-1]), initial=0)
+    assert [offset for offset, _ in fresh] == list(starts)
+
+
+CHUNK = bounds.OUTPUT_CHUNK_MAX_BYTES
+
+
+def _chunks(count: int) -> int:
+    """`count` chunks' worth of output, in whole lines."""
+    return count * CHUNK // 100 * 100
+
+
+async def _written(world: World, offer_id: str, size: int) -> None:
+    """Until the executor's file holds `size` bytes (the inbox's directory is `log_dir`)."""
+    path = world.inbox.path.parent / f"{offer_id}.log"
+    await _until(lambda: path.exists() and path.stat().st_size >= size)
+
+
+def _record_of(world: World, offer_id: str) -> Any:
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    return record
+
+
+def _restarted(world: World, tmp_path: Path) -> World:
+    """The same inbox, files and control plane under a new Worker process."""
+    reconciler = Reconciler(
+        inbox=world.inbox,
+        client=world.client,  # type: ignore[arg-type]
+        processes=ProcessController(status_dir=tmp_path / "exits"),
+        clock=lambda: wall_clock_ms() + world.clock_offset_ms[0],
+        log_dir=tmp_path,
+    )
+    return dataclasses.replace(world, reconciler=reconciler)
+
+
+async def test_an_offset_gap_resumes_from_the_expected_offset(world: World) -> None:
+    size = _chunks(CHUNKS_PER_PASS + 4)
+    offer_id = world.admit(_printing(size))
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    await _written(world, offer_id, size)
+    await world.reconciler.reconcile(offer_id)  # one pass: 16 chunks
+    assert _record_of(world, offer_id).output_offset == CHUNKS_PER_PASS * CHUNK
+    # The control plane holds less than the inbox says: the next chunk is a gap.
+    del world.client.output[1000:]
+    world.client.answer_gaps = True
+    sent = len(world.client.appended)
+    await _until_completed(world.reconciler, offer_id)
+    assert world.client.calls.count("AppendOutput") == len(world.client.appended) + 1
+    assert world.client.appended[sent][0] == 1000, "resumed at the expected offset"
+    assert bytes(world.client.output) == _printed(size)
+    assert _record_of(world, offer_id).output_offset == size
+
+
+async def test_output_left_when_the_lease_ran_out_is_shipped_after_the_record_closed(
+    world: World,
+) -> None:
+    size = _chunks(3)
+    offer_id = world.admit(_printing(size, linger=30))
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    await _written(world, offer_id, size)
+    world.clock_offset_ms[0] = 31_000  # the Worker was away longer than the lease
+    assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    assert "AppendOutput" not in world.client.calls, "nothing is shipped under a lost lease"
+    calls = len(world.client.calls)
+    lifecycle = _lifecycle(world, max_concurrency=1)
+    await lifecycle.tick()
+    shipped = world.client.calls[calls:]
+    assert shipped[: shipped.index("PullOffers")] == ["AppendOutput"] * 3
+    assert bytes(world.client.output) == _printed(size)
+    record = _record_of(world, offer_id)
+    assert record.state is RecordState.QUARANTINED
+    assert (record.output_offset, record.output_shipped) == (size, True)
+    await lifecycle.tick()
+    assert world.client.calls.count("AppendOutput") == 3, "a shipped record is left alone"
+
+
+async def test_output_left_at_a_terminal_answer_is_shipped_by_a_restarted_worker(
+    world: World, tmp_path: Path
+) -> None:
+    size = _chunks(2) + 300
+    offer_id = world.admit(_printing(size, linger=30))
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    await _written(world, offer_id, size)
+    world.client.control_answer = lambda _: ws.ControlLeaseResponse(
+        terminal=worker_pb2.LeaseTerminal(
+            run_state=lifecycle_pb2.RUN_STATE_CANCELLED,
+            attempt_state=lifecycle_pb2.ATTEMPT_STATE_CANCELLED,
+        )
+    )
+    world.clock_offset_ms[0] = 3_000  # lease control is due before any shipping
+    assert await world.reconciler.reconcile(offer_id) is Outcome.TERMINAL
+    assert "AppendOutput" not in world.client.calls
+    restarted = _restarted(world, tmp_path)
+    outcomes = [await restarted.reconciler.reconcile(offer_id) for _ in range(2)]
+    assert outcomes == [Outcome.DONE, Outcome.DONE]
+    assert bytes(world.client.output) == _printed(size)
+    assert world.client.calls.count("AppendOutput") == 3
+    assert "CompleteAttempt" not in world.client.calls
+    assert _record_of(world, offer_id).output_shipped
+
+
+async def test_a_shutdown_reports_after_one_pass_and_the_rest_is_shipped_later(
+    world: World, tmp_path: Path
+) -> None:
+    size = _chunks(CHUNKS_PER_PASS + 4)  # more than 1 MiB
+    offer_id = world.admit(_printing(size, delay=0.3))
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    await _written(world, offer_id, size)
+    identity = identity_of(_record_of(world, offer_id))
+    assert identity is not None
+    await _until(lambda: world.processes.poll(identity) is not None)
+    world.reconciler.set_mode(Mode.STOPPING)
+    assert await world.reconciler.reconcile(offer_id) is Outcome.COMPLETED
+    calls = world.client.calls
+    assert calls[calls.index("AppendOutput") :] == ["AppendOutput"] * CHUNKS_PER_PASS + [
+        "CompleteAttempt"
+    ]
+    record = _record_of(world, offer_id)
+    assert record.state is RecordState.COMPLETION_ACKNOWLEDGED
+    assert (record.output_offset, record.output_shipped) == (CHUNKS_PER_PASS * CHUNK, False)
+    # The next start ships the rest from the inbox, the record staying closed.
+    restarted = _restarted(world, tmp_path)
+    await _lifecycle(restarted, max_concurrency=1).tick()
+    assert bytes(world.client.output) == _printed(size)
+    record = _record_of(world, offer_id)
+    assert (record.state, record.output_offset, record.output_shipped) == (
+        RecordState.COMPLETION_ACKNOWLEDGED,
+        size,
+        True,
+    )
+    assert world.client.calls.count("CompleteAttempt") == 1
+
+
+async def test_a_shipping_pass_stops_when_lease_control_falls_due(world: World) -> None:
+    size = _chunks(10)
+    offer_id = world.admit(_printing(size, linger=30))
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    await _written(world, offer_id, size)
+    world.clock_offset_ms[0] = 2_500
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING  # lease control
+    assert world.client.calls[-1] == "ControlLease"
+    before = len(world.client.calls)
+
+    def slow_append() -> None:  # each chunk takes 0.7 s: the third passes the 2 s mark
+        world.clock_offset_ms[0] += 700
+
+    world.client.on_append = slow_append
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    assert world.client.calls[before:] == ["AppendOutput"] * 3 + ["ControlLease"]
+    budgets = [budget for name, budget in world.client.budgets if name == "AppendOutput"]
+    assert all(budget is not None and budget <= CALL_BUDGET_SECONDS for budget in budgets)
+    # A lease with less than a chunk's budget left caps each chunk's retries.
+    world.client.on_append = lambda: None
+    world.client.control_answer = lambda request: ws.ControlLeaseResponse(
+        renewed=worker_pb2.LeaseRenewed(
+            lease_version=request.fence.expected_lease_version + 1,
+            lease_remaining=_duration(1_500),
+        )
+    )
+    world.clock_offset_ms[0] += 10_000
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    assert world.client.calls[-1] == "ControlLease"
+    sent = len(world.client.budgets)
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    capped = [budget for name, budget in world.client.budgets[sent:] if name == "AppendOutput"]
+    assert capped, "shipping went on under the short lease"
+    assert all(budget is not None and budget <= 1.5 for budget in capped)
+
+
+async def test_a_refusal_for_good_is_persisted_and_not_sent_again(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    size = _chunks(2)
+    offer_id = world.admit(_printing(size, linger=30))
+    lifecycle = _lifecycle(world, max_concurrency=1)
+    await lifecycle.tick()
+    await _written(world, offer_id, size)
+    world.client.append_refusal = CallFailed(
+        "AppendOutput", grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_REPLAY_MISMATCH
+    )
+    with caplog.at_level("WARNING", logger="qinglong_worker.output"):
+        for _ in range(4):
+            await lifecycle.tick()
+    assert world.client.calls.count("AppendOutput") == 1
+    record = _record_of(world, offer_id)
+    assert record.output_given_up == "REPLAY_MISMATCH"
+    assert not world.reconciler.output_pending(record)
+    assert sum("given up" in message for message in caplog.messages) == 1
+    # Closed, it is not shipped either; the record is not listed for shipping at all.
+    world.clock_offset_ms[0] = 31_000
+    assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    await lifecycle.tick()
+    assert world.client.calls.count("AppendOutput") == 1
+    assert world.inbox.closed_with_output(limit=10) == []
+
+
+async def test_closed_records_are_shipped_in_turn_so_a_failing_one_holds_none_up(
+    world: World,
+) -> None:
+    size = _chunks(1)
+    offer_ids = [world.admit(_printing(size, linger=30)) for _ in range(3)]
+    lifecycle = _lifecycle(world, max_concurrency=3)
+    await lifecycle.tick()
+    for offer_id in offer_ids:
+        await _written(world, offer_id, size)
+    first, second = (_record_of(world, offer_id) for offer_id in offer_ids[:2])
+    world.client.unreachable_attempts = {first.attempt_id, second.attempt_id}
+    world.clock_offset_ms[0] = 31_000  # every lease ran out: all three close
+    for _ in range(2):
+        await lifecycle.tick()
+    assert [_record_of(world, offer_id).output_shipped for offer_id in offer_ids] == [
+        False,
+        False,
+        True,
+    ]
+    world.client.unreachable_attempts = set()
+    for _ in range(2):
+        await lifecycle.tick()
+    # (The scripted control plane keeps one stream; the three files are the same bytes.)
+    assert [(r.output_offset, r.output_shipped) for r in map(world.inbox.get, offer_ids)] == [
+        (size, True)
+    ] * 3

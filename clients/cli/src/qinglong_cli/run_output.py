@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Final, TextIO
 
 from qinglong.control.v1 import run_service_pb2, run_service_pb2_grpc
+from qinglong_protocol import bounds
 
 #: How long following waits before asking again when nothing new was there.
 FOLLOW_POLL_SECONDS: Final = 0.5
@@ -55,9 +56,9 @@ async def print_run_output(
 ) -> None:
     sink = _Sink(out)
 
-    async def read(number: int | None, offset: int) -> _Page:
+    async def read(number: int | None, offset: int, max_bytes: int = 0) -> _Page:
         request = run_service_pb2.ReadRunOutputRequest(
-            project_id=project_id, run_id=run_id, offset=offset
+            project_id=project_id, run_id=run_id, offset=offset, max_bytes=max_bytes
         )
         if number is not None:
             request.attempt_number = number
@@ -77,12 +78,14 @@ async def print_run_output(
         if not follow:
             return
         if number is None or (attempt is None and page.complete):
-            # The latest Attempt may be another one now (a retry), or the first one.
-            latest = await read(None, 0)
+            # The latest Attempt may be another one now (a retry), or the first one. Asked
+            # past any end, the answer is its metadata only: no bytes are read for it.
+            latest = await read(None, bounds.MAX_SAFE_INTEGER, 1)
             if latest.attempt_number and latest.attempt_number != number:
                 if number is not None:
                     print(f"--- attempt {latest.attempt_number}", file=err)
-                number, offset, page = latest.attempt_number, 0, latest
+                number, offset = latest.attempt_number, 0
+                page = await read(number, offset)
                 continue
             if latest.run_terminal:
                 return  # no Attempt follows, and this one's output is all printed

@@ -5,6 +5,9 @@ ids, the session that claimed it, the lease generation and capability, the newes
 persisted lease version with a local expiry estimate, the plan, the activation, the
 executor's identity, the callback fields, the stop reason and the exit status.
 
+A closed record (a terminal state) changes only in how much of its output was shipped:
+the rest of an executor's file is shipped after its record closed (R-OPS-1).
+
 Every change is a compare-and-set on the record's ``revision``
 (``UPDATE … WHERE offer_id = ? AND revision = ?``); zero rows raise
 :class:`InboxConflict` and change nothing. The file is opened in WAL mode with
@@ -35,11 +38,28 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 #: What each older schema version lacks, added in place when a Worker opens its inbox.
-_UPGRADES: Final = {
-    1: "ALTER TABLE offers ADD COLUMN output_offset INTEGER NOT NULL DEFAULT 0",
+#: An older Worker refuses a newer inbox ("unsupported inbox schema version"): there is
+#: no downgrade.
+_UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
+    1: ("ALTER TABLE offers ADD COLUMN output_offset INTEGER NOT NULL DEFAULT 0",),
+    2: (
+        "ALTER TABLE offers ADD COLUMN output_given_up TEXT",
+        "ALTER TABLE offers ADD COLUMN output_shipped INTEGER NOT NULL DEFAULT 0",
+    ),
 }
+#: A schema-1 inbox predates output shipping: its closed records promised none, so their
+#: files (if any) are not shipped now. (A schema-2 record closed with output left
+#: unshipped is picked up by the closed-record shipping.)
+_SHIPPED_BEFORE_SCHEMA_2: Final = (
+    "UPDATE offers SET output_shipped = 1 WHERE state IN (SELECT value FROM json_each(?))"
+)
+#: Closed records whose output may still have to be shipped, by admission order.
+_OUTPUT_INDEX: Final = (
+    "CREATE INDEX IF NOT EXISTS offers_output_unsettled ON offers (seq)"
+    " WHERE output_shipped = 0 AND output_given_up IS NULL"
+)
 _FILE_MODE: Final = 0o600
 _DIRECTORY_MODE: Final = 0o700
 #: The first 16 bytes of every SQLite 3 database file.
@@ -94,7 +114,8 @@ class QuarantineReason(StrEnum):
 
 
 #: Allowed state changes; a state may always "change" to itself (field updates such as a
-#: renewed lease version). Terminal states never change again.
+#: renewed lease version). Terminal states never change again, and a closed record only
+#: in its output shipping (``output_offset``, ``output_given_up``, ``output_shipped``).
 _TRANSITIONS: Final[Mapping[RecordState, frozenset[RecordState]]] = {
     RecordState.CLAIMING: frozenset({RecordState.CLAIMED, RecordState.ABANDONED}),
     RecordState.CLAIMED: frozenset({RecordState.LAUNCHING, RecordState.QUARANTINED}),
@@ -207,8 +228,14 @@ class InboxRecord:
     detail: str | None = None
     # How many bytes of the executor's output file the control plane holds (R-OPS-1):
     # moved forward only after AppendOutput answered, so a restart resumes from here and
-    # at worst re-sends a chunk the control plane answers as a replay.
+    # at worst re-sends a chunk the control plane answers as a replay. It keeps moving
+    # after the record is closed, while the rest of the file is shipped.
     output_offset: int = 0
+    # Why shipping was given up for good (the label of a refusal no retry changes, e.g.
+    # REPLAY_MISMATCH); None while output may still be shipped.
+    output_given_up: str | None = None
+    # A closed record's whole file is held by the control plane: nothing is left to ship.
+    output_shipped: bool = False
 
     @property
     def lease_expires_unix_ms(self) -> int | None:
@@ -252,7 +279,7 @@ _COLUMN_LIST: Final = """
     lease_generation, lease_version, lease_observed_unix_ms, lease_remaining_ms,
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
-    start_failure, quarantine_reason, detail, output_offset
+    start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped
 """
 # Rows are read with `SELECT *` and mapped by column name (the extra `seq` is the cursor).
 
@@ -263,14 +290,15 @@ INSERT INTO offers (seq,
     lease_generation, lease_version, lease_observed_unix_ms, lease_remaining_ms,
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
-    start_failure, quarantine_reason, detail, output_offset
+    start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped
 ) SELECT (SELECT coalesce(max(seq), 0) + 1 FROM offers),
     :offer_id, :revision, :state, :worker_id, :session_id, :worker_generation, :project_id,
     :run_id, :capability, :argv, :timeout_ms, :created_unix_ms, :updated_unix_ms, :attempt_id,
     :lease_generation, :lease_version, :lease_observed_unix_ms, :lease_remaining_ms,
     :deadline_unix_ms, :deadline_remaining_ms, :executor_pid, :executor_start_ticks,
     :callback_sequence, :callback_token, :stop_reason, :exit_code, :exit_signal,
-    :completion_outcome, :start_failure, :quarantine_reason, :detail, :output_offset
+    :completion_outcome, :start_failure, :quarantine_reason, :detail, :output_offset,
+    :output_given_up, :output_shipped
     WHERE NOT EXISTS (SELECT 1 FROM offers WHERE offer_id = :offer_id)
 """
 _UPDATE: Final = """
@@ -287,7 +315,8 @@ UPDATE offers SET revision = :revision,
     callback_token = :callback_token, stop_reason = :stop_reason, exit_code = :exit_code,
     exit_signal = :exit_signal, completion_outcome = :completion_outcome,
     start_failure = :start_failure, quarantine_reason = :quarantine_reason, detail = :detail,
-    output_offset = :output_offset
+    output_offset = :output_offset, output_given_up = :output_given_up,
+    output_shipped = :output_shipped
  WHERE offer_id = :offer_id AND revision = :expected_revision
 """
 _COLUMNS: Final = tuple(f.name for f in dataclasses.fields(InboxRecord))
@@ -304,6 +333,10 @@ _IMMUTABLE: Final = (
 )
 #: Fixed once the claim answered.
 _SET_ONCE: Final = ("attempt_id", "lease_generation", "callback_token", "executor_pid")
+#: What may still change once a record is closed: shipping the rest of its output.
+_AFTER_CLOSE: Final = frozenset(
+    {"revision", "updated_unix_ms", "output_offset", "output_given_up", "output_shipped"}
+)
 
 
 def _check_columns() -> None:
@@ -348,7 +381,9 @@ CREATE TABLE IF NOT EXISTS offers (
     start_failure          TEXT,
     quarantine_reason      TEXT,
     detail                 TEXT,
-    output_offset          INTEGER NOT NULL DEFAULT 0
+    output_offset          INTEGER NOT NULL DEFAULT 0,
+    output_given_up        TEXT,
+    output_shipped         INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS offers_by_state ON offers (state, seq);
 CREATE TABLE IF NOT EXISTS session (
@@ -414,7 +449,11 @@ class Inbox:
             # One transaction: an upgrade a crash interrupts is not half applied.
             connection.execute("BEGIN IMMEDIATE")
             for step in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
-                connection.execute(_UPGRADES[step])
+                for statement in _UPGRADES[step]:
+                    connection.execute(statement)
+            if version == 1:
+                connection.execute(_SHIPPED_BEFORE_SCHEMA_2, (_state_list(_TERMINAL_STATES),))
+            connection.execute(_OUTPUT_INDEX)
             connection.execute(f"PRAGMA user_version={SCHEMA_VERSION:d}")
             connection.execute("COMMIT")
             return cls(path, connection, lock_descriptor)
@@ -483,7 +522,11 @@ class Inbox:
             updated.state not in _TRANSITIONS[current.state]
         ):
             raise InvalidTransition(f"{current.state} -> {updated.state} is not allowed")
-        if current.state.is_terminal:
+        if current.state.is_terminal and any(
+            getattr(updated, name) != getattr(current, name)
+            for name in _COLUMNS
+            if name not in _AFTER_CLOSE
+        ):
             raise InvalidTransition(f"{current.state} is terminal")
         written = dataclasses.replace(updated, revision=current.revision + 1)
         values = _row_values(written)
@@ -502,6 +545,20 @@ class Inbox:
     @_guarded
     def records(self, states: Iterable[RecordState] = tuple(RecordState)) -> list[InboxRecord]:
         return [record for _, record in self._in_states(tuple(states), after_seq=0, limit=-1)]
+
+    @_guarded
+    def closed_with_output(
+        self, *, after_seq: int = 0, limit: int
+    ) -> list[tuple[int, InboxRecord]]:
+        """Up to ``limit`` closed records after the cursor ``after_seq``, oldest first,
+        with their sequence numbers, whose output may still have to be shipped (neither
+        all shipped nor given up)."""
+        rows = self._db.execute(
+            "SELECT * FROM offers WHERE output_shipped = 0 AND output_given_up IS NULL"
+            " AND state IN (SELECT value FROM json_each(?)) AND seq > ? ORDER BY seq LIMIT ?",
+            (_state_list(_TERMINAL_STATES), after_seq, limit),
+        ).fetchall()
+        return [(int(row["seq"]), _record(row)) for row in rows]
 
     @_guarded
     def quarantined(self, reason: QuarantineReason) -> list[InboxRecord]:
@@ -606,4 +663,5 @@ def _record(row: sqlite3.Row) -> InboxRecord:
     values["argv"] = tuple(str(item) for item in json.loads(values["argv"]))
     if values["quarantine_reason"] is not None:
         values["quarantine_reason"] = QuarantineReason(values["quarantine_reason"])
+    values["output_shipped"] = bool(values["output_shipped"])
     return InboxRecord(**values)

@@ -14,7 +14,13 @@ Each tick:
    waits at most ``reconcile_wait_seconds`` for them: a reconcile still retrying goes
    on and the next tick joins it, so one slow Run does not hold back the session's
    renewal or the other Runs' leases;
-3. only then decides whether to Pull: not when this tick lost a lease, met a
+3. ships output of closed records, best effort and without a lease (R-OPS-1): at most
+   :data:`CLOSED_SHIPPING_PER_TICK` records whose file the control plane does not hold
+   whole yet (completed ones, and ones closed by a lost lease, a terminal answer or a
+   shutdown), in a round-robin order like step 2's, each a bounded pass, waited for
+   only for what is left of step 2's ``reconcile_wait_seconds`` (a slow one goes on,
+   and the next tick joins it); their outcomes do not decide pulling;
+4. only then decides whether to Pull: not when this tick lost a lease, met a
    control-plane terminal, a refusal, a reconcile still in flight or could not confirm
    a stop; not while a durable recovery fact is open (a record other than
    ``running_acknowledged`` still needs work, or a quarantined process that could not
@@ -70,6 +76,10 @@ from qinglong_worker.session import ActiveSession, SessionKeeper
 log = logging.getLogger(__name__)
 
 SUPERVISE_LIMIT_MAX: Final = 64
+#: Closed records whose remaining output one tick ships (a bounded pass each).
+CLOSED_SHIPPING_PER_TICK: Final = 2
+#: The least a tick waits for them (so each gets going even after slow supervision).
+_CLOSED_SHIPPING_MIN_WAIT_SECONDS: Final = 0.1
 _NEEDS_RECOVERY: Final = tuple(s for s in OPEN_STATES if s is not RecordState.RUNNING_ACKNOWLEDGED)
 #: Records a drain waits for: an executor may run, or its completion is still unreported.
 #: (`claiming`/`claimed` are held: their leases expire and the Runs return to the queue.)
@@ -169,6 +179,7 @@ class Lifecycle:
         self._session = session
         self._clock = clock
         self._cursor = 0
+        self._closed_cursor = 0
 
     async def run(self, signals: ShutdownSignals) -> None:
         """Tick until the first signal; drain; stop what is left; return. Raises
@@ -191,7 +202,10 @@ class Lifecycle:
         if self._reconciler.fatal is not None:
             raise self._reconciler.fatal
         session = await self._session.ensure()
+        started = asyncio.get_running_loop().time()
         supervised = await self._supervise()
+        left = self._settings.reconcile_wait_seconds - (asyncio.get_running_loop().time() - started)
+        await self._ship_closed(max(_CLOSED_SHIPPING_MIN_WAIT_SECONDS, left))
         decision = self._pull_decision(supervised, session)
         if decision or session is None:
             return TickReport(supervised, decision or "no session")
@@ -315,14 +329,29 @@ class Lifecycle:
             or self._reconciler.output_pending(record)
         )
 
-    async def _reconcile_all(self, offer_ids: list[str]) -> tuple[tuple[str, Outcome | None], ...]:
+    async def _ship_closed(self, wait_seconds: float) -> None:
+        """Step 3: the output closed records still owe, after the live records' lease
+        control; the tick takes no longer for it than the reconciles' wait, and nothing
+        here decides pulling."""
+        limit = CLOSED_SHIPPING_PER_TICK
+        batch = self._inbox.closed_with_output(after_seq=self._closed_cursor, limit=limit)
+        if not batch and self._closed_cursor:
+            batch = self._inbox.closed_with_output(limit=limit)
+        # Round-robin like supervision: a record that keeps failing holds no one up.
+        self._closed_cursor = batch[-1][0] if len(batch) == limit else 0
+        await self._reconcile_all([record.offer_id for _, record in batch], wait_seconds)
+
+    async def _reconcile_all(
+        self, offer_ids: list[str], wait_seconds: float | None = None
+    ) -> tuple[tuple[str, Outcome | None], ...]:
         if not offer_ids:
             return ()
         waiters = [
             asyncio.ensure_future(self._reconciler.reconcile(offer_id)) for offer_id in offer_ids
         ]
         try:
-            _, pending = await asyncio.wait(waiters, timeout=self._settings.reconcile_wait_seconds)
+            wait = self._settings.reconcile_wait_seconds if wait_seconds is None else wait_seconds
+            _, pending = await asyncio.wait(waiters, timeout=wait)
         except asyncio.CancelledError:
             # Only the waiting is cancelled: the shared reconciles go on (abort() ends them).
             for waiter in waiters:

@@ -7,9 +7,11 @@ The offset the control plane holds is persisted in the inbox record after each a
 so a restarted Worker resumes from it; a chunk whose answer was lost is sent again and
 answered as a replay, never stored twice.
 
-Shipping is bounded per reconcile pass (:data:`CHUNKS_PER_PASS`), so one chatty Run
-cannot hold up lease control; the rest goes at the next tick. This module reads the file
-and makes the calls; when to ship, and persisting, is the reconcile's.
+Shipping is bounded per reconcile pass (:data:`CHUNKS_PER_PASS`, and a deadline: when
+the record's lease control next falls due), so one chatty Run cannot hold up lease
+control; the rest goes at the next tick. A refusal no retry changes gives shipping up
+(the caller persists that, so it is not sent again). This module reads the file and
+makes the calls; when to ship, and persisting, is the reconcile's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from qinglong.rpc.v1 import fence_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
+from qinglong_protocol.errors import EXPECTED_OFFSET
 
 from qinglong_worker.client import CallFailed, WorkerClient
 from qinglong_worker.inbox import InboxRecord
@@ -35,8 +38,9 @@ log = logging.getLogger(__name__)
 CHUNKS_PER_PASS: Final = 16
 #: Retries of one chunk stay short: the same reconcile also keeps the record's lease.
 CALL_BUDGET_SECONDS: Final = 2.0
-#: The ErrorInfo metadata key of OUTPUT_OFFSET_GAP (error_reason.proto names it).
-_EXPECTED_OFFSET: Final = "expectedOffset"
+#: No chunk is sent with less time than this left (before the pass's deadline, or on
+#: the lease): it could not be answered in time anyway.
+MIN_CHUNK_SECONDS: Final = 0.1
 
 
 def output_stream_id(attempt_id: str) -> str:
@@ -68,8 +72,9 @@ class Shipped:
     pending: bool
     """Bytes are left that may still be shipped (at the next pass)."""
     refused: str | None = None
-    """A refusal no retry changes (the file differs from what was shipped): the rest is
-    given up, so completion does not wait for it."""
+    """A refusal no retry changes (the file differs from what was shipped, the Attempt
+    is not this Worker's): the rest is given up, so completion does not wait for it and
+    nothing is sent again."""
 
 
 async def ship_output(
@@ -80,9 +85,16 @@ async def ship_output(
     persist: Callable[[InboxRecord, int], InboxRecord],
     *,
     max_chunks: int = CHUNKS_PER_PASS,
+    seconds_left: Callable[[], float] | None = None,
+    lease_seconds_left: Callable[[], float] | None = None,
 ) -> Shipped:
     """Ship up to ``max_chunks`` chunks from ``record.output_offset``; ``persist`` records
-    a new offset (a compare-and-set) and returns the record written."""
+    a new offset (a compare-and-set) and returns the record written.
+
+    ``seconds_left``: the time left before the pass must end (when lease control falls
+    due), checked before each chunk. ``lease_seconds_left``: the time left on the local
+    lease; no chunk's retries go beyond it (nor beyond :data:`CALL_BUDGET_SECONDS`).
+    Without either (a closed record: no lease to keep) only the count bounds the pass."""
     for _ in range(max_chunks):
         size = output_size(path)
         offset = record.output_offset
@@ -90,11 +102,18 @@ async def ship_output(
             if offset > size:
                 log.warning("offer %s: output file is shorter than shipped", record.offer_id)
             return Shipped(record, pending=False)
+        budget = CALL_BUDGET_SECONDS
+        if lease_seconds_left is not None:
+            budget = min(budget, lease_seconds_left())
+        if budget < MIN_CHUNK_SECONDS or (
+            seconds_left is not None and seconds_left() < MIN_CHUNK_SECONDS
+        ):
+            return Shipped(record, pending=True)  # lease control first; the rest later
         data = read_chunk(path, offset)
         try:
             answer = await client.append_output(
                 ws.AppendOutputRequest(fence=fence(record), offset=offset, data=data),
-                budget_seconds=CALL_BUDGET_SECONDS,
+                budget_seconds=budget,
             )
         except CallFailed as failure:
             return _after_refusal(record, failure, persist)
@@ -108,11 +127,16 @@ def _after_refusal(
     if failure.transient:
         log.info("offer %s: output not shipped (%s); next tick", record.offer_id, failure.label)
         return Shipped(record, pending=True)
-    expected = failure.metadata.get(_EXPECTED_OFFSET, "")
+    expected = failure.metadata.get(EXPECTED_OFFSET, "")
     if failure.reason == ErrorReason.ERROR_REASON_OUTPUT_OFFSET_GAP and expected.isdigit():
         # The control plane holds less than the inbox says (never by this Worker's own
         # doing): ship again from where it stands.
         log.warning("offer %s: output resumes at %s", record.offer_id, expected)
         return Shipped(persist(record, int(expected)), pending=True)
-    log.warning("offer %s: output refused (%s); not shipped", record.offer_id, failure.label)
+    log.warning(
+        "offer %s: output refused (%s); the rest from offset %d is given up",
+        record.offer_id,
+        failure.label,
+        record.output_offset,
+    )
     return Shipped(record, pending=False, refused=failure.label)

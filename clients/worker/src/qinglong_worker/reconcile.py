@@ -4,12 +4,14 @@ Single-item, timer-free and coalesced per offer: a call while the same offer is 
 reconciled joins that run instead of starting another. Each pass re-reads the record,
 so every fence carries the newest *persisted* lease version, and goes, in order:
 
-1. done if completion was acknowledged (or the record is otherwise closed);
+1. done if completion was acknowledged (or the record is otherwise closed) — but for
+   the rest of its output, which is still shipped (below);
 2. completion first: a process that exited is persisted as ``exited`` with its outcome
    (fixed once, from the exit status and any stop reason) and reported with
    CompleteAttempt — before anything else is asked of the control plane, once the rest
    of its output is shipped (R-OPS-1: a terminal Run's output is complete; the lease is
-   kept meanwhile, and given up waiting for when the lease runs out locally);
+   kept meanwhile, and given up waiting for when the lease runs out locally or the
+   Worker stops for shutdown: what is left is then shipped after the record closed);
 3. if the local lease estimate ran out, the control plane is not called: the process
    is stopped by its durable identity and the record quarantined
    ``lease_lost_local_execution_stopped`` or ``…_unverified``;
@@ -27,8 +29,15 @@ took with it is settled from its launch claim first (:mod:`qinglong_worker.launc
 started executor is adopted, and only one that never started is reported as a failure.
 
 Output (:mod:`qinglong_worker.output`): while the executor runs, a reconcile with output
-to ship and no lease control due ships a bounded number of chunks; lease control comes
-first whenever it is due.
+to ship and no lease control due ships a bounded number of chunks, and stops when lease
+control falls due (which then follows at once); lease control comes first whenever it is
+due. A closed record (completed, or quarantined: the lease ran out locally, the control
+plane answered terminal, the Worker stopped before all was shipped) goes on shipping the
+rest of its file without a lease, best effort, a bounded pass per reconcile, until the
+control plane holds all of it (``output_shipped``) or refused it for good
+(``output_given_up``; a live record's refusal is persisted the same way and not sent
+again). The lifecycle reconciles such records each tick, after the live ones, and a
+restarted Worker does the same from its inbox.
 
 Every call is retried inside the reconcile (see :mod:`qinglong_worker.client`) on
 ``UNAVAILABLE``, ``DEADLINE_EXCEEDED`` and a broken connection, for a lease-holding
@@ -145,6 +154,8 @@ class Outcome(StrEnum):
     ABANDONED = "abandoned"
     LEASE_LOST = "lease_lost"
     TERMINAL = "terminal"
+    SHIPPING = "shipping"
+    """A closed record's output is still being shipped (best effort, no lease)."""
 
     @property
     def stops_pulling(self) -> bool:
@@ -321,7 +332,10 @@ class Reconciler:
         return lease_control_due(record, now, self._lease_control_ms)
 
     def output_pending(self, record: InboxRecord) -> bool:
-        """The executor wrote output the control plane does not hold yet."""
+        """The executor wrote output the control plane does not hold yet, and shipping
+        it was not given up."""
+        if record.output_given_up is not None or record.output_shipped:
+            return False
         return output_size(self._log_path(record)) > record.output_offset
 
     @property
@@ -427,7 +441,7 @@ class Reconciler:
         """One step; None means "re-read the record and continue"."""
         state = record.state
         if state.is_terminal:
-            return Outcome.DONE
+            return await self._ship_after_close(record)
         if self._mode is not Mode.NORMAL and state in (RecordState.CLAIMING, RecordState.CLAIMED):
             # Draining takes no new work: an unanswered or unstarted claim is left to
             # its lease, which expires and returns the Run to the queue (R-RETRY-1).
@@ -461,8 +475,10 @@ class Reconciler:
         if self._mode is Mode.STOPPING:
             return await self._stop_for_shutdown(record)
         if self.output_pending(record) and not self.lease_control_due(record, self._clock()):
-            await self._ship(record)
-            return Outcome.RUNNING
+            shipped = await self._ship(record)
+            # Stopped at its deadline: lease control is due, and follows at once.
+            due = shipped.pending and self.lease_control_due(shipped.record, self._clock())
+            return None if due else Outcome.RUNNING
         return await self._control(record)  # (4) and (5)
 
     async def _claim(self, record: InboxRecord) -> Outcome | None:
@@ -728,7 +744,8 @@ class Reconciler:
     async def _complete_with_output(self, record: InboxRecord) -> Outcome | None:
         """Ship the rest of an exited executor's output (a bounded part per pass, the
         lease kept meanwhile), then report the ending. A shutdown ships one part and
-        reports; a lease that ran out locally reports at once."""
+        reports; a lease that ran out locally reports at once. What is left then is
+        shipped after the record closed (:meth:`_ship_after_close`)."""
         if self.output_pending(record) and not record.lease_lost_locally(self._clock()):
             if self.lease_control_due(record, self._clock()):
                 kept = await self._keep_lease(record)
@@ -739,6 +756,13 @@ class Reconciler:
             if shipped.pending and self._mode is not Mode.STOPPING:
                 return Outcome.RUNNING  # the rest at the next tick
             record = shipped.record
+        if self.output_pending(record):
+            log.info(
+                "offer %s: reporting the ending with output from offset %d still to ship;"
+                " it is shipped after the record closes",
+                record.offer_id,
+                record.output_offset,
+            )
         return await self._complete(record)
 
     async def _keep_lease(self, record: InboxRecord) -> InboxRecord | Outcome:
@@ -774,15 +798,73 @@ class Reconciler:
         return record
 
     async def _ship(self, record: InboxRecord) -> Shipped:
+        """A bounded pass for a live record: it ends when lease control falls due, and no
+        chunk's retries outlast the local lease. A refusal for good is persisted."""
         path = self._log_path(record)
         assert path is not None  # output is pending only where there is a file
-        return await ship_output(
+        due_at = self._lease_control_at(record)
+        shipped = await ship_output(
             self._client,
             record,
             path,
             fence_of,
             lambda current, offset: self._save(current, output_offset=offset),
+            seconds_left=lambda: (due_at - self._clock()) / 1000,
+            lease_seconds_left=lambda: self._lease_budget(record),
         )
+        return self._settle_refusal(shipped)
+
+    async def _ship_after_close(self, record: InboxRecord) -> Outcome:
+        """A closed record: ship a bounded part of what its file holds beyond what the
+        control plane acknowledged, without a lease (the control plane accepts an
+        Attempt's output from its Worker after the lease ended). Best effort: a transient
+        failure waits for the next tick; a refusal for good gives the rest up; once all
+        is held, the record is marked shipped and not looked at again."""
+        if record.output_shipped or record.output_given_up is not None:
+            return Outcome.DONE
+        path = self._log_path(record)
+        if path is None or record.attempt_id is None or record.lease_version is None:
+            # Never claimed (or no files kept): there is no Attempt output to ship.
+            self._save(record, output_shipped=True)
+            return Outcome.DONE
+        shipped = Shipped(record, pending=self.output_pending(record))
+        if shipped.pending:
+            shipped = self._settle_refusal(
+                await ship_output(
+                    self._client,
+                    record,
+                    path,
+                    fence_of,
+                    lambda current, offset: self._save(current, output_offset=offset),
+                )
+            )
+        record = shipped.record
+        if shipped.refused is not None:
+            return Outcome.DONE
+        if shipped.pending or self._may_still_write(record):
+            return Outcome.SHIPPING
+        self._save(record, output_shipped=True)
+        log.info(
+            "offer %s: all output shipped (%d bytes) after the record closed",
+            record.offer_id,
+            record.output_offset,
+        )
+        return Outcome.DONE
+
+    def _settle_refusal(self, shipped: Shipped) -> Shipped:
+        """Persist a refusal no retry changes, so the rest is not sent again."""
+        if shipped.refused is None:
+            return shipped
+        record = self._save(shipped.record, output_given_up=shipped.refused[:256])
+        return dataclasses.replace(shipped, record=record)
+
+    def _may_still_write(self, record: InboxRecord) -> bool:
+        """A closed record's executor may still be writing to its file: no exit status
+        was persisted (its stop could not be confirmed) and it is still seen running."""
+        if record.exit_code is not None or record.exit_signal is not None:
+            return False
+        identity = identity_of(record)
+        return identity is not None and self._processes.poll(identity) is None
 
     async def _complete(self, record: InboxRecord) -> Outcome | None:
         outcome = record.completion_outcome or "failed"
@@ -998,6 +1080,14 @@ class Reconciler:
                 written.state,
             )
         return written
+
+    def _lease_control_at(self, record: InboxRecord) -> int:
+        """When the record's lease control next falls due (wall-clock ms)."""
+        if record.lease_observed_unix_ms is None or record.lease_remaining_ms is None:
+            return self._clock()
+        return record.lease_observed_unix_ms + min(
+            self._lease_control_ms, record.lease_remaining_ms // 3
+        )
 
     def _lease_budget(self, record: InboxRecord) -> float:
         """Seconds the local lease estimate has left: no retry of a lease-holding

@@ -79,7 +79,10 @@ class OutputStore(Protocol):
         max_bytes: int,
     ) -> OutputPage: ...
 
-    async def expire(self, max_age_ms: int, limit: int) -> int: ...
+    async def expire(self, max_age_ms: int, limit: int) -> int:
+        """Remove at most ``limit`` chunks of output older than ``max_age_ms``; how many
+        were removed (``limit`` means there may be more)."""
+        ...
 
 
 class TableOutputStore:
@@ -208,11 +211,14 @@ async def read_output(
 
 
 async def expire_output(conn: AsyncConnection[Any], max_age_ms: int, limit: int) -> int:
-    """Remove the chunks of up to ``limit`` streams not written to for ``max_age_ms`` of
-    DB time; how many streams were emptied."""
+    """One bounded step of the age sweep: remove at most ``limit`` chunks of the streams
+    not written to for ``max_age_ms`` of DB time, oldest first; how many were removed
+    (``limit``: there may be more). A stream larger than one step is emptied over several
+    steps, each going on where the last stopped, so every step makes progress."""
     async with conn.transaction():
         cursor = await conn.execute(_EXPIRE, {"max_age_ms": max_age_ms, "limit": limit})
-        return len(await cursor.fetchall())
+        row = await cursor.fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def _owner(**columns: Any) -> OutputOwner:

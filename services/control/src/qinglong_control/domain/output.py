@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from qinglong_protocol import bounds
+from qinglong_protocol.errors import EXPECTED_OFFSET
 
 from qinglong_control.domain.fence import Fence
 from qinglong_control.domain.refusals import Reason, Refused
-
-#: The ErrorInfo metadata key of OUTPUT_OFFSET_GAP (error_reason.proto names it).
-EXPECTED_OFFSET: Final = "expectedOffset"
 
 _WEEK_MS: Final = 7 * 24 * 3600 * 1000
 

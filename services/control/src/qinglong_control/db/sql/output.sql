@@ -70,22 +70,46 @@ SELECT start_offset, data FROM qinglong.attempt_output_chunks
  LIMIT %(limit)s
 
 -- name: expire
--- One page of streams not written to for `max_age_ms` of DB time: their chunks go, the
--- stream row stays (its end still recognises a re-sent chunk). SKIP LOCKED: control
--- replicas share the work, and an append in flight is left to the next cycle.
-WITH expired AS (
-    SELECT attempt_id FROM qinglong.attempt_output
+-- One bounded step of the age sweep: at most `limit` chunks, the oldest chunks of the
+-- streams not written to for `max_age_ms` of DB time (oldest stream first), so a step
+-- never outgrows statement_timeout however large a stream is, and the next step goes on
+-- from where this one stopped. Each stream touched keeps `first_offset` at the end of its
+-- last removed chunk (chunks are contiguous: once all are gone, that is its end); the
+-- stream row stays (its end still recognises a re-sent chunk). A stream that is to
+-- expire but holds no chunk is closed at its end. SKIP LOCKED: control replicas share
+-- the work, and a stream with an append in flight is left to the next step.
+WITH streams AS MATERIALIZED (
+    SELECT attempt_id, updated_at_ms FROM qinglong.attempt_output
      WHERE first_offset < end_offset
        AND updated_at_ms < qinglong.db_now_ms() - %(max_age_ms)s
-     ORDER BY updated_at_ms
+     ORDER BY updated_at_ms, attempt_id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), doomed AS MATERIALIZED (
+    SELECT c.attempt_id, c.start_offset
+      FROM streams s
+      CROSS JOIN LATERAL (
+          SELECT k.attempt_id, k.start_offset FROM qinglong.attempt_output_chunks k
+           WHERE k.attempt_id = s.attempt_id
+           ORDER BY k.start_offset
+           LIMIT %(limit)s
+      ) c
+     ORDER BY s.updated_at_ms, s.attempt_id, c.start_offset
+     LIMIT %(limit)s
 ), removed AS (
-    DELETE FROM qinglong.attempt_output_chunks c USING expired e
-     WHERE c.attempt_id = e.attempt_id
+    DELETE FROM qinglong.attempt_output_chunks c USING doomed d
+     WHERE c.attempt_id = d.attempt_id AND c.start_offset = d.start_offset
+    RETURNING c.attempt_id, c.end_offset
+), kept_from AS (
+    SELECT attempt_id, max(end_offset) AS first_offset FROM removed GROUP BY attempt_id
+), advanced AS (
+    UPDATE qinglong.attempt_output o
+       SET first_offset = coalesce(k.first_offset, o.end_offset)
+      FROM streams s LEFT JOIN kept_from k USING (attempt_id)
+     WHERE o.attempt_id = s.attempt_id
+       AND (k.first_offset IS NOT NULL OR NOT EXISTS (
+               SELECT 1 FROM qinglong.attempt_output_chunks x WHERE x.attempt_id = s.attempt_id))
+    RETURNING o.attempt_id, o.first_offset = o.end_offset AS emptied
 )
-UPDATE qinglong.attempt_output o
-   SET first_offset = o.end_offset
-  FROM expired e
- WHERE o.attempt_id = e.attempt_id
-RETURNING o.attempt_id
+SELECT (SELECT count(*) FROM removed) AS chunks,
+       (SELECT count(*) FROM advanced WHERE emptied) AS streams

@@ -1,0 +1,77 @@
+"""`qinglong run logs --follow` (R-OPS-1) against a scripted RunService: it follows a
+retry's new Attempt, and while it waits it asks where the latest Attempt stands without
+reading its bytes again."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from qinglong.control.v1 import run_service_pb2 as rs
+from qinglong_cli import run_output
+from qinglong_protocol import bounds
+
+RUN_ID = "00000000-0000-4000-8000-000000000001"
+
+
+@dataclass
+class ScriptedRuns:
+    """A Run whose first Attempt ended with its output stored; a retry's Attempt appears
+    after a few polls and ends the Run."""
+
+    attempts: dict[int, bytes] = field(default_factory=lambda: {1: b"one\n"})
+    run_terminal: bool = False
+    requests: list[rs.ReadRunOutputRequest] = field(default_factory=list)
+    bytes_sent: list[int] = field(default_factory=list)
+
+    async def ReadRunOutput(self, request: rs.ReadRunOutputRequest, **_: Any) -> Any:
+        self.requests.append(request)
+        if len(self.requests) == 5:  # the retry ran meanwhile
+            self.attempts[2] = b"two\n"
+            self.run_terminal = True
+        number = request.attempt_number if request.HasField("attempt_number") else None
+        number = number or max(self.attempts)
+        stored = self.attempts[number]
+        limit = request.max_bytes or bounds.OUTPUT_READ_DEFAULT_BYTES
+        data = stored[request.offset :][:limit]
+        self.bytes_sent.append(len(data))
+        return rs.ReadRunOutputResponse(
+            attempt_number=number,
+            attempt_id=f"attempt-{number}",
+            data=data,
+            offset=request.offset,
+            next_offset=request.offset + len(data),
+            end_offset=len(stored),
+            complete=True,
+            run_terminal=self.run_terminal and number == max(self.attempts),
+        )
+
+
+async def test_following_moves_to_the_retry_without_reading_bytes_to_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
+    runs = ScriptedRuns()
+    out, err = io.StringIO(), io.StringIO()
+    await run_output.print_run_output(
+        runs,  # type: ignore[arg-type]
+        dict,
+        "default",
+        RUN_ID,
+        attempt=None,
+        follow=True,
+        out=out,
+        err=err,
+    )
+    assert out.getvalue() == "one\ntwo\n"
+    assert err.getvalue() == "--- attempt 2\n"
+    latest = [
+        (request, sent)
+        for request, sent in zip(runs.requests, runs.bytes_sent, strict=True)
+        if not request.HasField("attempt_number")
+    ][1:]  # after the first read
+    assert latest, "the latest Attempt was asked for while following"
+    for request, sent in latest:
+        assert (request.offset, request.max_bytes, sent) == (bounds.MAX_SAFE_INTEGER, 1, 0)
