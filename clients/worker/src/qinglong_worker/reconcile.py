@@ -263,13 +263,18 @@ def _cancel_reason_name(reason: lifecycle_pb2.CancelReason.ValueType) -> str:
     return lifecycle_pb2.CancelReason.Name(reason).removeprefix("CANCEL_REASON_").lower()
 
 
-def lease_control_due(record: InboxRecord, now: int, lease_control_ms: int) -> bool:
-    """A running Attempt's lease is controlled every ``lease_control_ms``, and always
-    before a third of its remaining time is used up."""
+def lease_control_at(record: InboxRecord, lease_control_ms: int) -> int | None:
+    """When (wall-clock ms) a running Attempt's lease is next controlled: every
+    ``lease_control_ms``, and always before a third of its remaining time is used up.
+    None: at once (nothing observed yet)."""
     if record.lease_observed_unix_ms is None or record.lease_remaining_ms is None:
-        return True
-    elapsed = now - record.lease_observed_unix_ms
-    return elapsed >= min(lease_control_ms, record.lease_remaining_ms // 3)
+        return None
+    return record.lease_observed_unix_ms + min(lease_control_ms, record.lease_remaining_ms // 3)
+
+
+def lease_control_due(record: InboxRecord, now: int, lease_control_ms: int) -> bool:
+    due_at = lease_control_at(record, lease_control_ms)
+    return due_at is None or now >= due_at
 
 
 def identity_of(record: InboxRecord) -> ProcessIdentity | None:
@@ -1083,11 +1088,8 @@ class Reconciler:
 
     def _lease_control_at(self, record: InboxRecord) -> int:
         """When the record's lease control next falls due (wall-clock ms)."""
-        if record.lease_observed_unix_ms is None or record.lease_remaining_ms is None:
-            return self._clock()
-        return record.lease_observed_unix_ms + min(
-            self._lease_control_ms, record.lease_remaining_ms // 3
-        )
+        due_at = lease_control_at(record, self._lease_control_ms)
+        return self._clock() if due_at is None else due_at
 
     def _lease_budget(self, record: InboxRecord) -> float:
         """Seconds the local lease estimate has left: no retry of a lease-holding
