@@ -83,8 +83,9 @@ def add_pool_size_argument(parser: argparse.ArgumentParser, env: Mapping[str, st
     parser.add_argument(
         "--pool-max-size",
         type=int,
-        default=int(env.get(ENV_POOL_MAX_SIZE, "0")),
-        help="most PostgreSQL connections of the main pool; 0 = 4 per core, 4..32 "
+        # A string default goes through `type` too: a bad variable is a usage error.
+        default=env.get(ENV_POOL_MAX_SIZE, "0"),
+        help="most PostgreSQL connections of the main pool, 1..1000; 0 = 4 per core (4..32) "
         f"[{ENV_POOL_MAX_SIZE}]",
     )
 

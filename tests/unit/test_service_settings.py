@@ -80,3 +80,23 @@ def test_control_admin_database_and_trust_domain() -> None:
         environ={"QINGLONG_CONTROL_ADMIN_DATABASE_URL": url},
     )
     assert (flag.admin_database_url, flag.trust_domain) == ("postgresql:///x", "corp.example")
+
+
+@pytest.mark.parametrize("service", ["control", "ingress"])
+def test_pool_size_from_environment_and_a_bad_one_is_a_usage_error(
+    service: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parse = parse_control_settings if service == "control" else parse_ingress_settings
+    argv = TLS if service == "control" else INGRESS_TLS
+    assert parse(argv, environ={"QINGLONG_POOL_MAX_SIZE": "12"}).pool.max_size == 12
+    for value in ("abc", "-3"):  # not a number; out of 1..1000
+        with pytest.raises(SystemExit) as usage:
+            parse(argv, environ={"QINGLONG_POOL_MAX_SIZE": value})
+        assert usage.value.code == 2
+        assert "--pool-max-size" in capsys.readouterr().err
+    # A set approval lifetime (R-OPS-2) is read like the other timings, and bounded.
+    if service == "control":
+        env = {"QINGLONG_CONTROL_APPROVAL_TTL_MS": "60000"}
+        assert parse_control_settings(TLS, environ=env).timings.approval_ttl_ms == 60_000
+        with pytest.raises(SystemExit):
+            parse_control_settings([*TLS, "--approval-ttl-ms", str(31 * 86_400_000)], environ={})
