@@ -13,7 +13,7 @@ import pytest
 from qinglong_cli.ingress_client import ADMIN_TOKEN, OperatorContext
 
 from tests.integration.test_cli_operator import Outcome, qinglong, stack_file
-from tests.support.stack import Stack
+from tests.support.stack import PROJECT, Stack
 
 __all__ = ["stack_file"]  # the operator's stack file fixture, extended here
 
@@ -133,6 +133,22 @@ async def test_a_replayed_create_does_not_show_the_secret_again(cli: Cli) -> Non
     assert "token" not in replayed
     assert "request issue-1 was answered before" in again.err
     assert shown["token"] not in again.out + again.err
+
+
+async def test_a_token_saved_to_a_file_is_printed_nowhere(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("agent", "create", "saver")
+    await cli.ok("role", "grant", PROJECT, "saver", "operator")
+    saved = tmp_path / "saver.token"
+    issued = await cli.ok("token", "issue", "saver", "--save", str(saved))
+    token = saved.read_text().strip()
+    assert token.startswith("qlo1_")
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert token not in issued.out + issued.err
+    assert "token" not in json.loads(issued.out)  # the answer, without its secret
+    assert f"written to {saved}" in issued.err
+    # The file is what --token-file takes, as the agent it names.
+    as_saver = await cli.run("run", "list", "--token-file", str(saved))
+    assert as_saver.code == 0, as_saver.err
 
 
 async def test_agents_and_cluster_admins(cli: Cli) -> None:

@@ -29,6 +29,7 @@ from typing import Any, TextIO, TypeAlias
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from qinglong.admin.v1 import admin_pb2, admin_service_pb2, admin_service_pb2_grpc
+from qinglong_protocol.files import atomic_write
 
 from qinglong_cli.cli_errors import ConfigurationError, NotFoundError
 from qinglong_cli.ingress_client import (
@@ -84,7 +85,26 @@ class _Admin:
             self.bound(method), request, items, self.printer, self.err, follow=args.all
         )
 
-    def show_secret(self, answer: Message, secret: str, what: str, request_id: str) -> None:
+    def show_secret(
+        self,
+        answer: Message,
+        field_name: str,
+        what: str,
+        request_id: str,
+        save: Path | None = None,
+    ) -> None:
+        """Print the answer and its one-time secret (``field_name``); with ``save``, the
+        secret goes to that file instead (0600, written whole or not at all) and is
+        printed nowhere."""
+        secret: str = getattr(answer, field_name)
+        if secret and save is not None:
+            atomic_write(save, secret.encode("ascii") + b"\n", 0o600)
+            shown = type(answer)()
+            shown.CopyFrom(answer)
+            shown.ClearField(field_name)
+            self.printer.item(shown)
+            print(f"the {what} was written to {save} (0600); it is shown nowhere", file=self.err)
+            return
         self.printer.item(answer)
         if secret:
             print(f"the {what} above is shown only this once; store it now", file=self.err)
@@ -267,7 +287,7 @@ async def _token_issue(admin: _Admin, args: argparse.Namespace) -> None:
     if args.ttl is not None:
         request.ttl_seconds = args.ttl
     issued = await admin.stub.IssueToken(request, **admin.call)
-    admin.show_secret(issued, issued.token, "token", request.request_id)
+    admin.show_secret(issued, "token", "token", request.request_id, args.save)
 
 
 async def _token_list(admin: _Admin, args: argparse.Namespace) -> None:
@@ -284,7 +304,7 @@ async def _token_rotate(admin: _Admin, args: argparse.Namespace) -> None:
         request_id=_request_id(args), token_id=args.token_id, overlap_seconds=args.overlap
     )
     rotated = await admin.stub.RotateToken(request, **admin.call)
-    admin.show_secret(rotated, rotated.token, "token", request.request_id)
+    admin.show_secret(rotated, "token", "token", request.request_id, args.save)
 
 
 async def _role_grant(admin: _Admin, args: argparse.Namespace) -> None:
@@ -324,7 +344,7 @@ async def _worker_create(admin: _Admin, args: argparse.Namespace) -> None:
     if args.join_token_ttl is not None:
         request.join_token_ttl_seconds = args.join_token_ttl
     created = await admin.stub.CreateWorker(request, **admin.call)
-    admin.show_secret(created, created.join_token, "join token", request.request_id)
+    admin.show_secret(created, "join_token", "join token", request.request_id)
 
 
 async def _audit_list(admin: _Admin, args: argparse.Namespace) -> None:
@@ -432,6 +452,7 @@ def _add_token_commands(group: Any, command: _Command) -> None:
     issue = command(group, "issue", "issue a bearer token (shown once)", _token_issue)
     issue.add_argument("principal", metavar="PRINCIPAL", help="user or agent: name or id")
     issue.add_argument("--ttl", type=int, help="lifetime in seconds (default: no expiry)")
+    _add_save(issue)
     _add_request_id(issue)
     listing = command(group, "list", "list a principal's tokens, newest first", _token_list)
     listing.add_argument("principal", metavar="PRINCIPAL", help="user or agent: name or id")
@@ -444,7 +465,17 @@ def _add_token_commands(group: Any, command: _Command) -> None:
         default=0,
         help="seconds the old token keeps working (default 0: it stops now)",
     )
+    _add_save(rotate)
     _add_request_id(rotate)
+
+
+def _add_save(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--save",
+        type=Path,
+        metavar="FILE",
+        help="write the token to FILE (0600) instead of printing it; pass FILE as --token-file",
+    )
 
 
 def _add_role_commands(group: Any, command: _Command) -> None:
