@@ -11,7 +11,6 @@ Run is queued prints the same bytes and ends by itself when the Run is terminal.
 
 from __future__ import annotations
 
-import itertools
 import shlex
 import subprocess
 import sys
@@ -20,13 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-import psycopg
-
-from tests.support.devstack_process import QINGLONG
 from tests.support.fault_rig import FaultRig
 from tests.support.fault_tally import Expected, Tally, assert_verdict
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
+from tests.support.run_output import duplicated_and_missing, run_logs, stored_chunks
 
 LINES: Final = 16_384
 LINE_BYTES: Final = 64  # 16,384 lines of 64 bytes: 1 MiB
@@ -65,25 +62,6 @@ def printing_command(marks: Path) -> list[str]:
         f"echo end {ids} 0 >> {target}"
     )
     return ["sh", "-c", script]
-
-
-def run_logs(stack_path: Path, run_id: str, *flags: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [str(QINGLONG), "run", "logs", "--stack", str(stack_path), run_id, *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-
-
-def stored_chunks(migration_url: str, run_id: str) -> list[tuple[int, int]]:
-    with psycopg.connect(migration_url, connect_timeout=5) as conn:
-        rows = conn.execute(
-            "SELECT c.start_offset, c.end_offset FROM qinglong.attempt_output_chunks c"
-            " JOIN qinglong.attempts a USING (attempt_id) WHERE a.run_id = %s"
-            " ORDER BY c.start_offset",
-            (run_id,),
-        ).fetchall()
-    return [(int(start), int(end)) for start, end in rows]
 
 
 def test_output_is_read_back_whole_after_kill_9_while_shipping(
@@ -126,8 +104,7 @@ def test_output_is_read_back_whole_after_kill_9_while_shipping(
     reader = run_logs(rig.stack.stack_path, run_id)
     read, read_err = reader.communicate(timeout=60)
     chunks = stored_chunks(rig.stack.migration_url, run_id)
-    overlaps = sum(1 for (_, end), (start, _) in itertools.pairwise(chunks) if start < end)
-    holes = sum(1 for (_, end), (start, _) in itertools.pairwise(chunks) if start > end)
+    overlaps, holes = duplicated_and_missing(chunks)
     appends = rig.schedule.calls["AppendOutput"]
     line = (
         f"run output kill -9: bytes printed {len(expected)}, bytes read {len(read)},"

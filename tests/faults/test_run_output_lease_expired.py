@@ -15,7 +15,6 @@ once, including everything printed during the outage.
 
 from __future__ import annotations
 
-import itertools
 import shlex
 import shutil
 import sys
@@ -30,12 +29,12 @@ import psycopg
 import pytest
 from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS, ENV_TIMINGS_MS
 
-from tests.faults.test_run_output import run_logs, stored_chunks
 from tests.support.devstack_process import DevStack, dev_stack
 from tests.support.fault_rig import FaultRig
 from tests.support.fault_tally import Expected, Tally, assert_verdict
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
+from tests.support.run_output import duplicated_and_missing, run_logs, stored_chunks
 
 LEASE_TTL_MS: Final = 4_000
 LINES: Final = 12_000  # at most a minute of printing, if nothing stops it
@@ -167,8 +166,7 @@ def test_output_printed_after_the_lease_expired_is_read_back_whole(
     reader = run_logs(rig.stack.stack_path, run_id)
     read, read_err = reader.communicate(timeout=60)
     chunks = stored_chunks(rig.stack.migration_url, run_id)
-    overlaps = sum(1 for (_, end), (start, _) in itertools.pairwise(chunks) if start < end)
-    holes = sum(1 for (_, end), (start, _) in itertools.pairwise(chunks) if start > end)
+    overlaps, holes = duplicated_and_missing(chunks)
     appends = rig.schedule.calls["AppendOutput"]
     line = (
         f"run output after lease expiry: bytes printed {len(printed)}"

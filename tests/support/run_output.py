@@ -1,0 +1,42 @@
+"""Reading a Run's output back as a user and as the database holds it, for the fault tests
+of R-OPS-1: `qinglong run logs` as a real process, the stored chunks' ranges, and what
+those ranges say was duplicated or lost."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+from pathlib import Path
+
+import psycopg
+
+from tests.support.devstack_process import QINGLONG
+
+
+def run_logs(stack_path: Path, run_id: str, *flags: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(QINGLONG), "run", "logs", "--stack", str(stack_path), run_id, *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def stored_chunks(migration_url: str, run_id: str) -> list[tuple[int, int]]:
+    """(start, end) of every stored chunk of the Run's Attempts, in offset order."""
+    with psycopg.connect(migration_url, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT c.start_offset, c.end_offset FROM qinglong.attempt_output_chunks c"
+            " JOIN qinglong.attempts a USING (attempt_id) WHERE a.run_id = %s"
+            " ORDER BY c.start_offset",
+            (run_id,),
+        ).fetchall()
+    return [(int(start), int(end)) for start, end in rows]
+
+
+def duplicated_and_missing(chunks: list[tuple[int, int]]) -> tuple[int, int]:
+    """How many neighbouring chunks overlap (a byte stored twice) and how many leave a
+    hole between them (a byte never stored)."""
+    pairs = list(itertools.pairwise(chunks))
+    overlaps = sum(1 for (_, end), (start, _) in pairs if start < end)
+    holes = sum(1 for (_, end), (start, _) in pairs if start > end)
+    return overlaps, holes
