@@ -722,6 +722,8 @@ CREATE INDEX approval_requests_pending_expiry ON qinglong.approval_requests USIN
 
 CREATE INDEX attempt_output_retained ON qinglong.attempt_output USING btree (updated_at_ms) WHERE (first_offset < end_offset);
 
+CREATE INDEX attempts_live_by_session ON qinglong.attempts USING btree (session_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
+
 CREATE INDEX attempts_live_by_worker ON qinglong.attempts USING btree (worker_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
 
 CREATE UNIQUE INDEX attempts_one_live_per_run ON qinglong.attempts USING btree (run_id) WHERE (state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text]));
