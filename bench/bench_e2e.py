@@ -101,6 +101,7 @@ from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import percentiles
 from tests.support.devstack_process import DevStack, dev_stack
 
 ECHO_SERVER = """
@@ -150,12 +151,11 @@ class Figure:
 
     @property
     def p50(self) -> float:
-        return statistics.median(self.samples)
+        return percentiles.p50(self.samples)
 
     @property
     def p99(self) -> float:
-        ordered = sorted(self.samples)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        return percentiles.p99(self.samples)
 
 
 async def timed(call: Callable[[], Awaitable[Any]]) -> float:
@@ -508,7 +508,7 @@ def report(
     print_table((echo, commit, *(Figure(name, s) for name, s in figures.items())))
     print(f"\nfloor = echo + 2 x commit = {floor:.2f} ms")
     for name, samples in figures.items():
-        print(f"{name:24} p50 / floor = {statistics.median(samples) / floor:5.2f}x")
+        print(f"{name:24} p50 / floor = {percentiles.p50(samples) / floor:5.2f}x")
     print(
         f"\n{'callers':>8} {'echo/s':>10} {'lease/s':>10} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8}"
     )
@@ -725,7 +725,7 @@ def report_tracing(off: Arm, on: Arm) -> None:
         print_table(Figure(name, samples) for name, samples in arm.figures.items())
         print()
     for name in COMMANDS:
-        ratio = statistics.median(on.figures[name]) / statistics.median(off.figures[name])
+        ratio = percentiles.p50(on.figures[name]) / percentiles.p50(off.figures[name])
         print(f"{name:24} p50 on / off = {ratio:5.2f}x  (target <= 1.10)")
     print(
         f"\n{'callers':>8} {'off/s':>10} {'on/s':>10} {'ratio':>6} "

@@ -90,7 +90,7 @@ from qinglong_protocol.tls import mutual_tls_channel_credentials
 from qinglong_worker.settings import DEFAULT_LEASE_CONTROL_SECONDS, DEFAULT_TICK_SECONDS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import bench_ack
+from bench import bench_ack, percentiles
 from tests.support.devstack_process import DevStack, dev_stack
 from tests.support.worker_process import WorkerProcess
 
@@ -475,12 +475,11 @@ class Figure:
 
     @property
     def p50(self) -> float:
-        return statistics.median(self.samples)
+        return percentiles.p50(self.samples)
 
     @property
     def p99(self) -> float:
-        ordered = sorted(self.samples)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        return percentiles.p99(self.samples)
 
 
 async def timed(call: Awaitable[_T]) -> tuple[_T, float]:
