@@ -504,7 +504,10 @@ class Reconciler:
         except CallFailed as failure:
             if failure.transient:
                 return self._waiting(record, failure)
-            self._save(record, state=RecordState.ABANDONED, detail=failure.label)
+            # Never launched: there is no output to ship later.
+            self._save(
+                record, state=RecordState.ABANDONED, detail=failure.label, output_shipped=True
+            )
             return Outcome.ABANDONED
         plan = claimed.spec.plan
         self._phases.claimed(record.offer_id)
@@ -916,6 +919,9 @@ class Reconciler:
             state=RecordState.COMPLETION_ACKNOWLEDGED,
             lease_version=done.completed_lease_version,
             detail=done.error_code or None,
+            # The executor has exited: when all it wrote is shipped, the record is settled
+            # here rather than by a later pass of the closed-record shipping.
+            output_shipped=not self.output_pending(record),
         )
         log.info(
             "offer %s run %s: completed %s (%s)",
