@@ -146,6 +146,12 @@ async def test_a_token_saved_to_a_file_is_printed_nowhere(cli: Cli, tmp_path: Pa
     assert token not in issued.out + issued.err
     assert "token" not in json.loads(issued.out)  # the answer, without its secret
     assert f"written to {saved}" in issued.err
+    # A file that could not be written is refused before anything is issued.
+    before = await cli.items("token", "list", "saver")
+    unwritable = await cli.admin("token", "issue", "saver", "--save", str(tmp_path / "no" / "t"))
+    assert (unwritable.code, unwritable.out) == (2, "")
+    assert "not writable" in unwritable.err
+    assert await cli.items("token", "list", "saver") == before
     # The file is what --token-file takes, as the agent it names.
     as_saver = await cli.run("run", "list", "--token-file", str(saved))
     assert as_saver.code == 0, as_saver.err

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import os
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable
@@ -280,7 +281,17 @@ async def _principal_disable(admin: _Admin, args: argparse.Namespace) -> None:
     admin.printer.item(disabled.principal)
 
 
+def _check_save(path: Path | None) -> None:
+    """Before a token is issued: a `--save` file that could not be written would lose it."""
+    if path is None:
+        return
+    directory = path.parent
+    if not directory.is_dir() or not os.access(directory, os.W_OK):
+        raise ConfigurationError(f"--save {path}: the directory {directory} is not writable")
+
+
 async def _token_issue(admin: _Admin, args: argparse.Namespace) -> None:
+    _check_save(args.save)
     request = admin_service_pb2.IssueTokenRequest(
         request_id=_request_id(args), principal_id=await admin.principal_id(args.principal)
     )
@@ -300,6 +311,7 @@ async def _token_list(admin: _Admin, args: argparse.Namespace) -> None:
 
 
 async def _token_rotate(admin: _Admin, args: argparse.Namespace) -> None:
+    _check_save(args.save)
     request = admin_service_pb2.RotateTokenRequest(
         request_id=_request_id(args), token_id=args.token_id, overlap_seconds=args.overlap
     )
