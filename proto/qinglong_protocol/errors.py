@@ -51,6 +51,8 @@ REASON_MAX_LENGTH: Final = 63
 #: The ErrorInfo metadata key of OUTPUT_OFFSET_GAP: where the next output chunk must
 #: start (error_reason.proto names it; control sets it, the Worker resumes from it).
 EXPECTED_OFFSET: Final = "expectedOffset"
+#: ErrorInfo.metadata key of APPROVAL_REQUIRED: the approval request that holds the call.
+APPROVAL_ID: Final = "approvalId"
 
 _E = ErrorReason
 _C = grpc.StatusCode

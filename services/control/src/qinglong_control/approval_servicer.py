@@ -22,19 +22,13 @@ from qinglong_control.db import approvals, runs
 from qinglong_control.domain.approvals import ApprovalView, Decision, HeldCall, expired_refusal
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.timings import Timings
-from qinglong_control.held_mutations import HELD_MUTATIONS, registry
+from qinglong_control.held_mutations import HELD_MUTATIONS
 
 Context = grpc.aio.ServicerContext[Any, Any]
 rt = runtime_service_pb2
 api = approval_service_pb2
 
-_STATES = {
-    "pending": approval_pb2.APPROVAL_STATE_PENDING,
-    "approved": approval_pb2.APPROVAL_STATE_APPROVED,
-    "denied": approval_pb2.APPROVAL_STATE_DENIED,
-    "expired": approval_pb2.APPROVAL_STATE_EXPIRED,
-}
-_STATE_NAMES = {number: name for name, number in _STATES.items()}
+_STATE_PREFIX = "APPROVAL_STATE_"
 
 
 class ApprovalMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
@@ -88,7 +82,10 @@ class ApprovalMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 conn,
                 public.project_id,
                 limit=limit,
-                states=tuple(_STATE_NAMES[s] for s in public.states),
+                states=tuple(
+                    approval_pb2.ApprovalState.Name(s).removeprefix(_STATE_PREFIX).lower()
+                    for s in public.states
+                ),
                 before=wire.parse_page_token(public.page_token),
             )
         return rt.ListApprovalsResponse(
@@ -135,7 +132,7 @@ class ApprovalMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             note=public.note or None,
         )
         async with self._approval_pool.connection() as conn:
-            decided = await approvals.decide(conn, command, registry())
+            decided = await approvals.decide(conn, command, HELD_MUTATIONS)
             if decided.expired:
                 raise expired_refusal()
             return await approvals.get_approval(conn, command.project_id, command.approval_id)
@@ -145,7 +142,9 @@ def approval(view: ApprovalView) -> approval_pb2.Approval:
     message = approval_pb2.Approval(
         approval_id=str(view.approval_id),
         project_id=view.project_id,
-        state=_STATES[view.state],
+        state=approval_pb2.ApprovalState.ValueType(
+            wire.enum_value(approval_pb2.ApprovalState, _STATE_PREFIX, view.state)
+        ),
         method=view.method,
         run_id="" if view.run_id is None else str(view.run_id),
         requested_by=str(view.requested_by),

@@ -11,6 +11,7 @@ is refused APPROVAL_UNSUPPORTED and nothing is kept.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -18,7 +19,7 @@ from google.protobuf.message import Message
 from qinglong.control.v1 import run_service_pb2
 
 from qinglong_control import wire
-from qinglong_control.db.approvals import Executed, HeldMutation
+from qinglong_control.db.approvals import Executed
 from qinglong_control.db.cancellation import LockedRun, record_intent
 from qinglong_control.db.command_tx import CommandTx
 from qinglong_control.db.events import Actor
@@ -92,12 +93,9 @@ def _method(service: str, name: str) -> str:
     return f"/{run_service_pb2.DESCRIPTOR.services_by_name[service].full_name}/{name}"
 
 
-#: By public method: what control can hold and execute.
-HELD_MUTATIONS: Final[dict[str, HeldCancel]] = {
+#: By public method: what control can hold and execute. A held request is kept as sent
+#: and shown to anyone with a role in the project: never list a method whose request
+#: carries a secret.
+HELD_MUTATIONS: Final[Mapping[str, HeldCancel]] = {
     _method("RunService", "CancelRun"): HeldCancel(),
 }
-
-
-def registry() -> dict[str, HeldMutation]:
-    """The table as the decision transaction takes it."""
-    return {method: mutation for method, mutation in HELD_MUTATIONS.items()}

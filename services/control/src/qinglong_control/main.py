@@ -116,10 +116,12 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
             or report.retries_scheduled
             or report.requeued
             or report.outputs_expired
+            or report.approvals_expired
         ):
             _log.info(
                 "reconciled: %d leases expired, %d runs converged, %d blocked, "
-                "%d retries scheduled, %d exhausted, %d requeued, %d outputs expired",
+                "%d retries scheduled, %d exhausted, %d requeued, %d outputs expired, "
+                "%d approvals expired",
                 report.expired,
                 report.converged,
                 report.blocked,
@@ -127,6 +129,7 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
                 report.retries_exhausted,
                 report.requeued,
                 report.outputs_expired,
+                report.approvals_expired,
             )
 
 

@@ -250,8 +250,6 @@ def _timings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Timin
 
 
 def _output_retention(parser: argparse.ArgumentParser, args: argparse.Namespace) -> OutputRetention:
-    if args.output_retention_seconds < 1:
-        parser.error("--output-retention-seconds must be at least 1")
     try:
         return OutputRetention(
             args.output_retention_seconds * 1000, args.output_max_bytes_per_attempt

@@ -12,6 +12,7 @@ none of them.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -187,7 +188,7 @@ async def hold(
 async def decide(
     conn: AsyncConnection[Any],
     command: DecideApproval,
-    mutations: dict[str, HeldMutation],
+    mutations: Mapping[str, HeldMutation],
 ) -> Decided:
     """Approve or deny, retrying a serialization conflict a bounded number of times: the
     retry re-reads everything, so a second concurrent decision meets the first's result."""
@@ -195,7 +196,7 @@ async def decide(
 
 
 async def _decide_once(
-    conn: AsyncConnection[Any], command: DecideApproval, mutations: dict[str, HeldMutation]
+    conn: AsyncConnection[Any], command: DecideApproval, mutations: Mapping[str, HeldMutation]
 ) -> Decided:
     keys = {
         "project_id": command.project_id,

@@ -35,8 +35,8 @@ class OutputRetention:
     max_bytes_per_attempt: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        if self.max_age_ms < 0:
-            raise ValueError("the output retention age must not be negative")
+        if self.max_age_ms < 1000:
+            raise ValueError("the output retention age must be at least 1 second")
         if self.max_bytes_per_attempt < bounds.OUTPUT_CHUNK_MAX_BYTES:
             # A smaller bound would trim the very chunk being appended.
             raise ValueError(

@@ -81,7 +81,7 @@ SELECT start_offset, data FROM qinglong.attempt_output_chunks
 WITH streams AS MATERIALIZED (
     SELECT attempt_id, updated_at_ms FROM qinglong.attempt_output
      WHERE first_offset < end_offset
-       AND updated_at_ms < qinglong.db_now_ms() - %(max_age_ms)s
+       AND updated_at_ms < (SELECT qinglong.db_now_ms()) - %(max_age_ms)s
      ORDER BY updated_at_ms, attempt_id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
