@@ -83,7 +83,7 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_PERMISSION_DENIED: _ErrorReason.ValueType  # 29
     """The principal lacks the permission the RPC needs (e.g. run.stop). gRPC code: PERMISSION_DENIED."""
     ERROR_REASON_APPROVAL_REQUIRED: _ErrorReason.ValueType  # 30
-    """The principal (an Agent) may only request this mutation through approval (R-CAN-2, outside CancelRun's own answer). gRPC code: PERMISSION_DENIED."""
+    """The principal (an Agent) may only request this mutation (R-CAN-2, outside CancelRun's own answer): a unary call is held as a pending approval request, named by ErrorInfo.metadata["approvalId"] (R-OPS-2); a streaming call is not held. gRPC code: PERMISSION_DENIED."""
     ERROR_REASON_ROLE_BINDING_FENCED: _ErrorReason.ValueType  # 31
     """The project or role binding changed, was revoked or lost the role between admission and the write (R-CAN-3/4). gRPC code: ABORTED."""
     ERROR_REASON_CALLER_NOT_INGRESS: _ErrorReason.ValueType  # 32
@@ -202,7 +202,7 @@ ERROR_REASON_TLS_VERSION_REJECTED: ErrorReason.ValueType  # 28
 ERROR_REASON_PERMISSION_DENIED: ErrorReason.ValueType  # 29
 """The principal lacks the permission the RPC needs (e.g. run.stop). gRPC code: PERMISSION_DENIED."""
 ERROR_REASON_APPROVAL_REQUIRED: ErrorReason.ValueType  # 30
-"""The principal (an Agent) may only request this mutation through approval (R-CAN-2, outside CancelRun's own answer). gRPC code: PERMISSION_DENIED."""
+"""The principal (an Agent) may only request this mutation (R-CAN-2, outside CancelRun's own answer): a unary call is held as a pending approval request, named by ErrorInfo.metadata["approvalId"] (R-OPS-2); a streaming call is not held. gRPC code: PERMISSION_DENIED."""
 ERROR_REASON_ROLE_BINDING_FENCED: ErrorReason.ValueType  # 31
 """The project or role binding changed, was revoked or lost the role between admission and the write (R-CAN-3/4). gRPC code: ABORTED."""
 ERROR_REASON_CALLER_NOT_INGRESS: ErrorReason.ValueType  # 32

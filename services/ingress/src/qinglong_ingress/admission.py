@@ -5,7 +5,7 @@ principal may only *request* (the call is held for a second person's approval, S
 R-OPS-2), and which it may not exercise at all. SPEC R-CAN-2 is one line of it: `run.stop`
 passes for owner, admin and operator; an Agent asking for it gets `require_approval`,
 never a cancel. Requiring an approval for another method is another line here, plus the
-method's execution in control (qinglong_control.held_mutations); the gateway holds any
+method's execution in control (qinglong_control.held_mutations); the gateway holds any unary
 such call the same way.
 """
 

@@ -64,23 +64,14 @@ CLAIM_REFUSAL_REASONS: Final[Mapping[ClaimRefusal, ErrorReason.ValueType]] = {
 }
 
 
-def _array_literal(words: Sequence[str]) -> str:
-    """A PostgreSQL text[] literal of plain words (built once, sent as text)."""
-    if not all(word.isidentifier() for word in words):
-        raise ValueError(f"not plain words: {words}")
-    return "{" + ",".join(words) + "}"
-
-
 _ORDERED_REFUSALS = sorted(ClaimRefusal)
 # The statement indexes the arrays below by refusal number (PostgreSQL arrays count from 1).
 if [r.value for r in _ORDERED_REFUSALS] != list(range(1, len(_ORDERED_REFUSALS) + 1)):
     raise ValueError("ClaimRefusal must number its members 1..n")
-_REFUSED_OUTCOME: Final = _array_literal(
-    [refused_outcome(CLAIM_REFUSAL_REASONS[r]).value for r in _ORDERED_REFUSALS]
-)
-_REFUSED_REASON: Final = _array_literal(
-    [reason_name(CLAIM_REFUSAL_REASONS[r]) for r in _ORDERED_REFUSALS]
-)
+_REFUSED_OUTCOME: Final = [
+    refused_outcome(CLAIM_REFUSAL_REASONS[r]).value for r in _ORDERED_REFUSALS
+]
+_REFUSED_REASON: Final = [reason_name(CLAIM_REFUSAL_REASONS[r]) for r in _ORDERED_REFUSALS]
 
 
 @dataclass(frozen=True)

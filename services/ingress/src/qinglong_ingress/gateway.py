@@ -36,7 +36,13 @@ from google.protobuf.message import Message
 from grpc_status import rpc_status
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2
-from qinglong_protocol.errors import TypedStatus, reason_name, rich_status_of, status_for
+from qinglong_protocol.errors import (
+    APPROVAL_ID,
+    TypedStatus,
+    reason_name,
+    rich_status_of,
+    status_for,
+)
 from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.storage_errors import StorageFailure, storage_answer
 from qinglong_protocol.telemetry import trace_context_of, tracing_enabled
@@ -332,7 +338,7 @@ def _approval_required(approval_id: str) -> grpc.Status:
     return status_for(
         _APPROVAL_REQUIRED.reason,
         "this needs an approval; it is held as a pending request, nothing was done yet",
-        metadata={"approvalId": approval_id},
+        metadata={APPROVAL_ID: approval_id},
     )
 
 

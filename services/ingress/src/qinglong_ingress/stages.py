@@ -185,7 +185,8 @@ class SizeCap:
 
 
 class Authentication:
-    """3. Who is calling: an enrolled, active worker or operator credential."""
+    """3. Who is calling: an enrolled, active operator credential, or the claim of a
+    worker's certificate (which the audit statement, ``directory.write_audits``, checks)."""
 
     def __init__(self, directory: Directory, trust_domain: str) -> None:
         self._directory = directory
@@ -257,7 +258,8 @@ class Bounds:
 
 
 class Authorisation:
-    """5. A worker speaks only for itself and its sessions (SPEC R-ING-1); an operator
+    """5. A worker speaks only for itself and its sessions (SPEC R-ING-1; checked by the
+    audit statement, ``directory.write_audits``); an operator
     needs a project role for the method's permission (admission.py); an administrator
     must be a cluster admin, whatever its project roles (docs/decisions/0002)."""
 
