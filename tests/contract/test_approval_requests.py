@@ -18,8 +18,9 @@ from qinglong_control.db.identities import bind_role, enroll_operator_token
 from qinglong_control.domain.approvals import Decision, HeldCall
 from qinglong_control.domain.cancellation import BindingSnapshot
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.held_mutations import HELD_MUTATIONS, registry
+from qinglong_control.held_mutations import HELD_MUTATIONS
 
+from tests.support.locks import until_waiting
 from tests.support.postgres import MigratedDatabase
 from tests.support.seed import digest
 from tests.support.world import PROJECT, World
@@ -82,19 +83,26 @@ async def test_two_people_deciding_at_once_make_one_decision(
     database: MigratedDatabase, world: World, people: dict[str, uuid.UUID]
 ) -> None:
     run_id, approval_id = await held(world, people)
+    hold = "SELECT 1 FROM qinglong.approval_requests WHERE approval_id = %s FOR UPDATE"
     async with (
         await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as one,
         await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as two,
+        await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as gate,
+        await psycopg.AsyncConnection.connect(database.admin_url, autocommit=True) as observer,
     ):
-        outcomes = await asyncio.gather(
-            approvals.decide(
-                one, decision(approval_id, people["alice"], Decision.APPROVE), registry()
-            ),
-            approvals.decide(
-                two, decision(approval_id, people["carol"], Decision.DENY), registry()
-            ),
-            return_exceptions=True,
-        )
+        async with gate.transaction():  # both decisions are in flight before either runs
+            await gate.execute(hold, (approval_id,))
+            racing = asyncio.gather(
+                approvals.decide(
+                    one, decision(approval_id, people["alice"], Decision.APPROVE), HELD_MUTATIONS
+                ),
+                approvals.decide(
+                    two, decision(approval_id, people["carol"], Decision.DENY), HELD_MUTATIONS
+                ),
+                return_exceptions=True,
+            )
+            await until_waiting(observer, 2)  # both wait on the request's row lock
+        outcomes = await racing
     refused = [o for o in outcomes if isinstance(o, Refused)]
     assert len(refused) == 1, outcomes
     assert refused[0].reason is Reason.APPROVAL_NOT_PENDING
@@ -130,14 +138,16 @@ async def test_a_changed_binding_fences_the_approval_before_any_write(
     stale = BindingSnapshot(project_version=1, binding_version=0, role="operator")
     with pytest.raises(Refused) as fenced:
         await approvals.decide(
-            world.conn, decision(approval_id, people["alice"], Decision.APPROVE, stale), registry()
+            world.conn,
+            decision(approval_id, people["alice"], Decision.APPROVE, stale),
+            HELD_MUTATIONS,
         )
     assert fenced.value.reason is Reason.ROLE_BINDING_FENCED
     assert (await approvals.get_approval(world.conn, PROJECT, approval_id)).state == "pending"
     # The requester cannot decide its own request, whatever its role.
     with pytest.raises(Refused) as own:
         await approvals.decide(
-            world.conn, decision(approval_id, people["bot"], Decision.APPROVE), registry()
+            world.conn, decision(approval_id, people["bot"], Decision.APPROVE), HELD_MUTATIONS
         )
     assert own.value.reason is Reason.PERMISSION_DENIED
 
@@ -148,7 +158,7 @@ async def test_a_decided_request_never_changes_again(
     _, pending = await held(world, people)
     _, decided = await held(world, people)  # a second held cancel, of another Run
     await approvals.decide(
-        world.conn, decision(decided, people["alice"], Decision.DENY), registry()
+        world.conn, decision(decided, people["alice"], Decision.DENY), HELD_MUTATIONS
     )
     with psycopg.connect(database.urls.migration, autocommit=True) as owner:
         for statement, approval_id in (

@@ -25,6 +25,7 @@ from qinglong_protocol import bounds
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import EXPECTED_OFFSET
 
+from tests.support.locks import until_waiting
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, ClaimedWork, World
 
@@ -295,6 +296,7 @@ async def test_concurrent_appends_to_one_attempt_store_each_byte_once(
         await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as one,
         await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as two,
         await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as gate,
+        await psycopg.AsyncConnection.connect(database.admin_url, autocommit=True) as observer,
     ):
         for first, second in rounds:
             async with gate.transaction():  # both appends are in flight before either runs
@@ -303,7 +305,7 @@ async def test_concurrent_appends_to_one_attempt_store_each_byte_once(
                     append_output(one, work.fence, *first, KEEP_ALL),
                     append_output(two, work.fence, *second, KEEP_ALL),
                 )
-                await asyncio.sleep(0.2)
+                await until_waiting(observer, 2)  # both appends wait on the stream lock
                 assert not racing.done()
             results = await racing
             assert [result.replayed for result in results].count(False) >= 1

@@ -36,15 +36,11 @@ from qinglong_protocol.pooling import PoolSizing
 from tests.support.calls import failure
 from tests.support.calls import queued_run as queued_run_through
 from tests.support.postgres import MigratedDatabase
-from tests.support.stack import PROJECT, Stack, running_stack
+from tests.support.stack import PROJECT, Stack, bearer, running_stack
 
 aps = approval_service_pb2
 PENDING, APPROVED = approval_pb2.APPROVAL_STATE_PENDING, approval_pb2.APPROVAL_STATE_APPROVED
 DENIED, EXPIRED = approval_pb2.APPROVAL_STATE_DENIED, approval_pb2.APPROVAL_STATE_EXPIRED
-
-
-def bearer(stack: Stack, name: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {stack.tokens[name]}"),)
 
 
 class Operator:

@@ -28,13 +28,9 @@ from qinglong_protocol.errors import error_reason_of, field_violations_of
 
 from tests.support.calls import failure
 from tests.support.calls import queued_run as queued_run_through
-from tests.support.stack import PROJECT, Stack
+from tests.support.stack import PROJECT, Stack, bearer
 
 ws = worker_service_pb2
-
-
-def bearer(stack: Stack, name: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {stack.tokens[name]}"),)
 
 
 async def queued_run(stack: Stack, operator: str = "alice") -> str:

@@ -13,14 +13,10 @@ from qinglong_control.db.identities import bind_role, ensure_principal, ensure_p
 from qinglong_protocol.errors import error_reason_of
 
 from tests.support.calls import failure
-from tests.support.stack import PROJECT, Stack
+from tests.support.stack import PROJECT, Stack, bearer
 
 ts = task_service_pb2
 OTHER = "proj-b"
-
-
-def bearer(stack: Stack, name: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {stack.tokens[name]}"),)
 
 
 def also_operator_of(stack: Stack, project_id: str) -> None:

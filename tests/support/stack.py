@@ -125,6 +125,11 @@ class Stack:
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
+def bearer(stack: Stack, name: str) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying the bearer token of the enrolled operator ``name``."""
+    return (("authorization", f"Bearer {stack.tokens[name]}"),)
+
+
 def enroll_people(database: MigratedDatabase, pki: DevPki) -> dict[str, str]:
     """Workers worker-a/b; operators alice (operator), vera (viewer), bot (agent, operator),
     mallory (no role), and root (a cluster admin, no project role), each with a bearer

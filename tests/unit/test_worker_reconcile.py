@@ -82,7 +82,9 @@ class ScriptedClient:
         self.completed = ws.CompleteAttemptRequest()
         self.completion_refusals: list[CallFailed] = []
         # Output as a correct server keeps it: one stream, idempotent by offset.
-        self.output = bytearray()
+        # One stream per Attempt, as control keeps them: bytes sent under one Attempt's
+        # fence can never count as another's.
+        self.outputs: dict[str, bytearray] = {}
         self.appended: list[tuple[int, int, bool]] = []  # (offset, size, replayed)
         self.lose_append_answers: set[int] = set()  # 1-based append calls
         self.answer_gaps = False  # refuse a gap like control, instead of failing the test
@@ -101,21 +103,28 @@ class ScriptedClient:
         if request.fence.attempt_id in self.unreachable_attempts:
             raise CallFailed("AppendOutput", grpc.StatusCode.UNAVAILABLE, None)
         offset, data = request.offset, request.data
-        if offset > len(self.output) and self.answer_gaps:
+        output = self.outputs.setdefault(request.fence.attempt_id, bytearray())
+        if offset > len(output) and self.answer_gaps:
             raise CallFailed(
                 "AppendOutput",
                 grpc.StatusCode.ABORTED,
                 ErrorReason.ERROR_REASON_OUTPUT_OFFSET_GAP,
-                metadata={EXPECTED_OFFSET: str(len(self.output))},
+                metadata={EXPECTED_OFFSET: str(len(output))},
             )
-        assert offset <= len(self.output), "a gap: the Worker skipped output"
-        assert self.output[offset : offset + len(data)] == data[: len(self.output) - offset]
-        replayed = offset + len(data) <= len(self.output)
-        self.output[offset:] = data if not replayed else self.output[offset:]
+        assert offset <= len(output), "a gap: the Worker skipped output"
+        assert output[offset : offset + len(data)] == data[: len(output) - offset]
+        replayed = offset + len(data) <= len(output)
+        output[offset:] = data if not replayed else output[offset:]
         self.appended.append((offset, len(data), replayed))
         if len(self.appended) in self.lose_append_answers:
             raise CallFailed("AppendOutput", grpc.StatusCode.UNAVAILABLE, None)
-        return ws.AppendOutputResponse(end_offset=len(self.output), replayed=replayed)
+        return ws.AppendOutputResponse(end_offset=len(output), replayed=replayed)
+
+    @property
+    def output(self) -> bytearray:
+        """The one Attempt's stream, in tests that run one."""
+        [stream] = self.outputs.values()
+        return stream
 
     def _record(self, name: str, request: Any, budget_seconds: float | None) -> None:
         self.calls.append(name)
@@ -885,6 +894,9 @@ async def test_output_is_shipped_whole_before_completion_and_named_by_running(
     record = world.inbox.get(offer_id)
     assert record is not None
     assert record.output_offset == size
+    # Settled by the completion itself: the closed-record shipping has nothing to visit.
+    assert record.output_shipped
+    assert world.inbox.closed_with_output(limit=8) == []
     assert all(length <= bounds.OUTPUT_CHUNK_MAX_BYTES for _, length, _ in world.client.appended)
     # `running` named the stream by the Attempt the claim returned (R-ACK-5).
     assert record.attempt_id is not None
@@ -1150,7 +1162,11 @@ async def test_closed_records_are_shipped_in_turn_so_a_failing_one_holds_none_up
     world.client.unreachable_attempts = set()
     for _ in range(2):
         await lifecycle.tick()
-    # (The scripted control plane keeps one stream; the three files are the same bytes.)
     assert [(r.output_offset, r.output_shipped) for r in map(world.inbox.get, offer_ids)] == [
         (size, True)
     ] * 3
+    # Each Attempt's stream holds its own file, whole.
+    attempts = [_record_of(world, offer_id).attempt_id for offer_id in offer_ids]
+    assert {a: bytes(world.client.outputs[a]) for a in attempts} == {
+        a: _printed(size) for a in attempts
+    }
