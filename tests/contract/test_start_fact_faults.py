@@ -37,7 +37,7 @@ from tests.support.world import ClaimedWork, World
 
 REPORT = RunningReport("pid:4242;start:1700000000", "log-1", 7, parse_digest("ab" * 32))
 
-LOCKS = ["lock.advisory", "lock.session", "lock.run", "lock.attempt", "lock.lease", "db_now"]
+LOCKS = ["lock.authority"]
 
 # The boundaries the issue names; the test injects at every recorded label, and checks
 # that each of these is among them (so a renamed or dropped statement is noticed).

@@ -1,4 +1,6 @@
-"""The fixed lock order of every fenced Worker command (SPEC R-ACK-3, R-LC-3), written once.
+"""The fixed lock order of every fenced Worker command (SPEC R-ACK-3, R-LC-3).
+
+The order is written once, in the function `qinglong.lock_authority` (migration 0012):
 
 1. the Attempt's advisory lock (serialises every command on one Attempt, even before its
    rows are found);
@@ -8,14 +10,16 @@
 4. the Run Lease, FOR UPDATE;
 5. DB time, read only after every lock is held.
 
-All five statements travel in one round trip.
+One statement, not five: each statement cost the client and the server protocol work of
+its own on every command. It still travels with BEGIN in the command's first round trip.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from psycopg.rows import kwargs_row, scalar_row
+from psycopg.rows import RowMaker
 
 from qinglong_control.db.command_tx import CommandTx
 from qinglong_control.db.retry_policy import retry_policy_of
@@ -30,40 +34,20 @@ from qinglong_control.domain.fence import (
 from qinglong_control.domain.sessions import SessionRow
 from qinglong_control.domain.states import AttemptState, RunState
 
-_ADVISORY_LOCK = SQL["authority.advisory_lock"]
-
-_LOCK_SESSION = SQL["authority.lock_session"]
-
-_LOCK_RUN = SQL["authority.lock_run"]
-
-_LOCK_ATTEMPT = SQL["authority.lock_attempt"]
-
-_LOCK_LEASE = SQL["authority.lock_lease"]
-
-_DB_NOW = SQL["clock.db_now"]
+_LOCK_AUTHORITY = SQL["authority.lock_authority"]
 
 
 async def lock_authority(tx: CommandTx, fence: Fence) -> Authority:
     """Take the locks in the fixed order and read the present (round trip 1)."""
-    await tx.execute("lock.advisory", _ADVISORY_LOCK, (str(fence.attempt_id),))
-    session = await tx.execute(
-        "lock.session", _LOCK_SESSION, (fence.session_id,), kwargs_row(SessionRow)
+    locked = await tx.execute(
+        "lock.authority",
+        _LOCK_AUTHORITY,
+        (fence.attempt_id, fence.session_id, fence.run_id),
+        _authority_row,
     )
-    run = await tx.execute("lock.run", _LOCK_RUN, (fence.run_id,), kwargs_row(_run_row))
-    attempt = await tx.execute(
-        "lock.attempt", _LOCK_ATTEMPT, (fence.attempt_id,), kwargs_row(_attempt_row)
-    )
-    lease = await tx.execute("lock.lease", _LOCK_LEASE, (fence.attempt_id,), kwargs_row(LeaseRow))
-    now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
-    now_ms = await now.fetchone()
-    assert now_ms is not None
-    return Authority(
-        session=await session.fetchone(),
-        run=await run.fetchone(),
-        attempt=await attempt.fetchone(),
-        lease=await lease.fetchone(),
-        now_ms=now_ms,
-    )
+    authority = await locked.fetchone()
+    assert authority is not None  # the function answers one row, whatever it found
+    return authority
 
 
 def _run_row(**columns: Any) -> RunRow:
@@ -73,3 +57,38 @@ def _run_row(**columns: Any) -> RunRow:
 
 def _attempt_row(**columns: Any) -> AttemptRow:
     return AttemptRow(**{**columns, "state": AttemptState(columns["state"])})
+
+
+#: Each part of `qinglong.lock_authority`'s row (columns `<part>__<column>`), the column
+#: that is NULL exactly when its row does not exist, and how its columns become a row.
+_PARTS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "session": ("session_id", SessionRow),
+    "run": ("run_id", _run_row),
+    "attempt": ("attempt_id", _attempt_row),
+    "lease": ("attempt_id", LeaseRow),
+}
+
+
+def _authority_row(cursor: Any) -> RowMaker[Authority]:
+    """Splits the function's one row into the Authority's rows (migration 0012)."""
+    names: Sequence[str] = [column.name for column in cursor.description or ()]
+
+    def authority(values: Sequence[Any]) -> Authority:
+        parts: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
+        now_ms = None
+        for name, value in zip(names, values, strict=True):
+            part, _, column = name.partition("__")
+            if column:
+                parts[part][column] = value
+            else:
+                now_ms = value
+        if now_ms is None:
+            raise AssertionError("qinglong.lock_authority answered no DB time")
+        rows = {
+            part: None if columns[key] is None else make(**columns)
+            for part, columns in parts.items()
+            for key, make in (_PARTS[part],)
+        }
+        return Authority(**rows, now_ms=now_ms)
+
+    return authority
