@@ -103,6 +103,7 @@ from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import percentiles
 from tests.support.devstack_process import DevStack, dev_stack
+from tests.support.postgres_control import postmaster_pid
 
 ECHO_SERVER = """
 import asyncio, sys
@@ -164,6 +165,95 @@ async def timed(call: Callable[[], Awaitable[Any]]) -> float:
     return (time.perf_counter() - started) * 1000.0
 
 
+# --- where the CPU goes ---------------------------------------------------------------------
+
+#: The columns of the CPU table: the caller, the first hop (echo proxy / ingress), the
+#: second (echo server / control), and the stack's PostgreSQL (every server process).
+CPU_PARTS: Final = ("client", "hop 1", "hop 2", "postgres")
+
+
+@dataclass(frozen=True)
+class CpuMeter:
+    """CPU seconds (user + system, from /proc) of each part's processes. PostgreSQL's
+    backends are read as they are when a phase starts; the pools are warm by then, so
+    the phase's connections are among them."""
+
+    parts: dict[str, Callable[[], list[psutil.Process]]]
+
+    def read(self) -> dict[str, float]:
+        used = {}
+        for part, processes in self.parts.items():
+            used[part] = sum(_cpu_seconds(process) for process in processes())
+        return used
+
+    @contextlib.contextmanager
+    def phase(self, name: str, calls: int, table: list[CpuRow]) -> Iterator[None]:
+        """Adds the CPU per call of what runs inside to `table` as row `name`."""
+        processes = {part: found() for part, found in self.parts.items()}
+        frozen = CpuMeter({part: partial(list, found) for part, found in processes.items()})
+        before = frozen.read()
+        yield
+        after = frozen.read()
+        table.append(
+            CpuRow(name, {part: (after[part] - before[part]) / calls for part in self.parts})
+        )
+
+
+@dataclass(frozen=True)
+class CpuRow:
+    name: str
+    seconds_per_call: dict[str, float]
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except psutil.NoSuchProcess:  # a backend that ended: its CPU is not counted
+        return 0.0
+    return float(times.user + times.system)
+
+
+def echo_meter(proxy: subprocess.Popen[str], server: subprocess.Popen[str]) -> CpuMeter:
+    return CpuMeter(
+        {
+            "client": lambda: [psutil.Process()],
+            "hop 1": lambda: [psutil.Process(proxy.pid)],
+            "hop 2": lambda: [psutil.Process(server.pid)],
+        }
+    )
+
+
+def stack_meter(stack: DevStack) -> CpuMeter:
+    def postgres() -> list[psutil.Process]:
+        pid = postmaster_pid(stack.data_dir / "postgres")
+        if pid is None:
+            raise RuntimeError("the stack's PostgreSQL is not running")
+        postmaster = psutil.Process(pid)
+        return [postmaster, *postmaster.children(recursive=True)]
+
+    return CpuMeter(
+        {
+            "client": lambda: [psutil.Process()],
+            "hop 1": lambda: [psutil.Process(int(stack.document["ingress"]["pid"]))],
+            "hop 2": lambda: [psutil.Process(int(stack.document["control"]["pid"]))],
+            "postgres": postgres,
+        }
+    )
+
+
+def print_cpu(table: Sequence[CpuRow]) -> None:
+    print(
+        "\nCPU per call, ms (user + system of each process over the phase / its calls;"
+        " hop 1 = echo proxy or ingress, hop 2 = echo server or control)"
+    )
+    print(f"{'phase':32}" + "".join(f"{part:>10}" for part in CPU_PARTS) + f"{'total':>10}")
+    for row in table:
+        cells = [row.seconds_per_call.get(part) for part in CPU_PARTS]
+        shown = "".join(f"{'-':>10}" if cell is None else f"{cell * 1000:10.3f}" for cell in cells)
+        total = sum(cell for cell in cells if cell is not None) * 1000
+        print(f"{row.name:32}{shown}{total:10.3f}")
+
+
 # --- floors ---------------------------------------------------------------------------------
 
 
@@ -190,11 +280,13 @@ def start_echo(
 
 
 async def echo_floor(
-    stack: DevStack, count: int, concurrency: Sequence[int]
+    stack: DevStack, count: int, level_calls: int, concurrency: Sequence[int], cpu: list[CpuRow]
 ) -> tuple[Figure, dict[int, float]]:
+    """`count` calls one at a time, then `level_calls` at each concurrency."""
     server_tls = stack.ingress_server_tls
     far, far_port = start_echo(server_tls, "-", None)
     near, near_port = start_echo(server_tls, f"127.0.0.1:{far_port}", stack.worker_tls)
+    meter = echo_meter(near, far)
     try:
         async with grpc.aio.secure_channel(
             f"127.0.0.1:{near_port}", mutual_tls_channel_credentials(stack.worker_tls)
@@ -204,10 +296,13 @@ async def echo_floor(
             payload = secrets.token_bytes(200)
             for _ in range(50):
                 await call(payload)
-            samples = [await timed(lambda: call(payload)) for _ in range(count)]
+            samples: list[float] = []
+            with meter.phase("two-hop echo, one at a time", count, cpu):
+                samples += [await timed(lambda: call(payload)) for _ in range(count)]
             rates = {}
             for callers in concurrency:
-                rates[callers] = await throughput(lambda: call(payload), callers, count)
+                with meter.phase(f"two-hop echo x{callers}", level_calls, cpu):
+                    rates[callers] = await throughput(lambda: call(payload), callers, level_calls)
         return Figure("two-hop mTLS echo", samples), rates
     finally:
         for process in (near, far):
@@ -464,31 +559,74 @@ async def worker_bench(
 
 async def measure(stack: DevStack, runs: int, renewals: int) -> None:
     commit = commit_floor(stack, runs)
-    echo, echo_rates = await echo_floor(stack, runs, CONCURRENCY)
+    cpu: list[CpuRow] = []
+    echo, echo_rates = await echo_floor(stack, runs, renewals, CONCURRENCY, cpu)
     async with worker_bench(stack) as bench:
         await bench.open_session(BATCH)
         task_id = await bench.task()
         async with bench.session_kept():  # a long run outlasts the session's lifetime
-            figures, lease_rates = await worker_figures(bench, task_id, runs, renewals)
+            figures, lease_rates = await worker_figures(
+                bench, task_id, runs, renewals, stack_meter(stack), cpu
+            )
     report(echo, commit, echo_rates, figures, lease_rates)
+    print_cpu(_in_order(cpu))
+
+
+def _in_order(cpu: list[CpuRow]) -> list[CpuRow]:
+    """Each echo row beside the Worker's row at the same concurrency."""
+    echo = [row for row in cpu if row.name.startswith("two-hop")]
+    worker = [row for row in cpu if not row.name.startswith("two-hop")]
+    return [row for pair in zip(echo, worker, strict=True) for row in pair]
 
 
 async def worker_figures(
-    bench: Bench, task_id: str, runs: int, renewals: int
+    bench: Bench,
+    task_id: str,
+    runs: int,
+    renewals: int,
+    meter: CpuMeter | None = None,
+    cpu: list[CpuRow] | None = None,
 ) -> tuple[dict[str, list[float]], dict[int, tuple[float, Figure]]]:
-    """The four commands one Run at a time, then ControlLease at each concurrency."""
+    """The four commands one Run at a time, then ControlLease at each concurrency; with
+    `meter`, the CPU per call of each phase goes to `cpu` (claiming is not counted)."""
     figures = empty_figures()
+    table: list[CpuRow] = [] if cpu is None else cpu
+    phase = meter.phase if meter is not None else _unmetered
     done = 0
     while done < runs:
         batch = await bench.claim(task_id, min(BATCH, runs - done))
-        for work in batch:
-            await one_run(bench, work, figures)
+        with phase("Worker commands, one at a time", len(batch) * len(COMMANDS), table):
+            for work in batch:
+                await one_run(bench, work, figures)
         done += len(batch)
+    _merge_rows(table, "Worker commands, one at a time")
     held = await hold(bench, task_id)
     lease_rates: dict[int, tuple[float, Figure]] = {}
     for callers in CONCURRENCY:
-        lease_rates[callers] = await lease_level(bench, held, callers, renewals)
+        with phase(f"ControlLease x{callers}", renewals // callers * callers, table):
+            lease_rates[callers] = await lease_level(bench, held, callers, renewals)
     return figures, lease_rates
+
+
+@contextlib.contextmanager
+def _unmetered(name: str, calls: int, table: list[CpuRow]) -> Iterator[None]:
+    yield
+
+
+def _merge_rows(table: list[CpuRow], name: str) -> None:
+    """One row for a phase measured in several parts (each batch of Runs), the mean of
+    their per-call figures (every part has the same number of calls but the last)."""
+    parts = [row for row in table if row.name == name]
+    if len(parts) <= 1:
+        return
+    merged = CpuRow(
+        name,
+        {
+            part: statistics.mean(row.seconds_per_call[part] for row in parts)
+            for part in parts[0].seconds_per_call
+        },
+    )
+    table[:] = [row for row in table if row.name != name] + [merged]
 
 
 def print_table(figures: Iterable[Figure]) -> None:
