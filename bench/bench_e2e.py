@@ -25,10 +25,12 @@ off ≤ 1.10 on each command's p50), with two stacks up at once:
   no SDK then (nothing is recorded; the trace context still passes through), which is
   production without a collector;
 * tracing on: the same stack started with OTEL_EXPORTER_OTLP_ENDPOINT pointing at an
-  OTLP/gRPC sink in this process (plaintext on 127.0.0.1; the same variable turns metric
-  export on too, and the sink accepts that as well). The bench's Worker channel to it
-  carries the OpenTelemetry client interceptors with its own exporting TracerProvider,
-  so each command is one trace Worker → ingress → control → database, as in production.
+  OTLP/gRPC sink (bench/otlp_sink.py, a process of its own, plaintext on 127.0.0.1; the
+  same variable turns metric export on too, and the sink accepts that as well). The
+  bench's Worker channel to it carries the OpenTelemetry client interceptors with its own
+  exporting TracerProvider and the Worker's sampler, so each command is one trace
+  Worker → ingress → control → database, as in production; ControlLease, a polling
+  call, starts no trace there, as from a real Worker.
 
 Both arms get their own session and task; each claims the same batch of Runs, then Run by
 Run each times one Attempt's four commands, the arm going first alternating, so the drift
@@ -42,9 +44,9 @@ stacks have stopped (the services flush their last spans as they exit), what the
 received: spans by service and how many traces crossed Worker, ingress and control. The
 floors are not measured: tracing does not change them.
 
-The sink and the Worker's span export share this process with both arms' clients, so
-their CPU (parsing batches, serializing spans) lands on whichever arm is being timed at
-that moment: it mostly shows in p99, on both arms.
+The Worker's span export shares this process with both arms' clients, so its CPU
+(serializing spans) lands on whichever arm is being timed at that moment, as a real
+Worker's would. The sink only keeps what it receives until the end, and parses it then.
 
     .venv/bin/python bench/bench_e2e.py --tracing [--runs 200] [--renewals 640]
 """
@@ -54,15 +56,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -74,17 +76,6 @@ import psutil
 import psycopg
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -98,6 +89,7 @@ from qinglong.rpc.v1 import execution_pb2, fence_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol.bounds import encode_lease_capability
+from qinglong_protocol.telemetry import trace_sampler
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -682,96 +674,53 @@ def tracing_on(endpoint: str) -> dict[str, str]:
     }
 
 
-def service_name(resource: resource_pb2.Resource) -> str:
-    for attribute in resource.attributes:
-        if attribute.key == "service.name":
-            return attribute.value.string_value
-    return "?"
-
-
-class SpanCounter(trace_service_pb2_grpc.TraceServiceServicer):
-    """Counts the spans exported to it by service, and which services each trace reached:
-    proof that export happened and that the context crossed every hop."""
-
-    def __init__(self) -> None:
-        self.by_service: Counter[str] = Counter()
-        self.services_of: defaultdict[bytes, set[str]] = defaultdict(set)
-
-    async def Export(
-        self,
-        request: ExportTraceServiceRequest,
-        context: grpc.aio.ServicerContext[ExportTraceServiceRequest, ExportTraceServiceResponse],
-    ) -> ExportTraceServiceResponse:
-        for resource_spans in request.resource_spans:
-            service = service_name(resource_spans.resource)
-            for scope_spans in resource_spans.scope_spans:
-                self.by_service[service] += len(scope_spans.spans)
-                for span in scope_spans.spans:
-                    self.services_of[span.trace_id].add(service)
-        return ExportTraceServiceResponse()
-
-
-class MetricCounter(metrics_service_pb2_grpc.MetricsServiceServicer):
-    """OTEL_EXPORTER_OTLP_ENDPOINT turns metric export on too (every 60 s and at exit):
-    accepted, so the services log no export errors, and counted."""
-
-    def __init__(self) -> None:
-        self.exports = 0
-
-    async def Export(
-        self,
-        request: ExportMetricsServiceRequest,
-        context: grpc.aio.ServicerContext[
-            ExportMetricsServiceRequest, ExportMetricsServiceResponse
-        ],
-    ) -> ExportMetricsServiceResponse:
-        self.exports += 1
-        return ExportMetricsServiceResponse()
+@dataclass(frozen=True)
+class SinkReport:
+    spans_by_service: dict[str, int]
+    traces: list[list[str]]  # the services each trace reached
+    metric_exports: int
 
 
 @dataclass(frozen=True)
 class Sink:
     endpoint: str
-    spans: SpanCounter
-    metrics: MetricCounter
+    process: subprocess.Popen[str]
+
+    def report(self) -> SinkReport:
+        """What the sink received; it exits then."""
+        out, _ = self.process.communicate(timeout=60)
+        return SinkReport(**json.loads(out.splitlines()[-1]))
 
 
 @contextlib.contextmanager
 def otlp_sink() -> Iterator[Sink]:
-    """An OTLP/gRPC collector on 127.0.0.1, plaintext. It serves from its own thread and
-    event loop: it must keep answering while this thread blocks starting and stopping the
-    stacks (the services flush their last spans as they exit), and it must not wait for the
-    bench's loop, or the exporters' calls would time out while a command is being timed."""
-    spans, metrics = SpanCounter(), MetricCounter()
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="otlp-sink", daemon=True)
-    thread.start()
-    server: grpc.aio.Server | None = None
-
-    async def start() -> int:
-        nonlocal server
-        server = grpc.aio.server()
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(spans, server)  # type: ignore[no-untyped-call]
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(metrics, server)  # type: ignore[no-untyped-call]
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        return port
-
+    """An OTLP/gRPC collector on 127.0.0.1, plaintext, in a process of its own
+    (bench/otlp_sink.py): it keeps answering while this process blocks starting and
+    stopping the stacks, and its work never holds this process's interpreter lock while
+    a command is being timed."""
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("otlp_sink.py"))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        port = asyncio.run_coroutine_threadsafe(start(), loop).result()
-        yield Sink(f"http://127.0.0.1:{port}", spans, metrics)
+        assert process.stdout is not None
+        yield Sink(f"http://127.0.0.1:{int(process.stdout.readline())}", process)
     finally:
-        if server is not None:
-            asyncio.run_coroutine_threadsafe(server.stop(None), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def worker_tracing(endpoint: str) -> TracerProvider:
-    """The Worker's tracing as `configure_telemetry` sets it up under `tracing_on`, but not
-    installed globally: only the traced arm's channel uses it."""
-    provider = TracerProvider(resource=Resource.create({"service.name": WORKER_SERVICE}))
+    """The Worker's tracing as `configure_telemetry` sets it up under `tracing_on` (its
+    sampler too: ControlLease is polling, so it starts no trace), but not installed
+    globally: only the traced arm's channel uses it."""
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": WORKER_SERVICE}),
+        sampler=trace_sampler(tracing_on(endpoint)),
+    )
     exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
@@ -881,14 +830,13 @@ def report_tracing(off: Arm, on: Arm) -> None:
         print(f"{service:16} {used_off:8.2f} {used_on:8.2f} {used_on / used_off:6.2f}")
 
 
-def report_sink(sink: Sink) -> None:
-    counted = sink.spans.by_service
+def report_sink(received: SinkReport) -> None:
+    counted = Counter(received.spans_by_service)
     by_service = ", ".join(f"{name} {count}" for name, count in sorted(counted.items()))
     print(f"\nspans received by the OTLP sink: {counted.total()} ({by_service})")
-    traces = sink.spans.services_of.values()
-    crossed = sum(1 for services in traces if services >= TRACED_PATH)
-    print(f"traces through bench-worker -> ingress -> control: {crossed} of {len(traces)}")
-    print(f"metric exports received: {sink.metrics.exports}")
+    crossed = sum(1 for services in received.traces if set(services) >= TRACED_PATH)
+    print(f"traces through bench-worker -> ingress -> control: {crossed} of {len(received.traces)}")
+    print(f"metric exports received: {received.metric_exports}")
 
 
 def compare_tracing(runs: int, renewals: int) -> None:
@@ -904,7 +852,7 @@ def compare_tracing(runs: int, renewals: int) -> None:
             finally:
                 provider.shutdown()  # flushes the Worker's last spans
         # Both stacks have stopped: their services flushed their last spans as they exited.
-        report_sink(sink)
+        report_sink(sink.report())
 
 
 def main() -> None:

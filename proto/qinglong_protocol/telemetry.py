@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import grpc
-from opentelemetry import metrics, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -178,11 +178,20 @@ def server_interceptors() -> Sequence[grpc.aio.ServerInterceptor]:
 
 def client_interceptors() -> Sequence[grpc.aio.ClientInterceptor]:
     """A client span per call, propagating its context to the server; none when this
-    process records no spans (see `trace_context_of` for passing a caller's on)."""
+    process records no spans. (A hop that is itself a server passes a context on instead:
+    `current_trace_context`, or `trace_context_of` when it records nothing.)"""
     if not tracing_enabled():
         return []
     interceptors: Sequence[grpc.aio.ClientInterceptor] = aio_client_interceptors()  # type: ignore[no-untyped-call]
     return list(interceptors)
+
+
+def current_trace_context() -> tuple[tuple[str, str], ...]:
+    """The W3C trace context of this process's current span (a server span: the call
+    being answered), as gRPC metadata for a call made on its behalf."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items())
 
 
 def trace_context_of(

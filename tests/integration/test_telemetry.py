@@ -92,7 +92,8 @@ async def test_one_trace_from_worker_to_database(
     internal = _by_name(spans, "qinglong.runtime.v1.RuntimeService/OpenSession")
     database = _by_name(spans, "qinglong.db.transaction")
     assert len(public) == 2  # the worker's client span and ingress's server span
-    assert len(internal) == 2  # ingress's client span and control's server span
+    # Control's server span, a child of ingress's: ingress records no span of its forward.
+    assert len(internal) == 1
     assert len(database) == 1
     chain = [*public, *internal, *database]
     assert len({span.context.trace_id for span in chain}) == 1, "one propagated trace"
@@ -100,6 +101,9 @@ async def test_one_trace_from_worker_to_database(
     roots = [span for span in chain if span.parent is None]
     assert [root.kind for root in roots] == [trace.SpanKind.CLIENT], "the worker's call is the root"
     assert all(span.parent.span_id in ids for span in chain if span.parent is not None)
+    (ingress,) = [span for span in public if span.kind == trace.SpanKind.SERVER]
+    assert internal[0].parent is not None
+    assert internal[0].parent.span_id == ingress.context.span_id, "control continues ingress's"
     assert "lock.worker" in str(database[0].attributes.get("qinglong.db.statements"))
 
     recorded = _command_durations(reader)
@@ -187,6 +191,6 @@ async def test_polling_starts_no_trace_but_is_traced_inside_one(
             await worker.PullOffers(pull)
     spans = list(exporter.get_finished_spans())
     assert len(_by_name(spans, "WorkerService/PullOffers")) == 2  # worker and ingress
-    assert len(_by_name(spans, "RuntimeService/PullOffers")) == 2  # ingress and control
+    assert len(_by_name(spans, "RuntimeService/PullOffers")) == 1  # control (ingress's is above)
     assert _by_name(spans, "qinglong.db.transaction")
     assert {span.context.trace_id for span in spans} == {parent.get_span_context().trace_id}

@@ -45,7 +45,11 @@ from qinglong_protocol.errors import (
 )
 from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.storage_errors import StorageFailure, storage_answer
-from qinglong_protocol.telemetry import trace_context_of, tracing_enabled
+from qinglong_protocol.telemetry import (
+    current_trace_context,
+    trace_context_of,
+    tracing_enabled,
+)
 
 from qinglong_ingress.audit import AuditOutcome
 from qinglong_ingress.directory import Audited, AuditEntry, AuditRecord, Directory, RoleBinding
@@ -121,9 +125,11 @@ class Gateway:
         # All of a call's database work (identity, binding, audit — also the audit of a
         # refusal) shares one budget, so an outage answers within the storage bound
         # (R-ERR-2) rather than once per pool checkout.
-        # Not recording spans, ingress has no instrumentation: it passes the caller's
-        # trace context on itself, so a Worker's trace still reaches control.
-        self._passes_trace_context = not tracing_enabled()
+        # Ingress's forward is no span of its own: its server span covers the call, and
+        # control's server span (a child of it) the forward. Recording spans, ingress
+        # passes its server span's context on; recording none (no instrumentation), the
+        # caller's, so a Worker's trace still reaches control either way.
+        self._records_spans = tracing_enabled()
         self._admission_budget_s = (storage or StorageBounds()).timeout_seconds * 0.9
 
     # --- the two call shapes ----------------------------------------------------------
@@ -185,8 +191,8 @@ class Gateway:
             raise
 
     def _passed_on(self, context: Context) -> tuple[tuple[str, str], ...] | None:
-        if not self._passes_trace_context:
-            return None
+        if self._records_spans:
+            return current_trace_context() or None
         return trace_context_of(context.invocation_metadata()) or None
 
     # --- admission --------------------------------------------------------------------

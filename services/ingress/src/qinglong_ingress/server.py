@@ -20,7 +20,7 @@ from qinglong.control.v1 import (
 )
 from qinglong.worker.v1 import worker_service_pb2
 from qinglong_protocol import bounds
-from qinglong_protocol.telemetry import client_interceptors, server_interceptors
+from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import (
     TlsFiles,
     mutual_tls_channel_credentials,
@@ -117,5 +117,4 @@ def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
         target,
         mutual_tls_channel_credentials(settings.tls),
         options=options,
-        interceptors=client_interceptors(),
     )
