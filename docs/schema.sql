@@ -221,6 +221,34 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION qinglong.prune_security_audit(p_max_age_ms bigint, p_limit integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    -- The floor; qinglong_control.domain.audit_retention.AUDIT_RETENTION_FLOOR_MS says the
+    -- same, and a contract test holds the two together.
+    floor_ms CONSTANT bigint := 7 * 24 * 3600 * 1000;
+    cutoff bigint;
+    removed integer;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
+        RAISE EXCEPTION 'the prune limit must be 1..10000'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    cutoff := qinglong.db_now_ms() - greatest(coalesce(p_max_age_ms, floor_ms), floor_ms);
+    DELETE FROM qinglong.security_audit
+     WHERE audit_id IN (
+           SELECT audit_id FROM qinglong.security_audit
+            WHERE occurred_at_ms < cutoff
+            ORDER BY occurred_at_ms
+            LIMIT p_limit
+              FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
+END
+$$;
+
 CREATE TABLE public.qinglong_schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -941,6 +969,9 @@ REVOKE ALL ON FUNCTION qinglong.enforce_run_transition() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION qinglong.lock_authority(p_attempt_id uuid, p_session_id uuid, p_run_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION qinglong.lock_authority(p_attempt_id uuid, p_session_id uuid, p_run_id uuid) TO qinglong_runtime;
+
+REVOKE ALL ON FUNCTION qinglong.prune_security_audit(p_max_age_ms bigint, p_limit integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION qinglong.prune_security_audit(p_max_age_ms bigint, p_limit integer) TO qinglong_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.approval_requests TO qinglong_runtime;
 

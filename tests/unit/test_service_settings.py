@@ -100,3 +100,18 @@ def test_pool_size_from_environment_and_a_bad_one_is_a_usage_error(
         assert parse_control_settings(TLS, environ=env).timings.approval_ttl_ms == 60_000
         with pytest.raises(SystemExit):
             parse_control_settings([*TLS, "--approval-ttl-ms", str(31 * 86_400_000)], environ={})
+
+
+def test_audit_retention_in_days_from_flag_or_environment_never_below_the_floor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    day_ms = 24 * 3600 * 1000
+    assert parse_control_settings(TLS, {}).audit_retention.max_age_ms == 90 * day_ms
+    env = {"QINGLONG_CONTROL_AUDIT_RETENTION_DAYS": "30"}
+    assert parse_control_settings(TLS, env).audit_retention.max_age_ms == 30 * day_ms
+    flagged = parse_control_settings([*TLS, "--audit-retention-days", "400"], env)
+    assert flagged.audit_retention.max_age_ms == 400 * day_ms
+    with pytest.raises(SystemExit) as usage:
+        parse_control_settings([*TLS, "--audit-retention-days", "6"], {})
+    assert usage.value.code == 2
+    assert "at least 7 days" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import datetime as dt
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -37,6 +38,20 @@ from qinglong_control.settings import (
 SERVICE = "control"
 
 _log = logging.getLogger(__name__)
+
+#: A cycle that did any of these is logged (`blocked` and `pages` alone are no news).
+_LOGGED_WORK = frozenset(
+    {
+        "expired",
+        "converged",
+        "retries_scheduled",
+        "retries_exhausted",
+        "requeued",
+        "approvals_expired",
+        "outputs_expired",
+        "audit_rows_removed",
+    }
+)
 
 
 async def serve(settings: ControlSettings) -> None:
@@ -88,7 +103,13 @@ async def _serve(
     announce_listening(SERVICE, port, settings.listen_address)
     cadence = None
     if settings.reconcile_interval_seconds > 0:
-        reconciler = Reconciler(pool, ReconcilerLimits(), timings, settings.output_retention)
+        reconciler = Reconciler(
+            pool,
+            ReconcilerLimits(),
+            timings,
+            settings.output_retention,
+            audit_retention=settings.audit_retention,
+        )
         cadence = asyncio.create_task(
             drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"
         )
@@ -110,26 +131,12 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
         except Exception:  # a failed cycle is retried at the next tick
             _log.exception("reconcile cycle failed")
             continue
-        if (
-            report.expired
-            or report.converged
-            or report.retries_scheduled
-            or report.requeued
-            or report.outputs_expired
-            or report.approvals_expired
-        ):
+        done = {kind: count for kind, count in asdict(report).items() if kind in _LOGGED_WORK}
+        if any(done.values()):
             _log.info(
-                "reconciled: %d leases expired, %d runs converged, %d blocked, "
-                "%d retries scheduled, %d exhausted, %d requeued, %d outputs expired, "
-                "%d approvals expired",
-                report.expired,
-                report.converged,
+                "reconciled: %s, %d blocked",
+                ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in done.items()),
                 report.blocked,
-                report.retries_scheduled,
-                report.retries_exhausted,
-                report.requeued,
-                report.outputs_expired,
-                report.approvals_expired,
             )
 
 

@@ -52,6 +52,7 @@ RECONCILE_KINDS: Final = (
     "requeued",
     "approvals_expired",
     "outputs_expired",
+    "audit_rows_removed",
 )
 
 # Present (at zero) from the start, so a dashboard sees every kind before the first cycle.

@@ -1,6 +1,6 @@
 """The convergence coordinator: one bounded cycle of lease expiry, convergence, retries,
-the expiry of approval requests nobody decided in time (R-OPS-2) and of old Run output
-(its retention age, R-OPS-1).
+the expiry of approval requests nobody decided in time (R-OPS-2), of old Run output (its
+retention age, R-OPS-1) and of security audit rows past theirs.
 
 It owns no timer, connection or queue (SPEC R-CONV-1): the service's single cadence calls
 `cycle()`, which borrows one pooled connection for its duration. Overlapping calls are
@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from qinglong_control import metrics as prometheus
 from qinglong_control.db.approvals import expire_page as expire_approvals
+from qinglong_control.db.audit_retention import prune_audit
 from qinglong_control.db.convergence import converge_page, expire_leases
 from qinglong_control.db.output import OutputStore, TableOutputStore
 from qinglong_control.db.retries import retry_page
+from qinglong_control.domain.audit_retention import AuditRetention
 from qinglong_control.domain.output import OutputRetention
 from qinglong_control.domain.timings import Timings
 
@@ -47,6 +50,10 @@ class CycleReport:
     requeued: int = 0
     approvals_expired: int = 0
     outputs_expired: int = 0
+    audit_rows_removed: int = 0
+
+
+Page = TypeVar("Page")
 
 
 class Reconciler:
@@ -57,12 +64,14 @@ class Reconciler:
         timings: Timings | None = None,
         output_retention: OutputRetention | None = None,
         output_store: OutputStore | None = None,
+        audit_retention: AuditRetention | None = None,
     ) -> None:
         self._pool = pool
         self._limits = limits
         self._timings = timings or Timings()
         self._output_retention = output_retention or OutputRetention()
         self._output = output_store or TableOutputStore(pool)
+        self._audit_retention = audit_retention or AuditRetention()
         self._running: asyncio.Task[CycleReport] | None = None
 
     async def cycle(self) -> CycleReport:
@@ -84,50 +93,46 @@ class Reconciler:
             prometheus.RECONCILE_WORK.labels(kind).observe(count)
         return report
 
-    async def _work(self) -> CycleReport:
-        limits = self._limits
-        expired = converged = blocked = pages = 0
-        async with self._pool.connection() as conn:
-            for _ in range(limits.max_pages):
-                count = await expire_leases(conn, limits.page_size)
-                expired += count
-                if count < limits.page_size:
-                    break
-            for _ in range(limits.max_pages):
-                page = await converge_page(conn, limits.page_size)
-                pages += 1
-                converged += page.converged
-                blocked += page.blocked
-                if page.candidates < limits.page_size:
-                    break
-            scheduled = exhausted = requeued = 0
-            for _ in range(limits.max_pages):
-                retry = await retry_page(conn, limits.page_size, self._timings)
-                scheduled += retry.scheduled
-                exhausted += retry.exhausted
-                requeued += retry.requeued
-                if retry.candidates < limits.page_size:
-                    break
-            approvals_expired = 0
-            for _ in range(limits.max_pages):
-                count = await expire_approvals(conn, limits.page_size)
-                approvals_expired += count
-                if count < limits.page_size:
-                    break
-        outputs_expired = 0
-        for _ in range(limits.max_pages):
-            count = await self._output.expire(self._output_retention.max_age_ms, limits.page_size)
-            outputs_expired += count
-            if count < limits.page_size:
+    async def _pages(
+        self, step: Callable[[], Awaitable[Page]], found: Callable[[Page], int]
+    ) -> list[Page]:
+        """``step`` (one bounded page of work) again while its page came back full (its
+        ``found`` is the page size), at most ``max_pages`` times: the cycle stays bounded,
+        and whatever is left waits for the next one."""
+        pages = []
+        for _ in range(self._limits.max_pages):
+            page = await step()
+            pages.append(page)
+            if found(page) < self._limits.page_size:
                 break
+        return pages
+
+    async def _work(self) -> CycleReport:
+        size = self._limits.page_size
+        async with self._pool.connection() as conn:
+            expired = await self._pages(lambda: expire_leases(conn, size), int)
+            converged = await self._pages(
+                lambda: converge_page(conn, size), lambda page: page.candidates
+            )
+            retried = await self._pages(
+                lambda: retry_page(conn, size, self._timings), lambda page: page.candidates
+            )
+            approvals = await self._pages(lambda: expire_approvals(conn, size), int)
+            audit = await self._pages(
+                lambda: prune_audit(conn, self._audit_retention.max_age_ms, size), int
+            )
+        outputs = await self._pages(
+            lambda: self._output.expire(self._output_retention.max_age_ms, size), int
+        )
         return CycleReport(
-            expired,
-            converged,
-            blocked,
-            pages,
-            scheduled,
-            exhausted,
-            requeued,
-            approvals_expired,
-            outputs_expired,
+            expired=sum(expired),
+            converged=sum(page.converged for page in converged),
+            blocked=sum(page.blocked for page in converged),
+            pages=len(converged),
+            retries_scheduled=sum(page.scheduled for page in retried),
+            retries_exhausted=sum(page.exhausted for page in retried),
+            requeued=sum(page.requeued for page in retried),
+            approvals_expired=sum(approvals),
+            outputs_expired=sum(outputs),
+            audit_rows_removed=sum(audit),
         )

@@ -24,6 +24,12 @@ from qinglong_protocol.storage import (
 )
 from qinglong_protocol.tls import TlsFiles
 
+from qinglong_control.domain.audit_retention import (
+    AUDIT_RETENTION_FLOOR_MS,
+    DAY_MS,
+    DEFAULT_AUDIT_RETENTION_DAYS,
+    AuditRetention,
+)
 from qinglong_control.domain.output import OutputRetention
 from qinglong_control.domain.timings import TIMING_RANGES_MS, Timings
 
@@ -49,6 +55,7 @@ DEFAULT_RECONCILE_INTERVAL_SECONDS = 2.0
 #: How long Run output is kept (R-OPS-1): seconds since it was last written, and the
 #: newest bytes an Attempt keeps.
 ENV_OUTPUT_RETENTION_SECONDS = "QINGLONG_CONTROL_OUTPUT_RETENTION_SECONDS"
+ENV_AUDIT_RETENTION_DAYS = "QINGLONG_CONTROL_AUDIT_RETENTION_DAYS"
 ENV_OUTPUT_MAX_BYTES_PER_ATTEMPT = "QINGLONG_CONTROL_OUTPUT_MAX_BYTES_PER_ATTEMPT"
 #: How long durable promises last (Timings), in milliseconds of DB time.
 ENV_TIMINGS_MS = {
@@ -93,6 +100,7 @@ class ControlSettings:
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
     timings: Timings = field(default_factory=Timings)
     output_retention: OutputRetention = field(default_factory=OutputRetention)
+    audit_retention: AuditRetention = field(default_factory=AuditRetention)
     # The Prometheus /metrics endpoint; None (the default): none is served.
     metrics: MetricsEndpoint | None = None
 
@@ -182,6 +190,13 @@ def parse_control_settings(
         f" cadence) [{ENV_OUTPUT_RETENTION_SECONDS}]",
     )
     parser.add_argument(
+        "--audit-retention-days",
+        type=int,
+        default=env.get(ENV_AUDIT_RETENTION_DAYS, str(DEFAULT_AUDIT_RETENTION_DAYS)),
+        help="security audit rows older than this are removed (by the reconcile cadence;"
+        f" at least {AUDIT_RETENTION_FLOOR_MS // DAY_MS}) [{ENV_AUDIT_RETENTION_DAYS}]",
+    )
+    parser.add_argument(
         "--output-max-bytes-per-attempt",
         type=int,
         default=env.get(
@@ -237,6 +252,7 @@ def parse_control_settings(
         pool=pool_sizing_of(parser, args),
         timings=_timings(parser, args),
         output_retention=_output_retention(parser, args),
+        audit_retention=_audit_retention(parser, args),
         reconcile_interval_seconds=args.reconcile_interval_seconds,
         metrics=metrics_endpoint_of(parser, args),
     )
@@ -254,6 +270,13 @@ def _output_retention(parser: argparse.ArgumentParser, args: argparse.Namespace)
         return OutputRetention(
             args.output_retention_seconds * 1000, args.output_max_bytes_per_attempt
         )
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def _audit_retention(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AuditRetention:
+    try:
+        return AuditRetention(args.audit_retention_days * DAY_MS)
     except ValueError as error:
         parser.error(str(error))
 
