@@ -12,10 +12,8 @@ from typing import Any
 import pytest
 from qinglong_cli.ingress_client import ADMIN_TOKEN, OperatorContext
 
-from tests.integration.test_cli_operator import Outcome, qinglong, stack_file
+from tests.support.cli import Outcome, qinglong
 from tests.support.stack import PROJECT, Stack
-
-__all__ = ["stack_file"]  # the operator's stack file fixture, extended here
 
 
 @pytest.fixture

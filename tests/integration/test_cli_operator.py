@@ -8,62 +8,12 @@ import asyncio
 import json
 import os
 import pty
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-import pytest
 
-from tests.support.stack import PROJECT, Stack
-
-QINGLONG = Path(sys.executable).with_name("qinglong")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    code: int
-    out: str
-    err: str
-
-
-@pytest.fixture
-def stack_file(stack: Stack, tmp_path: Path) -> Path:
-    """A stack file like the one `qinglong up` writes, for operator alice."""
-    token_file = tmp_path / "alice.token"
-    token_file.write_text(stack.tokens["alice"])
-    token_file.chmod(0o600)
-    identity = stack.operator_identity("carol")
-    path = tmp_path / "stack.json"
-    path.write_text(
-        json.dumps(
-            {
-                "ingress": {"address": stack.ingress_address},
-                "ca_cert": str(identity.ca_cert),
-                "project_id": PROJECT,
-                "operator": {
-                    "cert": str(identity.cert),
-                    "key": str(identity.key),
-                    "token_file": str(token_file),
-                },
-            }
-        )
-    )
-    return path
-
-
-async def qinglong(*args: str) -> Outcome:
-    # A subprocess driven by asyncio: the stack's servers run on this test's event loop.
-    process = await asyncio.create_subprocess_exec(
-        str(QINGLONG),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    return Outcome(process.returncode, out.decode(), err.decode())
+from tests.support.cli import QINGLONG, qinglong
+from tests.support.stack import Stack
 
 
 async def test_task_create_trigger_list_as_json_with_numbers(stack_file: Path) -> None:

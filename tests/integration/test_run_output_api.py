@@ -12,9 +12,9 @@ from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_protocol import bounds
 from qinglong_protocol.errors import error_info_of, error_reason_of, field_violations_of
 
-from tests.integration.test_ingress_gateway import open_session, running_attempt
 from tests.support.calls import failure
 from tests.support.stack import PROJECT, Stack, bearer
+from tests.support.worker_steps import open_session, running_attempt
 
 ws = worker_service_pb2
 rs = run_service_pb2
