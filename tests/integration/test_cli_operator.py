@@ -87,6 +87,11 @@ async def test_events_name_the_operator(stack_file: Path) -> None:
     header, row = table.out.splitlines()
     assert header.split() == ["SEQ", "TYPE", "ACTOR", "AT"]
     assert row.split()[:3] == ["1", "run.queued", "user:alice"]
+    # Streamed a row at a time, the columns still line up under their headers.
+    for column in ("TYPE", "ACTOR", "AT"):
+        start = header.index(column)
+        assert row[start - 1] == " ", (column, header, row)
+        assert row[start] != " ", (column, header, row)
 
 
 async def test_bad_ids_and_unknown_runs_are_explained(stack_file: Path) -> None:

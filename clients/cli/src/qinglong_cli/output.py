@@ -233,6 +233,14 @@ TABLES: dict[str, Columns] = {
 }
 
 
+#: Tables printed a row at a time as their items arrive (`run events --follow`): the width
+#: of each column but the last, since the rows to come cannot be measured. A longer value
+#: still prints whole; only its own row leaves the columns.
+STREAMED_WIDTHS: dict[str, tuple[int, ...]] = {
+    "qinglong.control.v1.RunEvent": (5, 24, 24),
+}
+
+
 class Printer:
     """Prints items in one format. Tables and `json` are written when `close` is called
     (they need every row); `jsonl` streams, so `run watch` shows Events as they come."""
@@ -259,14 +267,18 @@ class Printer:
 
     def _streaming_table(self, message: Message) -> bool:
         # Events are watched live: their columns are known, so rows need not wait.
-        return message.DESCRIPTOR.full_name == "qinglong.control.v1.RunEvent"
+        return message.DESCRIPTOR.full_name in STREAMED_WIDTHS
 
     def _print_row(self, type_name: str, document: dict[str, Any]) -> None:
-        columns = TABLES[type_name]
+        columns, widths = TABLES[type_name], STREAMED_WIDTHS[type_name]
         if not self._streamed_header:
-            print("  ".join(header for header, _ in columns), file=self._out)
+            self._print_aligned([header for header, _ in columns], widths)
             self._streamed_header = True
-        print("  ".join(str(read(document)) for _, read in columns), file=self._out, flush=True)
+        self._print_aligned([str(read(document)) for _, read in columns], widths)
+
+    def _print_aligned(self, cells: list[str], widths: tuple[int, ...]) -> None:
+        padded = [cell.ljust(width) for cell, width in zip(cells, widths, strict=False)]
+        print("  ".join([*padded, *cells[len(widths) :]]).rstrip(), file=self._out, flush=True)
 
     def close(self) -> None:
         if self._output is OutputFormat.JSON:
