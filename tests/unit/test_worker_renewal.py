@@ -134,6 +134,35 @@ async def test_a_switch_that_failed_leaves_the_old_identity_and_is_retried(
     await task
     assert client.attempts >= 2, "worker.json still names the due certificate: renewed again"
     assert identity.read_text() == before
+    # Each attempt's new key and certificate went with it: only the identity in use is left.
+    assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]
+
+
+class SwitchNeverEnds(SwitchFails):
+    """The daemon stops while the client is switching channels."""
+
+    def __init__(self, certificate_pem: str) -> None:
+        super().__init__(certificate_pem)
+        self.switching = asyncio.Event()
+
+    async def use_identity(self, tls: TlsFiles, grace_seconds: float = 30.0) -> None:
+        self.switching.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_renewal_cancelled_at_shutdown_leaves_no_unused_key(tmp_path: Path) -> None:
+    identity = identity_due_now(tmp_path)
+    before = identity.read_text()
+    client = SwitchNeverEnds((tmp_path / "worker.crt").read_text())
+    renewer = CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW)
+    task = asyncio.create_task(renewer.run(asyncio.Event(), check_seconds=0.01))
+    await asyncio.wait_for(client.switching.wait(), 60)
+    assert "worker-1.key" in names_in(tmp_path)  # written, not yet named
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert identity.read_text() == before
+    assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]
 
 
 def names_in(directory: Path) -> list[str]:

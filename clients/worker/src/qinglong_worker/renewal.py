@@ -72,6 +72,10 @@ class CertificateRenewer:
         due = renewal_due(Path(identity["tls_cert"]).read_bytes(), self.clock())
         return identity if due else None
 
+    def _named_key(self) -> Path:
+        """The key worker.json names now."""
+        return Path(json.loads(self.identity_file.read_text())["tls_key"])
+
     def _store(
         self, identity: dict[str, str], key: Any, answer: ws.RenewCertificateResponse
     ) -> TlsFiles:
@@ -104,8 +108,16 @@ class CertificateRenewer:
             )
         )
         renewed = self._store(identity, key, answer)
-        await self.client.use_identity(renewed)  # step 2
-        write_public(self.identity_file, json.dumps(identity, indent=2) + "\n")  # step 3
+        try:
+            await self.client.use_identity(renewed)  # step 2
+            write_public(self.identity_file, json.dumps(identity, indent=2) + "\n")  # step 3
+        except BaseException:
+            # Not switched (a failure, or the daemon stopping meanwhile): worker.json still
+            # names the old identity, and the next check makes another key. A private key
+            # nothing names is of no use to anyone: it does not stay on disk.
+            if self._named_key() != renewed.key:
+                _remove((renewed.key, renewed.cert))
+            raise
         _remove(superseded)  # the superseded key is of no use to anyone any more
         log.info("certificate renewed; valid until %s", identity["expire_time"])
         return True
