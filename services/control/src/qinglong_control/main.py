@@ -24,6 +24,7 @@ from qinglong_protocol.telemetry import configure_telemetry
 from qinglong_control.bootstrap_admin_command import bootstrap_admin_main
 from qinglong_control.db.pool import open_admin_pool, open_runtime_pool
 from qinglong_control.issuing import IssuingAuthority
+from qinglong_control.metrics import RECONCILE_KINDS
 from qinglong_control.migrate_command import migrate_main
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_control.server import create_server
@@ -39,18 +40,7 @@ SERVICE = "control"
 _log = logging.getLogger(__name__)
 
 #: A cycle that did any of these is logged (`blocked` and `pages` alone are no news).
-_LOGGED_WORK = frozenset(
-    {
-        "expired",
-        "converged",
-        "retries_scheduled",
-        "retries_exhausted",
-        "requeued",
-        "approvals_expired",
-        "outputs_expired",
-        "audit_rows_removed",
-    }
-)
+_LOGGED_WORK = frozenset(RECONCILE_KINDS) - {"blocked", "pages"}
 
 
 async def serve(settings: ControlSettings) -> None:
