@@ -948,7 +948,7 @@ _EXPLAINED = (
     ("retries.lock_due", {"limit": 128}),
 )
 _A_RUNNING_RUN = """
-SELECT r.run_id, a.session_id FROM qinglong.runs r
+SELECT a.attempt_id, a.session_id, r.run_id FROM qinglong.runs r
   JOIN qinglong.attempts a ON a.run_id = r.run_id AND a.state = 'running'
  LIMIT 1
 """
@@ -961,10 +961,12 @@ def explain(database: Database) -> str:
     with psycopg.connect(database.urls.runtime) as conn:
         row = conn.execute(_A_RUNNING_RUN).fetchone()
         assert row is not None
-        run_id, session_id = row
+        attempt_id, session_id, run_id = row
         explained: list[tuple[str, Any]] = [
             *_EXPLAINED,
-            ("authority.lock_run", (run_id,)),
+            # A fenced command's locks (migration 0012): EXPLAIN shows the function's time,
+            # not the plans of the statements inside it.
+            ("authority.lock_authority", (attempt_id, session_id, run_id)),
             ("placement.session_room", (session_id,)),
         ]
         for name, params in explained:

@@ -3,7 +3,7 @@
 A service keeps its statements in ``<package>/*.sql``, one file per area. In a file, each
 statement starts at a header line ``-- name: <name>``; the comment lines right after the
 header explain the statement, and the text up to the next header is the statement.
-It is addressed as ``"<file stem>.<name>"``, e.g. ``SQL["authority.lock_run"]``.
+It is addressed as ``"<file stem>.<name>"``, e.g. ``SQL["authority.lock_authority"]``.
 
 Statements are plain text with bound parameters (``%s`` / ``%(name)s``); nothing is ever
 formatted into them. This module knows no driver (Workers install this package without
