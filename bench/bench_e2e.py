@@ -186,15 +186,18 @@ class CpuMeter:
         before = frozen.read()
         yield
         after = frozen.read()
-        table.append(
-            CpuRow(name, {part: (after[part] - before[part]) / calls for part in self.parts})
-        )
+        table.append(CpuRow(name, {part: after[part] - before[part] for part in self.parts}, calls))
 
 
 @dataclass(frozen=True)
 class CpuRow:
     name: str
-    seconds_per_call: dict[str, float]
+    seconds: dict[str, float]  # CPU seconds of each part over the phase
+    calls: int
+
+    def per_call(self, part: str) -> float | None:
+        used = self.seconds.get(part)
+        return None if used is None else used / self.calls
 
 
 def _cpu_seconds(process: psutil.Process) -> float:
@@ -240,7 +243,7 @@ def print_cpu(table: Sequence[CpuRow]) -> None:
     )
     print(f"{'phase':32}" + "".join(f"{part:>10}" for part in CPU_PARTS) + f"{'total':>10}")
     for row in table:
-        cells = [row.seconds_per_call.get(part) for part in CPU_PARTS]
+        cells = [row.per_call(part) for part in CPU_PARTS]
         shown = "".join(f"{'-':>10}" if cell is None else f"{cell * 1000:10.3f}" for cell in cells)
         total = sum(cell for cell in cells if cell is not None) * 1000
         print(f"{row.name:32}{shown}{total:10.3f}")
@@ -606,18 +609,13 @@ def _unmetered(name: str, calls: int, table: list[CpuRow]) -> Iterator[None]:
 
 
 def _merge_rows(table: list[CpuRow], name: str) -> None:
-    """One row for a phase measured in several parts (each batch of Runs), the mean of
-    their per-call figures (every part has the same number of calls but the last)."""
+    """One row for a phase measured in several parts (each batch of Runs): their CPU
+    seconds and calls added up, so every call weighs the same."""
     parts = [row for row in table if row.name == name]
     if len(parts) <= 1:
         return
-    merged = CpuRow(
-        name,
-        {
-            part: statistics.mean(row.seconds_per_call[part] for row in parts)
-            for part in parts[0].seconds_per_call
-        },
-    )
+    seconds = {part: sum(row.seconds[part] for row in parts) for part in parts[0].seconds}
+    merged = CpuRow(name, seconds, sum(row.calls for row in parts))
     table[:] = [row for row in table if row.name != name] + [merged]
 
 

@@ -1014,8 +1014,31 @@ GRANT SELECT,INSERT ON TABLE qinglong.task_revisions TO qinglong_runtime;
 
 GRANT SELECT ON TABLE qinglong.run_projection TO qinglong_runtime;
 
-GRANT INSERT ON TABLE qinglong.security_audit TO qinglong_ingress;
 GRANT SELECT ON TABLE qinglong.security_audit TO qinglong_admin;
+
+GRANT INSERT(audit_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(principal_kind) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(principal_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(operation) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(outcome) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(reason) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(project_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(run_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(worker_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(session_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(request_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(peer) ON TABLE qinglong.security_audit TO qinglong_ingress;
 
 GRANT SELECT,INSERT ON TABLE qinglong.tasks TO qinglong_runtime;
 

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import grpc
-from opentelemetry import metrics, propagate, trace
+from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -52,6 +52,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from opentelemetry.trace import Link, SpanKind, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
@@ -157,6 +158,8 @@ def configure_telemetry(service_name: str, environ: Mapping[str, str] | None = N
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
 
 
+_TRACE_CONTEXT: Final = TraceContextTextMapPropagator()
+
 #: The W3C trace context headers (gRPC metadata keys): what a hop that records nothing
 #: passes on unchanged so that the trace continues beyond it.
 TRACE_CONTEXT_KEYS: Final = ("traceparent", "tracestate")
@@ -190,7 +193,9 @@ def current_trace_context() -> tuple[tuple[str, str], ...]:
     """The W3C trace context of this process's current span (a server span: the call
     being answered), as gRPC metadata for a call made on its behalf."""
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    # W3C trace context only, as `trace_context_of` passes on: baggage a caller sent does
+    # not travel further whichever way ingress is configured.
+    _TRACE_CONTEXT.inject(carrier)
     return tuple(carrier.items())
 
 

@@ -237,7 +237,8 @@ TABLES: dict[str, Columns] = {
 #: of each column but the last, since the rows to come cannot be measured. A longer value
 #: still prints whole; only its own row leaves the columns.
 STREAMED_WIDTHS: dict[str, tuple[int, ...]] = {
-    "qinglong.control.v1.RunEvent": (5, 24, 24),
+    # ACTOR: kind and name; `reconciler:approval-expiry` is 26 (a Worker's id may be longer).
+    "qinglong.control.v1.RunEvent": (5, 24, 28),
 }
 
 
@@ -277,8 +278,8 @@ class Printer:
         self._print_aligned([str(read(document)) for _, read in columns], widths)
 
     def _print_aligned(self, cells: list[str], widths: tuple[int, ...]) -> None:
-        padded = [cell.ljust(width) for cell, width in zip(cells, widths, strict=False)]
-        print("  ".join([*padded, *cells[len(widths) :]]).rstrip(), file=self._out, flush=True)
+        padded = [cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=True)]
+        print("  ".join([*padded, cells[-1]]).rstrip(), file=self._out, flush=True)
 
     def close(self) -> None:
         if self._output is OutputFormat.JSON:

@@ -76,15 +76,22 @@ class CertificateRenewer:
         """The key worker.json names now."""
         return Path(json.loads(self.identity_file.read_text())["tls_key"])
 
+    def _new_paths(self) -> tuple[Path, Path]:
+        """The next generation's key and certificate file names."""
+        directory = self.identity_file.parent
+        generation = _next_generation(directory)
+        return directory / f"worker-{generation}.key", directory / f"worker-{generation}.crt"
+
     def _store(
-        self, identity: dict[str, str], key: Any, answer: ws.RenewCertificateResponse
+        self,
+        identity: dict[str, str],
+        key: Any,
+        answer: ws.RenewCertificateResponse,
+        key_path: Path,
+        cert_path: Path,
     ) -> TlsFiles:
         """Step 1: the new files under new names; returns them, and the identity that
         names them (written by step 3)."""
-        directory = self.identity_file.parent
-        generation = _next_generation(directory)
-        key_path = directory / f"worker-{generation}.key"
-        cert_path = directory / f"worker-{generation}.crt"
         write_private(key_path, private_key_pem(key))
         write_public(cert_path, answer.certificate_pem)
         write_public(Path(identity["tls_ca"]), answer.ca_certificates_pem)
@@ -107,16 +114,19 @@ class CertificateRenewer:
                 worker_id=self.worker_id, certificate_signing_request_pem=signing_request(key)
             )
         )
-        renewed = self._store(identity, key, answer)
+        key_path, cert_path = self._new_paths()
         try:
+            renewed = self._store(identity, key, answer, key_path, cert_path)  # step 1
             await self.client.use_identity(renewed)  # step 2
             write_public(self.identity_file, json.dumps(identity, indent=2) + "\n")  # step 3
         except BaseException:
-            # Not switched (a failure, or the daemon stopping meanwhile): worker.json still
-            # names the old identity, and the next check makes another key. A private key
-            # nothing names is of no use to anyone: it does not stay on disk.
-            if self._named_key() != renewed.key:
-                _remove((renewed.key, renewed.cert))
+            # worker.json was not rewritten (a write failed, the switch failed, or the
+            # daemon is stopping — perhaps while the old channel drains, the new one in
+            # use: it holds its key in memory). The next check, or the next start, uses
+            # the identity worker.json names and makes another key if it must; a private
+            # key nothing names is of no use to anyone, so it does not stay on disk.
+            if self._named_key() != key_path:
+                _remove((key_path, cert_path))
             raise
         _remove(superseded)  # the superseded key is of no use to anyone any more
         log.info("certificate renewed; valid until %s", identity["expire_time"])

@@ -10,8 +10,9 @@ The order is written once, in the function `qinglong.lock_authority` (migration 
 4. the Run Lease, FOR UPDATE;
 5. DB time, read only after every lock is held.
 
-One statement, not five: each statement cost the client and the server protocol work of
-its own on every command. It still travels with BEGIN in the command's first round trip.
+One statement, not six (five locks and the clock): each statement cost the client and the
+server protocol work of its own on every command. It still travels with BEGIN in the
+command's first round trip.
 """
 
 from __future__ import annotations
