@@ -249,6 +249,11 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION qinglong.schema_version() RETURNS integer
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT coalesce(max(version), 0) FROM public.qinglong_schema_migrations $$;
+
 CREATE TABLE public.qinglong_schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -972,6 +977,11 @@ GRANT ALL ON FUNCTION qinglong.lock_authority(p_attempt_id uuid, p_session_id uu
 
 REVOKE ALL ON FUNCTION qinglong.prune_security_audit(p_max_age_ms bigint, p_limit integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION qinglong.prune_security_audit(p_max_age_ms bigint, p_limit integer) TO qinglong_runtime;
+
+REVOKE ALL ON FUNCTION qinglong.schema_version() FROM PUBLIC;
+GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_runtime;
+GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_ingress;
+GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_admin;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.approval_requests TO qinglong_runtime;
 

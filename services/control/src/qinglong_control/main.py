@@ -23,6 +23,7 @@ from qinglong_protocol.telemetry import configure_telemetry
 
 from qinglong_control.bootstrap_admin_command import bootstrap_admin_main
 from qinglong_control.db.pool import open_admin_pool, open_runtime_pool
+from qinglong_control.db.schema_version import SchemaBehind, require_schema
 from qinglong_control.issuing import IssuingAuthority
 from qinglong_control.metrics import RECONCILE_KINDS
 from qinglong_control.migrate_command import migrate_main
@@ -55,6 +56,12 @@ async def serve(settings: ControlSettings) -> None:
             settings.database_url, sizing=settings.pool, bounds=settings.storage
         )
         pools.push_async_callback(pool.close)
+        async with pool.connection() as conn:
+            try:
+                applied = await require_schema(conn)
+            except SchemaBehind as behind:
+                raise SystemExit(f"qinglong-control: {behind}") from None
+        _log.info("database schema at migration %04d", applied)
         admin_pool = None
         if settings.admin_database_url is None:
             _log.warning("no --admin-database-url: AdminService calls are answered UNAVAILABLE")

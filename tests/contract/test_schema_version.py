@@ -1,0 +1,76 @@
+"""Control refuses a database that lacks a migration it ships (migration 0014), on
+PostgreSQL 16 and 18: the check itself, and the real `qinglong-control` exiting with the
+command to run instead of failing call by call."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from qinglong_control.db.migrate import load_migrations
+from qinglong_control.db.schema_version import SchemaBehind, require_schema
+
+from tests.support.postgres import MigratedDatabase
+
+NEWEST = load_migrations()[-1].version
+
+
+def forget_newest_migration(database: MigratedDatabase) -> None:
+    """As if the newest migration had not run yet (its objects stay; only the record goes)."""
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        conn.execute("DELETE FROM public.qinglong_schema_migrations WHERE version = %s", (NEWEST,))
+
+
+async def required(database: MigratedDatabase, url: str) -> int:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return await require_schema(conn)
+
+
+async def test_every_service_role_reads_the_version_and_a_migrated_database_passes(
+    database: MigratedDatabase,
+) -> None:
+    for url in (database.urls.runtime, database.urls.ingress, database.urls.admin):
+        assert await required(database, url) == NEWEST
+
+
+async def test_a_database_behind_the_build_is_refused_with_what_to_run(
+    database: MigratedDatabase,
+) -> None:
+    forget_newest_migration(database)
+    with pytest.raises(SchemaBehind) as behind:
+        await required(database, database.urls.runtime)
+    assert (behind.value.applied, behind.value.required) == (NEWEST - 1, NEWEST)
+    assert "qinglong-control migrate" in str(behind.value)
+
+
+async def test_a_database_from_before_the_version_was_readable_is_refused(
+    database: MigratedDatabase,
+) -> None:
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION qinglong.schema_version()")
+    with pytest.raises(SchemaBehind) as behind:
+        await required(database, database.urls.runtime)
+    assert behind.value.applied is None
+    assert "predates migration 0014" in str(behind.value)
+
+
+def test_control_exits_at_start_up_on_a_database_behind_it(
+    database: MigratedDatabase, tmp_path: Path
+) -> None:
+    forget_newest_migration(database)
+    control = Path(sys.executable).with_name("qinglong-control")
+    tls = [f"--tls-{part}={tmp_path / part}" for part in ("ca", "cert", "key")]
+    finished = subprocess.run(
+        [str(control), f"--database-url={database.urls.runtime}", *tls],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert finished.returncode == 1, finished.stderr
+    assert f"has migrations up to {NEWEST - 1:04d}" in finished.stderr
+    assert f"this build needs {NEWEST:04d}" in finished.stderr
+    assert "Traceback" not in finished.stderr
