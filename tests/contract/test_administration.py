@@ -479,11 +479,12 @@ async def test_audit_listing_filters_and_pages_newest_first(
         (base + index * 1000, "u-1" if index % 2 else "u-2", f"Op/{index % 3}", outcome)
         for index, outcome in enumerate(["admitted", "permission_denied"] * 5)
     ]
+    # Rows at chosen times: as the schema's owner (ingress's rows take DB time, 0013).
     async with await psycopg.AsyncConnection.connect(
-        database.urls.ingress, autocommit=True
-    ) as ingress:
+        database.urls.migration, autocommit=True
+    ) as owner:
         for at, principal, operation, outcome in rows:
-            await ingress.execute(
+            await owner.execute(
                 "INSERT INTO qinglong.security_audit (audit_id, occurred_at_ms, principal_kind,"
                 " principal_id, operation, outcome) VALUES (%s, %s, 'user', %s, %s, %s)",
                 (uuid.uuid4(), at, principal, operation, outcome),

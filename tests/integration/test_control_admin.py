@@ -381,9 +381,10 @@ async def test_workers_join_tokens_fleet_and_disable_over_mtls(
 
 
 async def test_audit_records_over_mtls(control: Control) -> None:
-    with psycopg.connect(control.database.urls.ingress, autocommit=True) as ingress:
+    # Rows at chosen times: as the schema's owner (ingress's rows take DB time, 0013).
+    with psycopg.connect(control.database.urls.migration, autocommit=True) as owner:
         for index in range(3):
-            ingress.execute(
+            owner.execute(
                 "INSERT INTO qinglong.security_audit (audit_id, occurred_at_ms, principal_kind,"
                 " principal_id, operation, outcome, reason, run_id)"
                 " VALUES (%s, %s, 'user', 'u-1', 'AdminService/CreateProject', %s, %s, %s)",
