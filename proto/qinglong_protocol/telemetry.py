@@ -191,7 +191,9 @@ def client_interceptors() -> Sequence[grpc.aio.ClientInterceptor]:
 
 def current_trace_context() -> tuple[tuple[str, str], ...]:
     """The W3C trace context of this process's current span (a server span: the call
-    being answered), as gRPC metadata for a call made on its behalf."""
+    being answered), as gRPC metadata for a call made on its behalf. Always W3C, whatever
+    OTEL_PROPAGATORS says: the receiving service must keep `tracecontext` among its
+    propagators (the default) to continue the trace."""
     carrier: dict[str, str] = {}
     # W3C trace context only, as `trace_context_of` passes on: baggage a caller sent does
     # not travel further whichever way ingress is configured.

@@ -479,7 +479,7 @@ async def test_audit_listing_filters_and_pages_newest_first(
         (base + index * 1000, "u-1" if index % 2 else "u-2", f"Op/{index % 3}", outcome)
         for index, outcome in enumerate(["admitted", "permission_denied"] * 5)
     ]
-    # Rows at chosen times: as the schema's owner (ingress's rows take DB time, 0013).
+    # Rows at chosen times: as the schema's owner (ingress's rows take DB time, 0015).
     async with await psycopg.AsyncConnection.connect(
         database.urls.migration, autocommit=True
     ) as owner:

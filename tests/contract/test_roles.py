@@ -57,7 +57,7 @@ EXPECTED_TABLE_PRIVILEGES: dict[str, dict[str, set[str]]] = {
         "attempt_output_chunks": {"SELECT", "INSERT", "DELETE"},
     },
     "qinglong_ingress": {
-        # security_audit: INSERT on every column but its time (migration 0013), a column
+        # security_audit: INSERT on every column but its time (migration 0015), a column
         # grant, which this table-level matrix does not show: test_audit_retention.py.
         "projects": {"SELECT"},
         "principals": {"SELECT"},

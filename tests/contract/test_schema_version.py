@@ -10,7 +10,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import errors, sql
+from qinglong_control.db.bootstrap import create_database
 from qinglong_control.db.migrate import load_migrations
+from qinglong_control.db.roles import role_urls
 from qinglong_control.db.schema_version import SchemaBehind, require_schema
 
 from tests.support.postgres import MigratedDatabase
@@ -29,11 +32,14 @@ async def required(database: MigratedDatabase, url: str) -> int:
         return await require_schema(conn)
 
 
-async def test_every_service_role_reads_the_version_and_a_migrated_database_passes(
+async def test_control_reads_the_version_and_a_migrated_database_passes(
     database: MigratedDatabase,
 ) -> None:
-    for url in (database.urls.runtime, database.urls.ingress, database.urls.admin):
-        assert await required(database, url) == NEWEST
+    assert await required(database, database.urls.runtime) == NEWEST
+    # Only control asks; the other roles see nothing of the migration history.
+    for url in (database.urls.ingress, database.urls.admin):
+        with pytest.raises(errors.InsufficientPrivilege):
+            await required(database, url)
 
 
 async def test_a_database_behind_the_build_is_refused_with_what_to_run(
@@ -55,6 +61,21 @@ async def test_a_database_from_before_the_version_was_readable_is_refused(
         await required(database, database.urls.runtime)
     assert behind.value.applied is None
     assert "predates migration 0014" in str(behind.value)
+
+
+async def test_a_database_never_migrated_is_refused(database: MigratedDatabase) -> None:
+    """Control started before the migration Job ever ran: no schema at all."""
+    name = f"{database.name}_bare"
+    create_database(database.admin_url, name)
+    try:
+        urls = role_urls(database.admin_url, name)
+        async with await psycopg.AsyncConnection.connect(urls.runtime, autocommit=True) as conn:
+            with pytest.raises(SchemaBehind) as behind:
+                await require_schema(conn)
+        assert behind.value.applied is None
+    finally:
+        with psycopg.connect(database.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(name)))
 
 
 def test_control_exits_at_start_up_on_a_database_behind_it(

@@ -381,7 +381,7 @@ async def test_workers_join_tokens_fleet_and_disable_over_mtls(
 
 
 async def test_audit_records_over_mtls(control: Control) -> None:
-    # Rows at chosen times: as the schema's owner (ingress's rows take DB time, 0013).
+    # Rows at chosen times: as the schema's owner (ingress's rows take DB time, 0015).
     with psycopg.connect(control.database.urls.migration, autocommit=True) as owner:
         for index in range(3):
             owner.execute(

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol.tls import TlsFiles
+from qinglong_worker import renewal
 from qinglong_worker.client import CallFailed
 from qinglong_worker.join import join, new_private_key, private_key_pem
 from qinglong_worker.renewal import CertificateRenewer
@@ -176,3 +177,22 @@ def test_joining_again_never_touches_a_working_identity(tmp_path: Path) -> None:
         join("127.0.0.1:1", b"", "qlj1_" + "A" * 43, tmp_path)
     assert (tmp_path / "worker.key").read_bytes() == key_before
     assert identity.exists()
+
+
+async def test_a_renewal_whose_files_cannot_all_be_written_leaves_no_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key is written, the certificate is not (a full disk, say): the key goes."""
+    identity = identity_due_now(tmp_path)
+    before = identity.read_text()
+
+    def full_disk(path: Path, data: bytes | str) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(renewal, "write_public", full_disk)
+    client = SwitchFails((tmp_path / "worker.crt").read_text())
+    renewer = CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW)
+    with pytest.raises(OSError, match="No space left"):
+        await renewer.renew_if_due()
+    assert identity.read_text() == before
+    assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]

@@ -127,6 +127,8 @@ class CertificateRenewer:
             # key nothing names is of no use to anyone, so it does not stay on disk.
             if self._named_key() != key_path:
                 _remove((key_path, cert_path))
+            else:  # renamed into place, then a later step failed: the old key is done with
+                _remove(superseded)
             raise
         _remove(superseded)  # the superseded key is of no use to anyone any more
         log.info("certificate renewed; valid until %s", identity["expire_time"])

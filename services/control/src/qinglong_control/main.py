@@ -17,6 +17,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from qinglong_protocol.metrics import serve_metrics
+from qinglong_protocol.pooling import read_retrying
 from qinglong_protocol.probe import run_probe
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
@@ -56,11 +57,10 @@ async def serve(settings: ControlSettings) -> None:
             settings.database_url, sizing=settings.pool, bounds=settings.storage
         )
         pools.push_async_callback(pool.close)
-        async with pool.connection() as conn:
-            try:
-                applied = await require_schema(conn)
-            except SchemaBehind as behind:
-                raise SystemExit(f"qinglong-control: {behind}") from None
+        try:
+            applied = await read_retrying(pool, require_schema)
+        except SchemaBehind as behind:
+            raise SystemExit(f"qinglong-control: {behind}") from None
         _log.info("database schema at migration %04d", applied)
         admin_pool = None
         if settings.admin_database_url is None:

@@ -42,7 +42,7 @@ async def applied_version(conn: AsyncConnection[Any]) -> int | None:
     cursor = conn.cursor(row_factory=scalar_row)
     try:
         await cursor.execute(_APPLIED)
-    except errors.UndefinedFunction:
+    except (errors.UndefinedFunction, errors.InvalidSchemaName):  # before 0014; never migrated
         return None
     version: int | None = await cursor.fetchone()
     return version

@@ -42,12 +42,3 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION qinglong.prune_security_audit(bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION qinglong.prune_security_audit(bigint, integer) TO qinglong_runtime;
-
--- Retention goes by a row's time, so the time is the database's: ingress writes every
--- column of an audit row but `occurred_at_ms`, which takes DB time from its default. A
--- row dated in the future would never be removed; one dated in the past would be removed
--- before its time.
-REVOKE INSERT ON qinglong.security_audit FROM qinglong_ingress;
-GRANT INSERT (audit_id, principal_kind, principal_id, operation, outcome, reason, project_id,
-              run_id, worker_id, session_id, request_id, peer)
-    ON qinglong.security_audit TO qinglong_ingress;

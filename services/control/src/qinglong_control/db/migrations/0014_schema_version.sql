@@ -4,7 +4,8 @@
 -- wherever it uses what a missing migration creates (in a rolling upgrade that started
 -- before its migration Job finished, say). Control reads this at start-up and refuses to
 -- serve a database that lacks a migration it ships. The history table belongs to the
--- migration role; this function shows the services its highest version and nothing else.
+-- migration role; this function shows control (the runtime role) its highest version and
+-- nothing else.
 
 CREATE FUNCTION qinglong.schema_version() RETURNS integer
     LANGUAGE sql STABLE SECURITY DEFINER
@@ -12,5 +13,4 @@ CREATE FUNCTION qinglong.schema_version() RETURNS integer
     AS $$ SELECT coalesce(max(version), 0) FROM public.qinglong_schema_migrations $$;
 
 REVOKE EXECUTE ON FUNCTION qinglong.schema_version() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION qinglong.schema_version()
-    TO qinglong_runtime, qinglong_ingress, qinglong_admin;
+GRANT EXECUTE ON FUNCTION qinglong.schema_version() TO qinglong_runtime;
