@@ -35,6 +35,7 @@ from qinglong_control.domain.capability import digest_of_capability, parse_diges
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.refusals import Refused
 from qinglong_control.domain.start_facts import RunningReport
+from qinglong_control.domain.timings import Timings
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of
 from qinglong_protocol.pooling import RecoveringPool
@@ -360,11 +361,17 @@ async def test_concurrent_worker_calls_share_statements(
     commit, each answered only once its row is durable."""
     calls = 48
     # The lock below is held until the whole burst has arrived, which on a loaded machine
-    # takes longer than the default storage bound: the writers and callers wait it out.
+    # takes longer than the default storage bound and than a session's default lifetime
+    # (the renewals would find their session expired): the writers, the callers and the
+    # session wait it out.
     patient = StorageBounds(timeout_seconds=60)
     async with (
         running_stack(
-            database_pg18, tmp_path / "pki", ingress_pool_size=1, ingress_storage=patient
+            database_pg18,
+            tmp_path / "pki",
+            ingress_pool_size=1,
+            ingress_storage=patient,
+            timings=Timings(session_ttl_ms=600_000),
         ) as stack,
         stack.channel(stack.worker_identity("worker-a")) as channel,
     ):
