@@ -53,11 +53,14 @@ async def test_calls_that_wait_for_busy_writers_form_the_next_batch() -> None:
     await asyncio.sleep(0)
     waiting = [asyncio.ensure_future(commit.submit(i)) for i in range(1, 8)]
     await asyncio.sleep(0)
+    # One in the writer's batch, seven waiting for it: eight not yet written.
+    assert (commit.waiting, commit.unwritten) == (7, 8)
     writer.release.set()
     assert await first == 0
     assert [await w for w in waiting] == [i * 10 for i in range(1, 8)]
     # The first call alone; the seven that waited in batches of at most five.
     assert writer.batches == [[0], [1, 2, 3, 4, 5], [6, 7]]
+    assert (commit.waiting, commit.unwritten) == (0, 0)
 
 
 async def test_a_batch_that_fails_fails_exactly_its_callers() -> None:

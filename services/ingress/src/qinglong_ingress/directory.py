@@ -163,6 +163,11 @@ class Directory:
         """Audit rows waiting for a free writer."""
         return self._audits.waiting
 
+    @property
+    def audits_unwritten(self) -> int:
+        """Audit rows handed to the group commit and not yet written."""
+        return self._audits.unwritten
+
     async def write_audit(self, entry: AuditEntry) -> Audited:
         """The entry's row, durable when this returns (it shares its statement and commit
         with the concurrent calls' rows). Raises what the batch's statement raised."""

@@ -58,6 +58,7 @@ class GroupCommit(Generic[Item, Result]):
         self._max_batch = max_batch
         self._writers = writers
         self._active = 0
+        self._writing = 0
         self._waiting: list[_Waiting[Item, Result]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -65,6 +66,11 @@ class GroupCommit(Generic[Item, Result]):
     def waiting(self) -> int:
         """Items waiting for a writer (a measure of how far the database is behind)."""
         return len(self._waiting)
+
+    @property
+    def unwritten(self) -> int:
+        """Items submitted and not written yet: waiting, or in a writer's batch."""
+        return len(self._waiting) + self._writing
 
     async def submit(self, item: Item) -> Result:
         """Write ``item`` with whichever batch takes it; its result once that is durable.
@@ -84,7 +90,11 @@ class GroupCommit(Generic[Item, Result]):
             while self._waiting:
                 batch = self._take()
                 if batch:
-                    await self._write(batch)
+                    self._writing += len(batch)
+                    try:
+                        await self._write(batch)
+                    finally:
+                        self._writing -= len(batch)
         finally:
             self._active -= 1
 
