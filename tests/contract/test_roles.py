@@ -319,6 +319,35 @@ def test_runtime_role_cannot_rewrite_history_or_definitions(database: MigratedDa
                 conn.execute(statement.encode())
 
 
+#: Grants of single columns, where the role lacks the table-wide privilege (which the
+#: matrix above cannot show): anything not listed is denied.
+EXPECTED_COLUMN_ONLY_GRANTS: dict[tuple[str, str, str], str] = {
+    # Authentication reads who holds a session, nothing else of it (migration 0001).
+    ("qinglong_ingress", "worker_sessions", "SELECT"): "session_id worker_id generation status",
+    # Every audit column but its time, which is DB time (migration 0015).
+    ("qinglong_ingress", "security_audit", "INSERT"): (
+        "audit_id principal_kind principal_id operation outcome reason project_id run_id"
+        " worker_id session_id request_id peer"
+    ),
+}
+
+
+def test_column_grants_match_catalog(database: MigratedDatabase) -> None:
+    with psycopg.connect(database.urls.migration) as conn:
+        rows = conn.execute(
+            "SELECT grantee, table_name, privilege_type, column_name"
+            "  FROM information_schema.column_privileges"
+            " WHERE table_schema = 'qinglong' AND grantee LIKE 'qinglong\\_%%'"
+            "   AND NOT has_table_privilege(grantee, 'qinglong.' || table_name, privilege_type)"
+        ).fetchall()
+    granted: dict[tuple[str, str, str], set[str]] = {}
+    for grantee, table, privilege, column in rows:
+        granted.setdefault((grantee, table, privilege), set()).add(column)
+    assert granted == {
+        key: set(columns.split()) for key, columns in EXPECTED_COLUMN_ONLY_GRANTS.items()
+    }
+
+
 def test_privilege_matrix_matches_catalog(database: MigratedDatabase) -> None:
     with psycopg.connect(database.urls.migration) as conn:
         tables = [
