@@ -23,7 +23,7 @@ from tests.support.fault_rig import FaultRig
 from tests.support.fault_tally import Expected, Tally, assert_verdict
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
-from tests.support.run_output import duplicated_and_missing, run_logs, stored_chunks
+from tests.support.run_output import read_back, run_logs
 
 LINES: Final = 16_384
 LINE_BYTES: Final = 64  # 16,384 lines of 64 bytes: 1 MiB
@@ -101,26 +101,20 @@ def test_output_is_read_back_whole_after_kill_9_while_shipping(
     status = worker.stop()
 
     expected = printed_bytes()
-    reader = run_logs(rig.stack.stack_path, run_id)
-    read, read_err = reader.communicate(timeout=60)
-    chunks = stored_chunks(rig.stack.migration_url, run_id)
-    overlaps, holes = duplicated_and_missing(chunks)
+    back = read_back(rig.stack.stack_path, rig.stack.migration_url, run_id)
     appends = rig.schedule.calls["AppendOutput"]
     line = (
-        f"run output kill -9: bytes printed {len(expected)}, bytes read {len(read)},"
-        f" stored chunks {len(chunks)}, appends sent {appends}"
-        f" (re-sent {appends - len(chunks)}), duplicate chunks {overlaps},"
-        f" lost bytes {max(0, len(expected) - len(read)) + holes}"
+        f"run output kill -9: bytes printed {len(expected)}, bytes read {len(back.read)},"
+        f" stored chunks {len(back.chunks)}, appends sent {appends}"
+        f" (re-sent {appends - len(back.chunks)}), duplicate chunks {back.duplicate_chunks},"
+        f" lost bytes {back.lost_bytes(expected)}"
     )
     print(line, flush=True)
 
     tally = rig.tally("run output kill -9", extra_faults=0)
     tally.notes.append(line)
     report_tally(tally)
-    if reader.returncode != 0:
-        problems.append(f"`run logs` exited {reader.returncode}: {read_err.decode()}")
-    if read != expected:
-        problems.append("`run logs` did not print exactly what the executor printed")
+    problems += back.problems(expected)
     if followed != expected:
         problems.append(
             f"`run logs --follow` printed {len(followed)} bytes, not the executor's"
@@ -128,9 +122,7 @@ def test_output_is_read_back_whole_after_kill_9_while_shipping(
         )
     if follower.returncode != 0:
         problems.append(f"`run logs --follow` exited {follower.returncode}")
-    if overlaps or holes or (chunks and chunks[0][0] != 0):
-        problems.append(f"stored chunks are not one contiguous stream: {chunks}")
-    if appends <= len(chunks):
+    if appends <= len(back.chunks):
         problems.append("no chunk was re-sent: the kill did not land between commit and answer")
     if status != 0:
         problems.append(f"the restarted Worker exited {status} on SIGINT, not 0")

@@ -34,7 +34,7 @@ from tests.support.fault_rig import FaultRig
 from tests.support.fault_tally import Expected, Tally, assert_verdict
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
-from tests.support.run_output import duplicated_and_missing, run_logs, stored_chunks
+from tests.support.run_output import read_back
 
 LEASE_TTL_MS: Final = 4_000
 LINES: Final = 12_000  # at most a minute of printing, if nothing stops it
@@ -163,35 +163,27 @@ def test_output_printed_after_the_lease_expired_is_read_back_whole(
     status = worker.stop()
 
     printed = executor_file(rig)
-    reader = run_logs(rig.stack.stack_path, run_id)
-    read, read_err = reader.communicate(timeout=60)
-    chunks = stored_chunks(rig.stack.migration_url, run_id)
-    overlaps, holes = duplicated_and_missing(chunks)
+    back = read_back(rig.stack.stack_path, rig.stack.migration_url, run_id)
     appends = rig.schedule.calls["AppendOutput"]
     line = (
         f"run output after lease expiry: bytes printed {len(printed)}"
         f" (at the kill {stored_at_kill} stored, at the restart {printed_at_restart} printed),"
-        f" bytes read {len(read)}, stored chunks {len(chunks)}, appends sent {appends}"
-        f" ({appends - appends_before_restart} after the restart), duplicate chunks {overlaps},"
-        f" lost bytes {max(0, len(printed) - len(read)) + holes}"
+        f" bytes read {len(back.read)}, stored chunks {len(back.chunks)}, appends sent {appends}"
+        f" ({appends - appends_before_restart} after the restart),"
+        f" duplicate chunks {back.duplicate_chunks}, lost bytes {back.lost_bytes(printed)}"
     )
     print(line, flush=True)
 
     tally = rig.tally("run output after lease expiry", extra_faults=0)
     tally.notes.append(line)
     report_tally(tally)
-    if reader.returncode != 0:
-        problems.append(f"`run logs` exited {reader.returncode}: {read_err.decode()}")
-    if read != printed:
-        problems.append("`run logs` did not print exactly what the executor printed")
+    problems += back.problems(printed)
     if len(printed) % LINE_BYTES or printed != printed_lines(len(printed) // LINE_BYTES):
         problems.append("the executor's file is not its numbered lines")
     if not len(printed) >= printed_at_restart > stored_at_kill:
         problems.append("nothing was printed between the kill and the restart")
     if appends <= appends_before_restart:
         problems.append("the restarted Worker shipped nothing")
-    if overlaps or holes or (chunks and chunks[0][0] != 0):
-        problems.append(f"stored chunks are not one contiguous stream: {chunks}")
     if status != 0:
         problems.append(f"the restarted Worker exited {status} on SIGINT, not 0")
     if rig.live_executors():

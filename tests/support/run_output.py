@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -40,3 +41,38 @@ def duplicated_and_missing(chunks: list[tuple[int, int]]) -> tuple[int, int]:
     overlaps = sum(1 for (_, end), (start, _) in pairs if start < end)
     holes = sum(1 for (_, end), (start, _) in pairs if start > end)
     return overlaps, holes
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    """A Run's output after a fault: what `qinglong run logs` printed, and the chunks the
+    database holds."""
+
+    read: bytes
+    error: str
+    returncode: int
+    chunks: list[tuple[int, int]]
+    duplicate_chunks: int
+    holes: int
+
+    def lost_bytes(self, printed: bytes) -> int:
+        return max(0, len(printed) - len(self.read)) + self.holes
+
+    def problems(self, printed: bytes) -> list[str]:
+        """What is wrong with it, for an executor that printed ``printed``."""
+        found = []
+        if self.returncode != 0:
+            found.append(f"`run logs` exited {self.returncode}: {self.error}")
+        if self.read != printed:
+            found.append("`run logs` did not print exactly what the executor printed")
+        if self.duplicate_chunks or self.holes or (self.chunks and self.chunks[0][0] != 0):
+            found.append(f"stored chunks are not one contiguous stream: {self.chunks}")
+        return found
+
+
+def read_back(stack_path: Path, migration_url: str, run_id: str) -> ReadBack:
+    reader = run_logs(stack_path, run_id)
+    read, error = reader.communicate(timeout=60)
+    chunks = stored_chunks(migration_url, run_id)
+    overlaps, holes = duplicated_and_missing(chunks)
+    return ReadBack(read, error.decode(), reader.returncode, chunks, overlaps, holes)
