@@ -196,3 +196,48 @@ async def test_a_renewal_whose_files_cannot_all_be_written_leaves_no_key(
         await renewer.renew_if_due()
     assert identity.read_text() == before
     assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]
+
+
+def test_a_start_removes_the_keys_a_crash_in_a_renewal_left(tmp_path: Path) -> None:
+    """What kill -9 leaves at each point of a renewal: a new key and certificate never
+    named (between steps 1 and 3), half a key in its temporary file (during step 1), and
+    the superseded identity (after step 3). The next start removes them, and nothing
+    else: the identity worker.json names, the CA, unrelated files."""
+    identity = identity_due_now(tmp_path)
+    unnamed = ["worker-1.key", "worker-1.crt", ".worker-2.key.4242.tmp"]
+    for name in unnamed:
+        (tmp_path / name).write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
+    kept = ["notes.key", "worker-x.key", "worker-3.json", ".other.4242.tmp"]
+    for name in kept:
+        (tmp_path / name).write_bytes(b"not ours\n")
+    renewer = CertificateRenewer(Unreachable(), identity, "edge-1", clock=lambda: NOW)
+    removed = renewer.sweep_unnamed()
+    assert sorted(p.name for p in removed) == sorted(unnamed)
+    assert names_in(tmp_path) == sorted(
+        ["ca.crt", "worker.crt", "worker.json", "worker.key", *kept]
+    )
+
+    # After step 3 of an earlier renewal: worker.json names generation 4, and the joined
+    # files it superseded are still there.
+    (tmp_path / "worker-4.key").write_bytes((tmp_path / "worker.key").read_bytes())
+    (tmp_path / "worker-4.crt").write_bytes((tmp_path / "worker.crt").read_bytes())
+    named = json.loads(identity.read_text())
+    named.update(tls_key=str(tmp_path / "worker-4.key"), tls_cert=str(tmp_path / "worker-4.crt"))
+    identity.write_text(json.dumps(named))
+    assert sorted(p.name for p in renewer.sweep_unnamed()) == ["worker.crt", "worker.key"]
+    assert names_in(tmp_path) == sorted(
+        ["ca.crt", "worker-4.crt", "worker-4.key", "worker.json", *kept]
+    )
+
+
+async def test_the_renewal_loop_sweeps_before_its_first_check(tmp_path: Path) -> None:
+    identity = identity_due_now(tmp_path)
+    (tmp_path / "worker-7.key").write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
+    client = Unreachable()
+    renewer = CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW)
+    stop = asyncio.Event()
+    task = asyncio.create_task(renewer.run(stop, check_seconds=0.01))
+    await asyncio.wait_for(client.tried_thrice.wait(), 60)
+    stop.set()
+    await task
+    assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]

@@ -15,6 +15,12 @@ its present mutual-TLS channel (WorkerService.RenewCertificate), and switches to
 
 One check per minute in the daemon (not a timer per run); a failed renewal is retried at
 the next check, and the old certificate keeps working until it expires.
+
+A daemon killed (``kill -9``, a power cut) between steps 1 and 3 leaves a new key that
+``worker.json`` never named (or half of one, in its temporary file); one killed after step
+3 leaves the superseded key. None is of use to anyone, so the renewal loop first removes
+every Worker key and certificate in the identity's directory that ``worker.json`` does
+not name (`sweep_unnamed`).
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ from typing import Any, Final, Protocol
 
 from cryptography import x509
 from qinglong.worker.v1 import worker_service_pb2 as ws
+from qinglong_protocol.files import written_for
 from qinglong_protocol.tls import TlsFiles
 
 from qinglong_worker.join import (
+    CERTIFICATE_FILE,
+    KEY_FILE,
     new_private_key,
     private_key_pem,
     signing_request,
@@ -80,7 +89,8 @@ class CertificateRenewer:
         """The next generation's key and certificate file names."""
         directory = self.identity_file.parent
         generation = _next_generation(directory)
-        return directory / f"worker-{generation}.key", directory / f"worker-{generation}.crt"
+        name = f"{_GENERATION_PREFIX}{generation}"
+        return directory / f"{name}{_KEY_SUFFIX}", directory / f"{name}{_CERTIFICATE_SUFFIX}"
 
     def _store(
         self,
@@ -134,7 +144,29 @@ class CertificateRenewer:
         log.info("certificate renewed; valid until %s", identity["expire_time"])
         return True
 
+    def sweep_unnamed(self) -> list[Path]:
+        """Removes the Worker keys and certificates (as `join` and renewal name them) that
+        ``worker.json`` does not name: what a crash in the middle of a renewal left.
+        Returns what it removed. Runs before any renewal of this daemon, never during one."""
+        identity: dict[str, str] = json.loads(self.identity_file.read_text())
+        named = {Path(identity["tls_key"]), Path(identity["tls_cert"])}
+        unnamed = [
+            path
+            for path in self.identity_file.parent.iterdir()
+            if _is_worker_credential(path.name) and path not in named
+        ]
+        _remove(tuple(unnamed))
+        return unnamed
+
     async def run(self, stop: asyncio.Event, check_seconds: float) -> None:
+        try:
+            removed = self.sweep_unnamed()
+        except (OSError, ValueError, KeyError) as error:
+            log.warning("could not look for stale key files (%s)", type(error).__name__)
+        else:
+            if removed:
+                # File names only: where the stale files were, never their contents.
+                log.info("removed stale key files: %s", ", ".join(p.name for p in removed))
         while not stop.is_set():
             try:
                 await self.renew_if_due()
@@ -153,13 +185,35 @@ def _remove(paths: tuple[Path, ...]) -> None:
         path.unlink(missing_ok=True)
 
 
+#: A renewed generation's files: ``worker-<n>.key`` and ``worker-<n>.crt``.
+_GENERATION_PREFIX: Final = "worker-"
+_KEY_SUFFIX: Final = Path(KEY_FILE).suffix
+_CERTIFICATE_SUFFIX: Final = Path(CERTIFICATE_FILE).suffix
+
+
+def _generation_of(name: str) -> int | None:
+    """n for ``worker-<n>.key`` or ``worker-<n>.crt``; None for any other name."""
+    path = Path(name)
+    number = path.stem.removeprefix(_GENERATION_PREFIX)
+    if (
+        path.suffix not in (_KEY_SUFFIX, _CERTIFICATE_SUFFIX)
+        or number == path.stem
+        or not number.isdecimal()
+    ):
+        return None
+    return int(number)
+
+
+def _is_worker_credential(name: str) -> bool:
+    """``worker.key``/``worker.crt`` (as joined), a renewed generation's, or the temporary
+    file one of them was being written to."""
+    name = written_for(name) or name
+    return name in (KEY_FILE, CERTIFICATE_FILE) or _generation_of(name) is not None
+
+
 def _next_generation(directory: Path) -> int:
-    taken = [
-        int(path.stem.removeprefix("worker-"))
-        for path in directory.glob("worker-*.crt")
-        if path.stem.removeprefix("worker-").isdigit()
-    ]
-    return max(taken, default=0) + 1
+    taken = (_generation_of(path.name) for path in directory.iterdir())
+    return max((n for n in taken if n is not None), default=0) + 1
 
 
 __all__ = ["CertificateRenewer", "renewal_due"]
