@@ -75,7 +75,6 @@ import grpc
 import psutil
 import psycopg
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -89,7 +88,7 @@ from qinglong.rpc.v1 import execution_pb2, fence_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol.bounds import encode_lease_capability
-from qinglong_protocol.telemetry import trace_sampler
+from qinglong_protocol.telemetry import client_interceptors, trace_sampler
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -786,9 +785,9 @@ async def interleaved_leases(arms: Sequence[Arm], renewals: int) -> None:
 async def compare(
     off: DevStack, on: DevStack, provider: TracerProvider, runs: int, renewals: int
 ) -> None:
-    traced: Sequence[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
-        tracer_provider=provider
-    )
+    # The Worker's interceptors (a poll outside a sampled trace is not instrumented), on
+    # the bench's own provider; no QINGLONG_TRACE_POLLING, as in production.
+    traced = client_interceptors({}, tracer_provider=provider)
     async with worker_bench(off) as quiet, worker_bench(on, traced) as loud:
         arms = [
             await open_arm("tracing off", off, quiet),

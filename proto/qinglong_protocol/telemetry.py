@@ -16,8 +16,10 @@ Polling stays out of traces: a Worker calls PullOffers, RenewSession and Control
 a timer whether or not anything happens, and traced they would be most of the spans.
 Whatever the sampler, a span of one of those methods is recorded only inside a trace
 that is already sampled (`PollingOutsideTraces`), so a poll never starts a trace — not at
-the Worker, nor at ingress or control when the Worker does not trace.
-`QINGLONG_TRACE_POLLING=true` traces them like any other call.
+the Worker, nor at ingress or control when the Worker does not trace. Such a poll does not
+pass through the gRPC instrumentation at all (`instrumented_server_call`,
+`instrumented_client_call`): its own work is most of what a traced call costs, and polls
+are most calls. `QINGLONG_TRACE_POLLING=true` traces them like any other call.
 
 Prometheus metrics are not OpenTelemetry's: see qinglong_protocol.metrics.
 
@@ -33,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import grpc
-from opentelemetry import metrics, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -65,6 +67,18 @@ ENV_TRACE_POLLING: Final = "QINGLONG_TRACE_POLLING"
 DEFAULT_SAMPLER: Final = "parentbased_always_on"
 
 
+def _polling(method: str | bytes) -> bool:
+    """Whether a gRPC method path (or span name) names a polling method. (The client's
+    call details may carry the method as bytes.)"""
+    name = method.decode("ascii", "replace") if isinstance(method, bytes) else method
+    return name.rsplit("/", 1)[-1] in POLLING_METHODS
+
+
+def _in_sampled_trace(context: Context | None) -> bool:
+    parent = get_current_span(context).get_span_context()
+    return parent.is_valid and parent.trace_flags.sampled
+
+
 class PollingOutsideTraces(Sampler):
     """``inner``'s decision, except that a span of a polling method (`POLLING_METHODS`,
     by the gRPC span name's last part) is dropped unless its parent is sampled."""
@@ -82,12 +96,10 @@ class PollingOutsideTraces(Sampler):
         links: Sequence[Link] | None = None,
         trace_state: TraceState | None = None,
     ) -> SamplingResult:
-        if name.rsplit("/", 1)[-1] in POLLING_METHODS:
-            parent = get_current_span(parent_context).get_span_context()
-            if not (parent.is_valid and parent.trace_flags.sampled):
-                return ALWAYS_OFF.should_sample(
-                    parent_context, trace_id, name, kind, attributes, links, trace_state
-                )
+        if _polling(name) and not _in_sampled_trace(parent_context):
+            return ALWAYS_OFF.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
         return self._inner.should_sample(
             parent_context, trace_id, name, kind, attributes, links, trace_state
         )
@@ -128,7 +140,7 @@ def trace_sampler(environ: Mapping[str, str]) -> Sampler:
     else:
         _log.warning("unknown OTEL_TRACES_SAMPLER %r; using %s", name, DEFAULT_SAMPLER)
         inner = DEFAULT_ON
-    if environ.get(ENV_TRACE_POLLING, "").strip().lower() == "true":
+    if _tracing_polling(environ):
         return inner
     return PollingOutsideTraces(inner)
 
@@ -170,22 +182,58 @@ def tracing_enabled() -> bool:
     return isinstance(trace.get_tracer_provider(), TracerProvider)
 
 
-def server_interceptors() -> Sequence[grpc.aio.ServerInterceptor]:
+def _tracing_polling(environ: Mapping[str, str]) -> bool:
+    return environ.get(ENV_TRACE_POLLING, "").strip().lower() == "true"
+
+
+def instrumented_server_call(details: grpc.HandlerCallDetails) -> bool:
+    """Server side: whether the instrumentation should see a call at all. A poll outside
+    a sampled trace would make a span the sampler drops (`PollingOutsideTraces`), and
+    the instrumentation's own work (context, attributes, wrappers) is most of what a
+    traced call costs: polls are most calls, so they skip it."""
+    if not _polling(details.method):
+        return True
+    carrier = {
+        key: value for key, value in details.invocation_metadata or () if isinstance(value, str)
+    }
+    return _in_sampled_trace(propagate.extract(carrier))
+
+
+def instrumented_client_call(details: grpc.aio.ClientCallDetails) -> bool:
+    """Client side, likewise: a poll is instrumented only inside a sampled trace."""
+    return not _polling(details.method) or _in_sampled_trace(None)
+
+
+def server_interceptors(
+    environ: Mapping[str, str] | None = None,
+) -> Sequence[grpc.aio.ServerInterceptor]:
     """A server span per call, continuing the caller's trace (W3C traceparent); none
-    when this process records no spans (the instrumentation would only cost time)."""
+    when this process records no spans (the instrumentation would only cost time). A
+    poll outside a sampled trace is not instrumented (`instrumented_server_call`), unless
+    `QINGLONG_TRACE_POLLING=true`."""
     if not tracing_enabled():
         return []
-    interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor()  # type: ignore[no-untyped-call]
+    env = os.environ if environ is None else environ
+    chosen = None if _tracing_polling(env) else instrumented_server_call
+    interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor(filter_=chosen)  # type: ignore[no-untyped-call]
     return [interceptor]
 
 
-def client_interceptors() -> Sequence[grpc.aio.ClientInterceptor]:
-    """A client span per call, propagating its context to the server; none when this
-    process records no spans. (A hop that is itself a server passes a context on instead:
-    `current_trace_context`, or `trace_context_of` when it records nothing.)"""
-    if not tracing_enabled():
+def client_interceptors(
+    environ: Mapping[str, str] | None = None, tracer_provider: TracerProvider | None = None
+) -> Sequence[grpc.aio.ClientInterceptor]:
+    """A client span per call, propagating its context to the server; none when no
+    spans are recorded (by `tracer_provider`, else this process's). A poll outside a
+    sampled trace is not instrumented, unless `QINGLONG_TRACE_POLLING=true`. (A hop that
+    is itself a server passes a context on instead: `current_trace_context`, or
+    `trace_context_of` when it records nothing.)"""
+    if tracer_provider is None and not tracing_enabled():
         return []
-    interceptors: Sequence[grpc.aio.ClientInterceptor] = aio_client_interceptors()  # type: ignore[no-untyped-call]
+    env = os.environ if environ is None else environ
+    chosen = None if _tracing_polling(env) else instrumented_client_call
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
+        tracer_provider=tracer_provider, filter_=chosen
+    )
     return list(interceptors)
 
 

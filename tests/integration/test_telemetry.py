@@ -20,6 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from qinglong.control.v1 import run_service_pb2, run_service_pb2_grpc
 from qinglong.rpc.v1 import execution_pb2
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong_control.db.pool import PoolSizing, open_runtime_pool
+from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.telemetry import client_interceptors, trace_sampler
 from qinglong_protocol.tls import mutual_tls_channel_credentials
@@ -194,3 +196,19 @@ async def test_polling_starts_no_trace_but_is_traced_inside_one(
     assert len(_by_name(spans, "RuntimeService/PullOffers")) == 1  # control (ingress's is above)
     assert _by_name(spans, "qinglong.db.transaction")
     assert {span.context.trace_id for span in spans} == {parent.get_span_context().trace_id}
+
+
+async def test_a_reconcile_cycle_starts_no_trace(
+    stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    """The reconciler runs on a timer, like a poll: its transactions (each cycle reads a
+    page of Runs to converge in one, idle or not) are not a trace of their own each; its
+    work is in the reconcile metrics."""
+    exporter, _ = telemetry
+    async with await open_runtime_pool(
+        stack.database.urls.runtime, sizing=PoolSizing(1, 2)
+    ) as pool:
+        exporter.clear()
+        report = await Reconciler(pool, ReconcilerLimits()).cycle()
+    assert report.pages >= 1, "the cycle read nothing: the test would prove nothing"
+    assert list(exporter.get_finished_spans()) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import namedtuple
 from dataclasses import fields
 from pathlib import Path
 
@@ -18,7 +19,11 @@ from qinglong_control.reconciler import CycleReport
 from qinglong_control.settings import parse_control_settings
 from qinglong_ingress.settings import parse_ingress_settings
 from qinglong_protocol.metrics import MetricsEndpoint
-from qinglong_protocol.telemetry import trace_sampler
+from qinglong_protocol.telemetry import (
+    instrumented_client_call,
+    instrumented_server_call,
+    trace_sampler,
+)
 from qinglong_worker.metrics import START_PHASE_DURATION, StartPhases
 from qinglong_worker.settings import parse_worker_settings
 
@@ -168,3 +173,34 @@ def test_the_standard_sampler_variables_are_honoured() -> None:
     bad = {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "often"}
     assert "1.0" in trace_sampler(bad).get_description()
     assert "ParentBased" in trace_sampler({"OTEL_TRACES_SAMPLER": "nonsense"}).get_description()
+
+
+_ServerCall = namedtuple("_ServerCall", ["method", "invocation_metadata"])
+_ClientCall = namedtuple("_ClientCall", ["method", "timeout", "metadata", "credentials"])
+
+
+def _traceparent(sampled: bool) -> tuple[str, str]:
+    return ("traceparent", f"00-{'ab' * 16}-{'cd' * 8}-{'01' if sampled else '00'}")
+
+
+def test_polls_outside_a_sampled_trace_skip_the_instrumentation() -> None:
+    """The gRPC instrumentation's own work is most of what a traced call costs; a poll the
+    sampler would drop (above) does not get it at all — at a server, by the caller's
+    traceparent; at a client, by the current span."""
+    auth = ("authorization", "Bearer x")
+    assert instrumented_server_call(_ServerCall(CLAIM, ()))
+    assert not instrumented_server_call(_ServerCall(POLL, (auth,)))
+    assert not instrumented_server_call(_ServerCall(POLL, (auth, _traceparent(False))))
+    assert instrumented_server_call(_ServerCall(POLL, (auth, _traceparent(True))))
+    assert not instrumented_server_call(
+        _ServerCall("/qinglong.runtime.v1.RuntimeService/ControlLease", None)
+    )
+
+    assert instrumented_client_call(_ClientCall(CLAIM.encode(), None, None, None))
+    assert not instrumented_client_call(_ClientCall(POLL.encode(), None, None, None))
+    assert not instrumented_client_call(_ClientCall(POLL, None, None, None))
+    for sampled in (False, True):
+        flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+        parent = NonRecordingSpan(SpanContext(1, 2, is_remote=False, trace_flags=flags))
+        with trace.use_span(parent):
+            assert instrumented_client_call(_ClientCall(POLL, None, None, None)) is sampled

@@ -96,11 +96,18 @@ async def command_transaction(
     pipeline would add a sync (a round trip) at each edge. So BEGIN travels with the
     first batch, and COMMIT with the last; a cursor's rows may be read after the block.
     """
-    # A child of the calling RPC's span; it ends when the transaction does.
-    span = _tracer.start_span(
-        "qinglong.db.transaction",
-        kind=trace.SpanKind.CLIENT,
-        attributes={"db.system": "postgresql"},
+    # A child of the calling RPC's span, only inside a recorded one: a transaction of no
+    # traced call (a poll's, the reconciler's) would otherwise start a trace of its own.
+    # It ends when the transaction does.
+    traced = trace.get_current_span().is_recording()
+    span = (
+        _tracer.start_span(
+            "qinglong.db.transaction",
+            kind=trace.SpanKind.CLIENT,
+            attributes={"db.system": "postgresql"},
+        )
+        if traced
+        else trace.INVALID_SPAN
     )
     tx = CommandTx(conn, fault)
     try:
@@ -132,9 +139,10 @@ async def command_transaction(
         # on this connection would fail for good (test_start_fact_faults.py).
         if conn.info.transaction_status == pq.TransactionStatus.INERROR:
             await conn.rollback()
-        # Statement labels only (e.g. "lock.run"): never parameters, never SQL values.
-        span.set_attribute("qinglong.db.statements", ",".join(tx.labels))
-        span.end()
+        if traced:
+            # Statement labels only (e.g. "lock.run"): never parameters, never SQL values.
+            span.set_attribute("qinglong.db.statements", ",".join(tx.labels))
+            span.end()
 
 
 #: Attempts of one serializable command when concurrent ones collide (SQLSTATE 40001/40P01).
