@@ -75,3 +75,53 @@ async def test_following_moves_to_the_retry_without_reading_bytes_to_wait(
     assert latest, "the latest Attempt was asked for while following"
     for request, sent in latest:
         assert (request.offset, request.max_bytes, sent) == (bounds.MAX_SAFE_INTEGER, 1, 0)
+
+
+@dataclass
+class QueuedThenRunning:
+    """A Run still queued when following starts; its Attempt has printed part of its
+    output by the next poll, the rest and its end come after."""
+
+    requests: list[rs.ReadRunOutputRequest] = field(default_factory=list)
+
+    async def ReadRunOutput(self, request: rs.ReadRunOutputRequest, **_: Any) -> Any:
+        self.requests.append(request)
+        if len(self.requests) <= 2:  # the first read, and the first look for an Attempt
+            return rs.ReadRunOutputResponse(run_terminal=False)
+        done = len(self.requests) > 4
+        stored = b"first\nsecond\n" if done else b"first\n"
+        data = stored[request.offset :][: request.max_bytes or bounds.OUTPUT_READ_DEFAULT_BYTES]
+        return rs.ReadRunOutputResponse(
+            attempt_number=1,
+            attempt_id="attempt-1",
+            data=data,
+            offset=min(request.offset, len(stored)),
+            next_offset=min(request.offset, len(stored)) + len(data),
+            end_offset=len(stored),
+            complete=done,
+            run_terminal=done,
+        )
+
+
+async def test_output_read_before_the_attempt_was_known_is_not_printed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Following a queued Run: the poll that first finds the Attempt prints its bytes;
+    learning that it is the latest Attempt must not start it over from byte 0 (it once
+    printed those bytes twice)."""
+    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
+    out, err = io.StringIO(), io.StringIO()
+    runs = QueuedThenRunning()
+    await run_output.print_run_output(
+        runs,  # type: ignore[arg-type]
+        dict,
+        "default",
+        RUN_ID,
+        attempt=None,
+        follow=True,
+        out=out,
+        err=err,
+    )
+    assert out.getvalue() == "first\nsecond\n"
+    assert err.getvalue() == ""
+    assert len(runs.requests) > 3, "the script never reached the Attempt's output"

@@ -65,9 +65,13 @@ async def print_run_output(
         return await runs.ReadRunOutput(request, **call_options())
 
     offset = 0
-    page = await read(attempt, offset)
-    number = page.attempt_number or None  # None: the Run has no Attempt yet
+    number = attempt  # None: no Attempt seen yet (the Run was queued), or none asked for
+    page = await read(number, offset)
     while True:
+        if number is None and page.attempt_number:
+            # The first Attempt this read found (the latest one): what follows is its bytes,
+            # so it is the Attempt being followed from here on, not one to start over.
+            number = page.attempt_number
         if page.offset > offset:
             print(f"[{page.offset - offset} bytes removed by retention]", file=err)
         sink.write(page.data)
