@@ -125,3 +125,56 @@ async def test_output_read_before_the_attempt_was_known_is_not_printed_again(
     assert out.getvalue() == "first\nsecond\n"
     assert err.getvalue() == ""
     assert len(runs.requests) > 3, "the script never reached the Attempt's output"
+
+
+@dataclass
+class RetriesBetweenPolls:
+    """A Run queued when following starts; by the first look, two Attempts have run,
+    and two more run between two later polls: each Attempt's output must be printed."""
+
+    attempts: dict[int, bytes] = field(default_factory=dict)
+    requests: list[rs.ReadRunOutputRequest] = field(default_factory=list)
+
+    async def ReadRunOutput(self, request: rs.ReadRunOutputRequest, **_: Any) -> Any:
+        self.requests.append(request)
+        if len(self.requests) == 2:  # the first look for an Attempt: two have run
+            self.attempts.update({1: b"one\n", 2: b"two\n"})
+        if len(self.requests) == 8:  # while Attempt 2 is followed, two more ran
+            self.attempts.update({3: b"three\n", 4: b"four\n"})
+        if not self.attempts:
+            return rs.ReadRunOutputResponse(run_terminal=False)
+        latest = max(self.attempts)
+        number = request.attempt_number if request.HasField("attempt_number") else latest
+        stored = self.attempts[number]
+        start = min(request.offset, len(stored))
+        data = stored[start:][: request.max_bytes or bounds.OUTPUT_READ_DEFAULT_BYTES]
+        return rs.ReadRunOutputResponse(
+            attempt_number=number,
+            attempt_id=f"attempt-{number}",
+            data=data,
+            offset=start,
+            next_offset=start + len(data),
+            end_offset=len(stored),
+            complete=True,
+            run_terminal=latest == 4,
+        )
+
+
+async def test_following_reads_every_attempt_however_many_ran_between_polls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
+    out, err = io.StringIO(), io.StringIO()
+    runs = RetriesBetweenPolls()
+    await run_output.print_run_output(
+        runs,  # type: ignore[arg-type]
+        dict,
+        "default",
+        RUN_ID,
+        attempt=None,
+        follow=True,
+        out=out,
+        err=err,
+    )
+    assert out.getvalue() == "one\ntwo\nthree\nfour\n"
+    assert err.getvalue() == "--- attempt 2\n--- attempt 3\n--- attempt 4\n"

@@ -31,6 +31,7 @@ from qinglong_cli.ingress_client import (
     run_through_ingress,
 )
 from qinglong_cli.output import enum_names
+from qinglong_cli.run_events import every_run_event
 from qinglong_cli.run_output import print_run_output
 
 #: `--retry-on` names: the endings a retry policy may opt into.
@@ -237,10 +238,7 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
             follow=False,
         )
     elif args.action == "events":
-        page = await runs.ListRunEvents(
-            run_service_pb2.ListRunEventsRequest(project_id=project, run_id=args.run_id), **call
-        )
-        for event in page.events:
+        async for event in every_run_event(runs.ListRunEvents, project, args.run_id, **call):
             printer.item(event)
     elif args.action == "watch":
         stream = runs.WatchRunEvents(

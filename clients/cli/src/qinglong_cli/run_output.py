@@ -5,8 +5,9 @@ The bytes go to stdout unchanged (no table, no JSON: output is whatever the exec
 wrote); notes — an Attempt changing while following, bytes retention removed — go to
 stderr. Without ``--follow`` it prints what is stored and ends. With it, it polls
 RunService.ReadRunOutput and ends by itself once the Run is terminal and the output of
-its last Attempt is complete and printed; without ``--attempt`` it moves on to a retry's
-new Attempt. Each poll is one short call: the control plane holds nothing open for it.
+its last Attempt is complete and printed; without ``--attempt`` it goes on to each later
+Attempt (a retry's) in turn, from the latest at the start — or from the first, if the Run
+had none yet. Each poll is one short call: the control plane holds nothing open for it.
 """
 
 from __future__ import annotations
@@ -65,30 +66,31 @@ async def print_run_output(
         return await runs.ReadRunOutput(request, **call_options())
 
     offset = 0
-    number = attempt  # None: no Attempt seen yet (the Run was queued), or none asked for
+    number = attempt  # the Attempt being read; None: the Run had none when asked
     page = await read(number, offset)
+    if number is None and page.attempt_number:
+        number = page.attempt_number  # the latest when asked: where reading begins
     while True:
-        if number is None and page.attempt_number:
-            # The first Attempt this read found (the latest one): what follows is its bytes,
-            # so it is the Attempt being followed from here on, not one to start over.
-            number = page.attempt_number
-        if page.offset > offset:
-            print(f"[{page.offset - offset} bytes removed by retention]", file=err)
-        sink.write(page.data)
-        offset = page.next_offset
-        if offset < page.end_offset:
-            page = await read(number, offset)
-            continue
+        if number is not None:  # a page of that Attempt's output
+            if page.offset > offset:
+                print(f"[{page.offset - offset} bytes removed by retention]", file=err)
+            sink.write(page.data)
+            offset = page.next_offset
+            if offset < page.end_offset:
+                page = await read(number, offset)
+                continue
         if not follow:
             return
         if number is None or (attempt is None and page.complete):
-            # The latest Attempt may be another one now (a retry), or the first one. Asked
-            # past any end, the answer is its metadata only: no bytes are read for it.
+            # Is there a next Attempt (a retry), or a first one? Asked past any end, the
+            # answer is the latest one's metadata only: no bytes are read to find out.
             latest = await read(None, bounds.MAX_SAFE_INTEGER, 1)
-            if latest.attempt_number and latest.attempt_number != number:
-                if number is not None:
-                    print(f"--- attempt {latest.attempt_number}", file=err)
-                number, offset = latest.attempt_number, 0
+            if latest.attempt_number > (number or 0):
+                # One Attempt after another, never straight to the latest: several may
+                # have begun (and ended) since the last look, each with its own output.
+                number, offset = (number or 0) + 1, 0
+                if number > 1:
+                    print(f"--- attempt {number}", file=err)
                 page = await read(number, offset)
                 continue
             if latest.run_terminal:
@@ -96,4 +98,5 @@ async def print_run_output(
         elif page.complete:
             return  # the Attempt asked for has ended, and its output is all printed
         await asyncio.sleep(FOLLOW_POLL_SECONDS)
-        page = await read(number, offset)
+        if number is not None:
+            page = await read(number, offset)

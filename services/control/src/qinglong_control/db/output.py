@@ -3,8 +3,9 @@
 This is the embedded store behind :class:`OutputStore` (the table of migration 0010). An
 append is one short transaction in two round trips, like a fenced command: the stream's
 lock, the Attempt's authority, the stream row and the kept chunks it overlaps, DB time;
-then the write and COMMIT. Reads need no transaction: a stream's end only grows, and a
-page is cut from contiguous chunks.
+then the write and COMMIT. A read is one statement (one snapshot): the Attempt, where its
+stream stands and the page's chunks, so what an answer says of the stream's end and of
+the Attempt's ending is true of the bytes it carries.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ _OWNER = SQL["output.owner"]
 _STREAM = SQL["output.stream"]
 _OVERLAPPING = SQL["output.overlapping"]
 _APPEND = SQL["output.append"]
-_LOCATE = SQL["output.locate"]
-_PAGE = SQL["output.page"]
+_READ_PAGE = SQL["output.read_page"]
 _EXPIRE = SQL["output.expire"]
 _DB_NOW = SQL["clock.db_now"]
 
@@ -176,27 +176,28 @@ async def read_output(
     """A page of the Attempt's output; another project's Run is not found, like a
     missing one."""
     cursor = await conn.execute(
-        _LOCATE, {"project_id": project_id, "run_id": run_id, "attempt_number": attempt_number}
+        _READ_PAGE,
+        {
+            "project_id": project_id,
+            "run_id": run_id,
+            "attempt_number": attempt_number,
+            "earliest_start": offset - bounds.OUTPUT_CHUNK_MAX_BYTES,
+            "from": offset,
+            "max_bytes": max_bytes,
+            "limit": PAGE_CHUNKS_MAX,
+        },
     )
-    found = await cursor.fetchone()
-    if found is None:
+    rows = await cursor.fetchall()
+    if not rows:
         raise Refused(Reason.RUN_NOT_FOUND, "no such run")
-    run_state, attempt_id, number, artifact, complete, end_offset, first_offset = found
+    run_state, attempt_id, number, artifact, complete, end_offset, first_offset = rows[0][:7]
     run_terminal = RunState(run_state).is_terminal
     if attempt_id is None:
         if attempt_number is not None:
             raise Refused(Reason.ATTEMPT_NOT_FOUND, "the run has no attempt of that number")
         return OutputPage(run_terminal)  # nothing claimed yet
-    chunks = await conn.cursor(row_factory=kwargs_row(StoredChunk)).execute(
-        _PAGE,
-        {
-            "attempt_id": attempt_id,
-            "earliest_start": offset - bounds.OUTPUT_CHUNK_MAX_BYTES,
-            "from": offset,
-            "limit": PAGE_CHUNKS_MAX,
-        },
-    )
-    start, data = page_of(await chunks.fetchall(), max(offset, first_offset), max_bytes)
+    chunks = [StoredChunk(row[7], row[8]) for row in rows if row[7] is not None]
+    start, data = page_of(chunks, max(offset, first_offset), max_bytes)
     return OutputPage(
         run_terminal,
         attempt_id,

@@ -48,26 +48,37 @@ ON CONFLICT (attempt_id) DO UPDATE
        first_offset = greatest(o.first_offset, excluded.first_offset),
        updated_at_ms = excluded.updated_at_ms
 
--- name: locate
--- The Run (in its project), the Attempt asked for (by number, else the latest) and where
--- its stream stands. No row: no such Run here; a NULL attempt_id: no such Attempt.
-SELECT r.state AS run_state, a.attempt_id, a.attempt_number, a.log_artifact_id,
-       a.finished_at_ms IS NOT NULL AS complete,
-       coalesce(o.end_offset, 0) AS end_offset, coalesce(o.first_offset, 0) AS first_offset
-  FROM qinglong.runs r
-  LEFT JOIN qinglong.attempts a
-         ON a.run_id = r.run_id
-        AND a.attempt_number = coalesce(%(attempt_number)s::bigint, r.attempt_count)
-  LEFT JOIN qinglong.attempt_output o ON o.attempt_id = a.attempt_id
- WHERE r.project_id = %(project_id)s AND r.run_id = %(run_id)s
-
--- name: page
--- Kept chunks from `from` on, in order (see `overlapping` for `earliest_start`).
-SELECT start_offset, data FROM qinglong.attempt_output_chunks
- WHERE attempt_id = %(attempt_id)s
-   AND start_offset > %(earliest_start)s AND end_offset > %(from)s
- ORDER BY start_offset
- LIMIT %(limit)s
+-- name: read_page
+-- The Run (in its project), the Attempt asked for (by number, else the latest), where its
+-- stream stands, and the kept chunks that hold the page: from `from` (or the first kept
+-- byte, if retention removed it; see `overlapping` for `earliest_start`) up to
+-- `max_bytes` further, so a page never reads more of the stream than it returns. One
+-- statement, so one snapshot: the bytes, the end and `complete` agree with one another.
+-- One row per chunk (the Attempt's columns repeated), or one row with no chunk. No row:
+-- no such Run here; a NULL attempt_id: no such Attempt.
+WITH located AS (
+    SELECT r.state AS run_state, a.attempt_id, a.attempt_number, a.log_artifact_id,
+           a.finished_at_ms IS NOT NULL AS complete,
+           coalesce(o.end_offset, 0) AS end_offset, coalesce(o.first_offset, 0) AS first_offset
+      FROM qinglong.runs r
+      LEFT JOIN qinglong.attempts a
+             ON a.run_id = r.run_id
+            AND a.attempt_number = coalesce(%(attempt_number)s::bigint, r.attempt_count)
+      LEFT JOIN qinglong.attempt_output o ON o.attempt_id = a.attempt_id
+     WHERE r.project_id = %(project_id)s AND r.run_id = %(run_id)s
+)
+SELECT l.run_state, l.attempt_id, l.attempt_number, l.log_artifact_id, l.complete,
+       l.end_offset, l.first_offset, c.start_offset, c.data
+  FROM located l
+  LEFT JOIN LATERAL (
+        SELECT start_offset, data FROM qinglong.attempt_output_chunks
+         WHERE attempt_id = l.attempt_id
+           AND start_offset > %(earliest_start)s AND end_offset > %(from)s
+           AND start_offset < greatest(%(from)s, l.first_offset) + %(max_bytes)s
+         ORDER BY start_offset
+         LIMIT %(limit)s
+       ) c ON true
+ ORDER BY c.start_offset
 
 -- name: expire
 -- One bounded step of the age sweep: at most `limit` chunks, the oldest chunks of the
