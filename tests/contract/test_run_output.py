@@ -184,6 +184,41 @@ async def test_reads_page_by_offset_and_select_the_attempt(world: World) -> None
     assert elsewhere.reason is Reason.RUN_NOT_FOUND
 
 
+async def chunks_fetched_by(world: World, read: Any) -> int:
+    """How many chunk rows the statements of ``read`` fetched: the difference in this
+    session's not yet reported statistics (no waiting for them to be reported), taken in
+    one transaction so that they cannot be reported in between."""
+
+    async def fetched() -> int:
+        cursor = await world.conn.execute(
+            "SELECT coalesce(sum(idx_tup_fetch + seq_tup_read), 0)"
+            " FROM pg_stat_xact_user_tables WHERE relname = 'attempt_output_chunks'"
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async with world.conn.transaction():
+        before = await fetched()
+        await read
+        return await fetched() - before
+
+
+async def test_a_page_reads_only_the_chunks_it_returns(world: World) -> None:
+    """A 64 MiB stream read a page at a time must not read the whole stream per page."""
+    work = await running(world)
+    conn, run_id = world.conn, work.fence.run_id
+    data = secrets.token_bytes(CHUNK * 16)
+    for start in range(0, len(data), CHUNK):
+        await append_output(conn, work.fence, start, data[start : start + CHUNK], KEEP_ALL)
+    first = read_output(conn, PROJECT, run_id, None, 0, 100)
+    assert await chunks_fetched_by(world, first) == 1
+    middle = read_output(conn, PROJECT, run_id, 1, 5 * CHUNK - 10, 20 + CHUNK)
+    assert await chunks_fetched_by(world, middle) == 3  # the end of 4, all of 5, 6's start
+    page = await read_output(conn, PROJECT, run_id, 1, 5 * CHUNK - 10, 20 + CHUNK)
+    assert page.data == data[5 * CHUNK - 10 : 6 * CHUNK + 10]
+
+
 async def test_a_run_without_an_attempt_reads_empty(world: World) -> None:
     run_id = await world.queued_run()
     page = await read_output(world.conn, PROJECT, run_id, None, 0, 10)
