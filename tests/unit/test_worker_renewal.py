@@ -241,3 +241,27 @@ async def test_the_renewal_loop_sweeps_before_its_first_check(tmp_path: Path) ->
     stop.set()
     await task
     assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]
+
+
+def test_the_sweep_keeps_the_named_identity_however_its_paths_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon is started with a relative --identity while worker.json names absolute
+    paths (as join writes them), and the other way round: the files in use stay."""
+    identity_due_now(tmp_path)
+    (tmp_path / "worker-2.key").write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
+    monkeypatch.chdir(tmp_path.parent)
+    relative = Path(tmp_path.name) / "worker.json"
+    renewer = CertificateRenewer(Unreachable(), relative, "edge-1", clock=lambda: NOW)
+    assert [p.name for p in renewer.sweep_unnamed()] == ["worker-2.key"]
+    assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]
+
+    named = json.loads((tmp_path / "worker.json").read_text())
+    named.update(
+        tls_key=str(Path(tmp_path.name) / "worker.key"),
+        tls_cert=str(Path(tmp_path.name) / "worker.crt"),
+    )
+    (tmp_path / "worker.json").write_text(json.dumps(named))
+    absolute = CertificateRenewer(Unreachable(), tmp_path / "worker.json", "edge-1")
+    assert absolute.sweep_unnamed() == []
+    assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]

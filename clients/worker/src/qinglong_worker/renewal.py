@@ -149,11 +149,13 @@ class CertificateRenewer:
         ``worker.json`` does not name: what a crash in the middle of a renewal left.
         Returns what it removed. Runs before any renewal of this daemon, never during one."""
         identity: dict[str, str] = json.loads(self.identity_file.read_text())
-        named = {Path(identity["tls_key"]), Path(identity["tls_cert"])}
+        # Compared as the files they are: --identity may be relative while worker.json
+        # names absolute paths (join writes them so), or the other way round.
+        named = {Path(identity["tls_key"]).resolve(), Path(identity["tls_cert"]).resolve()}
         unnamed = [
             path
-            for path in self.identity_file.parent.iterdir()
-            if _is_worker_credential(path.name) and path not in named
+            for path in self.identity_file.resolve().parent.iterdir()
+            if _is_worker_credential(path.name) and path.resolve() not in named
         ]
         _remove(tuple(unnamed))
         return unnamed
