@@ -377,6 +377,7 @@ CREATE TABLE qinglong.attempts (
     exit_code integer,
     error_code text,
     error_summary text,
+    output_bytes bigint,
     CONSTRAINT attempts_attempt_number_check CHECK ((attempt_number >= 1)),
     CONSTRAINT attempts_callback_sequence_check CHECK ((callback_sequence >= 0)),
     CONSTRAINT attempts_check CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text, 'lost'::text])) = (finished_at_ms IS NOT NULL))),
@@ -389,6 +390,7 @@ CREATE TABLE qinglong.attempts (
     CONSTRAINT attempts_lease_generation_check CHECK ((lease_generation >= 1)),
     CONSTRAINT attempts_lease_version_check CHECK ((lease_version >= 1)),
     CONSTRAINT attempts_log_artifact_id_check CHECK (((octet_length(log_artifact_id) >= 1) AND (octet_length(log_artifact_id) <= 256))),
+    CONSTRAINT attempts_output_bytes_at_end CHECK (((output_bytes IS NULL) OR ((finished_at_ms IS NOT NULL) AND ((output_bytes >= 0) AND (output_bytes <= '9007199254740991'::bigint))))),
     CONSTRAINT attempts_state_check CHECK ((state = ANY (ARRAY['claimed'::text, 'starting'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text, 'lost'::text])))
 );
 

@@ -156,6 +156,39 @@ async def test_appends_outlive_the_lease_and_the_attempt(world: World) -> None:
     assert late.end_offset == 13
     page = await read_output(conn, PROJECT, work.fence.run_id, None, 0, 1024)
     assert (page.data, page.complete, page.run_terminal) == (b"before\nafter\n", True, True)
+    assert page.output_bytes is None  # this Worker did not say how much it wrote
+
+
+async def test_the_size_reported_with_the_ending_tells_readers_what_is_still_coming(
+    world: World,
+) -> None:
+    """A Worker that reports the ending before it shipped all output says how much there
+    is: a reader sees the Attempt complete with fewer bytes held than that, until the rest
+    arrives. An exact replay of the completion changes nothing, a different size
+    included."""
+    work = await running(world)
+    conn, run_id = world.conn, work.fence.run_id
+    await append_output(conn, work.fence, 0, b"early\n", KEEP_ALL)
+    running_page = await read_output(conn, PROJECT, run_id, None, 0, 1024)
+    assert (running_page.complete, running_page.output_bytes) == (False, None)
+    report = CompletionReport(1, "succeeded", 0, "exit code 0", None, output_bytes=12)
+    await complete_attempt(conn, work.fence, report)
+    short = await read_output(conn, PROJECT, run_id, None, 0, 1024)
+    assert (short.complete, short.end_offset, short.output_bytes) == (True, 6, 12)
+    replayed = await complete_attempt(conn, work.fence, replace(report, output_bytes=99))
+    assert replayed.replayed
+    await append_output(conn, work.fence, 6, b"later\n", KEEP_ALL)
+    whole = await read_output(conn, PROJECT, run_id, None, 0, 1024)
+    assert (whole.data, whole.end_offset, whole.output_bytes) == (b"early\nlater\n", 12, 12)
+
+
+async def test_only_an_ended_attempt_has_an_output_size(world: World) -> None:
+    work = await running(world)
+    with pytest.raises(psycopg.errors.CheckViolation, match="attempts_output_bytes_at_end"):
+        await world.conn.execute(
+            "UPDATE qinglong.attempts SET output_bytes = 1 WHERE attempt_id = %s",
+            (work.fence.attempt_id,),
+        )
 
 
 async def test_reads_page_by_offset_and_select_the_attempt(world: World) -> None:

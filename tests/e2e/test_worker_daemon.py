@@ -321,6 +321,13 @@ def test_worker_runs_a_run_to_succeeded(
     assert (record["exit_code"], record["completion_outcome"]) == (0, "succeeded")
     assert record["lease_version"] >= 2  # completion answered expected + 1
     assert (tmp_path / "worker" / "logs" / f"{record['offer_id']}.log").read_text() == "hi\n"
+    output = operator.runs.ReadRunOutput(
+        run_service_pb2.ReadRunOutputRequest(project_id=operator.project_id, run_id=run_id),
+        metadata=operator.metadata,
+        timeout=10,
+    )
+    # The Worker said how much it captured when it reported the ending: all of it is held.
+    assert (output.data, output.complete, output.output_bytes) == (b"hi\n", True, 3)
     assert worker.inbox.stat().st_mode & 0o077 == 0
     worker.assert_log_holds_no_secret()
 

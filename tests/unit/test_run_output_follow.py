@@ -178,3 +178,66 @@ async def test_following_reads_every_attempt_however_many_ran_between_polls(
     )
     assert out.getvalue() == "one\ntwo\nthree\nfour\n"
     assert err.getvalue() == "--- attempt 2\n--- attempt 3\n--- attempt 4\n"
+
+
+@dataclass
+class ShippedAfterTheEnd:
+    """An Attempt that ended (its Worker was stopping) with 12 bytes of output of which
+    the control plane held 6; the rest arrives ``arrives_after`` reads later (never, if
+    None)."""
+
+    arrives_after: int | None
+    requests: list[rs.ReadRunOutputRequest] = field(default_factory=list)
+
+    async def ReadRunOutput(self, request: rs.ReadRunOutputRequest, **_: Any) -> Any:
+        self.requests.append(request)
+        arrived = self.arrives_after is not None and len(self.requests) > self.arrives_after
+        stored = b"early\nlater\n" if arrived else b"early\n"
+        start = min(request.offset, len(stored))
+        data = stored[start:][: request.max_bytes or bounds.OUTPUT_READ_DEFAULT_BYTES]
+        return rs.ReadRunOutputResponse(
+            attempt_number=1,
+            attempt_id="attempt-1",
+            data=data,
+            offset=start,
+            next_offset=start + len(data),
+            end_offset=len(stored),
+            complete=True,
+            run_terminal=True,
+            output_bytes=12,
+        )
+
+
+async def follow(runs: Any) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    await run_output.print_run_output(
+        runs, dict, "default", RUN_ID, attempt=None, follow=True, out=out, err=err
+    )
+    return out.getvalue(), err.getvalue()
+
+
+async def test_following_waits_for_output_shipped_after_the_attempt_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Run is terminal and the Attempt complete, but its Worker reported 12 bytes and
+    6 are held: following waits for the rest instead of ending without it."""
+    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
+    printed, notes = await follow(ShippedAfterTheEnd(arrives_after=5))
+    assert printed == "early\nlater\n"
+    assert notes == "[attempt 1 ended; its Worker is still shipping 6 bytes]\n"
+
+
+async def test_following_gives_up_on_output_that_never_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
+    monkeypatch.setattr(run_output, "SHIPPING_PATIENCE_SECONDS", 0.05)
+    runs = ShippedAfterTheEnd(arrives_after=None)
+    printed, notes = await follow(runs)
+    assert printed == "early\n"
+    assert notes.splitlines() == [
+        "[attempt 1 ended; its Worker is still shipping 6 bytes]",
+        "[attempt 1: 6 bytes not shipped after 0 s without progress; `qinglong run logs`"
+        " prints them once they arrive]",
+    ]
+    assert len(runs.requests) > 2, "it gave up without waiting"

@@ -21,8 +21,46 @@ from qinglong_protocol import bounds
 
 #: How long following waits before asking again when nothing new was there.
 FOLLOW_POLL_SECONDS: Final = 0.5
+#: How long following waits, with no new byte arriving, for the rest of an ended
+#: Attempt's output that its Worker still has to ship (it reported the ending while
+#: stopping, or its lease ran out): the Worker may be gone for good.
+SHIPPING_PATIENCE_SECONDS: Final = 60.0
 
 _Page = run_service_pb2.ReadRunOutputResponse
+
+
+class _Shipping:
+    """Whether to keep following an ended Attempt whose Worker reported more output
+    (``output_bytes``) than the control plane holds yet; notes what it waits for, and
+    what it gave up on, on stderr."""
+
+    def __init__(self, err: TextIO) -> None:
+        self._err = err
+        self._waiting: tuple[int, int] | None = None  # (Attempt, offset) of the last byte seen
+        self._since = 0.0
+
+    def awaited(self, number: int, page: _Page, offset: int) -> bool:
+        missing = page.output_bytes - offset if page.HasField("output_bytes") else 0
+        if missing <= 0:
+            self._waiting = None
+            return False
+        now = asyncio.get_running_loop().time()
+        if self._waiting != (number, offset):  # first seen short, or bytes arrived since
+            if self._waiting is None or self._waiting[0] != number:
+                note = f"[attempt {number} ended; its Worker is still shipping {missing} bytes]"
+                print(note, file=self._err)
+            self._waiting, self._since = (number, offset), now
+            return True
+        if now - self._since < SHIPPING_PATIENCE_SECONDS:
+            return True
+        print(
+            f"[attempt {number}: {missing} bytes not shipped after"
+            f" {SHIPPING_PATIENCE_SECONDS:.0f} s without progress; `qinglong run logs`"
+            " prints them once they arrive]",
+            file=self._err,
+        )
+        self._waiting = None
+        return False
 
 
 class _Sink:
@@ -56,6 +94,7 @@ async def print_run_output(
     err: TextIO,
 ) -> None:
     sink = _Sink(out)
+    shipping = _Shipping(err)
 
     async def read(number: int | None, offset: int, max_bytes: int = 0) -> _Page:
         request = run_service_pb2.ReadRunOutputRequest(
@@ -81,7 +120,9 @@ async def print_run_output(
                 continue
         if not follow:
             return
-        if number is None or (attempt is None and page.complete):
+        # Ended, and all its output printed — unless its Worker still ships some.
+        ended = number is not None and page.complete and not shipping.awaited(number, page, offset)
+        if number is None or (attempt is None and ended):
             # Is there a next Attempt (a retry), or a first one? Asked past any end, the
             # answer is the latest one's metadata only: no bytes are read to find out.
             latest = await read(None, bounds.MAX_SAFE_INTEGER, 1)
@@ -95,7 +136,7 @@ async def print_run_output(
                 continue
             if latest.run_terminal:
                 return  # no Attempt follows, and this one's output is all printed
-        elif page.complete:
+        elif ended:
             return  # the Attempt asked for has ended, and its output is all printed
         await asyncio.sleep(FOLLOW_POLL_SECONDS)
         if number is not None:

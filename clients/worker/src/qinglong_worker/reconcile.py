@@ -886,6 +886,12 @@ class Reconciler:
             request.exit_code = record.exit_code
         if record.stop_reason == LOCAL_SHUTDOWN:
             request.stop_reason = lifecycle_pb2.CANCEL_REASON_SHUTDOWN
+        log_path = self._log_path(record)
+        if log_path is not None:
+            # Readers wait for this much (some may be shipped after this report); output
+            # whose shipping was given up will never come, so only what was shipped counts.
+            given_up = record.output_given_up is not None
+            request.output_bytes = record.output_offset if given_up else output_size(log_path)
         try:
             done = await self._client.complete_attempt(
                 request, budget_seconds=self._lease_budget(record)

@@ -497,6 +497,7 @@ class ReadRunOutputResponse(_message.Message):
     FIRST_OFFSET_FIELD_NUMBER: _builtins.int
     COMPLETE_FIELD_NUMBER: _builtins.int
     RUN_TERMINAL_FIELD_NUMBER: _builtins.int
+    OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
     attempt_number: _builtins.int
     """The Attempt read; 0 when the Run has no Attempt yet (then nothing else is set
     but run_terminal).
@@ -535,10 +536,18 @@ class ReadRunOutputResponse(_message.Message):
     """
     complete: _builtins.bool
     """The Attempt is terminal. Its Worker ships all output before it reports the
-    ending, so end_offset is final (only a lost Attempt's Worker may still add some).
+    ending, unless it was stopping (shutdown) or its lease ran out: then it ships
+    the rest afterwards, and end_offset grows until it reaches output_bytes. A lost
+    Attempt's Worker may still add output too (its size is not known).
     """
     run_terminal: _builtins.bool
     """The Run is terminal."""
+    output_bytes: _builtins.int
+    """The size of the Attempt's output when it ended, as its Worker reported it with
+    the ending; absent while it runs, for a lost Attempt, and from a Worker that did
+    not report it. end_offset below it: the Worker is still shipping the rest.
+    Range: 0..9007199254740991 (2^53-1).
+    """
     def __init__(
         self,
         *,
@@ -552,11 +561,14 @@ class ReadRunOutputResponse(_message.Message):
         first_offset: _builtins.int = ...,
         complete: _builtins.bool = ...,
         run_terminal: _builtins.bool = ...,
+        output_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_output_bytes", b"_output_bytes", "output_bytes", b"output_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_id", b"attempt_id", "attempt_number", b"attempt_number", "complete", b"complete", "data", b"data", "end_offset", b"end_offset", "first_offset", b"first_offset", "log_artifact_id", b"log_artifact_id", "next_offset", b"next_offset", "offset", b"offset", "run_terminal", b"run_terminal"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_output_bytes", b"_output_bytes", "attempt_id", b"attempt_id", "attempt_number", b"attempt_number", "complete", b"complete", "data", b"data", "end_offset", b"end_offset", "first_offset", b"first_offset", "log_artifact_id", b"log_artifact_id", "next_offset", b"next_offset", "offset", b"offset", "output_bytes", b"output_bytes", "run_terminal", b"run_terminal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__output_bytes: _TypeAlias = _typing.Literal["output_bytes"]  # noqa: Y015
+    _WhichOneofArgType__output_bytes: _TypeAlias = _typing.Literal["_output_bytes", b"_output_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__output_bytes) -> _WhichOneofReturnType__output_bytes | None: ...
 
 Global___ReadRunOutputResponse: _TypeAlias = ReadRunOutputResponse  # noqa: Y015

@@ -689,6 +689,7 @@ class CompleteAttemptRequest(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
     STOP_REASON_FIELD_NUMBER: _builtins.int
+    OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
     callback_sequence: _builtins.int
     """The callback sequence stored by AcknowledgeRunning; a closed sequence
     fails CALLBACK_SEQUENCE_FENCED.
@@ -708,6 +709,14 @@ class CompleteAttemptRequest(_message.Message):
     cancellation in one transaction. UNSPECIFIED when the stop followed the
     control plane's own intent, or for any other outcome.
     """
+    output_bytes: _builtins.int
+    """The size of the execution's output (what it wrote to stdout and stderr) when it
+    ended, so readers know when the output is all there: the Worker may report the
+    ending before it has shipped all of it (it is stopping, or its lease ran out)
+    and ship the rest afterwards. Output whose shipping the Worker gave up is not
+    counted. Absent when the Worker captured no output. An exact replay may omit it
+    or repeat it; the first report stands.
+    """
     @_builtins.property
     def fence(self) -> _fence_pb2.Fence:
         """The full fence (expected_lease_version is the newest persisted version)."""
@@ -721,14 +730,20 @@ class CompleteAttemptRequest(_message.Message):
         exit_code: _builtins.int | None = ...,
         summary: _builtins.str = ...,
         stop_reason: _lifecycle_pb2.CancelReason.ValueType = ...,
+        output_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "fence", b"fence"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_output_bytes", b"_output_bytes", "exit_code", b"exit_code", "fence", b"fence", "output_bytes", b"output_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "callback_sequence", b"callback_sequence", "exit_code", b"exit_code", "fence", b"fence", "outcome", b"outcome", "stop_reason", b"stop_reason", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_output_bytes", b"_output_bytes", "callback_sequence", b"callback_sequence", "exit_code", b"exit_code", "fence", b"fence", "outcome", b"outcome", "output_bytes", b"output_bytes", "stop_reason", b"stop_reason", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__output_bytes: _TypeAlias = _typing.Literal["output_bytes"]  # noqa: Y015
+    _WhichOneofArgType__output_bytes: _TypeAlias = _typing.Literal["_output_bytes", b"_output_bytes"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__output_bytes) -> _WhichOneofReturnType__output_bytes | None: ...
 
 Global___CompleteAttemptRequest: _TypeAlias = CompleteAttemptRequest  # noqa: Y015
 

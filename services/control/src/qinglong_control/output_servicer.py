@@ -63,6 +63,7 @@ class OutputMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
                     end_offset=page.end_offset,
                     first_offset=page.first_offset,
                     complete=page.complete,
+                    output_bytes=page.output_bytes,
                 )
             )
         return rt.ReadRunOutputResponse(response=response)

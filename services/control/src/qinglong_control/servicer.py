@@ -299,6 +299,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             exit_code=public.exit_code if public.HasField("exit_code") else None,
             summary=public.summary,
             stop_reason=stop_reason,
+            output_bytes=public.output_bytes if public.HasField("output_bytes") else None,
         )
         async with self._pool.connection() as conn:
             decision = await lease_control.complete_attempt(conn, fence, report)

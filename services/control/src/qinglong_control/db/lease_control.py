@@ -89,6 +89,7 @@ async def complete_attempt(
             "error_code": decision.error_code,
             "exit_code": report.exit_code,
             "summary": report.summary or None,
+            "output_bytes": report.output_bytes,
             "version": decision.completed_lease_version,
             "now": present.now_ms,
             "attempt_id": fence.attempt_id,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from psycopg import AsyncConnection
-from psycopg.rows import kwargs_row, scalar_row
+from psycopg.rows import dict_row, kwargs_row, scalar_row
 from psycopg_pool import AsyncConnectionPool
 from qinglong_protocol import bounds
 
@@ -60,6 +60,8 @@ class OutputPage:
     first_offset: int = 0
     offset: int = 0
     data: bytes = b""
+    output_bytes: int | None = None
+    """The size of the output when the Attempt ended, as its Worker reported it."""
 
 
 class OutputStore(Protocol):
@@ -175,7 +177,8 @@ async def read_output(
 ) -> OutputPage:
     """A page of the Attempt's output; another project's Run is not found, like a
     missing one."""
-    cursor = await conn.execute(
+    cursor = conn.cursor(row_factory=dict_row)
+    await cursor.execute(
         _READ_PAGE,
         {
             "project_id": project_id,
@@ -190,24 +193,29 @@ async def read_output(
     rows = await cursor.fetchall()
     if not rows:
         raise Refused(Reason.RUN_NOT_FOUND, "no such run")
-    run_state, attempt_id, number, artifact, complete, end_offset, first_offset = rows[0][:7]
-    run_terminal = RunState(run_state).is_terminal
-    if attempt_id is None:
+    located = rows[0]  # the Run's and the Attempt's columns, the same on every row
+    run_terminal = RunState(located["run_state"]).is_terminal
+    if located["attempt_id"] is None:
         if attempt_number is not None:
             raise Refused(Reason.ATTEMPT_NOT_FOUND, "the run has no attempt of that number")
         return OutputPage(run_terminal)  # nothing claimed yet
-    chunks = [StoredChunk(row[7], row[8]) for row in rows if row[7] is not None]
-    start, data = page_of(chunks, max(offset, first_offset), max_bytes)
+    chunks = [
+        StoredChunk(row["start_offset"], row["data"])
+        for row in rows
+        if row["start_offset"] is not None
+    ]
+    start, data = page_of(chunks, max(offset, located["first_offset"]), max_bytes)
     return OutputPage(
         run_terminal,
-        attempt_id,
-        number,
-        artifact,
-        complete,
-        end_offset,
-        first_offset,
+        located["attempt_id"],
+        located["attempt_number"],
+        located["log_artifact_id"],
+        located["complete"],
+        located["end_offset"],
+        located["first_offset"],
         start,
         data,
+        located["output_bytes"],
     )
 
 

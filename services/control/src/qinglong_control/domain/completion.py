@@ -35,6 +35,10 @@ class CompletionReport:
     summary: str
     stop_reason: str | None = None
     """`shutdown` when a draining Worker stopped the execution itself (with `cancelled`)."""
+    output_bytes: int | None = None
+    """The size of the execution's output when it ended (the Worker may still be shipping
+    some of it); None when the Worker did not say. Not part of an exact replay's identity:
+    the first report stands."""
 
 
 @dataclass(frozen=True)

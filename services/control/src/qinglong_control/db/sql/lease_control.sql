@@ -21,7 +21,7 @@ UPDATE qinglong.runs
 UPDATE qinglong.attempts
    SET state = %(attempt_state)s, finished_at_ms = %(now)s, exit_code = %(exit_code)s,
        error_code = %(error_code)s, error_summary = %(summary)s,
-       lease_version = %(version)s
+       lease_version = %(version)s, output_bytes = %(output_bytes)s
  WHERE attempt_id = %(attempt_id)s
 
 -- name: shutdown_intent

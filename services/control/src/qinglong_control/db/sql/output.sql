@@ -58,7 +58,7 @@ ON CONFLICT (attempt_id) DO UPDATE
 -- no such Run here; a NULL attempt_id: no such Attempt.
 WITH located AS (
     SELECT r.state AS run_state, a.attempt_id, a.attempt_number, a.log_artifact_id,
-           a.finished_at_ms IS NOT NULL AS complete,
+           a.finished_at_ms IS NOT NULL AS complete, a.output_bytes,
            coalesce(o.end_offset, 0) AS end_offset, coalesce(o.first_offset, 0) AS first_offset
       FROM qinglong.runs r
       LEFT JOIN qinglong.attempts a
@@ -68,7 +68,7 @@ WITH located AS (
      WHERE r.project_id = %(project_id)s AND r.run_id = %(run_id)s
 )
 SELECT l.run_state, l.attempt_id, l.attempt_number, l.log_artifact_id, l.complete,
-       l.end_offset, l.first_offset, c.start_offset, c.data
+       l.output_bytes, l.end_offset, l.first_offset, c.start_offset, c.data
   FROM located l
   LEFT JOIN LATERAL (
         SELECT start_offset, data FROM qinglong.attempt_output_chunks
