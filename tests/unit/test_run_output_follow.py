@@ -237,7 +237,68 @@ async def test_following_gives_up_on_output_that_never_arrives(
     assert printed == "early\n"
     assert notes.splitlines() == [
         "[attempt 1 ended; its Worker is still shipping 6 bytes]",
-        "[attempt 1: 6 bytes not shipped after 0 s without progress; `qinglong run logs`"
-        " prints them once they arrive]",
+        "[attempt 1: 6 bytes not shipped after 0 s without progress; they may arrive later"
+        " (`qinglong run logs` prints what is stored), or never, if the Worker is gone or"
+        " could not ship them]",
     ]
     assert len(runs.requests) > 2, "it gave up without waiting"
+
+
+@dataclass
+class ShortThenRetried(ShippedAfterTheEnd):
+    """Attempt 1 ended short (its missing bytes never come) and the Run waits for a retry;
+    Attempt 2 appears a few polls after following gave up on those bytes."""
+
+    notes: io.StringIO = field(default_factory=io.StringIO)
+    given_up_at: int = 0
+
+    async def ReadRunOutput(self, request: rs.ReadRunOutputRequest, **_: Any) -> Any:
+        if not self.given_up_at and "not shipped" in self.notes.getvalue():
+            self.given_up_at = len(self.requests)
+        retried = self.given_up_at and len(self.requests) > self.given_up_at + 3
+        wanted = request.attempt_number if request.HasField("attempt_number") else None
+        if retried and wanted in (None, 2):
+            self.requests.append(request)
+            data = b"two\n"[min(request.offset, 4) :]
+            return rs.ReadRunOutputResponse(
+                attempt_number=2,
+                attempt_id="attempt-2",
+                data=data,
+                offset=min(request.offset, 4),
+                next_offset=4,
+                end_offset=4,
+                complete=True,
+                run_terminal=True,
+                output_bytes=4,
+            )
+        answer = await super().ReadRunOutput(request)
+        answer.run_terminal = False
+        return answer
+
+
+async def test_bytes_given_up_on_are_not_waited_for_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once following gave up on an Attempt's missing bytes, it looks for the next
+    Attempt at each poll, without waiting for those bytes (or saying so) again."""
+    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
+    monkeypatch.setattr(run_output, "SHIPPING_PATIENCE_SECONDS", 0.05)
+    runs = ShortThenRetried(arrives_after=None)
+    out = io.StringIO()
+    await run_output.print_run_output(
+        runs,  # type: ignore[arg-type]
+        dict,
+        "default",
+        RUN_ID,
+        attempt=None,
+        follow=True,
+        out=out,
+        err=runs.notes,
+    )
+    assert out.getvalue() == "early\ntwo\n"
+    notes = runs.notes.getvalue().splitlines()
+    assert [note.split(";")[0].split(":")[0] for note in notes] == [
+        "[attempt 1 ended",
+        "[attempt 1",
+        "--- attempt 2",
+    ]

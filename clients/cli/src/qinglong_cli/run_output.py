@@ -38,10 +38,11 @@ class _Shipping:
         self._err = err
         self._waiting: tuple[int, int] | None = None  # (Attempt, offset) of the last byte seen
         self._since = 0.0
+        self._given_up: set[int] = set()  # Attempts not waited for again
 
     def awaited(self, number: int, page: _Page, offset: int) -> bool:
         missing = page.output_bytes - offset if page.HasField("output_bytes") else 0
-        if missing <= 0:
+        if missing <= 0 or number in self._given_up:
             self._waiting = None
             return False
         now = asyncio.get_running_loop().time()
@@ -55,11 +56,13 @@ class _Shipping:
             return True
         print(
             f"[attempt {number}: {missing} bytes not shipped after"
-            f" {SHIPPING_PATIENCE_SECONDS:.0f} s without progress; `qinglong run logs`"
-            " prints them once they arrive]",
+            f" {SHIPPING_PATIENCE_SECONDS:.0f} s without progress; they may arrive later"
+            " (`qinglong run logs` prints what is stored), or never, if the Worker is gone"
+            " or could not ship them]",
             file=self._err,
         )
         self._waiting = None
+        self._given_up.add(number)
         return False
 
 

@@ -714,8 +714,9 @@ class CompleteAttemptRequest(_message.Message):
     ended, so readers know when the output is all there: the Worker may report the
     ending before it has shipped all of it (it is stopping, or its lease ran out)
     and ship the rest afterwards. Output whose shipping the Worker gave up is not
-    counted. Absent when the Worker captured no output. An exact replay may omit it
-    or repeat it; the first report stands.
+    counted (nor, since the first report stands, output given up on afterwards:
+    readers bound their wait). Absent from a Worker that does not capture output. An
+    exact replay may omit it or repeat it; the first report stands.
     """
     @_builtins.property
     def fence(self) -> _fence_pb2.Fence:
