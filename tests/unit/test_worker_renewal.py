@@ -7,6 +7,7 @@ import asyncio
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -265,3 +266,76 @@ def test_the_sweep_keeps_the_named_identity_however_its_paths_are_written(
     absolute = CertificateRenewer(Unreachable(), tmp_path / "worker.json", "edge-1")
     assert absolute.sweep_unnamed() == []
     assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]
+
+
+def certificate_pem(key: Any, not_before: dt.datetime, not_after: dt.datetime) -> bytes:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge-1")])
+    built = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .sign(key, hashes.SHA256())
+    )
+    return built.public_bytes(serialization.Encoding.PEM)
+
+
+class Switching(Unreachable):
+    """Records the identities the renewer switched the client to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.switched: list[TlsFiles] = []
+
+    async def use_identity(self, tls: TlsFiles, grace_seconds: float = 30.0) -> None:
+        self.switched.append(tls)
+
+
+async def test_a_renewal_cut_short_is_finished_at_the_next_start(tmp_path: Path) -> None:
+    """Killed after step 1, down until the named certificate expired: the new pair it had
+    written is named and used at the next start, not removed (which would make the Worker
+    join again); a newer but broken pair (its key is another) is not."""
+    identity = identity_due_now(tmp_path)
+    expired = certificate_pem(
+        new_private_key(), NOW - dt.timedelta(days=9), NOW - dt.timedelta(days=2)
+    )
+    (tmp_path / "worker.crt").write_bytes(expired)
+    renewed_key = new_private_key()
+    (tmp_path / "worker-1.key").write_bytes(private_key_pem(renewed_key))
+    (tmp_path / "worker-1.crt").write_bytes(
+        certificate_pem(renewed_key, NOW - dt.timedelta(days=3), NOW + dt.timedelta(days=4))
+    )
+    (tmp_path / "worker-2.key").write_bytes(private_key_pem(new_private_key()))
+    (tmp_path / "worker-2.crt").write_bytes(
+        certificate_pem(renewed_key, NOW - dt.timedelta(days=1), NOW + dt.timedelta(days=6))
+    )
+    client = Switching()
+    renewer = CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW)
+    stop = asyncio.Event()
+    stop.set()  # only what a start does: finish or clear what a crash left
+    await renewer.run(stop, check_seconds=60)
+    named = json.loads(identity.read_text())
+    assert Path(named["tls_key"]).name == "worker-1.key"
+    assert Path(named["tls_cert"]).name == "worker-1.crt"
+    assert [tls.cert.name for tls in client.switched] == ["worker-1.crt"]
+    assert names_in(tmp_path) == ["ca.crt", "worker-1.crt", "worker-1.key", "worker.json"]
+
+
+async def test_a_newer_pair_valid_for_less_time_is_not_adopted(tmp_path: Path) -> None:
+    identity = identity_due_now(tmp_path)  # valid until NOW + 1 day
+    before = identity.read_text()
+    key = new_private_key()
+    (tmp_path / "worker-1.key").write_bytes(private_key_pem(key))
+    (tmp_path / "worker-1.crt").write_bytes(
+        certificate_pem(key, NOW - dt.timedelta(days=8), NOW + dt.timedelta(hours=1))
+    )
+    client = Switching()
+    assert (
+        CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW).adopt_interrupted()
+        is None
+    )
+    assert identity.read_text() == before
+    assert client.switched == []

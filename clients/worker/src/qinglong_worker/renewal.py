@@ -16,11 +16,17 @@ its present mutual-TLS channel (WorkerService.RenewCertificate), and switches to
 One check per minute in the daemon (not a timer per run); a failed renewal is retried at
 the next check, and the old certificate keeps working until it expires.
 
-A daemon killed (``kill -9``, a power cut) between steps 1 and 3 leaves a new key that
-``worker.json`` never named (or half of one, in its temporary file); one killed after step
-3 leaves the superseded key. None is of use to anyone, so the renewal loop first removes
-every Worker key and certificate in the identity's directory that ``worker.json`` does
-not name (`sweep_unnamed`).
+A daemon killed (``kill -9``, a power cut) between steps 1 and 3 leaves a new key and
+certificate that ``worker.json`` never named (or half of one, in its temporary file); one
+killed after step 3 leaves the superseded key. So the renewal loop starts by finishing or
+clearing what a crash left:
+
+* a complete newer generation — its certificate and key belong together, and it is valid
+  longer than the one named — is the renewal that was cut short: step 3 is done now and
+  the client switched to it (`adopt_interrupted`), rather than making the Worker join
+  again if the named certificate expired while it was down;
+* then every Worker key and certificate in the directory that ``worker.json`` does not
+  name is removed (`sweep_unnamed`): none is of use to anyone.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol.files import written_for
 from qinglong_protocol.tls import TlsFiles
@@ -150,25 +157,65 @@ class CertificateRenewer:
         Returns what it removed. Runs before any renewal of this daemon, never during one."""
         identity: dict[str, str] = json.loads(self.identity_file.read_text())
         # Compared as the files they are: --identity may be relative while worker.json
-        # names absolute paths (join writes them so), or the other way round.
+        # names absolute paths (join writes them so), or the other way round. The
+        # directory is the one renewal writes to (`_new_paths`).
         named = {Path(identity["tls_key"]).resolve(), Path(identity["tls_cert"]).resolve()}
         unnamed = [
             path
-            for path in self.identity_file.resolve().parent.iterdir()
+            for path in self.identity_file.parent.iterdir()
             if _is_worker_credential(path.name) and path.resolve() not in named
         ]
         _remove(tuple(unnamed))
         return unnamed
 
-    async def run(self, stop: asyncio.Event, check_seconds: float) -> None:
+    def adopt_interrupted(self) -> TlsFiles | None:
+        """Step 3 of a renewal a crash cut short: the newest generation newer than the
+        one ``worker.json`` names, when its certificate and key belong together and it is
+        valid longer than the named one, is named now. Returns its files (the client is
+        still to switch to them), or None when there is nothing to finish."""
+        identity: dict[str, str] = json.loads(self.identity_file.read_text())
+        named_cert = _certificate(Path(identity["tls_cert"]))
+        named_generation = _generation_of(Path(identity["tls_key"]).name) or 0
+        directory = self.identity_file.parent
+        generations = sorted(
+            {n for path in directory.iterdir() if (n := _generation_of(path.name)) is not None},
+            reverse=True,
+        )
+        for generation in (n for n in generations if n > named_generation):
+            name = f"{_GENERATION_PREFIX}{generation}"
+            key_path = directory / f"{name}{_KEY_SUFFIX}"
+            cert_path = directory / f"{name}{_CERTIFICATE_SUFFIX}"
+            certificate = _certificate(cert_path)
+            if certificate is None or not _belong_together(certificate, key_path):
+                continue  # half written: the sweep removes it
+            now, end = self.clock(), certificate.not_valid_after_utc
+            if end <= now or (named_cert is not None and end <= named_cert.not_valid_after_utc):
+                continue
+            identity.update(
+                tls_key=str(key_path.resolve()),
+                tls_cert=str(cert_path.resolve()),
+                expire_time=end.isoformat().replace("+00:00", "Z"),
+            )
+            write_public(self.identity_file, json.dumps(identity, indent=2) + "\n")
+            return TlsFiles(ca_cert=Path(identity["tls_ca"]), cert=cert_path, key=key_path)
+        return None
+
+    async def _finish_what_a_crash_left(self) -> None:
         try:
+            adopted = self.adopt_interrupted()
+            if adopted is not None:
+                log.info("finished an interrupted renewal: now using %s", adopted.cert.name)
+                await self.client.use_identity(adopted)
             removed = self.sweep_unnamed()
         except (OSError, ValueError, KeyError) as error:
-            log.warning("could not look for stale key files (%s)", type(error).__name__)
-        else:
-            if removed:
-                # File names only: where the stale files were, never their contents.
-                log.info("removed stale key files: %s", ", ".join(p.name for p in removed))
+            log.warning("could not tidy the identity's key files (%s)", type(error).__name__)
+            return
+        if removed:
+            # File names only: where the stale files were, never their contents.
+            log.info("removed stale key files: %s", ", ".join(p.name for p in removed))
+
+    async def run(self, stop: asyncio.Event, check_seconds: float) -> None:
+        await self._finish_what_a_crash_left()
         while not stop.is_set():
             try:
                 await self.renew_if_due()
@@ -204,6 +251,22 @@ def _generation_of(name: str) -> int | None:
     ):
         return None
     return int(number)
+
+
+def _certificate(path: Path) -> x509.Certificate | None:
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _belong_together(certificate: x509.Certificate, key_path: Path) -> bool:
+    """Whether the certificate certifies the private key in ``key_path``."""
+    try:
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError):
+        return False
+    return certificate.public_key() == key.public_key()
 
 
 def _is_worker_credential(name: str) -> bool:
