@@ -1,14 +1,20 @@
 """`qinglong run events` reads every page (a Run retried many times has more Events than
-one page holds), against a scripted RunService that pages as the contract says."""
+one page holds), and `qinglong run watch` resumes a broken stream after the last Event,
+against a scripted RunService (the real stack: tests/integration/test_cli_watch.py)."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+import pytest
 from qinglong.control.v1 import run_pb2
 from qinglong.control.v1 import run_service_pb2 as rs
-from qinglong_cli.run_events import every_run_event
+from qinglong_cli import run_events
+from qinglong_cli.run_events import every_run_event, watched_run_events
 from qinglong_protocol import bounds
 
 RUN_ID = "00000000-0000-4000-8000-000000000001"
@@ -63,3 +69,65 @@ async def test_one_page_and_no_events_take_one_call() -> None:
 async def test_events_appended_while_reading_are_read_too() -> None:
     events = PagedEvents(total=150, server_page=100, grows_to=230)
     assert await collect(events) == list(range(1, 231))
+
+
+class BreakingStream:
+    """Each WatchRunEvents call yields the next scripted Events, then fails with the
+    next scripted code (None: ends normally, the Run terminal)."""
+
+    def __init__(self, script: list[tuple[list[int], grpc.StatusCode | None]]) -> None:
+        self.script = script
+        self.afters: list[int] = []
+
+    def __call__(self, request: rs.WatchRunEventsRequest, **_: Any) -> AsyncIterator[Any]:
+        self.afters.append(request.after_sequence)
+        sequences, code = self.script[len(self.afters) - 1]
+
+        async def stream() -> AsyncIterator[Any]:
+            for sequence in sequences:
+                yield rs.WatchRunEventsResponse(event=run_pb2.RunEvent(sequence=sequence))
+            if code is not None:
+                raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "x")
+
+        return stream()
+
+
+async def watch_all(stream: BreakingStream) -> tuple[list[int], str]:
+    err = io.StringIO()
+    sequences = [
+        event.sequence async for event in watched_run_events(stream, "default", RUN_ID, err=err)
+    ]
+    return sequences, err.getvalue()
+
+
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_watch_resumes_after_the_last_event_it_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_events, "WATCH_RESUME_SECONDS", 0.0)
+    stream = BreakingStream([([1, 2], UNAVAILABLE), ([], UNAVAILABLE), ([3, 4], None)])
+    sequences, notes = await watch_all(stream)
+    assert sequences == [1, 2, 3, 4]
+    assert stream.afters == [0, 2, 2]
+    assert notes.count("resuming after event 2") == 2
+
+
+async def test_a_watch_gives_up_after_breaks_in_a_row_and_on_any_other_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(run_events, "WATCH_RESUME_SECONDS", 0.0)
+    broken = [([], UNAVAILABLE)] * (run_events.WATCH_RESUMES + 1)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await watch_all(BreakingStream(broken))
+    # An Event between breaks starts the count again.
+    recovering = [([n], UNAVAILABLE) for n in range(1, 2 * run_events.WATCH_RESUMES)]
+    sequences, _ = await watch_all(BreakingStream([*recovering, ([], None)]))
+    assert sequences == list(range(1, 2 * run_events.WATCH_RESUMES))
+    refused = BreakingStream([([1], grpc.StatusCode.PERMISSION_DENIED)])
+    with pytest.raises(grpc.aio.AioRpcError):
+        await watch_all(refused)
+    assert refused.afters == [0]
+    # A DEADLINE_EXCEEDED at once is no stream lifetime run out: a break like the others.
+    quick = [([], grpc.StatusCode.DEADLINE_EXCEEDED)] * (run_events.WATCH_RESUMES + 1)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await watch_all(BreakingStream(quick))

@@ -31,7 +31,7 @@ from qinglong_cli.ingress_client import (
     run_through_ingress,
 )
 from qinglong_cli.output import enum_names
-from qinglong_cli.run_events import every_run_event
+from qinglong_cli.run_events import every_run_event, watched_run_events
 from qinglong_cli.run_output import print_run_output
 
 #: `--retry-on` names: the endings a retry policy may opt into.
@@ -241,12 +241,11 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
         async for event in every_run_event(runs.ListRunEvents, project, args.run_id, **call):
             printer.item(event)
     elif args.action == "watch":
-        stream = runs.WatchRunEvents(
-            run_service_pb2.WatchRunEventsRequest(project_id=project, run_id=args.run_id),
-            metadata=meta,
+        watched = watched_run_events(
+            runs.WatchRunEvents, project, args.run_id, err=err, metadata=meta
         )
-        async for watched in stream:
-            printer.item(watched.event)
+        async for event in watched:
+            printer.item(event)
     elif args.action == "logs":
         await print_run_output(
             runs,
