@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Final
 
 from tests.support.fault_rig import FaultRig
-from tests.support.fault_tally import Expected, Tally, assert_verdict
+from tests.support.fault_tally import Expected, Tally
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
-from tests.support.run_output import read_back, run_logs
+from tests.support.run_output import follow_problems, read_back, run_logs
 
 LINES: Final = 16_384
 LINE_BYTES: Final = 64  # 16,384 lines of 64 bytes: 1 MiB
@@ -109,25 +109,9 @@ def test_output_is_read_back_whole_after_kill_9_while_shipping(
         f" (re-sent {appends - len(back.chunks)}), duplicate chunks {back.duplicate_chunks},"
         f" lost bytes {back.lost_bytes(expected)}"
     )
-    print(line, flush=True)
-
-    tally = rig.tally("run output kill -9", extra_faults=0)
-    tally.notes.append(line)
-    report_tally(tally)
+    tally = rig.noted_tally("run output kill -9", line, report_tally, extra_faults=0)
     problems += back.problems(expected)
-    if followed != expected:
-        problems.append(
-            f"`run logs --follow` printed {len(followed)} bytes, not the executor's"
-            f" {len(expected)} in order ({follow_err.decode()[-400:]})"
-        )
-    if follower.returncode != 0:
-        problems.append(f"`run logs --follow` exited {follower.returncode}")
+    problems += follow_problems(followed, expected, follow_err.decode(), follower.returncode)
     if appends <= len(back.chunks):
         problems.append("no chunk was re-sent: the kill did not land between commit and answer")
-    if status != 0:
-        problems.append(f"the restarted Worker exited {status} on SIGINT, not 0")
-    if rig.live_executors():
-        problems.append(f"executors still running: {rig.live_executors()}")
-    if problems or not tally.clean:
-        problems.append("worker log tail:\n" + worker.log_tail())
-    assert_verdict(tally, problems)
+    rig.assert_restarted_worker_verdict(tally, problems, worker, status)

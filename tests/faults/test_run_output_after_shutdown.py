@@ -25,9 +25,9 @@ from typing import IO, Final
 import psycopg
 
 from tests.support.fault_rig import FaultRig
-from tests.support.fault_tally import Expected, Tally, assert_verdict
+from tests.support.fault_tally import Expected, Tally
 from tests.support.polling import wait_until
-from tests.support.run_output import read_back, run_logs
+from tests.support.run_output import follow_problems, read_back, run_logs
 
 LINE_BYTES: Final = 64
 FIRST_LINES: Final = 1_024  # 64 KiB while it runs
@@ -153,24 +153,10 @@ def test_follow_waits_for_output_shipped_after_a_shutdown_ending(
         f" the ending {shortfall}, followed {len(printed)}, read back {len(back.read)},"
         f" lost bytes {back.lost_bytes(expected)}, duplicate chunks {back.duplicate_chunks}"
     )
-    print(line, flush=True)
-    tally = rig.tally("run output after a shutdown ending", extra_faults=1)
-    tally.notes.append(line)
-    report_tally(tally)
+    scenario = "run output after a shutdown ending"
+    tally = rig.noted_tally(scenario, line, report_tally, extra_faults=1)
     problems += back.problems(expected)
-    if printed != expected:
-        problems.append(
-            f"`run logs --follow` printed {len(printed)} bytes, not the executor's"
-            f" {len(expected)} in order ({said[-400:]})"
-        )
+    problems += follow_problems(printed, expected, said, follower.returncode)
     if "still shipping" not in said:
         problems.append(f"`run logs --follow` never said it waited for shipping ({said!r})")
-    if follower.returncode != 0:
-        problems.append(f"`run logs --follow` exited {follower.returncode}")
-    if status != 0:
-        problems.append(f"the restarted Worker exited {status} on SIGINT, not 0")
-    if rig.live_executors():
-        problems.append(f"executors still running: {rig.live_executors()}")
-    if problems or not tally.clean:
-        problems.append("worker log tail:\n" + worker.log_tail())
-    assert_verdict(tally, problems)
+    rig.assert_restarted_worker_verdict(tally, problems, worker, status)

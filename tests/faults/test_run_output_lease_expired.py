@@ -31,7 +31,7 @@ from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS, ENV_TIMING
 
 from tests.support.devstack_process import DevStack, dev_stack
 from tests.support.fault_rig import FaultRig
-from tests.support.fault_tally import Expected, Tally, assert_verdict
+from tests.support.fault_tally import Expected, Tally
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
 from tests.support.run_output import read_back
@@ -172,11 +172,7 @@ def test_output_printed_after_the_lease_expired_is_read_back_whole(
         f" ({appends - appends_before_restart} after the restart),"
         f" duplicate chunks {back.duplicate_chunks}, lost bytes {back.lost_bytes(printed)}"
     )
-    print(line, flush=True)
-
-    tally = rig.tally("run output after lease expiry", extra_faults=0)
-    tally.notes.append(line)
-    report_tally(tally)
+    tally = rig.noted_tally("run output after lease expiry", line, report_tally, extra_faults=0)
     problems += back.problems(printed)
     if len(printed) % LINE_BYTES or printed != printed_lines(len(printed) // LINE_BYTES):
         problems.append("the executor's file is not its numbered lines")
@@ -184,10 +180,4 @@ def test_output_printed_after_the_lease_expired_is_read_back_whole(
         problems.append("nothing was printed between the kill and the restart")
     if appends <= appends_before_restart:
         problems.append("the restarted Worker shipped nothing")
-    if status != 0:
-        problems.append(f"the restarted Worker exited {status} on SIGINT, not 0")
-    if rig.live_executors():
-        problems.append(f"executors still running: {rig.live_executors()}")
-    if problems or not tally.clean:
-        problems.append("worker log tail:\n" + worker.log_tail())
-    assert_verdict(tally, problems)
+    rig.assert_restarted_worker_verdict(tally, problems, worker, status)

@@ -23,7 +23,7 @@ from qinglong.worker.v1 import worker_service_pb2 as ws
 
 from tests.support.executor_marks import is_alive
 from tests.support.fault_rig import FaultRig
-from tests.support.fault_tally import Tally, assert_verdict
+from tests.support.fault_tally import Tally
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
 
@@ -125,10 +125,4 @@ def test_kill_9_at_each_step_then_restart_on_the_same_inbox(
 
     tally = rig.tally(f"kill -9 {point.name}", extra_faults=0)
     report_tally(tally)
-    if status != 0:
-        problems.append(f"the restarted Worker exited {status} on SIGINT, not 0")
-    if rig.live_executors():
-        problems.append(f"executors still running: {rig.live_executors()}")
-    if problems or not tally.clean:
-        problems.append("worker log tail:\n" + worker.log_tail())
-    assert_verdict(tally, problems)
+    rig.assert_restarted_worker_verdict(tally, problems, worker, status)

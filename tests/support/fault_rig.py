@@ -6,6 +6,7 @@ and the cleanup that leaves nothing behind whatever the test's result.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -17,6 +18,7 @@ from tests.support.executor_marks import Marks, kill_leftovers, live_executors, 
 from tests.support.fault_tally import (
     Expected,
     Tally,
+    assert_verdict,
     compute_tally,
     terminal_states,
     wait_until_terminal,
@@ -149,3 +151,28 @@ class FaultRig:
             executions=self.read_marks().counts(),
             extra_faults=extra_faults,
         )
+
+    def noted_tally(
+        self, scenario: str, note: str, report: Callable[[Tally], None], *, extra_faults: int
+    ) -> Tally:
+        """The tally, with the scenario's own counts (``note``) printed and kept in it,
+        handed to the session's report."""
+        print(note, flush=True)
+        tally = self.tally(scenario, extra_faults=extra_faults)
+        tally.notes.append(note)
+        report(tally)
+        return tally
+
+    def assert_restarted_worker_verdict(
+        self, tally: Tally, problems: list[str], worker: WorkerProcess, status: int
+    ) -> None:
+        """The end of a scenario whose Worker was started again and then stopped
+        (``status``: its exit on SIGINT, which must be 0), leaving no executor running;
+        any problem comes with the Worker's log tail."""
+        if status != 0:
+            problems.append(f"the restarted Worker exited {status} on SIGINT, not 0")
+        if self.live_executors():
+            problems.append(f"executors still running: {self.live_executors()}")
+        if problems or not tally.clean:
+            problems.append("worker log tail:\n" + worker.log_tail())
+        assert_verdict(tally, problems)

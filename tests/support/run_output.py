@@ -22,6 +22,22 @@ def run_logs(stack_path: Path, run_id: str, *flags: str) -> subprocess.Popen[byt
     )
 
 
+def follow_problems(
+    printed: bytes, expected: bytes, notes: str, returncode: int | None
+) -> list[str]:
+    """What was wrong with a `run logs --follow` that should have printed ``expected``
+    and ended by itself (``notes``: its stderr)."""
+    problems: list[str] = []
+    if printed != expected:
+        problems.append(
+            f"`run logs --follow` printed {len(printed)} bytes, not the executor's"
+            f" {len(expected)} in order ({notes[-400:]})"
+        )
+    if returncode != 0:
+        problems.append(f"`run logs --follow` exited {returncode}")
+    return problems
+
+
 def stored_chunks(migration_url: str, run_id: str) -> list[tuple[int, int]]:
     """(start, end) of every stored chunk of the Run's Attempts, in offset order."""
     with psycopg.connect(migration_url, connect_timeout=5) as conn:

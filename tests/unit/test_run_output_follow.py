@@ -1,6 +1,6 @@
-"""`qinglong run logs --follow` (R-OPS-1) against a scripted RunService: it follows a
-retry's new Attempt, and while it waits it asks where the latest Attempt stands without
-reading its bytes again."""
+"""`qinglong run logs --follow` (R-OPS-1) against scripted RunServices: it follows every
+Attempt in turn, prints each byte once, asks where the latest Attempt stands without
+reading its bytes again, and waits (a bounded time) for output shipped after an ending."""
 
 from __future__ import annotations
 
@@ -14,6 +14,20 @@ from qinglong_cli import run_output
 from qinglong_protocol import bounds
 
 RUN_ID = "00000000-0000-4000-8000-000000000001"
+
+
+@pytest.fixture(autouse=True)
+def no_waiting_between_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
+
+
+async def follow(runs: Any, err: io.StringIO | None = None) -> tuple[str, str]:
+    """`run logs RUN --follow` against ``runs``: what it printed, and its notes."""
+    out, notes = io.StringIO(), err or io.StringIO()
+    await run_output.print_run_output(
+        runs, dict, "default", RUN_ID, attempt=None, follow=True, out=out, err=notes
+    )
+    return out.getvalue(), notes.getvalue()
 
 
 @dataclass
@@ -49,24 +63,11 @@ class ScriptedRuns:
         )
 
 
-async def test_following_moves_to_the_retry_without_reading_bytes_to_wait(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
+async def test_following_moves_to_the_retry_without_reading_bytes_to_wait() -> None:
     runs = ScriptedRuns()
-    out, err = io.StringIO(), io.StringIO()
-    await run_output.print_run_output(
-        runs,  # type: ignore[arg-type]
-        dict,
-        "default",
-        RUN_ID,
-        attempt=None,
-        follow=True,
-        out=out,
-        err=err,
-    )
-    assert out.getvalue() == "one\ntwo\n"
-    assert err.getvalue() == "--- attempt 2\n"
+    printed, notes = await follow(runs)
+    assert printed == "one\ntwo\n"
+    assert notes == "--- attempt 2\n"
     latest = [
         (request, sent)
         for request, sent in zip(runs.requests, runs.bytes_sent, strict=True)
@@ -103,27 +104,14 @@ class QueuedThenRunning:
         )
 
 
-async def test_output_read_before_the_attempt_was_known_is_not_printed_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_output_read_before_the_attempt_was_known_is_not_printed_again() -> None:
     """Following a queued Run: the poll that first finds the Attempt prints its bytes;
     learning that it is the latest Attempt must not start it over from byte 0 (it once
     printed those bytes twice)."""
-    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
-    out, err = io.StringIO(), io.StringIO()
     runs = QueuedThenRunning()
-    await run_output.print_run_output(
-        runs,  # type: ignore[arg-type]
-        dict,
-        "default",
-        RUN_ID,
-        attempt=None,
-        follow=True,
-        out=out,
-        err=err,
-    )
-    assert out.getvalue() == "first\nsecond\n"
-    assert err.getvalue() == ""
+    printed, notes = await follow(runs)
+    assert printed == "first\nsecond\n"
+    assert notes == ""
     assert len(runs.requests) > 3, "the script never reached the Attempt's output"
 
 
@@ -160,24 +148,11 @@ class RetriesBetweenPolls:
         )
 
 
-async def test_following_reads_every_attempt_however_many_ran_between_polls(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
-    out, err = io.StringIO(), io.StringIO()
+async def test_following_reads_every_attempt_however_many_ran_between_polls() -> None:
     runs = RetriesBetweenPolls()
-    await run_output.print_run_output(
-        runs,  # type: ignore[arg-type]
-        dict,
-        "default",
-        RUN_ID,
-        attempt=None,
-        follow=True,
-        out=out,
-        err=err,
-    )
-    assert out.getvalue() == "one\ntwo\nthree\nfour\n"
-    assert err.getvalue() == "--- attempt 2\n--- attempt 3\n--- attempt 4\n"
+    printed, notes = await follow(runs)
+    assert printed == "one\ntwo\nthree\nfour\n"
+    assert notes == "--- attempt 2\n--- attempt 3\n--- attempt 4\n"
 
 
 @dataclass
@@ -208,20 +183,9 @@ class ShippedAfterTheEnd:
         )
 
 
-async def follow(runs: Any) -> tuple[str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    await run_output.print_run_output(
-        runs, dict, "default", RUN_ID, attempt=None, follow=True, out=out, err=err
-    )
-    return out.getvalue(), err.getvalue()
-
-
-async def test_following_waits_for_output_shipped_after_the_attempt_ended(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_following_waits_for_output_shipped_after_the_attempt_ended() -> None:
     """The Run is terminal and the Attempt complete, but its Worker reported 12 bytes and
     6 are held: following waits for the rest instead of ending without it."""
-    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
     printed, notes = await follow(ShippedAfterTheEnd(arrives_after=5))
     assert printed == "early\nlater\n"
     assert notes == "[attempt 1 ended; its Worker is still shipping 6 bytes]\n"
@@ -230,7 +194,6 @@ async def test_following_waits_for_output_shipped_after_the_attempt_ended(
 async def test_following_gives_up_on_output_that_never_arrives(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
     monkeypatch.setattr(run_output, "SHIPPING_PATIENCE_SECONDS", 0.05)
     runs = ShippedAfterTheEnd(arrives_after=None)
     printed, notes = await follow(runs)
@@ -281,23 +244,11 @@ async def test_bytes_given_up_on_are_not_waited_for_again(
 ) -> None:
     """Once following gave up on an Attempt's missing bytes, it looks for the next
     Attempt at each poll, without waiting for those bytes (or saying so) again."""
-    monkeypatch.setattr(run_output, "FOLLOW_POLL_SECONDS", 0.0)
     monkeypatch.setattr(run_output, "SHIPPING_PATIENCE_SECONDS", 0.05)
     runs = ShortThenRetried(arrives_after=None)
-    out = io.StringIO()
-    await run_output.print_run_output(
-        runs,  # type: ignore[arg-type]
-        dict,
-        "default",
-        RUN_ID,
-        attempt=None,
-        follow=True,
-        out=out,
-        err=runs.notes,
-    )
-    assert out.getvalue() == "early\ntwo\n"
-    notes = runs.notes.getvalue().splitlines()
-    assert [note.split(";")[0].split(":")[0] for note in notes] == [
+    printed, notes = await follow(runs, runs.notes)
+    assert printed == "early\ntwo\n"
+    assert [note.split(";")[0].split(":")[0] for note in notes.splitlines()] == [
         "[attempt 1 ended",
         "[attempt 1",
         "--- attempt 2",
