@@ -43,23 +43,28 @@ class Unreachable:
         raise AssertionError("no identity to switch to")
 
 
-def identity_due_now(directory: Path) -> Path:
-    """A self-signed certificate of which NOW is well past two thirds of the lifetime."""
-    key = new_private_key()
+def certificate_pem(key: Any, not_before: dt.datetime, not_after: dt.datetime) -> bytes:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge-1")])
-    certificate = (
+    built = (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(NOW - dt.timedelta(days=6))
-        .not_valid_after(NOW + dt.timedelta(days=1))
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
         .sign(key, hashes.SHA256())
     )
+    return built.public_bytes(serialization.Encoding.PEM)
+
+
+def identity_due_now(directory: Path) -> Path:
+    """A self-signed certificate of which NOW is well past two thirds of the lifetime."""
+    key = new_private_key()
+    certificate = certificate_pem(key, NOW - dt.timedelta(days=6), NOW + dt.timedelta(days=1))
     (directory / "worker.key").write_bytes(private_key_pem(key))
-    (directory / "worker.crt").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    (directory / "ca.crt").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    (directory / "worker.crt").write_bytes(certificate)
+    (directory / "ca.crt").write_bytes(certificate)
     identity = directory / "worker.json"
     identity.write_text(
         json.dumps(
@@ -266,21 +271,6 @@ def test_the_sweep_keeps_the_named_identity_however_its_paths_are_written(
     absolute = CertificateRenewer(Unreachable(), tmp_path / "worker.json", "edge-1")
     assert absolute.sweep_unnamed() == []
     assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]
-
-
-def certificate_pem(key: Any, not_before: dt.datetime, not_after: dt.datetime) -> bytes:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge-1")])
-    built = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .sign(key, hashes.SHA256())
-    )
-    return built.public_bytes(serialization.Encoding.PEM)
 
 
 class Switching(Unreachable):
