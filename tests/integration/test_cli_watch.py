@@ -89,9 +89,9 @@ async def test_run_watch_resumes_after_its_connection_is_cut(
 async def test_run_watch_outlives_the_lifetime_of_a_stream(
     stack: Stack, stack_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ingress ends any stream after its bound (5 minutes; 1.5 s here): the watch opens
-    the next one after the last Event, quietly, for as long as the Run takes."""
-    monkeypatch.setattr(gateway, "MAX_FORWARD_SECONDS", 1.5)
+    """Ingress ends any stream after its bound (30 s; 1.5 s here): the watch opens the
+    next one after the last Event, quietly, for as long as the Run takes."""
+    monkeypatch.setattr(gateway, "STREAM_LIFETIME_SECONDS", 1.5)
     run_id = await queued_run(stack_file)
     watch, first = await watching(run_id, stack_file)
     await asyncio.sleep(5.0)  # three streams' lifetimes with nothing to say

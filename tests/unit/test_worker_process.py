@@ -441,3 +441,17 @@ def test_a_status_document_must_name_its_identity_and_one_ending() -> None:
         b"[]",
     ):
         assert parse_status_document(bad, identity) is None
+
+
+def test_what_an_executor_leaves_running_ends_with_it(
+    controller: ProcessController, tmp_path: Path
+) -> None:
+    """A background process the executor did not wait for has no lease once the Attempt
+    ended: it goes with the supervisor's group, after the exit status is recorded."""
+    left = tmp_path / "left.pid"
+    script = f"sleep 300 & echo $! > {left}; exit 3"
+    identity = controller.spawn(["sh", "-c", script], timeout_ms=None, deadline_unix_ms=None)
+    assert _poll_until_ended(controller, identity) == ExitStatus(3, None)
+    _wait_for_file(left)
+    background = int(left.read_text())
+    assert wait_until(lambda: not _alive(background), 5), "the background sleep outlived the run"

@@ -19,7 +19,15 @@ and process group of its own, and it:
    ``<status dir>/<own pid>-<own start ticks>.json`` (temp file, fsync, rename, fsync
    of the directory), named by the supervisor's own identity, which is the identity the
    Worker records, supervises and stops (SPEC R-W-3);
-5. exits 0 (3: the executor could not be started; 4: the status could not be written).
+5. ends its process group with SIGKILL, itself included: what the executor left running
+   in the background (``cmd &``, a daemon it did not wait for) has no lease once the
+   Attempt ended, and would otherwise keep running — and writing to the Attempt's log,
+   which the Worker ships before it reports the ending. The status is written first,
+   and the Worker reads it before the supervisor's own exit. Only a process that left
+   the group (``setsid``) escapes this. (When the status could not be written, the
+   supervisor exits 4 instead, leaving the group as it is: a SIGKILL of the supervisor
+   would read as the executor's ending.) The exit codes: 3, the executor could not be
+   started; 4, the status could not be written.
 
 The supervisor is not tied to the Worker's lifetime: it is not in the Worker's process
 group and holds no parent-death signal, so it survives a Worker crash and a restarted
@@ -66,7 +74,6 @@ LAUNCH_KEY: Final = re.compile(r"\A[0-9a-f]{32}\Z")
 #: The answer ``error 17 LaunchFenced`` (EEXIST): a restarted Worker already declared
 #: this launch not started, so this supervisor must not start it.
 LAUNCH_FENCED: Final = "LaunchFenced"
-EXIT_RECORDED: Final = 0
 EXIT_USAGE: Final = 2
 EXIT_NOT_STARTED: Final = 3
 EXIT_STATUS_UNWRITTEN: Final = 4
@@ -291,7 +298,8 @@ def run(argv: Sequence[str]) -> int:
         # Goes to the offer's log file; the Worker then sees no status (unobserved).
         sys.stderr.write(f"qinglong supervisor: exit status not recorded ({error.strerror})\n")
         return EXIT_STATUS_UNWRITTEN
-    return EXIT_RECORDED
+    os.killpg(os.getpgrp(), signal.SIGKILL)  # step 5: what the executor left, and us
+    raise AssertionError("unreachable: the SIGKILL of our own group ended this process")
 
 
 if __name__ == "__main__":

@@ -117,8 +117,9 @@ class RunServiceServicer:
     def WatchRunEvents(self, request, context):
         """Streams a Run's Events live, for operators only (Workers never hold
         streams, R-ING-4). Ends after the Event that made the Run terminal, or
-        DEADLINE_EXCEEDED after at most 5 minutes (ingress's bound on any call): the
-        caller resumes with after_sequence = the last sequence it got.
+        DEADLINE_EXCEEDED after at most 30 s (ingress's bound on a stream, so that a
+        revocation reaches an open watch): the caller resumes with after_sequence =
+        the last sequence it got.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -50,8 +50,9 @@ class RunServiceStub:
     WatchRunEvents: _grpc.UnaryStreamMultiCallable[_run_service_pb2.WatchRunEventsRequest, _run_service_pb2.WatchRunEventsResponse]
     """Streams a Run's Events live, for operators only (Workers never hold
     streams, R-ING-4). Ends after the Event that made the Run terminal, or
-    DEADLINE_EXCEEDED after at most 5 minutes (ingress's bound on any call): the
-    caller resumes with after_sequence = the last sequence it got.
+    DEADLINE_EXCEEDED after at most 30 s (ingress's bound on a stream, so that a
+    revocation reaches an open watch): the caller resumes with after_sequence =
+    the last sequence it got.
     """
     CancelRun: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.CancelRunRequest, _run_service_pb2.CancelRunResponse]
     """Records a user cancel intent (permission run.stop, R-CAN-1..5). The intent
@@ -85,8 +86,9 @@ class RunServiceAsyncStub(RunServiceStub):
     WatchRunEvents: _aio.UnaryStreamMultiCallable[_run_service_pb2.WatchRunEventsRequest, _run_service_pb2.WatchRunEventsResponse]  # type: ignore[assignment]
     """Streams a Run's Events live, for operators only (Workers never hold
     streams, R-ING-4). Ends after the Event that made the Run terminal, or
-    DEADLINE_EXCEEDED after at most 5 minutes (ingress's bound on any call): the
-    caller resumes with after_sequence = the last sequence it got.
+    DEADLINE_EXCEEDED after at most 30 s (ingress's bound on a stream, so that a
+    revocation reaches an open watch): the caller resumes with after_sequence =
+    the last sequence it got.
     """
     CancelRun: _aio.UnaryUnaryMultiCallable[_run_service_pb2.CancelRunRequest, _run_service_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Records a user cancel intent (permission run.stop, R-CAN-1..5). The intent
@@ -147,8 +149,9 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_run_service_pb2.WatchRunEventsResponse], _abc.AsyncIterator[_run_service_pb2.WatchRunEventsResponse]]:
         """Streams a Run's Events live, for operators only (Workers never hold
         streams, R-ING-4). Ends after the Event that made the Run terminal, or
-        DEADLINE_EXCEEDED after at most 5 minutes (ingress's bound on any call): the
-        caller resumes with after_sequence = the last sequence it got.
+        DEADLINE_EXCEEDED after at most 30 s (ingress's bound on a stream, so that a
+        revocation reaches an open watch): the caller resumes with after_sequence =
+        the last sequence it got.
         """
 
     @_abc_1.abstractmethod

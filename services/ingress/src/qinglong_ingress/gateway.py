@@ -71,11 +71,13 @@ _log = logging.getLogger(__name__)
 
 # Without a deadline from the caller, a forwarded call still may not wait forever.
 DEFAULT_FORWARD_TIMEOUT_SECONDS = 30.0
-#: The longest a forwarded call may last, whatever the caller asks — a stream (a watch)
-#: too, which is given this much when the caller set no deadline. It then ends
-#: DEADLINE_EXCEEDED and the caller resumes after the last Event it got (`qinglong run
-#: watch` does), so no watcher holds control's poll loop forever.
+#: The longest a forwarded unary call may last, whatever the caller asks.
 MAX_FORWARD_SECONDS = DEFAULT_FORWARD_TIMEOUT_SECONDS * 10
+#: How long a stream (a watch) lasts at most, whatever the caller asks: it then ends
+#: DEADLINE_EXCEEDED and the caller resumes after the last Event it got (`qinglong run
+#: watch` does). Admission runs again at each resume, so a revoked token, role or
+#: principal ends an open watch within this bound, as it refuses any other call at once.
+STREAM_LIFETIME_SECONDS = DEFAULT_FORWARD_TIMEOUT_SECONDS
 
 _PRINCIPAL_KINDS = {
     PrincipalKind.WORKER: caller_pb2.PRINCIPAL_KIND_WORKER,
@@ -185,7 +187,7 @@ class Gateway:
         )
         stream = call(
             self._runtime_request(route, request, admitted),
-            timeout=_forward_timeout(context, default=MAX_FORWARD_SECONDS),
+            timeout=min(_forward_timeout(context), STREAM_LIFETIME_SECONDS),
             metadata=self._passed_on(context),
         )
         try:
@@ -404,12 +406,12 @@ def _storage_refusal(
     return Refusal(answer.reason, answer.message, answer.field_violations)
 
 
-def _forward_timeout(context: Context, default: float = DEFAULT_FORWARD_TIMEOUT_SECONDS) -> float:
+def _forward_timeout(context: Context) -> float:
     """grpcio does not propagate deadlines by itself: pass on what the caller has left."""
     # The stubs say float; grpc.aio answers None when the caller set no deadline.
     remaining: float | None = context.time_remaining()
     if remaining is None:
-        return default
+        return DEFAULT_FORWARD_TIMEOUT_SECONDS
     return max(0.0, min(remaining, MAX_FORWARD_SECONDS))
 
 

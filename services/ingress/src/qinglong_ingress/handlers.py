@@ -20,7 +20,7 @@ from qinglong_ingress.gateway import Gateway
 from qinglong_ingress.metrics import CALL_DURATION
 from qinglong_ingress.routes import ROUTES, Route
 from qinglong_ingress.stages import Context, Received
-from qinglong_ingress.validation import undecodable_violation
+from qinglong_ingress.validation import request_size_violation, undecodable_violation
 
 _log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ def _parser(route: Route) -> Callable[[bytes], Received]:
     descriptor = cast(Descriptor, route.request_type.DESCRIPTOR)
 
     def parse(raw: bytes) -> Received:
+        if request_size_violation(route.full_method, len(raw)) is not None:
+            # Bounds before work: bytes over the method's cap are not even parsed; the
+            # size stage refuses them (the listener's limit is the largest method's cap).
+            return Received(None, len(raw))
         try:
             return Received(route.request_type.FromString(raw), len(raw))
         except DecodeError:
