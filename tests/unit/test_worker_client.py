@@ -99,6 +99,17 @@ class LeaseServer(worker_service_pb2_grpc.WorkerServiceServicer):
             await asyncio.sleep(30)  # the client's deadline passes first
         return _renewed(self.version)
 
+    async def CompleteAttempt(
+        self,
+        request: ws.CompleteAttemptRequest,
+        context: grpc.aio.ServicerContext[ws.CompleteAttemptRequest, ws.CompleteAttemptResponse],
+    ) -> ws.CompleteAttemptResponse:
+        """Only the deadline a completion arrives with, and the failures, are of interest."""
+        self.time_remaining.append(context.time_remaining())
+        if self.failures:
+            await self.failures.pop(0)(context)  # type: ignore[arg-type]
+        return ws.CompleteAttemptResponse()
+
 
 def _abort(code: grpc.StatusCode) -> Action:
     async def action(context: grpc.aio.ServicerContext[object, object]) -> None:
@@ -331,18 +342,34 @@ async def test_retries_end_at_the_budget_and_no_try_outlives_it(rig: Rig) -> Non
         assert remaining > allowed - 1.0
 
 
-async def test_an_exhausted_budget_still_gets_one_plain_try(rig: Rig) -> None:
-    """E.g. a completion after the local lease ran out: one answer is still wanted."""
+async def test_an_exhausted_budget_still_gets_one_plain_try_for_a_last_word(
+    rig: Rig,
+) -> None:
+    """A completion after the local lease ran out: one answer is still wanted."""
     rig.server.failures = [_abort(grpc.StatusCode.UNAVAILABLE)] * 5
     clock = FakeClock()
     with pytest.raises(CallFailed) as failed:
-        await rig.client(clock=clock, call_timeout=4.0).control_lease(
-            ws.ControlLeaseRequest(fence=_fence(1)), budget_seconds=0.0
+        await rig.client(clock=clock, call_timeout=4.0).complete_attempt(
+            ws.CompleteAttemptRequest(fence=_fence(1)), budget_seconds=0.0
         )
     assert (failed.value.tries, clock.slept) == (1, [])
     (remaining,) = rig.server.time_remaining
     assert remaining is not None
     assert 3.0 < remaining <= 4.0, "the call timeout, not a sliver of no budget"
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.02])
+async def test_a_lease_holding_call_without_budget_is_not_made(rig: Rig, budget: float) -> None:
+    """ControlLease with (almost) nothing of the local lease left: no try at all, so that
+    no call keeps an executor running past its lease (it is stopped on the Worker's own
+    clock instead)."""
+    with pytest.raises(CallFailed) as failed:
+        await rig.client(clock=FakeClock(), call_timeout=4.0).control_lease(
+            ws.ControlLeaseRequest(fence=_fence(1)), budget_seconds=budget
+        )
+    assert failed.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert failed.value.transient
+    assert rig.server.requests == []
 
 
 async def test_without_a_budget_the_default_bounds_the_retries(rig: Rig) -> None:

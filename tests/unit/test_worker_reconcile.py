@@ -1170,3 +1170,32 @@ async def test_closed_records_are_shipped_in_turn_so_a_failing_one_holds_none_up
     assert {a: bytes(world.client.outputs[a]) for a in attempts} == {
         a: _printed(size) for a in attempts
     }
+
+
+async def test_a_start_answered_after_the_local_lease_ran_out_starts_nothing(
+    world: World, tmp_path: Path
+) -> None:
+    """AcknowledgeStarting's answer arrives after the local lease ran out (a slow
+    network): nothing may start without a lease, whatever the answer says."""
+    marker = tmp_path / "ran"
+    offer_id = world.admit(["touch", str(marker)])
+    answer_starting = world.client.acknowledge_starting
+
+    async def late(
+        request: ws.AcknowledgeStartingRequest, *, budget_seconds: float | None = None
+    ) -> ws.AcknowledgeStartingResponse:
+        answered = await answer_starting(request, budget_seconds=budget_seconds)
+        world.clock_offset_ms[0] += 31_000  # the 30 s lease of the claim is gone meanwhile
+        return answered
+
+    world.client.acknowledge_starting = late  # type: ignore[method-assign]
+    await world.reconciler.reconcile(offer_id)
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    assert record.executor_pid is None
+    assert record.start_failure == "the local lease ran out before the executor started"
+    # Closed as any lease that ran out locally is, without another call.
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+    assert world.client.calls == ["ClaimOffer", "AcknowledgeStarting"]
+    await asyncio.sleep(0.1)
+    assert not marker.exists()

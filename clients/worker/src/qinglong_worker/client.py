@@ -302,7 +302,8 @@ class WorkerClient:
     async def report_start_failure(
         self, request: ws.ReportStartFailureRequest, *, budget_seconds: float | None = None
     ) -> ws.ReportStartFailureResponse:
-        return await self._call("ReportStartFailure", request, budget_seconds)
+        # Nothing runs: the answer is still wanted once the local lease is gone.
+        return await self._call("ReportStartFailure", request, budget_seconds, last_word=True)
 
     async def control_lease(
         self, request: ws.ControlLeaseRequest, *, budget_seconds: float | None = None
@@ -317,7 +318,8 @@ class WorkerClient:
     async def complete_attempt(
         self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None
     ) -> ws.CompleteAttemptResponse:
-        return await self._call("CompleteAttempt", request, budget_seconds)
+        # The executor has ended: its ending is still worth one answer after the lease.
+        return await self._call("CompleteAttempt", request, budget_seconds, last_word=True)
 
     async def append_output(
         self, request: ws.AppendOutputRequest, *, budget_seconds: float | None = None
@@ -329,10 +331,17 @@ class WorkerClient:
         method: str,
         request: Message,
         budget_seconds: float | None,
+        *,
+        last_word: bool = False,
     ) -> _Response:
         """The same request until it is answered, finally refused, or the budget ends.
         Each try looks the method up on the current stub: a renewed certificate
-        (`use_identity`) closes the old channel, and a retry must not use it."""
+        (`use_identity`) closes the old channel, and a retry must not use it.
+
+        ``last_word``: a report that nothing runs any more (a completion, a start
+        failure) gets one plain try even with no budget left. Any other call holds a
+        lease: with less budget than one try it is not made at all (it fails as
+        DEADLINE_EXCEEDED, transient), so it never runs past the local lease."""
         policy = self._settings.retry
         budget = policy.default_budget_seconds if budget_seconds is None else budget_seconds
         deadline = self._monotonic() + budget
@@ -340,6 +349,8 @@ class WorkerClient:
         while True:
             remaining = deadline - self._monotonic()
             if tries == 0 and remaining < policy.min_try_seconds:
+                if not last_word:
+                    raise CallFailed(method, grpc.StatusCode.DEADLINE_EXCEEDED, None, tries=0)
                 # No budget at all (e.g. a completion reported after the local lease ran
                 # out): the caller still wants this one answer; one plain try, no retry.
                 timeout = self._settings.call_timeout_seconds

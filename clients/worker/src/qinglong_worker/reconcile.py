@@ -103,6 +103,7 @@ FIRST_CALLBACK_SEQUENCE: Final = 1
 #: Passes of one reconcile before it yields to the next tick (a start takes four).
 _MAX_PASSES: Final = 8
 _RESTARTED_WHILE_LAUNCHING: Final = "worker restarted before the executor identity was recorded"
+_LEASE_ENDED_BEFORE_THE_START: Final = "the local lease ran out before the executor started"
 #: Refusals of CompleteAttempt that mean the control plane decided otherwise (as opposed
 #: to this Worker's authority having lapsed).
 _COMPLETION_CONFLICTS: Final = frozenset(
@@ -553,6 +554,10 @@ class Reconciler:
         )
         if problem:
             return None  # the next pass reports the start failure
+        if record.lease_lost_locally(self._clock()):
+            # Answered after the local lease ran out: nothing starts without a lease.
+            self._save(record, start_failure=_LEASE_ENDED_BEFORE_THE_START)
+            return None
         # A drain that began while `starting` was on the wire still starts it: the
         # Attempt is `starting` now, and the drain grace may let it finish.
         try:
