@@ -24,6 +24,7 @@ from qinglong_control.db.start_facts import (
 from qinglong_control.domain.capability import digest_of_capability, parse_digest
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.retry import Ending, RetryPolicy
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.start_facts import (
     RunningDecision,
@@ -248,6 +249,38 @@ async def test_intent_recorded_before_start_failure_selects_the_terminal_state(
     replay = await report_start_failure(world.conn, work.fence, "exec: no such file")
     assert replay.replayed
     assert replay.error_code == code
+
+
+@pytest.mark.parametrize(("gap_ms", "replayed"), [(0, True), (1, False)])
+async def test_a_start_failure_replay_after_an_intent_of_the_same_millisecond(
+    world: World, gap_ms: int, replayed: bool
+) -> None:
+    """The start failure commits (the Run waits for a retry); a cancel that waited on the
+    Run's lock records its intent in the same millisecond of DB time; the answer was lost
+    and the Worker sends the report again. Which came first cannot be read from the
+    times, and the stored ending is one the report could have had: it is a replay. An
+    intent a millisecond before the commit would have made it `cancelled`: a `failed`
+    Attempt does not match it."""
+    retrying = RetryPolicy(max_attempts=2, retry_on=frozenset({Ending.START_FAILED}))
+    work = await world.claimed(retry_policy=retrying)
+    await acknowledge_starting(world.conn, work.fence)
+    decision = await report_start_failure(world.conn, work.fence, "exec: no such file")
+    assert decision.run_state.value == "retry_wait"
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET cancel_reason = 'user', cancel_requested_by = %s,"
+        " cancel_requested_at_ms = (SELECT finished_at_ms - %s FROM qinglong.attempts"
+        "                            WHERE attempt_id = %s)"
+        " WHERE run_id = %s",
+        (OPERATOR.id, gap_ms, work.fence.attempt_id, work.fence.run_id),
+    )
+    if replayed:
+        replay = await report_start_failure(world.conn, work.fence, "exec: no such file")
+        assert replay.replayed
+        assert (replay.attempt_state.value, replay.error_code) == TERMINAL[None]
+    else:
+        with pytest.raises(Refused) as refused:
+            await report_start_failure(world.conn, work.fence, "exec: no such file")
+        assert refused.value.reason is Reason.REPLAY_MISMATCH
 
 
 @pytest.mark.parametrize("reason", ["user", "timeout"])

@@ -157,23 +157,29 @@ def decide_start_failure(fence: Fence, present: Present) -> StartFailureDecision
         # A retry after a lost answer presents the version it held before the commit. The
         # mapping it was given is the one of the intent that existed when it committed (a
         # Run waiting for a retry may have gained an intent since).
-        finished = attempt.finished_at_ms
-        intent_then = (
-            run.cancel_reason
-            if run.cancel_requested_at_ms is not None
-            and finished is not None
-            and run.cancel_requested_at_ms <= finished
-            else None
+        finished, requested = attempt.finished_at_ms, run.cancel_requested_at_ms
+        intents_then: set[str | None] = {None}
+        if requested is not None and finished is not None and requested <= finished:
+            # Recorded before the commit — or in the same millisecond, where DB time
+            # cannot tell which came first (an intent waiting on the Run's lock gets the
+            # lock, and the clock, right after the commit): either mapping was possible.
+            intents_then = {run.cancel_reason} | ({None} if requested == finished else set())
+        stored = next(
+            (
+                (attempt_state, error_code)
+                for attempt_state, _, error_code in map(terminal_mapping, intents_then)
+                if (attempt_state, error_code) == (attempt.state, attempt.error_code)
+            ),
+            None,
         )
-        attempt_state, _, error_code = terminal_mapping(intent_then)
         replay = (
             lease.version == fence.expected_lease_version + 1
             and attempt.started_at_ms is None
-            and attempt.state is attempt_state
-            and attempt.error_code == error_code
+            and stored is not None
         )
-        if not replay:
+        if stored is None or not replay:
             raise Refused(Reason.REPLAY_MISMATCH, "lease was completed by another outcome")
+        attempt_state, error_code = stored
         return StartFailureDecision(
             attempt_state, run.state, error_code, lease.version, True, run.error_code
         )
