@@ -28,6 +28,7 @@ from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.retry import Ending, RetryPolicy
 from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.states import RunState
+from qinglong_control.domain.timings import Timings
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_protocol.pooling import PoolSizing
 
@@ -159,6 +160,23 @@ async def test_claimed_expiry_with_intent_requeues_then_convergence_ends_both(
 
 
 # --- R-RETRY-2: lost, failed and start failure -------------------------------------------
+
+
+@pytest.mark.parametrize(("lease_ttl_ms", "worker_stop_ms"), [(2_000, 12_000), (30_000, 12_000)])
+async def test_a_lost_runs_successor_waits_for_the_workers_to_stop_too(
+    world: World, lease_ttl_ms: int, worker_stop_ms: int
+) -> None:
+    """With a lease shorter than the time a Worker takes to stop its executor once its
+    local lease ran out (its tick, then SIGTERM, grace, SIGKILL), a lease lifetime is not
+    enough: the successor waits for the longer of the two."""
+    timings = Timings(lease_ttl_ms=lease_ttl_ms, worker_stop_ms=worker_stop_ms)
+    short = World(world.conn, timings)
+    work = await short.claimed(retry_policy=THREE_TRIES)
+    await running(short, work)
+    expired_at = await expire_lease_now(short, work)
+    assert (await retry_page(short.conn, 128, timings)).scheduled == 1
+    waited = (await run_row(short, work.fence.run_id))["retry_at"] - expired_at
+    assert max(lease_ttl_ms, worker_stop_ms) <= waited < max(lease_ttl_ms, worker_stop_ms) + 5_000
 
 
 async def test_lost_run_waits_a_lease_lifetime_then_is_queued_for_attempt_two(

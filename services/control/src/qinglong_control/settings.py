@@ -63,6 +63,7 @@ ENV_TIMINGS_MS = {
     "lease_ttl_ms": "QINGLONG_CONTROL_LEASE_TTL_MS",
     "offer_ttl_ms": "QINGLONG_CONTROL_OFFER_TTL_MS",
     "approval_ttl_ms": "QINGLONG_CONTROL_APPROVAL_TTL_MS",
+    "worker_stop_ms": "QINGLONG_CONTROL_WORKER_STOP_MS",
 }
 
 

@@ -5,8 +5,10 @@ decisions here are pure: the repository locks the Run, hands over the policy, th
 Attempt's ending and DB time, and writes what comes back in the same transaction.
 
 * A `lost` Attempt (its lease expired) is always eligible. Its successor is never due
-  earlier than one lease lifetime after that lease expired: by then a partitioned Worker
-  has stopped its process on its own clock (R-W-2 step 3), so two executors never run.
+  earlier than one lease lifetime, nor than the Workers' stop bound (`worker_stop_ms`),
+  after that lease expired: by then a partitioned Worker has stopped its process on its
+  own clock (R-W-2 step 3; its local lease ends before the database's, and stopping takes
+  its tick and stop grace), so two executors never run.
 * `failed` and `start_failed` endings retry only when the policy opts in.
 * The budget counts Attempts that reached `starting` (an executor may have run); a
   `claimed` Attempt whose lease expired never started one and costs nothing (R-RETRY-1).
@@ -92,6 +94,7 @@ def decide_retry(
     *,
     lease_expired_at_ms: int | None = None,
     lease_ttl_ms: int = 0,
+    worker_stop_ms: int = 0,
 ) -> RetryDecision:
     """What follows an Attempt's `ending`, given how many Attempts have started so far."""
     if not policy.retries(ending):
@@ -102,5 +105,5 @@ def decide_retry(
         return RetryDecision(None, ATTEMPTS_EXHAUSTED)
     retry_at = now_ms + policy.backoff_ms(started_attempts)
     if ending is Ending.LOST and lease_expired_at_ms is not None:
-        retry_at = max(retry_at, lease_expired_at_ms + lease_ttl_ms)
+        retry_at = max(retry_at, lease_expired_at_ms + max(lease_ttl_ms, worker_stop_ms))
     return RetryDecision(retry_at, None)

@@ -15,6 +15,7 @@ TIMING_RANGES_MS: Final[Mapping[str, tuple[int, int]]] = {
     "lease_ttl_ms": (1_000, _HOUR_MS),
     "offer_ttl_ms": (1_000, _HOUR_MS),
     "approval_ttl_ms": (1_000, 30 * _DAY_MS),
+    "worker_stop_ms": (0, _HOUR_MS),
 }
 
 
@@ -26,6 +27,13 @@ class Timings:
     #: How long a held mutation waits for a decision (R-OPS-2): a day, so a request made
     #: at night is still there in the morning; then it expires and nothing runs.
     approval_ttl_ms: int = _DAY_MS
+    #: How long a Worker may take, once its local lease ran out, to have stopped its
+    #: executor: its tick, its stop grace (SIGTERM, then SIGKILL) and the kill itself. A
+    #: lost Attempt's successor is due no earlier than this, nor than a lease lifetime,
+    #: after the lease expired (R-RETRY-2), so the two never run at once however short
+    #: the lease. Keep it above the fleet's `--tick-seconds` + `--stop-grace-seconds`
+    #: (0.5 + 5 by default).
+    worker_stop_ms: int = 10_000
 
     def __post_init__(self) -> None:
         for field in fields(self):
