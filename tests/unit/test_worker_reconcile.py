@@ -1199,3 +1199,43 @@ async def test_a_start_answered_after_the_local_lease_ran_out_starts_nothing(
     assert world.client.calls == ["ClaimOffer", "AcknowledgeStarting"]
     await asyncio.sleep(0.1)
     assert not marker.exists()
+
+
+class HangingSession(StubSession):
+    """Renewing the session hangs (ingress unreachable, the renewal retrying)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.calls = 0
+        self.cancelled = asyncio.Event()
+
+    async def ensure(self) -> ActiveSession | None:
+        self.calls += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return None
+
+
+async def test_a_hanging_session_renewal_does_not_hold_supervision(world: World) -> None:
+    """The local lease runs out while the session's renewal hangs: each tick still
+    supervises (and stops the executor on the Worker's own clock) after at most the
+    reconcile wait, and the one renewal goes on across ticks instead of starting again."""
+    session = HangingSession()
+    lifecycle = _lifecycle(world, max_concurrency=4, session=session, reconcile_wait_seconds=0.2)
+    offer_id = world.admit(["sleep", "30"])
+    await world.reconciler.reconcile(offer_id)
+    world.clock_offset_ms[0] = 31_000
+    report = await asyncio.wait_for(lifecycle.tick(), 5)
+    assert report.supervised == ((offer_id, Outcome.LEASE_LOST),)
+    quiet = await asyncio.wait_for(lifecycle.tick(), 5)
+    assert quiet.pull == "no session"
+    assert session.calls == 1, "the renewal in flight is waited for, not begun again"
+    tick = asyncio.create_task(lifecycle.tick())
+    await asyncio.sleep(0.05)
+    tick.cancel()  # a shutdown cancels the tick, and the renewal with it
+    with pytest.raises(asyncio.CancelledError):
+        await tick
+    await asyncio.wait_for(session.cancelled.wait(), 5)

@@ -180,6 +180,7 @@ class Lifecycle:
         self._clock = clock
         self._cursor = 0
         self._closed_cursor = 0
+        self._ensuring: asyncio.Task[ActiveSession | None] | None = None
 
     async def run(self, signals: ShutdownSignals) -> None:
         """Tick until the first signal; drain; stop what is left; return. Raises
@@ -187,6 +188,8 @@ class Lifecycle:
         becomes unreadable."""
         try:
             await self._tick_until(signals.drain, deadline=None)
+            # A renewal still retrying from the last tick must not race the drain's calls.
+            await self._stop_ensuring()
             if not signals.now.is_set():
                 await self._drain(signals)
             await self._stop_remaining()
@@ -195,13 +198,20 @@ class Lifecycle:
             stopped = await self._reconciler.stop_remembered()
             raise InboxFailed(error, stopped) from None
         finally:
+            await self._stop_ensuring()
             await self._reconciler.abort()
+
+    async def _stop_ensuring(self) -> None:
+        if self._ensuring is not None and not self._ensuring.done():
+            self._ensuring.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ensuring
 
     async def tick(self) -> TickReport:
         self._inbox.verify()
         if self._reconciler.fatal is not None:
             raise self._reconciler.fatal
-        session = await self._session.ensure()
+        session = await self._session_within(self._settings.reconcile_wait_seconds)
         started = asyncio.get_running_loop().time()
         supervised = await self._supervise()
         left = self._settings.reconcile_wait_seconds - (asyncio.get_running_loop().time() - started)
@@ -213,6 +223,21 @@ class Lifecycle:
         if isinstance(admitted, str):
             return TickReport(supervised, admitted)
         return TickReport(supervised, f"pulled {len(admitted)}", admitted)
+
+    async def _session_within(self, seconds: float) -> ActiveSession | None:
+        """The session, waited for at most ``seconds`` (None after that: no pulling this
+        tick). Renewing or opening it retries for as long as the session may still be
+        valid while ingress cannot be reached, and no tick may wait that long before it
+        supervises: a local lease may be running out meanwhile (R-W-2). The attempt goes
+        on across ticks; a cancelled tick (shutdown) takes it with it, as before."""
+        if self._ensuring is None or self._ensuring.done():
+            self._ensuring = asyncio.create_task(self._session.ensure(), name="session")
+        try:
+            done, _ = await asyncio.wait({self._ensuring}, timeout=seconds)
+        except asyncio.CancelledError:
+            self._ensuring.cancel()
+            raise
+        return self._ensuring.result() if done else None
 
     # --- the loop and shutdown ----------------------------------------------------------------
 
