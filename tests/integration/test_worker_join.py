@@ -13,6 +13,7 @@ import asyncio
 import json
 import stat
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import grpc
 import psycopg
 import pytest
 from cryptography import x509
+from prometheus_client import REGISTRY
 from qinglong.admin.v1 import admin_service_pb2, admin_service_pb2_grpc
 from qinglong.enrollment.v1 import enrollment_service_pb2, enrollment_service_pb2_grpc
 from qinglong.rpc.v1 import execution_pb2
@@ -33,7 +35,8 @@ from qinglong_worker.join import new_private_key, signing_request
 from qinglong_worker.renewal import CertificateRenewer
 
 from tests.support.calls import failure
-from tests.support.stack import Stack
+from tests.support.postgres import MigratedDatabase
+from tests.support.stack import Stack, running_stack
 
 JOIN_TIMEOUT_SECONDS = 60
 
@@ -185,6 +188,42 @@ async def test_a_used_expired_or_wrong_token_is_refused_alike_and_audited(
     assert {r["principal_kind"] for r in rows} == {"anonymous"}
     for token in (used, expired, wrong):
         assert token not in repr(rows)
+
+
+def not_audited() -> float:
+    labels = {"reason": "RATE_LIMITED"}
+    return REGISTRY.get_sample_value("qinglong_ingress_refusals_not_audited_total", labels) or 0.0
+
+
+async def test_a_peer_over_the_rate_limit_writes_one_audit_row_a_minute(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The enrollment listener takes calls from anyone: 30 guesses from one host at 3 a
+    minute are 3 refusals of the token and 27 of the rate — of which only the first is an
+    audit row (the rest are counted), so the limit also bounds what anyone can make
+    ingress write."""
+    before = not_audited()
+    async with running_stack(
+        database_pg18, tmp_path_factory.mktemp("pki"), enrollment_per_peer_per_minute=3
+    ) as limited:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=limited.pki.ca_cert.read_bytes()
+        )
+        guess = enrollment_service_pb2.JoinWorkerRequest(
+            join_token="qlj1_" + "A" * 43,
+            certificate_signing_request_pem=signing_request(new_private_key()),
+        )
+        async with grpc.aio.secure_channel(limited.enrollment_address, credentials) as channel:
+            enrollment = enrollment_service_pb2_grpc.EnrollmentServiceStub(channel)
+            codes = Counter(
+                [(await failure(enrollment.JoinWorker(guess))).code() for _ in range(30)]
+            )
+        rows = [r for r in limited.audit_rows() if r["operation"] == "EnrollmentService/JoinWorker"]
+    assert codes == {grpc.StatusCode.UNAUTHENTICATED: 3, grpc.StatusCode.RESOURCE_EXHAUSTED: 27}
+    # The three admitted (then refused by control, which alone can check a token) and the
+    # first rate-limited one.
+    assert Counter(r["reason"] for r in rows) == {None: 3, "RATE_LIMITED": 1}
+    assert not_audited() - before == 26
 
 
 async def test_a_bad_csr_spends_no_token(stack: Stack, tmp_path: Path) -> None:

@@ -168,9 +168,12 @@ async def running_stack(
     ingress_pool_size: int = 4,
     ingress_storage: StorageBounds | None = None,
     timings: Timings | None = None,
+    enrollment_per_peer_per_minute: float = 600,
 ) -> AsyncIterator[Stack]:
     """The stack; ``extra_stages`` run after ingress's own admission stages (a new rule);
-    ``ingress_storage`` widens ingress's storage bound for a test that holds a lock."""
+    ``ingress_storage`` widens ingress's storage bound for a test that holds a lock. The
+    enrollment limit is generous (tests join many times from one host) unless a test of
+    the limit itself lowers it."""
     pki = ensure_dev_pki(pki_dir)
     tokens = enroll_people(database, pki)
     counter = CallCounter()
@@ -208,8 +211,8 @@ async def running_stack(
     gateway = Gateway(directory, channel, pki.trust_domain, storage=ingress_storage, stages=stages)
     ingress, ingress_port = await create_ingress_server(settings, public_handlers(gateway))
     await ingress.start()
-    # Generous limits: tests join many times from one host; the limit has its own test.
-    joining = Gateway(directory, channel, pki.trust_domain, stages=enrollment_stages(600, 600))
+    limits = enrollment_stages(enrollment_per_peer_per_minute, 600)
+    joining = Gateway(directory, channel, pki.trust_domain, stages=limits)
     enrollment, enrollment_port = await create_enrollment_server(
         "127.0.0.1:0", pki.ingress_server, public_handlers(joining, ENROLLMENT_ROUTES)
     )

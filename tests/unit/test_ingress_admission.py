@@ -178,3 +178,26 @@ async def test_rate_limit_per_peer_host_and_in_total_and_refills_with_time() -> 
     assert await attempt("ipv4:10.0.0.1:9")
     assert not await attempt("ipv4:10.0.0.3:9"), "the total of 5 per minute holds"
     assert code_for(_E.ERROR_REASON_RATE_LIMITED) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_a_peers_rate_limited_refusals_are_audited_once_a_minute() -> None:
+    now = [1000.0]
+    limit = RateLimit(per_peer_per_minute=1, total_per_minute=100, clock=lambda: now[0])
+
+    async def audited(peer: str) -> bool | None:
+        """None: admitted; else whether the refusal is to be audited."""
+        try:
+            await limit.check(_Peer(peer))  # type: ignore[arg-type]
+        except Refusal as refusal:
+            return refusal.audited
+        return None
+
+    host = "ipv4:10.0.0.1:1"
+    assert [await audited(host) for _ in range(4)] == [None, True, False, False]
+    assert await audited("ipv4:10.0.0.2:1") is None, "another host has its own count"
+    assert await audited("ipv4:10.0.0.2:1") is True
+    now[0] += 30  # half a refill: still refused, and still within the minute
+    assert await audited(host) is False
+    now[0] += 31  # a minute since the last audited refusal, and one token back
+    assert await audited(host) is None
+    assert await audited(host) is True

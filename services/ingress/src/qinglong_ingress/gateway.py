@@ -53,6 +53,7 @@ from qinglong_protocol.telemetry import (
 
 from qinglong_ingress.audit import AuditOutcome
 from qinglong_ingress.directory import Audited, AuditEntry, AuditRecord, Directory, RoleBinding
+from qinglong_ingress.metrics import REFUSALS_NOT_AUDITED
 from qinglong_ingress.principals import CredentialKind, Principal, PrincipalKind
 from qinglong_ingress.routes import Route
 from qinglong_ingress.stages import (
@@ -215,7 +216,10 @@ class Gateway:
         try:
             async with asyncio.timeout(self._admission_budget_s):
                 decision = await self._decide(call)
-                audit_id, decision = await self._audit(call, decision)
+                if isinstance(decision, Refusal) and not decision.audited:
+                    REFUSALS_NOT_AUDITED.labels(reason_name(decision.answer.reason)).inc()
+                else:
+                    audit_id, decision = await self._audit(call, decision)
         except TimeoutError:
             # The budget is spent: no time is left to audit this answer either.
             _log.warning("storage unavailable during admission: no answer within the bound")

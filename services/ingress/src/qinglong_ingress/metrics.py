@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final, ParamSpec, TypeVar
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 from qinglong_protocol.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
 
 CALL_DURATION: Final = Histogram(
@@ -27,6 +27,12 @@ AUDIT_WRITE_DURATION: Final = Histogram(
     " alone), by outcome (ok or error)",
     ["outcome"],
     buckets=LATENCY_BUCKETS,
+)
+REFUSALS_NOT_AUDITED: Final = Counter(
+    "qinglong_ingress_refusals_not_audited",
+    "Refusals answered without an audit row of their own, by reason: a peer's repeated"
+    " rate-limited enrollment attempts (the first each minute is audited)",
+    ["reason"],
 )
 AUDIT_BATCH_ROWS: Final = Histogram(
     "qinglong_ingress_audit_batch_rows",

@@ -81,16 +81,20 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 class Refusal(Exception):
     """A call ingress answers itself with a typed status; it is audited with the outcome
-    its reason's code stands for, and never forwarded."""
+    its reason's code stands for, and never forwarded. ``audited=False`` only for the
+    repeated refusals a rate limit counts instead (`RateLimit`)."""
 
     def __init__(
         self,
         reason: ErrorReason.ValueType,
         message: str,
         violations: Sequence[tuple[str, str]] = (),
+        *,
+        audited: bool = True,
     ) -> None:
         super().__init__(message)
         self.answer = TypedStatus(reason, message, tuple(violations))
+        self.audited = audited
 
     @property
     def outcome(self) -> AuditOutcome:
@@ -304,8 +308,12 @@ class JoiningMachine:
 class RateLimit:
     """A token bucket per peer host and one for everyone: a listener that accepts calls
     without a credential must not let anyone guess join tokens at line rate. Per replica
-    (an attacker gains at most a factor of the replica count); refused attempts are
-    audited like any other."""
+    (an attacker gains at most a factor of the replica count).
+
+    The first refusal of a peer host in a minute is audited like any other call; the
+    ones after it in that minute are only counted (`qinglong_ingress_refusals_not_audited`):
+    an audit row per refused call would let anyone who can reach the listener write to
+    the database at line rate — the very thing the limit is for."""
 
     def __init__(
         self,
@@ -332,12 +340,21 @@ class RateLimit:
         else:
             self._peers.move_to_end(host)
         if not (peer.take(now) and self._total.take(now)):
-            raise Refusal(ErrorReason.ERROR_REASON_RATE_LIMITED, "too many attempts; retry later")
+            audited = now - peer.refusal_audited_at >= _REFUSALS_AUDITED_EVERY_SECONDS
+            if audited:
+                peer.refusal_audited_at = now
+            raise Refusal(
+                ErrorReason.ERROR_REASON_RATE_LIMITED,
+                "too many attempts; retry later",
+                audited=audited,
+            )
         return Verdict.PASS
 
 
 #: Beyond this many peers, the least recently heard from is forgotten.
 _MAX_TRACKED_PEERS: Final = 10_000
+#: A peer host's rate-limited refusals: one audited per this many seconds.
+_REFUSALS_AUDITED_EVERY_SECONDS: Final = 60.0
 
 
 @dataclass
@@ -345,6 +362,7 @@ class _Bucket:
     per_minute: float
     updated: float
     tokens: float = -1.0
+    refusal_audited_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         if self.tokens < 0:
