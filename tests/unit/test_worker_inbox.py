@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from qinglong_worker.inbox import (
+    SCHEMA_VERSION,
     Inbox,
     InboxConflict,
     InboxError,
@@ -323,9 +324,11 @@ def _closed(inbox: Inbox, record: InboxRecord) -> InboxRecord:
 def _as_schema(path: Path, version: int) -> None:
     """Turn an inbox file into what a Worker of schema ``version`` left behind."""
     with sqlite3.connect(path) as old:
-        old.execute("DROP INDEX offers_output_unsettled")
-        old.execute("ALTER TABLE offers DROP COLUMN output_shipped")
-        old.execute("ALTER TABLE offers DROP COLUMN output_given_up")
+        old.execute("ALTER TABLE offers DROP COLUMN executor_boot_id")
+        if version <= 2:
+            old.execute("DROP INDEX offers_output_unsettled")
+            old.execute("ALTER TABLE offers DROP COLUMN output_shipped")
+            old.execute("ALTER TABLE offers DROP COLUMN output_given_up")
         if version == 1:
             old.execute("ALTER TABLE offers DROP COLUMN output_offset")
         old.execute(f"PRAGMA user_version={version:d}")
@@ -356,7 +359,7 @@ def test_an_inbox_of_schema_1_is_upgraded_in_place(inbox_path: Path) -> None:
     finally:
         inbox.close()
     with sqlite3.connect(inbox_path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone() == (3,)
+        assert reopened.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
 
 
 def _closed_records(inbox: Inbox, *, after_seq: int = 0, limit: int = 10) -> list[InboxRecord]:
@@ -379,7 +382,32 @@ def test_an_inbox_of_schema_2_keeps_closed_records_output_to_ship(inbox_path: Pa
     finally:
         inbox.close()
     with sqlite3.connect(inbox_path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone() == (3,)
+        assert reopened.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+def test_an_inbox_of_schema_3_gains_the_executors_boot(inbox_path: Path) -> None:
+    """A schema-3 record names its executor by PID and start time only: upgraded, its boot
+    is unknown (the identity is probed as before), and is set once for a new executor."""
+    inbox = Inbox.open(inbox_path)
+    record = _record()
+    inbox.admit(record)
+    inbox.close()
+    _as_schema(inbox_path, 3)
+    inbox = Inbox.open(inbox_path)
+    try:
+        upgraded = inbox.get(record.offer_id)
+        assert upgraded == record
+        assert upgraded is not None
+        assert upgraded.executor_boot_id is None
+        boot = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+        started = inbox.compare_and_set(
+            upgraded, dataclasses.replace(upgraded, executor_pid=7, executor_boot_id=boot)
+        )
+        assert started.executor_boot_id == boot
+        with pytest.raises(InboxError):
+            inbox.compare_and_set(started, dataclasses.replace(started, executor_boot_id=None))
+    finally:
+        inbox.close()
 
 
 def test_a_closed_record_changes_only_its_output_shipping(inbox_path: Path) -> None:
@@ -413,10 +441,11 @@ def test_a_closed_record_changes_only_its_output_shipping(inbox_path: Path) -> N
 def test_an_inbox_newer_than_the_worker_is_refused(inbox_path: Path) -> None:
     """No downgrade: a Worker refuses an inbox a newer Worker upgraded, changing nothing
     (docs/worker-operations.md, "Upgrades are one-way")."""
+    newer_version = SCHEMA_VERSION + 1
     Inbox.open(inbox_path).close()
     with sqlite3.connect(inbox_path) as newer:
-        newer.execute("PRAGMA user_version=4")
-    with pytest.raises(InboxError, match="unsupported inbox schema version 4"):
+        newer.execute(f"PRAGMA user_version={newer_version:d}")
+    with pytest.raises(InboxError, match=f"unsupported inbox schema version {newer_version}"):
         Inbox.open(inbox_path)
     with sqlite3.connect(inbox_path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone() == (4,)
+        assert reopened.execute("PRAGMA user_version").fetchone() == (newer_version,)

@@ -108,7 +108,9 @@ def test_identity_is_pid_plus_start_time_and_the_handle_is_bounded(
     identity = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
     fields = Path(f"/proc/{identity.pid}/stat").read_text().rsplit(")", 1)[1].split()
     assert identity.start_ticks == int(fields[22 - 3]) == read_start_ticks(identity.pid)
-    assert identity.handle == f"pid:{identity.pid};start:{identity.start_ticks}"
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert identity.boot_id == boot
+    assert identity.handle == f"pid:{identity.pid};start:{identity.start_ticks};boot:{boot}"
     assert len(identity.handle.encode()) <= 512
     assert ProcessIdentity.from_handle(identity.handle) == identity
     with pytest.raises(ValueError, match="handle"):
@@ -455,3 +457,25 @@ def test_what_an_executor_leaves_running_ends_with_it(
     _wait_for_file(left)
     background = int(left.read_text())
     assert wait_until(lambda: not _alive(background), 5), "the background sleep outlived the run"
+
+
+async def test_an_identity_from_an_earlier_boot_names_nothing_now(
+    controller: ProcessController,
+) -> None:
+    """A PID and start time name a process only within one boot: after a reboot, a record
+    whose executor happens to have the PID and start time of a process running now (a
+    machine that boots the same way each time) must not take that process for it — it is
+    never signalled, and the executor is known to have ended."""
+    identity = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    assert identity.boot_id is not None
+    earlier = ProcessIdentity(
+        identity.pid, identity.start_ticks, "0" * 8 + "-0000-0000-0000-" + "0" * 12
+    )
+    restarted = ProcessController()
+    assert restarted.poll(earlier) == UNOBSERVED_EXIT
+    assert await restarted.stop(earlier, grace_seconds=0.1) is StopResult.ALREADY_EXITED
+    assert _alive(identity.pid), "the process running now was not signalled"
+    # An identity recorded before Workers recorded the boot is probed as before.
+    unknown = ProcessIdentity(identity.pid, identity.start_ticks)
+    assert restarted.poll(unknown) is None
+    assert ProcessIdentity.from_handle(earlier.handle) == earlier

@@ -38,7 +38,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 #: What each older schema version lacks, added in place when a Worker opens its inbox.
 #: An older Worker refuses a newer inbox ("unsupported inbox schema version"): there is
 #: no downgrade.
@@ -48,6 +48,7 @@ _UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
         "ALTER TABLE offers ADD COLUMN output_given_up TEXT",
         "ALTER TABLE offers ADD COLUMN output_shipped INTEGER NOT NULL DEFAULT 0",
     ),
+    3: ("ALTER TABLE offers ADD COLUMN executor_boot_id TEXT",),
 }
 #: A schema-1 inbox predates output shipping: its closed records promised none, so their
 #: files (if any) are not shipped now. (A schema-2 record closed with output left
@@ -236,6 +237,9 @@ class InboxRecord:
     output_given_up: str | None = None
     # A closed record's whole file is held by the control plane: nothing is left to ship.
     output_shipped: bool = False
+    # The boot the executor's identity belongs to (its pid and start time name a process
+    # only within one boot); None in a record written before the Worker recorded it.
+    executor_boot_id: str | None = None
 
     @property
     def lease_expires_unix_ms(self) -> int | None:
@@ -279,7 +283,8 @@ _COLUMN_LIST: Final = """
     lease_generation, lease_version, lease_observed_unix_ms, lease_remaining_ms,
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
-    start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped
+    start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped,
+    executor_boot_id
 """
 # Rows are read with `SELECT *` and mapped by column name (the extra `seq` is the cursor).
 
@@ -290,7 +295,8 @@ INSERT INTO offers (seq,
     lease_generation, lease_version, lease_observed_unix_ms, lease_remaining_ms,
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
-    start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped
+    start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped,
+    executor_boot_id
 ) SELECT (SELECT coalesce(max(seq), 0) + 1 FROM offers),
     :offer_id, :revision, :state, :worker_id, :session_id, :worker_generation, :project_id,
     :run_id, :capability, :argv, :timeout_ms, :created_unix_ms, :updated_unix_ms, :attempt_id,
@@ -298,7 +304,7 @@ INSERT INTO offers (seq,
     :deadline_unix_ms, :deadline_remaining_ms, :executor_pid, :executor_start_ticks,
     :callback_sequence, :callback_token, :stop_reason, :exit_code, :exit_signal,
     :completion_outcome, :start_failure, :quarantine_reason, :detail, :output_offset,
-    :output_given_up, :output_shipped
+    :output_given_up, :output_shipped, :executor_boot_id
     WHERE NOT EXISTS (SELECT 1 FROM offers WHERE offer_id = :offer_id)
 """
 _UPDATE: Final = """
@@ -316,7 +322,7 @@ UPDATE offers SET revision = :revision,
     exit_signal = :exit_signal, completion_outcome = :completion_outcome,
     start_failure = :start_failure, quarantine_reason = :quarantine_reason, detail = :detail,
     output_offset = :output_offset, output_given_up = :output_given_up,
-    output_shipped = :output_shipped
+    output_shipped = :output_shipped, executor_boot_id = :executor_boot_id
  WHERE offer_id = :offer_id AND revision = :expected_revision
 """
 _COLUMNS: Final = tuple(f.name for f in dataclasses.fields(InboxRecord))
@@ -332,7 +338,13 @@ _IMMUTABLE: Final = (
     "created_unix_ms",
 )
 #: Fixed once the claim answered.
-_SET_ONCE: Final = ("attempt_id", "lease_generation", "callback_token", "executor_pid")
+_SET_ONCE: Final = (
+    "attempt_id",
+    "lease_generation",
+    "callback_token",
+    "executor_pid",
+    "executor_boot_id",
+)
 #: What may still change once a record is closed: shipping the rest of its output.
 _AFTER_CLOSE: Final = frozenset(
     {"revision", "updated_unix_ms", "output_offset", "output_given_up", "output_shipped"}
@@ -383,7 +395,8 @@ CREATE TABLE IF NOT EXISTS offers (
     detail                 TEXT,
     output_offset          INTEGER NOT NULL DEFAULT 0,
     output_given_up        TEXT,
-    output_shipped         INTEGER NOT NULL DEFAULT 0
+    output_shipped         INTEGER NOT NULL DEFAULT 0,
+    executor_boot_id       TEXT
 );
 CREATE INDEX IF NOT EXISTS offers_by_state ON offers (state, seq);
 CREATE TABLE IF NOT EXISTS session (

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -58,7 +59,6 @@ TIMEOUT_ENV: Final = "QINGLONG_TIMEOUT_MS"
 DEADLINE_ENV: Final = "QINGLONG_DEADLINE_UNIX_MS"
 #: Variables of the Worker itself are not handed to the executor.
 _PRIVATE_ENV_PREFIX: Final = "QINGLONG_"
-_HANDLE_PATTERN: Final = re.compile(r"\Apid:([1-9][0-9]{0,9});start:([0-9]{1,20})\Z")
 _DECIMAL: Final = re.compile(r"\A[0-9]{1,16}\Z")
 _POLL_SECONDS: Final = 0.02
 #: The supervisor runs as a script of this interpreter, isolated (-I: no PYTHON*
@@ -81,20 +81,34 @@ class StopResult(StrEnum):
 
 @dataclass(frozen=True)
 class ProcessIdentity:
+    """A process as this Worker names it: PID, start time and the boot they belong to
+    (None for an identity recorded before Workers recorded it)."""
+
     pid: int
     start_ticks: int
+    boot_id: str | None = None
 
     @property
     def handle(self) -> str:
         """The executor handle sent with `running` (≤ 512 bytes, no secrets)."""
-        return f"pid:{self.pid};start:{self.start_ticks}"
+        return supervisor.handle_of(self.pid, self.start_ticks, self.boot_id)
 
     @classmethod
     def from_handle(cls, handle: str) -> ProcessIdentity:
-        match = _HANDLE_PATTERN.match(handle)
+        match = supervisor.HANDLE_PATTERN.match(handle)
         if match is None:
             raise ValueError("not an executor handle")
-        return cls(int(match[1]), int(match[2]))
+        return cls(int(match[1]), int(match[2]), match[3])
+
+    @property
+    def from_an_earlier_boot(self) -> bool:
+        current = _this_boot()
+        return self.boot_id is not None and current is not None and self.boot_id != current
+
+
+@functools.cache
+def _this_boot() -> str | None:
+    return supervisor.boot_id()
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,8 @@ def read_start_ticks(pid: int) -> int:
 
 
 def _probe(identity: ProcessIdentity) -> _Probe:
+    if identity.from_an_earlier_boot:
+        return _Probe.EXITED  # it ended with that boot; whatever has its PID now is another
     try:
         fields = _stat_fields(identity.pid)
     except FileNotFoundError:
@@ -300,7 +316,7 @@ class ProcessController:
                 output.close()
         try:
             # Read while the child is unreaped: even if it already ended, /proc keeps it.
-            identity = ProcessIdentity(child.pid, read_start_ticks(child.pid))
+            identity = ProcessIdentity(child.pid, read_start_ticks(child.pid), _this_boot())
             answer = _read_ready(ready_read, _READY_TIMEOUT_SECONDS)
         except BaseException:
             _kill_group(child)

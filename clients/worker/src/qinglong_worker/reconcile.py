@@ -281,7 +281,9 @@ def lease_control_due(record: InboxRecord, now: int, lease_control_ms: int) -> b
 def identity_of(record: InboxRecord) -> ProcessIdentity | None:
     if record.executor_pid is None or record.executor_start_ticks is None:
         return None
-    return ProcessIdentity(record.executor_pid, record.executor_start_ticks)
+    return ProcessIdentity(
+        record.executor_pid, record.executor_start_ticks, record.executor_boot_id
+    )
 
 
 class Reconciler:
@@ -582,6 +584,7 @@ class Reconciler:
                 state=RecordState.STARTED,
                 executor_pid=identity.pid,
                 executor_start_ticks=identity.start_ticks,
+                executor_boot_id=identity.boot_id,
             )
         except BaseException:
             # An identity that cannot be made durable must not leave an orphan behind.
@@ -613,6 +616,7 @@ class Reconciler:
                 state=RecordState.STARTED,
                 executor_pid=verdict.identity.pid,
                 executor_start_ticks=verdict.identity.start_ticks,
+                executor_boot_id=verdict.identity.boot_id,
             )
             log.info(
                 "offer %s run %s: adopted %s, started before the Worker restarted",

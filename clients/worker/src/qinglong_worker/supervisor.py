@@ -115,6 +115,32 @@ def _own_start_ticks() -> int:
     return int(text[text.rindex(")") + 2 :].split()[22 - 3])
 
 
+#: The kernel's random id of the running boot. A PID and a start time name a process
+#: only within one boot (start times count from it): an identity from an earlier boot
+#: names nothing now, whatever runs under that PID (possible on a machine that boots the
+#: same way each time).
+_BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
+#: ``pid:<pid>;start:<start ticks>[;boot:<boot id>]`` — the identity as text, which the
+#: Worker records, reports as the executor handle and finds in claims and statuses.
+HANDLE_PATTERN: Final = re.compile(
+    r"\Apid:([1-9][0-9]{0,9});start:([0-9]{1,20})(?:;boot:([0-9a-f-]{36}))?\Z"
+)
+
+
+def boot_id() -> str | None:
+    """This boot's id; None where the kernel does not say."""
+    try:
+        with open(_BOOT_ID_PATH) as source:
+            text = source.read().strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[0-9a-f-]{36}", text) else None
+
+
+def handle_of(pid: int, start_ticks: int, boot: str | None) -> str:
+    return f"pid:{pid};start:{start_ticks}" + (f";boot:{boot}" if boot else "")
+
+
 def _forward(signal_number: int, _frame: FrameType | None) -> None:
     """Send the signal once to every other member of the group.
 
@@ -249,7 +275,7 @@ def run(argv: Sequence[str]) -> int:
         signal.signal(signal_number, _forward)
     own_pid = os.getpid()
     own_start = _own_start_ticks()
-    handle = f"pid:{own_pid};start:{own_start}"
+    handle = handle_of(own_pid, own_start, boot_id())
     if launch is not None:
         refused = _claim(status_dir, launch, handle)
         if refused is not None:
