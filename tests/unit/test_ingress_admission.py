@@ -201,3 +201,23 @@ async def test_a_peers_rate_limited_refusals_are_audited_once_a_minute() -> None
     now[0] += 31  # a minute since the last audited refusal, and one token back
     assert await audited(host) is None
     assert await audited(host) is True
+
+
+async def test_refusals_of_the_total_are_audited_once_a_minute_in_all() -> None:
+    """Many addresses, each within its own share, over the total: one audit row a minute
+    in all, not one per address."""
+    now = [1000.0]
+    limit = RateLimit(per_peer_per_minute=5, total_per_minute=2, clock=lambda: now[0])
+
+    async def refusals(hosts: range) -> list[bool]:
+        audited = []
+        for n in hosts:
+            try:
+                await limit.check(_Peer(f"ipv4:10.0.1.{n}:1"))  # type: ignore[arg-type]
+            except Refusal as refusal:
+                audited.append(refusal.audited)
+        return audited
+
+    assert await refusals(range(12)) == [True] + [False] * 9
+    now[0] += 61  # two more for the total, and a minute since the audited refusal
+    assert await refusals(range(12, 20)) == [True] + [False] * 5

@@ -445,6 +445,39 @@ def test_a_status_document_must_name_its_identity_and_one_ending() -> None:
         assert parse_status_document(bad, identity) is None
 
 
+BOOT_A, BOOT_B = "a" * 8 + "-0000-0000-0000-" + "a" * 12, "b" * 8 + "-0000-0000-0000-" + "b" * 12
+
+
+def test_a_status_document_names_the_boot_beside_the_handle_every_version_reads() -> None:
+    """`supervisor` stays `pid:…;start:…` (what a Worker of an earlier version compares);
+    the boot is its own field, compared when both the document and the identity name one."""
+    booted = ProcessIdentity(1234, 99, BOOT_A)
+
+    def document(**fields: object) -> bytes:
+        ended = {"version": 1, "supervisor": "pid:1234;start:99", "exit_code": 0, "signal": None}
+        return json.dumps({**ended, **fields}).encode()
+
+    assert parse_status_document(document(boot=BOOT_A), booted) == ExitStatus(0, None)
+    assert parse_status_document(document(boot=BOOT_B), booted) is None, "another boot's"
+    assert parse_status_document(document(), booted) == ExitStatus(0, None)  # an older one's
+    unknown = ProcessIdentity(1234, 99)
+    assert parse_status_document(document(boot=BOOT_B), unknown) == ExitStatus(0, None)
+    assert parse_status_document(document(supervisor=booted.handle), booted) is None
+
+
+def test_a_status_that_cannot_be_read_is_unobserved_not_a_kill(
+    controller: ProcessController,
+) -> None:
+    """Every supervisor ends itself by SIGKILL once its status is written: when that status
+    is unreadable, its SIGKILL says nothing of how the executor ended."""
+    identity = controller.spawn(["true"], timeout_ms=None, deadline_unix_ms=None)
+    assert _poll_until_ended(controller, identity) == ExitStatus(0, None)
+    status_dir = controller.status_dir
+    assert status_dir is not None
+    (status_dir / f"{identity.pid}-{identity.start_ticks}.json").write_text("{broken")
+    assert ProcessController(status_dir=status_dir).poll(identity) == UNOBSERVED_EXIT
+
+
 def test_what_an_executor_leaves_running_ends_with_it(
     controller: ProcessController, tmp_path: Path
 ) -> None:

@@ -71,6 +71,7 @@ class ScriptedClient:
         self.calls: list[str] = []
         self.budgets: list[tuple[str, float | None]] = []
         self.lease_version = 1
+        self.last_words: list[bool] = []  # ControlLease asked after an ending (one try)
         self.activation: worker_pb2.ActivationSnapshot = _activation(60_000)
         self.control_answer: Callable[[ws.ControlLeaseRequest], ws.ControlLeaseResponse] = (
             self._renew
@@ -191,9 +192,14 @@ class ScriptedClient:
         )
 
     async def control_lease(
-        self, request: ws.ControlLeaseRequest, *, budget_seconds: float | None = None
+        self,
+        request: ws.ControlLeaseRequest,
+        *,
+        budget_seconds: float | None = None,
+        last_word: bool = False,
     ) -> ws.ControlLeaseResponse:
         self._record("ControlLease", request, budget_seconds)
+        self.last_words.append(last_word)
         if self.control_gate is not None:
             await self.control_gate.wait()
         return self.control_answer(request)
@@ -709,6 +715,7 @@ async def test_a_refused_shutdown_report_learns_the_runs_own_intent(world: World
     assert request.outcome == worker_pb2.ATTEMPT_OUTCOME_TIMED_OUT
     assert request.stop_reason == lifecycle_pb2.CANCEL_REASON_UNSPECIFIED
     assert world.client.seen_versions[-3:] == [1, 1, 2], "the newer version was used"
+    assert world.client.last_words[-1], "asked after the ending: one try even past the lease"
 
 
 async def test_a_renewal_clears_a_shutdown_stop_that_never_happened(world: World) -> None:
@@ -1239,3 +1246,28 @@ async def test_a_hanging_session_renewal_does_not_hold_supervision(world: World)
     with pytest.raises(asyncio.CancelledError):
         await tick
     await asyncio.wait_for(session.cancelled.wait(), 5)
+
+
+class FailingSession(StubSession):
+    """The renewal fails for good after a tick stopped waiting for it (an inbox that can
+    no longer be written): the next tick must not lose that."""
+
+    async def ensure(self) -> ActiveSession | None:
+        await asyncio.sleep(0.3)
+        raise RuntimeError("the inbox cannot be written")
+
+
+async def test_a_renewal_that_failed_between_ticks_fails_the_next_tick(world: World) -> None:
+    lifecycle = _lifecycle(
+        world, max_concurrency=1, session=FailingSession(None), reconcile_wait_seconds=0.05
+    )
+    await lifecycle.tick()
+    await asyncio.sleep(0.5)
+    with pytest.raises(RuntimeError, match="cannot be written"):
+        await lifecycle.tick()
+
+
+async def test_a_pull_waits_no_longer_than_a_tick_does(world: World) -> None:
+    lifecycle = _lifecycle(world, max_concurrency=1, reconcile_wait_seconds=1.5)
+    await lifecycle.tick()
+    assert dict(world.client.budgets)["PullOffers"] == 1.5

@@ -306,9 +306,13 @@ class WorkerClient:
         return await self._call("ReportStartFailure", request, budget_seconds, last_word=True)
 
     async def control_lease(
-        self, request: ws.ControlLeaseRequest, *, budget_seconds: float | None = None
+        self,
+        request: ws.ControlLeaseRequest,
+        *,
+        budget_seconds: float | None = None,
+        last_word: bool = False,
     ) -> ws.ControlLeaseResponse:
-        return await self._call("ControlLease", request, budget_seconds)
+        return await self._call("ControlLease", request, budget_seconds, last_word=last_word)
 
     async def renew_certificate(
         self, request: ws.RenewCertificateRequest, *, budget_seconds: float | None = None

@@ -83,6 +83,11 @@ def resolve_launch(processes: ProcessController, key: str) -> LaunchVerdict:
         return LaunchVerdict(LaunchState.NOT_STARTED)  # a Worker's own claim, earlier
     try:
         identity = ProcessIdentity.from_handle(str(handle))
+        boot = document.get("boot")
+        if isinstance(boot, str):
+            identity = ProcessIdentity.from_handle(
+                supervisor.handle_of(identity.pid, identity.start_ticks, boot)
+            )
     except ValueError:
         log.warning("launch claim %s names no supervisor; treated as not started", key)
         return LaunchVerdict(LaunchState.NOT_STARTED)

@@ -230,14 +230,17 @@ class Lifecycle:
         valid while ingress cannot be reached, and no tick may wait that long before it
         supervises: a local lease may be running out meanwhile (R-W-2). The attempt goes
         on across ticks; a cancelled tick (shutdown) takes it with it, as before."""
-        if self._ensuring is None or self._ensuring.done():
-            self._ensuring = asyncio.create_task(self._session.ensure(), name="session")
+        ensuring = self._ensuring
+        if ensuring is not None and ensuring.done() and not ensuring.cancelled():
+            ensuring.result()  # a failure of the last one (an unreadable inbox) is fatal
+        if ensuring is None or ensuring.done():
+            ensuring = self._ensuring = asyncio.create_task(self._session.ensure(), name="session")
         try:
-            done, _ = await asyncio.wait({self._ensuring}, timeout=seconds)
+            done, _ = await asyncio.wait({ensuring}, timeout=seconds)
         except asyncio.CancelledError:
-            self._ensuring.cancel()
+            ensuring.cancel()
             raise
-        return self._ensuring.result() if done else None
+        return ensuring.result() if done else None
 
     # --- the loop and shutdown ----------------------------------------------------------------
 
@@ -443,13 +446,16 @@ class Lifecycle:
         worker_id = self._session.worker_id
         max_offers = min(self._room(), bounds.MAX_OFFERS_MAX)
         try:
+            # Within the tick's wait, like the rest of it: the next tick's supervision (a
+            # lease that ran out) must not wait behind a slow pull.
             pulled = await self._client.pull_offers(
                 ws.PullOffersRequest(
                     worker_id=worker_id,
                     session_id=session.session_id,
                     worker_generation=session.worker_generation,
                     max_offers=max_offers,
-                )
+                ),
+                budget_seconds=self._settings.reconcile_wait_seconds,
             )
         except CallFailed as failure:
             return f"pull failed: {failure.label}"

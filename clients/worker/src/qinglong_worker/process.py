@@ -93,6 +93,15 @@ class ProcessIdentity:
         """The executor handle sent with `running` (≤ 512 bytes, no secrets)."""
         return supervisor.handle_of(self.pid, self.start_ticks, self.boot_id)
 
+    def named_by(self, document: Mapping[str, Any]) -> bool:
+        """Whether a supervisor's status or launch document names this process: its
+        ``supervisor`` field (``pid:…;start:…``, as every version writes it) and, when
+        both say, the same ``boot``."""
+        if document.get("supervisor") != supervisor.handle_of(self.pid, self.start_ticks, None):
+            return False
+        boot = document.get("boot")
+        return boot is None or self.boot_id is None or boot == self.boot_id
+
     @classmethod
     def from_handle(cls, handle: str) -> ProcessIdentity:
         match = supervisor.HANDLE_PATTERN.match(handle)
@@ -362,7 +371,9 @@ class ProcessController:
         self._known.discard(identity)
         self._killed.discard(identity)
         path = self._status_path(identity)
-        if path is not None:
+        if path is not None and self._read_status(identity) is not None:
+            # Only its own: after a reboot, another boot's supervisor may have the same
+            # PID and start time, and so the same file name.
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
@@ -470,9 +481,14 @@ class ProcessController:
         recorded = self._read_status(identity)
         if recorded is not None:
             return recorded
+        path = self._status_path(identity)
+        if path is not None and path.exists():
+            # The supervisor wrote a status (and then, as it does, SIGKILLed its group,
+            # itself included) that cannot be read: how the executor ended is unknown.
+            return UNOBSERVED_EXIT
         if identity in self._killed or supervisor_code == -signal.SIGKILL:
-            # The group was killed (by us), or the supervisor alone was: the executor
-            # then got its parent-death SIGKILL. Either way it ended by SIGKILL.
+            # The group was killed (by us), or the supervisor alone was before it wrote a
+            # status: the executor then got its parent-death SIGKILL.
             return ExitStatus(None, signal.SIGKILL)
         return UNOBSERVED_EXIT
 
@@ -516,10 +532,7 @@ def parse_status_document(raw: bytes, identity: ProcessIdentity) -> ExitStatus |
         return None
     if not isinstance(document, dict):
         return None
-    if (
-        document.get("version") != supervisor.STATUS_VERSION
-        or document.get("supervisor") != identity.handle
-    ):
+    if document.get("version") != supervisor.STATUS_VERSION or not identity.named_by(document):
         return None
     exit_code, signal_number = document.get("exit_code"), document.get("signal")
     if isinstance(exit_code, int) and signal_number is None and 0 <= exit_code <= 255:

@@ -951,9 +951,11 @@ class Reconciler:
         """A shutdown stop was refused as a state conflict: ask lease control why."""
         sent = self._clock()
         try:
+            # Asked after the ending, like it: one try even when the local lease is over.
             answer = await self._client.control_lease(
                 ws.ControlLeaseRequest(fence=fence_of(record)),
                 budget_seconds=self._lease_budget(record),
+                last_word=True,
             )
         except CallFailed as failure:
             if failure.transient:

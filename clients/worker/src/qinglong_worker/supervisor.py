@@ -96,16 +96,31 @@ def launch_file_name(key: str) -> str:
     return f"launch-{key}.json"
 
 
-def launch_document(key: str, supervisor: str | None, answer: str | None) -> dict[str, object]:
+def launch_document(
+    key: str, supervisor: str | None, answer: str | None, boot: str | None = None
+) -> dict[str, object]:
     """``supervisor`` None: the launch was declared not started (by a restarted Worker).
-    ``answer`` None: the supervisor claimed it and has not started the executor yet."""
-    return {"version": LAUNCH_VERSION, "launch": key, "supervisor": supervisor, "answer": answer}
+    ``answer`` None: the supervisor claimed it and has not started the executor yet.
+    ``boot``: the boot the supervisor runs in (its own field: a Worker of an earlier
+    version compares ``supervisor`` as ``pid:…;start:…`` and must still find it)."""
+    document: dict[str, object] = {
+        "version": LAUNCH_VERSION,
+        "launch": key,
+        "supervisor": supervisor,
+        "answer": answer,
+    }
+    if boot is not None:
+        document["boot"] = boot
+    return document
 
 
-def claim_launch(directory: str, key: str, supervisor: str | None) -> bool:
+def claim_launch(directory: str, key: str, supervisor: str | None, boot: str | None = None) -> bool:
     """Create the launch claim; False if somebody claimed it first (nothing written)."""
     return _publish(
-        directory, launch_file_name(key), launch_document(key, supervisor, None), exclusive=True
+        directory,
+        launch_file_name(key),
+        launch_document(key, supervisor, None, boot),
+        exclusive=True,
     )
 
 
@@ -255,10 +270,10 @@ def _error_answer(error: BaseException) -> str:
     return f"error {number or 0} {type(error).__name__}"
 
 
-def _claim(status_dir: str, key: str, handle: str) -> str | None:
+def _claim(status_dir: str, key: str, handle: str, boot: str | None) -> str | None:
     """Claim the launch for this supervisor: None when won, else the answer to report."""
     try:
-        if claim_launch(status_dir, key, handle):
+        if claim_launch(status_dir, key, handle, boot):
             return None
     except OSError as error:
         return _error_answer(error)  # not durable: then nothing may start
@@ -275,9 +290,9 @@ def run(argv: Sequence[str]) -> int:
         signal.signal(signal_number, _forward)
     own_pid = os.getpid()
     own_start = _own_start_ticks()
-    handle = handle_of(own_pid, own_start, boot_id())
+    handle, boot = handle_of(own_pid, own_start, None), boot_id()
     if launch is not None:
-        refused = _claim(status_dir, launch, handle)
+        refused = _claim(status_dir, launch, handle, boot)
         if refused is not None:
             _report(ready_fd, refused)
             return EXIT_NOT_STARTED
@@ -296,7 +311,8 @@ def run(argv: Sequence[str]) -> int:
         answer = _error_answer(error)
     if launch is not None:
         try:
-            _publish(status_dir, launch_file_name(launch), launch_document(launch, handle, answer))
+            claimed = launch_document(launch, handle, answer, boot)
+            _publish(status_dir, launch_file_name(launch), claimed)
         except OSError as error:
             # A start that cannot be made durable does not run: a restarted Worker
             # would find this launch "claimed, no answer" and report it not started.
@@ -313,6 +329,7 @@ def run(argv: Sequence[str]) -> int:
     document: dict[str, object] = {
         "version": STATUS_VERSION,
         "supervisor": handle,
+        "boot": boot,
         "executor_pid": executor.pid,
         "exit_code": code if code >= 0 else None,
         "signal": -code if code < 0 else None,

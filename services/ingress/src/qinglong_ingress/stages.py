@@ -339,16 +339,23 @@ class RateLimit:
                 self._peers.popitem(last=False)
         else:
             self._peers.move_to_end(host)
-        if not (peer.take(now) and self._total.take(now)):
-            audited = now - peer.refusal_audited_at >= _REFUSALS_AUDITED_EVERY_SECONDS
-            if audited:
-                peer.refusal_audited_at = now
-            raise Refusal(
-                ErrorReason.ERROR_REASON_RATE_LIMITED,
-                "too many attempts; retry later",
-                audited=audited,
-            )
-        return Verdict.PASS
+        # Refusals are audited once a minute per host that used up its own share, and
+        # once a minute in all for refusals of the total (an attacker with many
+        # addresses would otherwise get an audit row per address).
+        if not peer.take(now):
+            gate = peer
+        elif not self._total.take(now):
+            gate = self._total
+        else:
+            return Verdict.PASS
+        audited = now - gate.refusal_audited_at >= _REFUSALS_AUDITED_EVERY_SECONDS
+        if audited:
+            gate.refusal_audited_at = now
+        raise Refusal(
+            ErrorReason.ERROR_REASON_RATE_LIMITED,
+            "too many attempts; retry later",
+            audited=audited,
+        )
 
 
 #: Beyond this many peers, the least recently heard from is forgotten.

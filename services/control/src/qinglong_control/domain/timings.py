@@ -28,12 +28,13 @@ class Timings:
     #: at night is still there in the morning; then it expires and nothing runs.
     approval_ttl_ms: int = _DAY_MS
     #: How long a Worker may take, once its local lease ran out, to have stopped its
-    #: executor: its tick, its stop grace (SIGTERM, then SIGKILL) and the kill itself. A
-    #: lost Attempt's successor is due no earlier than this, nor than a lease lifetime,
-    #: after the lease expired (R-RETRY-2), so the two never run at once however short
-    #: the lease. Keep it above the fleet's `--tick-seconds` + `--stop-grace-seconds`
-    #: (0.5 + 5 by default).
-    worker_stop_ms: int = 10_000
+    #: executor: the rest of the tick it is in (its waits for the session, supervision,
+    #: shipping and a pull: at most about 8 s), the tick interval, its stop grace (SIGTERM,
+    #: then SIGKILL) and the kill itself — about 14 s with the Worker's defaults. A lost
+    #: Attempt's successor is due no earlier than this, nor than a lease lifetime, after
+    #: the lease expired (R-RETRY-2), so the two never run at once however short the
+    #: lease. Raise it with the fleet's `--stop-grace-seconds`.
+    worker_stop_ms: int = 20_000
 
     def __post_init__(self) -> None:
         for field in fields(self):
