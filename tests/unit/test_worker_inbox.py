@@ -321,8 +321,11 @@ def _closed(inbox: Inbox, record: InboxRecord) -> InboxRecord:
     )
 
 
-def _as_schema(path: Path, version: int) -> None:
-    """Turn an inbox file into what a Worker of schema ``version`` left behind."""
+def _reopened_at_schema(inbox: Inbox, version: int) -> Inbox:
+    """Close ``inbox``, turn its file into what a Worker of schema ``version`` left behind,
+    and open it again (upgrading it, as a Worker does)."""
+    inbox.close()
+    path = inbox.path
     with sqlite3.connect(path) as old:
         old.execute("ALTER TABLE offers DROP COLUMN executor_boot_id")
         if version <= 2:
@@ -332,6 +335,7 @@ def _as_schema(path: Path, version: int) -> None:
         if version == 1:
             old.execute("ALTER TABLE offers DROP COLUMN output_offset")
         old.execute(f"PRAGMA user_version={version:d}")
+    return Inbox.open(path)
 
 
 def test_an_inbox_of_schema_1_is_upgraded_in_place(inbox_path: Path) -> None:
@@ -342,9 +346,7 @@ def test_an_inbox_of_schema_1_is_upgraded_in_place(inbox_path: Path) -> None:
     record = _record()
     inbox.admit(record)
     closed = _closed(inbox, _record())
-    inbox.close()
-    _as_schema(inbox_path, 1)
-    inbox = Inbox.open(inbox_path)
+    inbox = _reopened_at_schema(inbox, 1)
     try:
         upgraded = inbox.get(record.offer_id)
         assert upgraded is not None
@@ -372,9 +374,7 @@ def test_an_inbox_of_schema_2_keeps_closed_records_output_to_ship(inbox_path: Pa
     inbox = Inbox.open(inbox_path)
     closed = _closed(inbox, _record())
     closed = inbox.compare_and_set(closed, dataclasses.replace(closed, output_offset=7))
-    inbox.close()
-    _as_schema(inbox_path, 2)
-    inbox = Inbox.open(inbox_path)
+    inbox = _reopened_at_schema(inbox, 2)
     try:
         upgraded = inbox.get(closed.offer_id)
         assert upgraded == closed
@@ -391,9 +391,7 @@ def test_an_inbox_of_schema_3_gains_the_executors_boot(inbox_path: Path) -> None
     inbox = Inbox.open(inbox_path)
     record = _record()
     inbox.admit(record)
-    inbox.close()
-    _as_schema(inbox_path, 3)
-    inbox = Inbox.open(inbox_path)
+    inbox = _reopened_at_schema(inbox, 3)
     try:
         upgraded = inbox.get(record.offer_id)
         assert upgraded == record
