@@ -32,7 +32,9 @@ problem, and ``CANCELLED`` (our own shutdown closing the channel).
 Retries are bounded by a *budget* in seconds: the caller's (for a lease-holding command,
 the time left on the record's local lease — after that SPEC R-W-2 step 3 applies, and
 the process is stopped locally) or :attr:`RetryPolicy.default_budget_seconds`. No try's
-deadline outlives the budget. Between tries the call sleeps a jittered, exponentially
+deadline outlives the budget — but a *last word* (``last_word``: the ending, after the
+lease ran out) gets one plain try even with none left, and any other call with less than
+one try's budget is not made. Between tries the call sleeps a jittered, exponentially
 growing delay; the sleeping happens inside the caller's task (the reconcile), so no
 timer exists per run, and cancelling that task (shutdown) ends the retries at once.
 """

@@ -1,8 +1,9 @@
 """The local process controller (SPEC R-W-3, R-TO-2).
 
 A process is known by its *identity*: PID plus the process start time in clock ticks
-since boot (field 22 of ``/proc/<pid>/stat``). A PID alone could name another process
-after reuse; a PID whose start time differs is not ours and is never signalled.
+since boot (field 22 of ``/proc/<pid>/stat``), plus the boot's id. A PID alone could name
+another process after reuse; a PID whose start time differs is not ours and is never
+signalled, and neither is anything under an identity of an earlier boot.
 
 * :meth:`ProcessController.spawn` runs an argv (never a shell) under a small
   supervisor (:mod:`qinglong_worker.supervisor`) in a session of its own, hands it
@@ -13,7 +14,8 @@ after reuse; a PID whose start time differs is not ours and is never signalled.
 * A spawn with a launch key is claimed durably by its supervisor before the executor
   starts (:mod:`qinglong_worker.launch` settles it after a Worker crash).
 * The supervisor writes the executor's exit status durably into the status directory
-  (one file per identity) before it exits, so the status survives a Worker crash:
+  (one file per identity) before it ends its group (itself included, by SIGKILL), so
+  the status survives a Worker crash:
   :meth:`ProcessController.poll` reads it whether or not the supervisor is this
   Worker's child.
 * :meth:`ProcessController.stop` signals only a verified identity: SIGTERM, a grace

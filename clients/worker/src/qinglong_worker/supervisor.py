@@ -46,7 +46,7 @@ supervisor that did, and adopts it. A claim that cannot be made durable starts n
 And a Worker that died cannot read the ready descriptor any more: that report is best
 effort, never a reason to abandon a started executor.
 
-Stopping (by the Worker, after verifying PID + start time): SIGTERM to the supervisor
+Stopping (by the Worker, after verifying PID, start time and boot): SIGTERM to the supervisor
 alone is forwarded once to every other member of its group (the executor and what it
 started); SIGKILL goes to the whole group, so nothing survives it.
 """

@@ -136,7 +136,9 @@ class RunServiceServicer:
     def ReadRunOutput(self, request, context):
         """Reads one page of an Attempt's executor output from a byte offset (R-OPS-1): the
         latest Attempt unless the request names one. To follow a running Attempt, call
-        again from next_offset until complete is true and next_offset is end_offset.
+        again from next_offset until complete is true and next_offset is end_offset —
+        and, when output_bytes is set, reaches it (the rest may be shipped after the
+        ending).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -61,7 +61,9 @@ class RunServiceStub:
     ReadRunOutput: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.ReadRunOutputRequest, _run_service_pb2.ReadRunOutputResponse]
     """Reads one page of an Attempt's executor output from a byte offset (R-OPS-1): the
     latest Attempt unless the request names one. To follow a running Attempt, call
-    again from next_offset until complete is true and next_offset is end_offset.
+    again from next_offset until complete is true and next_offset is end_offset —
+    and, when output_bytes is set, reaches it (the rest may be shipped after the
+    ending).
     """
 
 @_typing.type_check_only
@@ -97,7 +99,9 @@ class RunServiceAsyncStub(RunServiceStub):
     ReadRunOutput: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ReadRunOutputRequest, _run_service_pb2.ReadRunOutputResponse]  # type: ignore[assignment]
     """Reads one page of an Attempt's executor output from a byte offset (R-OPS-1): the
     latest Attempt unless the request names one. To follow a running Attempt, call
-    again from next_offset until complete is true and next_offset is end_offset.
+    again from next_offset until complete is true and next_offset is end_offset —
+    and, when output_bytes is set, reaches it (the rest may be shipped after the
+    ending).
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -172,7 +176,9 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_run_service_pb2.ReadRunOutputResponse, _abc.Awaitable[_run_service_pb2.ReadRunOutputResponse]]:
         """Reads one page of an Attempt's executor output from a byte offset (R-OPS-1): the
         latest Attempt unless the request names one. To follow a running Attempt, call
-        again from next_offset until complete is true and next_offset is end_offset.
+        again from next_offset until complete is true and next_offset is end_offset —
+        and, when output_bytes is set, reaches it (the rest may be shipped after the
+        ending).
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

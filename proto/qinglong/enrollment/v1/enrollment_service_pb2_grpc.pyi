@@ -31,7 +31,8 @@ class EnrollmentServiceStub:
     (R-ADM-2). Ingress serves it alone on a dedicated listener: server-
     authenticated TLS 1.3 without a client certificate (a joining Worker has
     none yet), a tight byte cap and rate limit, and an audit row for every
-    attempt. The Worker generates its private key itself and sends only a
+    attempt (but the rate-limited ones: once a minute per host, and once a
+    minute in all for the shared total; the rest are counted). The Worker generates its private key itself and sends only a
     certificate signing request; the key never leaves it. Control consumes the
     token and signs with an issuing CA that ingress never holds. A wrong, used
     or expired token is refused the same way, without saying which. Each
@@ -51,7 +52,8 @@ class EnrollmentServiceAsyncStub(EnrollmentServiceStub):
     (R-ADM-2). Ingress serves it alone on a dedicated listener: server-
     authenticated TLS 1.3 without a client certificate (a joining Worker has
     none yet), a tight byte cap and rate limit, and an audit row for every
-    attempt. The Worker generates its private key itself and sends only a
+    attempt (but the rate-limited ones: once a minute per host, and once a
+    minute in all for the shared total; the rest are counted). The Worker generates its private key itself and sends only a
     certificate signing request; the key never leaves it. Control consumes the
     token and signs with an issuing CA that ingress never holds. A wrong, used
     or expired token is refused the same way, without saying which. Each
@@ -67,7 +69,8 @@ class EnrollmentServiceServicer(metaclass=_abc_1.ABCMeta):
     (R-ADM-2). Ingress serves it alone on a dedicated listener: server-
     authenticated TLS 1.3 without a client certificate (a joining Worker has
     none yet), a tight byte cap and rate limit, and an audit row for every
-    attempt. The Worker generates its private key itself and sends only a
+    attempt (but the rate-limited ones: once a minute per host, and once a
+    minute in all for the shared total; the rest are counted). The Worker generates its private key itself and sends only a
     certificate signing request; the key never leaves it. Control consumes the
     token and signs with an issuing CA that ingress never holds. A wrong, used
     or expired token is refused the same way, without saying which. Each

@@ -889,8 +889,9 @@ class AppendOutputRequest(_message.Message):
         generation, project, run, attempt, offer, lease generation and capability: only
         the Worker that claimed it can write its output). expected_lease_version is not
         compared and the lease need not be held any more: output belongs to the Attempt,
-        and its Worker ships the tail after the executor exits, before CompleteAttempt (and
-        a restarted Worker possibly after it). Appending changes no Run, Attempt or lease.
+        and its Worker ships the tail after the executor exits, before CompleteAttempt — or
+        after it, when it had to report sooner (shutdown, its lease ran out) or restarted.
+        Appending changes no Run, Attempt or lease.
         """
 
     def __init__(

@@ -4,9 +4,11 @@
    cap), authentication, bounds, authorisation — each passes the call on, refuses it,
    or holds it for an approval;
 6. audit: one durable row, committed with the ingress role, whatever admission decided —
-   before anything else happens to the call. Concurrent calls' rows share a statement
-   and a commit (group_commit.py); for a Worker's call that statement also checks its
-   identity and binding, so the call costs one database round trip (R-PERF-1);
+   before anything else happens to the call (the one exception: a refusal marked
+   ``audited=False``, the enrollment rate limit's repeats, is counted instead).
+   Concurrent calls' rows share a statement and a commit (group_commit.py); for a
+   Worker's call that statement also checks its identity and binding, so the call costs
+   one database round trip (R-PERF-1);
 7. forwarding: over the single internal channel, with the caller and audit id attached
    and the incoming deadline passed on. Control's status and ErrorInfo come back as
    they are; a control that cannot be reached is UNAVAILABLE/RUNTIME_UNAVAILABLE.

@@ -31,7 +31,8 @@ AUDIT_WRITE_DURATION: Final = Histogram(
 REFUSALS_NOT_AUDITED: Final = Counter(
     "qinglong_ingress_refusals_not_audited",
     "Refusals answered without an audit row of their own, by reason: a peer's repeated"
-    " rate-limited enrollment attempts (the first each minute is audited)",
+    " rate-limited enrollment attempts (the first each minute, per host and of the shared"
+    " total, is audited)",
     ["reason"],
 )
 AUDIT_BATCH_ROWS: Final = Histogram(

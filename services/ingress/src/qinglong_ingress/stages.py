@@ -310,8 +310,9 @@ class RateLimit:
     without a credential must not let anyone guess join tokens at line rate. Per replica
     (an attacker gains at most a factor of the replica count).
 
-    The first refusal of a peer host in a minute is audited like any other call; the
-    ones after it in that minute are only counted (`qinglong_ingress_refusals_not_audited`):
+    The first refusal of a peer host in a minute is audited like any other call, and the
+    first refusal of the shared total in a minute (whichever host it came from); the
+    others are only counted (`qinglong_ingress_refusals_not_audited`):
     an audit row per refused call would let anyone who can reach the listener write to
     the database at line rate — the very thing the limit is for."""
 
