@@ -134,7 +134,8 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
             _log.info(
                 "reconciled: %d leases expired, %d runs converged, %d blocked, "
                 "%d retries scheduled, %d exhausted, %d requeued, %d outputs expired, "
-                "%d approvals expired, %d audit rows removed",
+                "%d approvals expired, %d audit rows removed, "
+                "%d runs of disabled projects stopped",
                 report.expired,
                 report.converged,
                 report.blocked,
@@ -144,6 +145,7 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
                 report.outputs_expired,
                 report.approvals_expired,
                 report.audit_rows_removed,
+                report.disabled_projects_runs_stopped,
             )
 
 

@@ -53,6 +53,7 @@ RECONCILE_KINDS: Final = (
     "approvals_expired",
     "outputs_expired",
     "audit_rows_removed",
+    "disabled_projects_runs_stopped",
 )
 
 # Present (at zero) from the start, so a dashboard sees every kind before the first cycle.

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from qinglong_control import metrics as prometheus
 from qinglong_control.db.approvals import expire_page as expire_approvals
 from qinglong_control.db.audit_retention import prune_audit
+from qinglong_control.db.cancellation import stop_runs_of_disabled_projects
 from qinglong_control.db.convergence import converge_page, expire_leases
 from qinglong_control.db.output import OutputStore, TableOutputStore
 from qinglong_control.db.retries import retry_page
@@ -51,6 +52,7 @@ class CycleReport:
     approvals_expired: int = 0
     outputs_expired: int = 0
     audit_rows_removed: int = 0
+    disabled_projects_runs_stopped: int = 0
 
 
 Page = TypeVar("Page")
@@ -111,6 +113,8 @@ class Reconciler:
         size = self._limits.page_size
         async with self._pool.connection() as conn:
             expired = await self._pages(lambda: expire_leases(conn, size), int)
+            # Before convergence, so that it ends the queued ones in the same cycle.
+            stopped = await self._pages(lambda: stop_runs_of_disabled_projects(conn, size), int)
             converged = await self._pages(
                 lambda: converge_page(conn, size), lambda page: page.candidates
             )
@@ -135,4 +139,5 @@ class Reconciler:
             approvals_expired=sum(approvals),
             outputs_expired=sum(outputs),
             audit_rows_removed=sum(audit),
+            disabled_projects_runs_stopped=sum(stopped),
         )

@@ -43,6 +43,10 @@ _LOCK_RUN = SQL["cancellation.lock_run"]
 _DB_NOW = SQL["clock.db_now"]
 
 _WRITE_INTENT = SQL["cancellation.write_intent"]
+_RUNS_OF_DISABLED_PROJECTS = SQL["cancellation.runs_of_disabled_projects"]
+
+#: Who stops the Runs of a project an administrator disabled.
+PROJECT_DISABLED = Actor("reconciler", "project-disabled")
 
 
 @dataclass(frozen=True)
@@ -131,3 +135,26 @@ async def record_intent(
         "run.cancel_requested", None, payload, dedupe_key=f"cancel:{run_id}:{mutation_id}"
     )
     return outcome, [event]
+
+
+async def stop_runs_of_disabled_projects(conn: AsyncConnection[Any], limit: int) -> int:
+    """One bounded step: a stop intent on each Run still going in a disabled project (at
+    most ``limit``), as a user's cancel would write it, by ``PROJECT_DISABLED``. Nothing
+    of a disabled project may go on running, and none of its people can cancel any more
+    (every cancel path needs an active project). Convergence then ends queued and waiting
+    Runs; a running Attempt's Worker is told to stop at its next lease control. Returns
+    how many Runs got an intent."""
+    async with command_transaction(conn) as tx:
+        page = await tx.execute(
+            "runs.of_disabled_projects", _RUNS_OF_DISABLED_PROJECTS, {"limit": limit}
+        )
+        now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
+        found = await page.fetchall()
+        now_ms: int = await now.fetchone() or 0
+        for run_id, state, cancel_reason, event_sequence in found:
+            run = LockedRun(state, cancel_reason, event_sequence)
+            _, events = await record_intent(
+                tx, run_id, run.target, PROJECT_DISABLED, now_ms, "project-disabled"
+            )
+            await append_events(tx, run_id, run.event_sequence, PROJECT_DISABLED, now_ms, events)
+    return len(found)

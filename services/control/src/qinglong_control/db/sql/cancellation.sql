@@ -23,3 +23,17 @@ UPDATE qinglong.runs
        cancel_requested_by = %(actor_id)s, version = version + 1,
        updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
+
+-- name: runs_of_disabled_projects
+-- Runs still going in a project an administrator disabled, with no stop intent yet: one
+-- bounded page, oldest first. SKIP LOCKED: control replicas share the work, and a Run a
+-- command holds is left to the next cycle.
+SELECT r.run_id, r.state, r.cancel_reason, r.event_sequence
+  FROM qinglong.runs r
+  JOIN qinglong.projects p ON p.project_id = r.project_id
+ WHERE p.status = 'archived'
+   AND r.state NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+   AND r.cancel_requested_at_ms IS NULL
+ ORDER BY r.created_at_ms, r.run_id
+ LIMIT %(limit)s
+   FOR UPDATE OF r SKIP LOCKED

@@ -40,6 +40,9 @@ SELECT r.run_id
   FROM qinglong.runs r, session
  WHERE r.state = 'queued'
    AND r.cancel_requested_at_ms IS NULL
+   -- A disabled project's Runs are stopped by the reconciler; none starts meanwhile.
+   AND EXISTS (SELECT 1 FROM qinglong.projects p
+                WHERE p.project_id = r.project_id AND p.status = 'active')
    AND r.executor_type = ANY(session.executor_types)
    AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                     WHERE o.run_id = r.run_id AND o.state = 'open'

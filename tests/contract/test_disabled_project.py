@@ -1,0 +1,70 @@
+"""A disabled project's Runs are stopped (R-ADM-1, R-CAN): none starts any more, and the
+reconciler records a stop intent on each one still going — none of its people can cancel
+once the project is inactive — which convergence and lease control then carry out."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+from qinglong_control.db import placement
+from qinglong_control.db.cancellation import PROJECT_DISABLED, stop_runs_of_disabled_projects
+from qinglong_control.db.convergence import converge_page
+from qinglong_control.db.lease_control import control_lease
+from qinglong_control.db.start_facts import acknowledge_running, acknowledge_starting
+from qinglong_control.domain.capability import parse_digest
+from qinglong_control.domain.lease_control import LeaseAnswer
+from qinglong_control.domain.start_facts import RunningReport
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.world import PROJECT, World
+
+REPORT = RunningReport("pid:4242;start:1700000000", None, 1, parse_digest("ab" * 32))
+
+
+async def run_state(world: World, run_id: uuid.UUID) -> tuple[str, str | None, str | None]:
+    cursor = await world.conn.execute(
+        "SELECT state, cancel_reason, cancel_requested_by FROM qinglong.runs WHERE run_id = %s",
+        (run_id,),
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return str(row[0]), row[1], row[2]
+
+
+async def test_a_disabled_projects_runs_are_stopped_and_none_starts(
+    world: World, database: MigratedDatabase
+) -> None:
+    running = await world.claimed()
+    await acknowledge_starting(world.conn, running.fence)
+    await acknowledge_running(world.conn, running.fence, REPORT)
+    queued = await world.queued_run()
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        # What DisableProject writes (db/admin.disable_project).
+        admin.execute(
+            "UPDATE qinglong.projects SET status = 'archived', version = version + 1"
+            " WHERE project_id = %s",
+            (PROJECT,),
+        )
+    session = await world.session("worker-b")
+    offered = await placement.pull_offers(world.conn, session, 8, world.timings)
+    assert [offer.run_id for offer in offered.offers] == [], "a disabled project's Run started"
+
+    assert await stop_runs_of_disabled_projects(world.conn, 128) == 2
+    assert await stop_runs_of_disabled_projects(world.conn, 128) == 0, "one intent each"
+    await converge_page(world.conn, 128)
+    assert await run_state(world, queued) == ("cancelled", "user", PROJECT_DISABLED.id)
+    assert await run_state(world, running.fence.run_id) == (
+        "running",
+        "user",
+        PROJECT_DISABLED.id,
+    )
+    # The running Attempt's Worker learns it at its next lease control.
+    answer = await control_lease(world.conn, running.fence, world.timings)
+    assert answer.answer is LeaseAnswer.STOP_REQUESTED
+    cursor = await world.conn.execute(
+        "SELECT actor_kind, actor_id FROM qinglong.run_events"
+        " WHERE run_id = %s AND event_type = 'run.cancel_requested'",
+        (queued,),
+    )
+    assert await cursor.fetchall() == [("reconciler", PROJECT_DISABLED.id)]
