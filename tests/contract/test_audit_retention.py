@@ -128,22 +128,3 @@ async def test_the_reconcile_cycle_removes_them_within_its_bound(
         await pool.close()
     assert remaining(database, old) == set()
     assert remaining(database, young) == set(young)
-
-
-def test_ingress_writes_audit_rows_but_not_their_time(database: MigratedDatabase) -> None:
-    """Retention goes by a row's time: ingress cannot date a row into the future (never
-    removed) or the past (removed before its time); the column's default, DB time, does."""
-    audit_id = uuid.uuid4()
-    with psycopg.connect(database.urls.ingress, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO qinglong.security_audit (audit_id, operation, outcome)"
-            " VALUES (%s, 'test.ingress', 'admitted')",
-            (audit_id,),
-        )
-        with pytest.raises(errors.InsufficientPrivilege):
-            conn.execute(
-                "INSERT INTO qinglong.security_audit (audit_id, occurred_at_ms, operation,"
-                " outcome) VALUES (%s, 1, 'test.backdated', 'admitted')",
-                (uuid.uuid4(),),
-            )
-    assert remaining(database, [audit_id]) == {audit_id}

@@ -268,6 +268,14 @@ def test_ingress_role_writes_audit_with_database_time(database: MigratedDatabase
         # INSERT only: the audit is write-once even for the role that writes it.
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM qinglong.security_audit")
+        # Nor may it date a row (migration 0015): retention goes by a row's time, so a row
+        # dated in the future would never be removed, one in the past removed too soon.
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute(
+                "INSERT INTO qinglong.security_audit (audit_id, occurred_at_ms, operation,"
+                " outcome) VALUES (%s, 1, 'test.backdated', 'admitted')",
+                (uuid.uuid4(),),
+            )
     with psycopg.connect(database.urls.migration) as conn:
         row = conn.execute(
             "SELECT occurred_at_ms, qinglong.db_now_ms() FROM qinglong.security_audit"
