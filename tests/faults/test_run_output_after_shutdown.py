@@ -22,12 +22,10 @@ import threading
 from collections.abc import Callable
 from typing import IO, Final
 
-import psycopg
-
 from tests.support.fault_rig import FaultRig
 from tests.support.fault_tally import Expected, Tally
 from tests.support.polling import wait_until
-from tests.support.run_output import follow_problems, read_back, run_logs
+from tests.support.run_output import follow_problems, read_back, run_logs, stored_end
 
 LINE_BYTES: Final = 64
 FIRST_LINES: Final = 1_024  # 64 KiB while it runs
@@ -87,18 +85,6 @@ class Drained:
         return bytes(self.data)
 
 
-def held_and_reported(migration_url: str, run_id: str) -> tuple[int, int | None]:
-    """The stored end of the Run's output and the size its Worker reported."""
-    with psycopg.connect(migration_url, connect_timeout=5) as conn:
-        row = conn.execute(
-            "SELECT coalesce(o.end_offset, 0), a.output_bytes FROM qinglong.attempts a"
-            " LEFT JOIN qinglong.attempt_output o USING (attempt_id) WHERE a.run_id = %s",
-            (run_id,),
-        ).fetchone()
-    assert row is not None, "the Run has no Attempt"
-    return int(row[0]), None if row[1] is None else int(row[1])
-
-
 def test_follow_waits_for_output_shipped_after_a_shutdown_ending(
     rig: FaultRig, report_tally: Callable[[Tally], None]
 ) -> None:
@@ -128,7 +114,7 @@ def test_follow_waits_for_output_shipped_after_a_shutdown_ending(
         first_status = worker.wait(EXIT_SECONDS)
         if first_status != 0:
             problems.append(f"the draining Worker exited {first_status}, not 0")
-        held, reported = held_and_reported(rig.stack.migration_url, run_id)
+        held, reported = stored_end(rig.stack.migration_url, run_id)
         shortfall = (reported or 0) - held
         if reported != len(printed_bytes()):
             problems.append(f"the Worker reported {reported} bytes, not {len(printed_bytes())}")

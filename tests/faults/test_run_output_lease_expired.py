@@ -34,7 +34,7 @@ from tests.support.fault_rig import FaultRig
 from tests.support.fault_tally import Expected, Tally
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
-from tests.support.run_output import read_back
+from tests.support.run_output import read_back, stored_end
 
 LEASE_TTL_MS: Final = 4_000
 LINES: Final = 12_000  # at most a minute of printing, if nothing stops it
@@ -96,16 +96,6 @@ def attempt_states(migration_url: str, run_id: str) -> tuple[str, ...]:
     return tuple(str(state) for (state,) in rows)
 
 
-def stored_end(migration_url: str, run_id: str) -> int:
-    with psycopg.connect(migration_url, connect_timeout=5) as conn:
-        row = conn.execute(
-            "SELECT o.end_offset FROM qinglong.attempt_output o"
-            " JOIN qinglong.attempts a USING (attempt_id) WHERE a.run_id = %s",
-            (run_id,),
-        ).fetchone()
-    return 0 if row is None else int(row[0])
-
-
 def executor_file(rig: FaultRig) -> bytes:
     files = sorted((rig.inbox.parent / "logs").glob("*.log"))
     return files[0].read_bytes() if len(files) == 1 else b""
@@ -137,7 +127,7 @@ def test_output_printed_after_the_lease_expired_is_read_back_whole(
     elif worker.wait() is None:
         problems.append("the Worker survived kill -9")
     else:
-        stored_at_kill = stored_end(rig.stack.migration_url, run_id)
+        stored_at_kill, _ = stored_end(rig.stack.migration_url, run_id)
         if not wait_until(
             lambda: attempt_states(rig.stack.migration_url, run_id) == ("lost",),
             EXPIRY_SECONDS,
@@ -154,7 +144,7 @@ def test_output_printed_after_the_lease_expired_is_read_back_whole(
         if not wait_until(
             lambda: (
                 bool(executor_file(rig))
-                and stored_end(rig.stack.migration_url, run_id) == len(executor_file(rig))
+                and stored_end(rig.stack.migration_url, run_id)[0] == len(executor_file(rig))
             ),
             SHIPPED_SECONDS,
         ):

@@ -38,6 +38,18 @@ def follow_problems(
     return problems
 
 
+def stored_end(migration_url: str, run_id: str) -> tuple[int, int | None]:
+    """Where the stored output of the Run's (one) Attempt ends, and the size its Worker
+    reported with the ending (None: not reported yet, or no Attempt)."""
+    with psycopg.connect(migration_url, connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT coalesce(o.end_offset, 0), a.output_bytes FROM qinglong.attempts a"
+            " LEFT JOIN qinglong.attempt_output o USING (attempt_id) WHERE a.run_id = %s",
+            (run_id,),
+        ).fetchone()
+    return (0, None) if row is None else (int(row[0]), row[1])
+
+
 def stored_chunks(migration_url: str, run_id: str) -> list[tuple[int, int]]:
     """(start, end) of every stored chunk of the Run's Attempts, in offset order."""
     with psycopg.connect(migration_url, connect_timeout=5) as conn:
