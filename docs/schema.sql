@@ -847,6 +847,8 @@ CREATE INDEX runs_by_project ON qinglong.runs USING btree (project_id, created_a
 
 CREATE INDEX runs_cancel_pending ON qinglong.runs USING btree (cancel_requested_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NOT NULL) AND (state = ANY (ARRAY['created'::text, 'queued'::text, 'waiting_approval'::text, 'retry_wait'::text, 'lost'::text])));
 
+CREATE INDEX runs_live_unstopped_by_project ON qinglong.runs USING btree (project_id, created_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NULL) AND (state <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text])));
+
 CREATE INDEX runs_lost_unretried ON qinglong.runs USING btree (updated_at_ms, run_id) WHERE ((state = 'lost'::text) AND (cancel_requested_at_ms IS NULL));
 
 CREATE INDEX runs_queued_by_age ON qinglong.runs USING btree (created_at_ms, run_id) WHERE (state = 'queued'::text);

@@ -26,14 +26,16 @@ UPDATE qinglong.runs
 
 -- name: runs_of_disabled_projects
 -- Runs still going in a project an administrator disabled, with no stop intent yet: one
--- bounded page, oldest first. SKIP LOCKED: control replicas share the work, and a Run a
--- command holds is left to the next cycle.
+-- bounded page, oldest first. The archived projects are read first (an InitPlan), so the
+-- partial index of migration 0017 is read only for them — nothing at all while no
+-- project is disabled, however many Runs the others have going. SKIP LOCKED: control
+-- replicas share the work, and a Run a command holds is left to the next cycle.
 SELECT r.run_id, r.state, r.cancel_reason, r.event_sequence
   FROM qinglong.runs r
-  JOIN qinglong.projects p ON p.project_id = r.project_id
- WHERE p.status = 'archived'
-   AND r.state NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+ WHERE r.project_id = ANY (ARRAY(SELECT project_id FROM qinglong.projects
+                                  WHERE status = 'archived'))
    AND r.cancel_requested_at_ms IS NULL
+   AND r.state NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')
  ORDER BY r.created_at_ms, r.run_id
  LIMIT %(limit)s
    FOR UPDATE OF r SKIP LOCKED
