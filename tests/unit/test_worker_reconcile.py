@@ -1249,22 +1249,31 @@ async def test_a_hanging_session_renewal_does_not_hold_supervision(world: World)
 
 
 class FailingSession(StubSession):
-    """The renewal fails for good after a tick stopped waiting for it (an inbox that can
-    no longer be written): the next tick must not lose that."""
+    """The renewal fails after a tick stopped waiting for it (an inbox that can no longer
+    be written): the next tick must not lose that."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.calls = 0
 
     async def ensure(self) -> ActiveSession | None:
+        self.calls += 1
         await asyncio.sleep(0.3)
         raise RuntimeError("the inbox cannot be written")
 
 
 async def test_a_renewal_that_failed_between_ticks_fails_the_next_tick(world: World) -> None:
-    lifecycle = _lifecycle(
-        world, max_concurrency=1, session=FailingSession(None), reconcile_wait_seconds=0.05
-    )
+    session = FailingSession()
+    lifecycle = _lifecycle(world, max_concurrency=1, session=session, reconcile_wait_seconds=0.05)
     await lifecycle.tick()
     await asyncio.sleep(0.5)
     with pytest.raises(RuntimeError, match="cannot be written"):
         await lifecycle.tick()
+    # Raised once: the tick after it renews again (and supervises) instead of raising the
+    # same failure for ever.
+    report = await lifecycle.tick()
+    assert report.pull == "no session"
+    assert session.calls == 2
 
 
 async def test_a_pull_waits_no_longer_than_a_tick_does(world: World) -> None:

@@ -231,9 +231,12 @@ class Lifecycle:
         supervises: a local lease may be running out meanwhile (R-W-2). The attempt goes
         on across ticks; a cancelled tick (shutdown) takes it with it, as before."""
         ensuring = self._ensuring
-        if ensuring is not None and ensuring.done() and not ensuring.cancelled():
-            ensuring.result()  # a failure of the last one (an unreadable inbox) is fatal
-        if ensuring is None or ensuring.done():
+        if ensuring is not None and ensuring.done():
+            self._ensuring = None  # raised once: the tick after it tries again
+            if not ensuring.cancelled():
+                ensuring.result()  # the last one's failure (an unreadable inbox) is this tick's
+            ensuring = None
+        if ensuring is None:
             ensuring = self._ensuring = asyncio.create_task(self._session.ensure(), name="session")
         try:
             done, _ = await asyncio.wait({ensuring}, timeout=seconds)
