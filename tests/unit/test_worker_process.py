@@ -504,9 +504,7 @@ async def test_an_identity_from_an_earlier_boot_names_nothing_now(
     never signalled, and the executor is known to have ended."""
     identity = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
     assert identity.boot_id is not None
-    earlier = ProcessIdentity(
-        identity.pid, identity.start_ticks, "0" * 8 + "-0000-0000-0000-" + "0" * 12
-    )
+    earlier = ProcessIdentity(identity.pid, identity.start_ticks, BOOT_A)
     restarted = ProcessController()
     assert restarted.poll(earlier) == UNOBSERVED_EXIT
     assert await restarted.stop(earlier, grace_seconds=0.1) is StopResult.ALREADY_EXITED

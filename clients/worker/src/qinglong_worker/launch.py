@@ -29,6 +29,7 @@ before the crash could still come, and must still find it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -84,10 +85,8 @@ def resolve_launch(processes: ProcessController, key: str) -> LaunchVerdict:
     try:
         identity = ProcessIdentity.from_handle(str(handle))
         boot = document.get("boot")
-        if isinstance(boot, str):
-            identity = ProcessIdentity.from_handle(
-                supervisor.handle_of(identity.pid, identity.start_ticks, boot)
-            )
+        if isinstance(boot, str) and supervisor.is_boot_id(boot):
+            identity = dataclasses.replace(identity, boot_id=boot)
     except ValueError:
         log.warning("launch claim %s names no supervisor; treated as not started", key)
         return LaunchVerdict(LaunchState.NOT_STARTED)

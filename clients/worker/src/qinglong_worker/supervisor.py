@@ -137,8 +137,9 @@ def _own_start_ticks() -> int:
 _BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
 #: ``pid:<pid>;start:<start ticks>[;boot:<boot id>]`` — the identity as text, which the
 #: Worker records, reports as the executor handle and finds in claims and statuses.
+_BOOT_ID: Final = r"[0-9a-f-]{36}"
 HANDLE_PATTERN: Final = re.compile(
-    r"\Apid:([1-9][0-9]{0,9});start:([0-9]{1,20})(?:;boot:([0-9a-f-]{36}))?\Z"
+    rf"\Apid:([1-9][0-9]{{0,9}});start:([0-9]{{1,20}})(?:;boot:({_BOOT_ID}))?\Z"
 )
 
 
@@ -149,7 +150,11 @@ def boot_id() -> str | None:
             text = source.read().strip()
     except OSError:
         return None
-    return text if re.fullmatch(r"[0-9a-f-]{36}", text) else None
+    return text if is_boot_id(text) else None
+
+
+def is_boot_id(text: str) -> bool:
+    return re.fullmatch(_BOOT_ID, text) is not None
 
 
 def handle_of(pid: int, start_ticks: int, boot: str | None) -> str:

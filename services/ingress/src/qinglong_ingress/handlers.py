@@ -20,7 +20,7 @@ from qinglong_ingress.gateway import Gateway
 from qinglong_ingress.metrics import CALL_DURATION
 from qinglong_ingress.routes import ROUTES, Route
 from qinglong_ingress.stages import Context, Received
-from qinglong_ingress.validation import request_size_violation, undecodable_violation
+from qinglong_ingress.validation import REQUEST_BYTE_CAPS, undecodable_violation
 
 _log = logging.getLogger(__name__)
 
@@ -32,8 +32,10 @@ def _parser(route: Route) -> Callable[[bytes], Received]:
     # The stubs type DESCRIPTOR as the pure-Python or the upb class; both have this API.
     descriptor = cast(Descriptor, route.request_type.DESCRIPTOR)
 
+    cap = REQUEST_BYTE_CAPS.get(route.full_method)
+
     def parse(raw: bytes) -> Received:
-        if request_size_violation(route.full_method, len(raw)) is not None:
+        if cap is not None and len(raw) > cap:
             # Bounds before work: bytes over the method's cap are not even parsed; the
             # size stage refuses them (the listener's limit is the largest method's cap).
             return Received(None, len(raw))

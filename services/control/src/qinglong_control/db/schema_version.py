@@ -48,10 +48,10 @@ async def applied_version(conn: AsyncConnection[Any]) -> int | None:
     return version
 
 
-async def require_schema(conn: AsyncConnection[Any], required: int | None = None) -> int:
-    """The applied version, if it is at least ``required`` (by default the newest
-    migration this build ships); raise SchemaBehind otherwise."""
-    needed = load_migrations()[-1].version if required is None else required
+async def require_schema(conn: AsyncConnection[Any]) -> int:
+    """The applied version, if it is at least the newest migration this build ships;
+    raise SchemaBehind otherwise."""
+    needed = load_migrations()[-1].version
     applied = await applied_version(conn)
     if applied is None or applied < needed:
         raise SchemaBehind(applied, needed)

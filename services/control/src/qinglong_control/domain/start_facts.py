@@ -172,11 +172,7 @@ def decide_start_failure(fence: Fence, present: Present) -> StartFailureDecision
             ),
             None,
         )
-        replay = (
-            lease.version == fence.expected_lease_version + 1
-            and attempt.started_at_ms is None
-            and stored is not None
-        )
+        replay = lease.version == fence.expected_lease_version + 1 and attempt.started_at_ms is None
         if stored is None or not replay:
             raise Refused(Reason.REPLAY_MISMATCH, "lease was completed by another outcome")
         attempt_state, error_code = stored
