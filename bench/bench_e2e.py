@@ -785,9 +785,9 @@ async def interleaved_leases(arms: Sequence[Arm], renewals: int) -> None:
 async def compare(
     off: DevStack, on: DevStack, provider: TracerProvider, runs: int, renewals: int
 ) -> None:
-    # The Worker's interceptors (a poll outside a sampled trace is not instrumented), on
-    # the bench's own provider; no QINGLONG_TRACE_POLLING, as in production.
-    traced = client_interceptors({}, tracer_provider=provider)
+    # The Worker's interceptors on the bench's own provider (whose sampler keeps polls out
+    # of traces, as in production: then a poll outside a trace is not instrumented).
+    traced = client_interceptors(tracer_provider=provider)
     async with worker_bench(off) as quiet, worker_bench(on, traced) as loud:
         arms = [
             await open_arm("tracing off", off, quiet),

@@ -204,33 +204,38 @@ def instrumented_client_call(details: grpc.aio.ClientCallDetails) -> bool:
     return not _polling(details.method) or _in_sampled_trace(None)
 
 
-def server_interceptors(
-    environ: Mapping[str, str] | None = None,
-) -> Sequence[grpc.aio.ServerInterceptor]:
+def _keeps_polls_out(provider: object) -> bool:
+    """Whether ``provider`` samples as `trace_sampler` does by default: polls only inside
+    a sampled trace. The instrumentation then skips polls outside one, so whether polls
+    are traced is decided once, where the sampler is made (`QINGLONG_TRACE_POLLING`)."""
+    return isinstance(getattr(provider, "sampler", None), PollingOutsideTraces)
+
+
+def server_interceptors() -> Sequence[grpc.aio.ServerInterceptor]:
     """A server span per call, continuing the caller's trace (W3C traceparent); none
     when this process records no spans (the instrumentation would only cost time). A
-    poll outside a sampled trace is not instrumented (`instrumented_server_call`), unless
-    `QINGLONG_TRACE_POLLING=true`."""
+    poll outside a sampled trace is not instrumented (`instrumented_server_call`) when
+    the sampler keeps polls out of traces."""
     if not tracing_enabled():
         return []
-    env = os.environ if environ is None else environ
-    chosen = None if _tracing_polling(env) else instrumented_server_call
+    provider = trace.get_tracer_provider()
+    chosen = instrumented_server_call if _keeps_polls_out(provider) else None
     interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor(filter_=chosen)  # type: ignore[no-untyped-call]
     return [interceptor]
 
 
 def client_interceptors(
-    environ: Mapping[str, str] | None = None, tracer_provider: TracerProvider | None = None
+    tracer_provider: TracerProvider | None = None,
 ) -> Sequence[grpc.aio.ClientInterceptor]:
     """A client span per call, propagating its context to the server; none when no
     spans are recorded (by `tracer_provider`, else this process's). A poll outside a
-    sampled trace is not instrumented, unless `QINGLONG_TRACE_POLLING=true`. (A hop that
-    is itself a server passes a context on instead: `current_trace_context`, or
+    sampled trace is not instrumented when the sampler keeps polls out of traces. (A hop
+    that is itself a server passes a context on instead: `current_trace_context`, or
     `trace_context_of` when it records nothing.)"""
     if tracer_provider is None and not tracing_enabled():
         return []
-    env = os.environ if environ is None else environ
-    chosen = None if _tracing_polling(env) else instrumented_client_call
+    provider = tracer_provider or trace.get_tracer_provider()
+    chosen = instrumented_client_call if _keeps_polls_out(provider) else None
     interceptors: Sequence[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
         tracer_provider=tracer_provider, filter_=chosen
     )

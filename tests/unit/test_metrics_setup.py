@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import re
 from collections import namedtuple
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import REGISTRY
@@ -20,6 +22,7 @@ from qinglong_control.settings import parse_control_settings
 from qinglong_ingress.settings import parse_ingress_settings
 from qinglong_protocol.metrics import MetricsEndpoint
 from qinglong_protocol.telemetry import (
+    client_interceptors,
     instrumented_client_call,
     instrumented_server_call,
     trace_sampler,
@@ -204,3 +207,18 @@ def test_polls_outside_a_sampled_trace_skip_the_instrumentation() -> None:
         parent = NonRecordingSpan(SpanContext(1, 2, is_remote=False, trace_flags=flags))
         with trace.use_span(parent):
             assert instrumented_client_call(_ClientCall(POLL, None, None, None)) is sampled
+
+
+def test_whether_polls_skip_the_instrumentation_follows_the_sampler() -> None:
+    """Decided once, where the sampler is made: polls traced (QINGLONG_TRACE_POLLING) means
+    no filter; kept out of traces means the filter."""
+    kept_out = TracerProvider(sampler=trace_sampler({}))
+    traced = TracerProvider(sampler=trace_sampler({"QINGLONG_TRACE_POLLING": "true"}))
+    assert [_filter_of(client_interceptors(tracer_provider=kept_out))] == [True]
+    assert [_filter_of(client_interceptors(tracer_provider=traced))] == [False]
+
+
+def _filter_of(interceptors: Sequence[object]) -> bool:
+    filters = {getattr(interceptor, "_filter", None) for interceptor in interceptors}
+    assert len(filters) == 1
+    return filters.pop() is instrumented_client_call
