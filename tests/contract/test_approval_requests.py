@@ -152,6 +152,23 @@ async def test_a_changed_binding_fences_the_approval_before_any_write(
     assert own.value.reason is Reason.PERMISSION_DENIED
 
 
+async def test_a_decider_disabled_after_admission_is_fenced(
+    world: World, people: dict[str, uuid.UUID], database: MigratedDatabase
+) -> None:
+    _, approval_id = await held(world, people)
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        admin.execute(
+            "UPDATE qinglong.principals SET status = 'disabled' WHERE principal_id = %s",
+            (people["alice"],),
+        )
+    with pytest.raises(Refused) as fenced:
+        await approvals.decide(
+            world.conn, decision(approval_id, people["alice"], APPROVE), HELD_MUTATIONS
+        )
+    assert fenced.value.reason is Reason.ROLE_BINDING_FENCED
+    assert (await approvals.get_approval(world.conn, PROJECT, approval_id)).state == "pending"
+
+
 async def test_a_decided_request_never_changes_again(
     database: MigratedDatabase, world: World, people: dict[str, uuid.UUID]
 ) -> None:

@@ -123,3 +123,21 @@ async def test_a_terminal_run_is_already_terminal(world: World, alice: uuid.UUID
         (run_id,),
     )
     assert await cancel_run(world.conn, request(run_id, alice)) is CancelOutcome.ALREADY_TERMINAL
+
+
+async def test_a_caller_disabled_after_admission_is_fenced(
+    world: World, alice: uuid.UUID, database: MigratedDatabase
+) -> None:
+    # Ingress admitted alice (her binding is still active, at the admitted version); an
+    # administrator disables her before control's transaction.
+    run_id = await world.queued_run()
+    before = await run_row(world, run_id)
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        admin.execute(
+            "UPDATE qinglong.principals SET status = 'disabled' WHERE principal_id = %s", (alice,)
+        )
+    with pytest.raises(Refused) as disabled:
+        await cancel_run(world.conn, request(run_id, alice))
+    assert disabled.value.reason is Reason.ROLE_BINDING_FENCED
+    assert "no longer active" in disabled.value.detail
+    assert await run_row(world, run_id) == before

@@ -40,6 +40,7 @@ class PolicyNow:
     binding_status: str | None
     binding_version: int | None
     role: str | None
+    principal_status: str | None
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ def check_policy(snapshot: BindingSnapshot, now: PolicyNow | None) -> None:
     """Project drift, a revoked binding or a changed role fences the mutation (R-CAN-4)."""
     if now is None or now.project_status != "active" or now.binding_status != "active":
         raise Refused(Reason.ROLE_BINDING_FENCED, "the project or the role binding is not active")
+    if now.principal_status != "active":
+        # Disabled between ingress's admission and this transaction.
+        raise Refused(Reason.ROLE_BINDING_FENCED, "the caller is no longer active")
     if (now.project_version, now.binding_version, now.role) != (
         snapshot.project_version,
         snapshot.binding_version,

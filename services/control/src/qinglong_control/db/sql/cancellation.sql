@@ -4,8 +4,12 @@
 SELECT pg_advisory_xact_lock_shared(hashtextextended(%s || %s, 0))
 
 -- name: policy_now
+-- The caller's own status too: a principal disabled after ingress admitted the call is
+-- refused here, not only by ingress's next admission.
 SELECT p.status AS project_status, p.version AS project_version,
-       rb.status AS binding_status, rb.version AS binding_version, rb.role
+       rb.status AS binding_status, rb.version AS binding_version, rb.role,
+       (SELECT pr.status FROM qinglong.principals pr
+         WHERE pr.principal_id = %(principal_id)s) AS principal_status
   FROM qinglong.projects p
   LEFT JOIN qinglong.role_bindings rb
          ON rb.project_id = p.project_id AND rb.principal_id = %(principal_id)s
