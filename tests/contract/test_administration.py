@@ -159,8 +159,15 @@ async def test_create_principal_replays_and_names_are_unique_per_kind(conn: Conn
     assert taken.reason is Reason.ALREADY_EXISTS
     agent = await admin.create_principal(conn, "req-3", "agent", "root", cluster_admin=False)
     assert (agent.kind, agent.cluster_admin) == ("agent", False)
+    # An agent as cluster admin could approve its own held requests through a user it made.
+    admin_agent = await refused(
+        admin.create_principal(conn, "req-4", "agent", "bot", cluster_admin=True)
+    )
+    assert (admin_agent.reason, admin_agent.field) == (Reason.FIELD_INVALID, "cluster_admin")
     cursor = await conn.execute("SELECT principal_id FROM qinglong.cluster_admins")
     assert await cursor.fetchall() == [(root.principal_id,)]
+    cursor = await conn.execute("SELECT count(*) FROM qinglong.principals WHERE name = 'bot'")
+    assert await cursor.fetchone() == (0,)
 
 
 async def test_principals_page_by_kind(conn: Conn) -> None:

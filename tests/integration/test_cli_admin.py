@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from qinglong_cli.ingress_client import ADMIN_TOKEN, OperatorContext
 
@@ -156,16 +157,44 @@ async def test_a_token_saved_to_a_file_is_printed_nowhere(cli: Cli, tmp_path: Pa
 
 
 async def test_agents_and_cluster_admins(cli: Cli) -> None:
-    robot = await cli.item("agent", "create", "robot", "--cluster-admin")
-    assert (robot["kind"], robot["clusterAdmin"]) == ("PRINCIPAL_KIND_AGENT", True)
+    robot = await cli.item("agent", "create", "robot")
+    assert (robot["kind"], robot.get("clusterAdmin", False)) == ("PRINCIPAL_KIND_AGENT", False)
     assert "robot" in [a["name"] for a in await cli.items("agent", "list", "--all")]
     assert "robot" not in [u["name"] for u in await cli.items("user", "list", "--all")]
+    chief = await cli.item("user", "create", "chief", "--cluster-admin")
+    assert chief["clusterAdmin"] is True
     table = (await cli.ok("agent", "list", "--all", "--output", "table")).out.splitlines()
     assert table[0].split() == ["PRINCIPAL", "KIND", "NAME", "STATE", "CLUSTER_ADMIN", "CREATED"]
-    assert any(row.split()[1:5] == ["agent", "robot", "active", "yes"] for row in table[1:])
+    (robot_row,) = [row.split() for row in table[1:] if row.split()[2] == "robot"]
+    assert robot_row[1:4] == ["agent", "robot", "active"]
+    assert "yes" not in robot_row
+    # An agent is never a cluster admin: the CLI has no such flag for one.
+    no_flag = await cli.admin("agent", "create", "robot-2", "--cluster-admin")
+    assert (no_flag.code, no_flag.out) == (2, "")
+    assert "--cluster-admin" in no_flag.err
     # By id as well as by name.
     disabled = await cli.item("agent", "disable", robot["principalId"])
     assert disabled["state"] == "RESOURCE_STATE_DISABLED"
+
+
+async def test_an_agent_listed_as_cluster_admin_is_refused(
+    cli: Cli, stack: Stack, tmp_path: Path
+) -> None:
+    # A row an earlier version could write (`agent create --cluster-admin`): ingress
+    # refuses the Agent's AdminService calls whatever cluster_admins says.
+    bot = await cli.item("agent", "create", "old-bot")
+    with psycopg.connect(stack.database.urls.migration, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO qinglong.cluster_admins (principal_id, granted_at_ms) VALUES (%s, 0)",
+            (bot["principalId"],),
+        )
+    issued = await cli.ok("token", "issue", "old-bot", "--output", "json")
+    token_file = _secret_file(tmp_path / "bot.token", json.loads(issued.out)["token"])
+    refused = await cli.admin("user", "create", "bot-made", "--token-file", str(token_file))
+    assert (refused.code, refused.out) == (1, "")
+    assert refused.err.startswith("error: PERMISSION_DENIED PERMISSION_DENIED")
+    assert "an agent may not call AdminService" in refused.err
+    assert "bot-made" not in [u["name"] for u in await cli.items("user", "list", "--all")]
 
 
 async def test_workers_join_tokens_and_the_fleet(cli: Cli) -> None:

@@ -446,9 +446,15 @@ def _add_project_commands(group: Any, command: _Command) -> None:
 def _add_principal_commands(group: Any, command: _Command, kind: str) -> None:
     create = command(group, "create", f"create a {kind}", _principal_create)
     create.add_argument("name")
-    create.add_argument(
-        "--cluster-admin", action="store_true", help="may call AdminService (not a project role)"
-    )
+    if kind == "user":
+        create.add_argument(
+            "--cluster-admin",
+            action="store_true",
+            help="may call AdminService (not a project role)",
+        )
+    else:
+        # An agent is never a cluster admin (control refuses it: docs/approvals.md).
+        create.set_defaults(cluster_admin=False)
     _add_request_id(create)
     listing = command(group, "list", f"list {kind}s, oldest first", _principal_list)
     add_paging_flags(listing, f"{kind}s")

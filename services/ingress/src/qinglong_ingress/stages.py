@@ -275,6 +275,13 @@ class Authorisation:
             return Verdict.PASS  # the binding is the audit statement's to check (above)
         principal, targets = call.caller, call.targets
         if call.route.audience == "admin":
+            if principal.kind is PrincipalKind.AGENT:
+                # As an administrator an Agent could make itself a person to approve its
+                # own held requests (R-CAN-2); control never makes one a cluster admin.
+                raise Refusal(
+                    ErrorReason.ERROR_REASON_PERMISSION_DENIED,
+                    "an agent may not call AdminService",
+                )
             if not await self._directory.is_cluster_admin(uuid.UUID(principal.id)):
                 raise Refusal(
                     ErrorReason.ERROR_REASON_PERMISSION_DENIED,

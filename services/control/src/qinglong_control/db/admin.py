@@ -34,6 +34,7 @@ from qinglong_control.domain.administration import (
     TokenRow,
     WorkerRow,
     check_disable_principal,
+    check_new_principal,
     check_operator,
     check_rotation,
     check_token_holder,
@@ -183,6 +184,7 @@ async def disable_project(conn: AsyncConnection[Any], project_id: str) -> Projec
 async def create_principal(
     conn: AsyncConnection[Any], request_id: str, kind: str, name: str, *, cluster_admin: bool
 ) -> PrincipalRow:
+    check_new_principal(kind, cluster_admin)
     async with command_transaction(conn) as tx:
         await tx.execute("lock.creates", _LOCK_CREATES, ("principal",))
         by_request = await tx.execute(

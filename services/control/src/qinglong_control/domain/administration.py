@@ -215,6 +215,18 @@ def check_operator(principal: PrincipalRow | None) -> PrincipalRow:
     return principal
 
 
+def check_new_principal(kind: str, cluster_admin: bool) -> None:
+    """An Agent is never a cluster admin: as one it could create a user, issue that user a
+    token and approve its own held requests through it (SPEC R-CAN-2, R-OPS-2). Ingress
+    refuses an Agent's AdminService call as well, whatever ``cluster_admins`` says."""
+    if cluster_admin and kind == "agent":
+        raise Refused(
+            Reason.FIELD_INVALID,
+            "an agent cannot be a cluster admin (it could approve its own held requests)",
+            field="cluster_admin",
+        )
+
+
 def check_token_holder(principal: PrincipalRow | None) -> PrincipalRow:
     """A new token is issued only to an active user or agent."""
     holder = check_operator(principal)
