@@ -169,11 +169,13 @@ async def running_stack(
     ingress_storage: StorageBounds | None = None,
     timings: Timings | None = None,
     enrollment_per_peer_per_minute: float = 600,
+    control_via: Callable[[str], str] | None = None,
 ) -> AsyncIterator[Stack]:
     """The stack; ``extra_stages`` run after ingress's own admission stages (a new rule);
     ``ingress_storage`` widens ingress's storage bound for a test that holds a lock. The
     enrollment limit is generous (tests join many times from one host) unless a test of
-    the limit itself lowers it."""
+    the limit itself lowers it. ``control_via`` maps control's address to the one ingress
+    dials (a relay in between)."""
     pki = ensure_dev_pki(pki_dir)
     tokens = enroll_people(database, pki)
     counter = CallCounter()
@@ -202,7 +204,9 @@ async def running_stack(
     settings = IngressSettings(
         listen_address="127.0.0.1:0",
         tls=pki.ingress_server,
-        control=ControlChannelSettings(f"127.0.0.1:{control_port}", pki.ingress_client),
+        control=ControlChannelSettings(
+            (control_via or str)(f"127.0.0.1:{control_port}"), pki.ingress_client
+        ),
         trust_domain=pki.trust_domain,
     )
     channel = open_control_channel(settings.control)

@@ -1,7 +1,9 @@
 """A TCP relay on loopback that can cut every connection through it at once — what a
 client sees when the pod behind a Service restarts: its connections end, and new ones
-reach a server again. Bytes pass through untouched (TLS included), on the test's event
-loop."""
+reach a server again — or silence them: they stay open and pass nothing either way, as
+when the peer's node lost power (nothing is closed, nothing answers), while new
+connections pass as before. Bytes pass through untouched (TLS included), on the test's
+event loop."""
 
 from __future__ import annotations
 
@@ -10,12 +12,21 @@ import contextlib
 
 
 class TcpRelay:
-    def __init__(self, upstream: str) -> None:
-        host, _, port = upstream.rpartition(":")
-        self._upstream = (host, int(port))
+    def __init__(self, upstream: str = "") -> None:
+        self._upstream = ("", 0)
+        if upstream:
+            self.towards(upstream)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._silenced: set[asyncio.StreamWriter] = set()
         self.connections = 0
+
+    def towards(self, upstream: str) -> str:
+        """Relays new connections to ``upstream`` (``host:port``); returns this relay's
+        own address, for a client to dial instead."""
+        host, _, port = upstream.rpartition(":")
+        self._upstream = (host, int(port))
+        return self.address if self._server is not None else ""
 
     @property
     def address(self) -> str:
@@ -42,6 +53,12 @@ class TcpRelay:
         self._writers.clear()
         return cut
 
+    def silence(self) -> int:
+        """From now on the connections open through the relay pass no byte either way,
+        and stay open; new ones pass as before. Returns how many were silenced."""
+        self._silenced |= self._writers
+        return len(self._writers) // 2
+
     async def _relay(
         self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter
     ) -> None:
@@ -53,16 +70,20 @@ class TcpRelay:
             return
         self._writers.update((client, server))
         await asyncio.gather(
-            _pipe(client_reader, server), _pipe(server_reader, client), return_exceptions=True
+            self._pipe(client_reader, server),
+            self._pipe(server_reader, client),
+            return_exceptions=True,
         )
         for writer in (client, server):
             self._writers.discard(writer)
+            self._silenced.discard(writer)
             writer.transport.abort()
 
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError, OSError):
-        while data := await reader.read(1 << 16):
-            writer.write(data)
-            await writer.drain()
-    writer.transport.abort()  # one side ended: so does the other
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(1 << 16):
+                if writer in self._silenced:
+                    continue  # read (so the sender's kernel sees it arrive), never passed
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()  # one side ended: so does the other

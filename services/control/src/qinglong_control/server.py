@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
 from qinglong_protocol.errors import status_for
+from qinglong_protocol.keepalive import internal_server_options
 from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import mutual_tls_server_credentials, peer_uris
 
@@ -68,7 +69,8 @@ async def create_server(
             ErrorInterceptor(RUNTIME_SERVICE_NAME),
             ContractBoundsInterceptor(RUNTIME_SERVICE),
             *interceptors,
-        ]
+        ],
+        options=internal_server_options(),
     )
     if runtime_servicer is None:
         # Abstract only in the type stubs; at run time every method answers UNIMPLEMENTED.

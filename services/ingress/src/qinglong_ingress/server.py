@@ -20,6 +20,7 @@ from qinglong.control.v1 import (
 )
 from qinglong.worker.v1 import worker_service_pb2
 from qinglong_protocol import bounds
+from qinglong_protocol.keepalive import internal_channel_options
 from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import (
     TlsFiles,
@@ -104,12 +105,13 @@ def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
     control restart costs callers nothing while another replica serves (R-HA-1).
     """
     addresses = [part.strip() for part in settings.address.split(",") if part.strip()]
-    options: list[tuple[str, str]] = []
+    # A replica that died without closing its connections is found by pings.
+    options: list[tuple[str, str | int]] = [*internal_channel_options()]
     target = settings.address
     if len(addresses) > 1:
         target = "ipv4:" + ",".join(addresses)
         # The certificate names the hosts, not the list: check it against the first host.
-        options = [
+        options += [
             ("grpc.lb_policy_name", "round_robin"),
             ("grpc.ssl_target_name_override", addresses[0].rsplit(":", 1)[0]),
         ]
