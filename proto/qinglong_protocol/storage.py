@@ -10,7 +10,11 @@ package stays free of psycopg, so these are plain values for psycopg's connect()
 * a new connection gives up after libpq's ``connect_timeout`` (whole seconds, at least 2);
 * a statement runs at most ``statement_timeout`` on the server, so no command holds its
   locks (or its caller) for long behind a stuck lock;
-* TCP keepalives find a dead peer on connections that sit idle in the pool.
+* TCP keepalives find a dead peer on connections that sit idle in the pool, and
+  ``tcp_user_timeout`` on a busy one: a statement sent to a primary whose node died (it
+  closes nothing and acknowledges nothing) fails once its bytes go unacknowledged for the
+  statement bound, instead of after the kernel's retransmissions (about 15 minutes) —
+  with a batch of audit rows or a pool check waiting on it meanwhile.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class StorageBounds:
             "keepalives_idle": 10,
             "keepalives_interval": 5,
             "keepalives_count": 3,
+            "tcp_user_timeout": statement_ms,
             "options": f"-c statement_timeout={statement_ms}",
         }
 

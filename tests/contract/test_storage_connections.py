@@ -1,0 +1,35 @@
+"""What a service's pooled connection carries (SPEC R-ERR-2): the statement bound reaches
+the server, and the dead-peer bounds reach libpq — keepalives for an idle connection,
+``tcp_user_timeout`` for one whose bytes go unacknowledged (a primary whose node died)."""
+
+from __future__ import annotations
+
+from qinglong_protocol.pooling import PoolSizing, open_pool
+from qinglong_protocol.storage import StorageBounds
+
+from tests.support.postgres import MigratedDatabase
+
+
+async def test_a_pooled_connection_carries_every_storage_bound(
+    database: MigratedDatabase,
+) -> None:
+    bounds = StorageBounds(3.0)
+    pool = await open_pool(
+        database.urls.runtime,
+        name="bounds",
+        application_name="qinglong-test",
+        sizing=PoolSizing(1, 1),
+        bounds=bounds,
+    )
+    try:
+        async with pool.connection() as conn:
+            cursor = await conn.execute("SHOW statement_timeout")
+            assert await cursor.fetchone() == ("15s",)
+            libpq = {
+                option.keyword.decode(): (option.val or b"").decode() for option in conn.pgconn.info
+            }
+    finally:
+        await pool.close()
+    assert libpq["tcp_user_timeout"] == "15000"
+    assert (libpq["keepalives"], libpq["keepalives_idle"]) == ("1", "10")
+    assert libpq["connect_timeout"] == "3"
