@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import psycopg
@@ -50,8 +52,39 @@ def default_max_size(cores: int | None = None) -> int:
     """Four connections per core, 4..32. A command holds its connection for about two
     round trips, so a few per core keep the cores busy while others wait on the
     network; more only queue inside PostgreSQL."""
-    available = cores if cores is not None else (os.cpu_count() or 1)
+    available = cores if cores is not None else available_cores()
     return max(4, min(32, 4 * available))
+
+
+def available_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use: the CPUs it may run on, capped by its cgroup's CPU
+    quota (a container's CPU limit), rounded up. ``os.cpu_count()`` alone counts the
+    node's cores: a pod limited to one CPU on a 32-core node would open 32 connections
+    per pool, and a few replicas would exhaust PostgreSQL's connection limit."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = _cgroup_cpu_quota(cgroup_root)
+    if quota is not None:
+        cores = min(cores or quota, quota)
+    return max(1, cores or 1)
+
+
+def _cgroup_cpu_quota(root: Path) -> int | None:
+    """cgroup v2 ``cpu.max`` ("150000 100000": 1.5 CPUs; "max ...": none), or v1's
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none), in whole cores rounded up."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota in {"max", "-1"}:
+        return None
+    try:
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -85,7 +118,8 @@ def add_pool_size_argument(parser: argparse.ArgumentParser, env: Mapping[str, st
         type=int,
         # A string default goes through `type` too: a bad variable is a usage error.
         default=env.get(ENV_POOL_MAX_SIZE, "0"),
-        help="most PostgreSQL connections of the main pool, 1..1000; 0 = 4 per core (4..32) "
+        help="most PostgreSQL connections of the main pool, 1..1000; 0 = 4 per core this "
+        "process may use (its CPU limit counts; 4..32) "
         f"[{ENV_POOL_MAX_SIZE}]",
     )
 

@@ -31,7 +31,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 import yaml
+from qinglong_control.db.pool import ADMIN_POOL_MAX_SIZE
 from qinglong_protocol import bounds
+from qinglong_protocol.pooling import ENV_POOL_MAX_SIZE, default_max_size
 from qinglong_worker.join import IDENTITY_FILE
 
 try:
@@ -767,6 +769,46 @@ def test_the_postgres_cluster_manages_one_role_per_secret() -> None:
         assert role["login"] is True
         for privilege in ("superuser", "createdb", "createrole", "replication", "bypassrls"):
             assert role[privilege] is False, (name, privilege)
+
+
+def _cpu_cores(quantity: str) -> int:
+    """A CPU limit in whole cores, rounded up, as the services read it from their cgroup."""
+    millis = int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+    return -(-millis // 1000)
+
+
+def _pool_connections(deployment: Resource, pools: int) -> int:
+    """The most connections one pod of ``deployment`` opens through a main pool sized
+    from its CPU limit (QINGLONG_POOL_MAX_SIZE, if set, instead)."""
+    (container,) = _pod_spec(deployment)["containers"]
+    explicit = _env(container).get(ENV_POOL_MAX_SIZE)
+    if explicit is not None:
+        return int(explicit["value"]) * pools
+    return default_max_size(_cpu_cores(container["resources"]["limits"]["cpu"])) * pools
+
+
+def test_the_services_connections_fit_postgres_limits() -> None:
+    # During a rolling update one more pod of each runs (maxSurge).
+    spec = _find("Cluster", POSTGRES_CLUSTER)["spec"]
+    limits = {role["name"]: role["connectionLimit"] for role in spec["managed"]["roles"]}
+    needed: dict[str, int] = {}
+    for name, per_pod in (
+        (CONTROL, {"qinglong_runtime": 1, "qinglong_admin": 0}),
+        (INGRESS, {"qinglong_ingress": 1}),
+    ):
+        deployment = _find("Deployment", name)
+        pods = (
+            deployment["spec"]["replicas"]
+            + deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
+        )
+        for role, pools in per_pod.items():
+            per = _pool_connections(deployment, pools) if pools else ADMIN_POOL_MAX_SIZE
+            needed[role] = pods * per
+    for role, count in needed.items():
+        assert count <= limits[role], (role, count, limits[role])
+    # Every role at its limit still leaves room for CloudNativePG's own connections.
+    max_connections = int(spec["postgresql"]["parameters"]["max_connections"])
+    assert sum(limits.values()) + 10 <= max_connections, (limits, max_connections)
 
 
 # --- network policy ---------------------------------------------------------------------------
