@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from qinglong_cli.dev_enrollment import DEV_PROJECT_ID
+from qinglong_cli.devstack import DEFAULT_OPERATOR_NAME
 from qinglong_control.db.roles import ADMIN_ROLE, RUNTIME_ROLE
 from qinglong_control.settings import ENV_ADMIN_DATABASE_URL as CONTROL_ADMIN_DATABASE_URL
 from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL
@@ -262,6 +264,13 @@ def test_second_up_reuses_pki_database_and_admin_token(tmp_path: Path) -> None:
     first = _start_up(data_dir)
     try:
         admin_token = _admin_token(_wait_for_stack(first, stack_path), stack_path)
+        # An administrator revokes the dev operator's role: the next `up` leaves it so.
+        (operator,) = [
+            user
+            for user in admin_cli(stack_path, "admin", "user", "list", "--all")
+            if user["name"] == DEFAULT_OPERATOR_NAME
+        ]
+        admin_cli(stack_path, "admin", "role", "revoke", DEV_PROJECT_ID, operator["principalId"])
     except BaseException:
         first.kill()
         raise
@@ -277,6 +286,9 @@ def test_second_up_reuses_pki_database_and_admin_token(tmp_path: Path) -> None:
         # Bootstrap found its cluster admin and issued nothing: the first token still works.
         assert _admin_token(stack, stack_path) == admin_token
         assert admin_cli(stack_path, "admin", "project", "list", "--all")
+        bindings = admin_cli(stack_path, "admin", "role", "list", DEV_PROJECT_ID)
+        (kept,) = [b for b in bindings if b["principalId"] == operator["principalId"]]
+        assert kept["state"] == "RESOURCE_STATE_DISABLED"
     finally:
         out, err = _stop(second)
     assert second.returncode == 0, out + err

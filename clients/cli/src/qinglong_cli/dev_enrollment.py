@@ -12,11 +12,11 @@ from pathlib import Path
 
 import psycopg
 from qinglong_control.db.identities import (
-    bind_role,
     enroll_operator_certificate,
     enroll_operator_token,
     enroll_worker,
     ensure_project,
+    ensure_role,
 )
 from qinglong_control.domain.administration import NewSecret, new_operator_token
 from qinglong_protocol.files import atomic_write
@@ -53,4 +53,5 @@ def enroll_development_identities(migration_url: str, identities: DevIdentities)
             conn, identities.operator_name, "user", identities.operator_uri
         )
         enroll_operator_token(conn, identities.operator_name, "user", digest)
-        bind_role(conn, identities.project_id, operator, "owner")
+        # Once: a binding an administrator revoked or changed since stays so.
+        ensure_role(conn, identities.project_id, operator, "owner")

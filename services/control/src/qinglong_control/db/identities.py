@@ -14,9 +14,12 @@ from typing import Literal
 import psycopg
 
 from qinglong_control.db.admin import LOCK_PROJECT, PROJECT_LOCK, REVOKE_BINDING, UPSERT_BINDING
+from qinglong_control.db.sql import SQL
 
 OperatorKind = Literal["user", "agent"]
 ProjectRole = Literal["owner", "admin", "operator", "viewer"]
+
+_INSERT_BINDING_ONCE = SQL["admin.insert_binding_once"]
 
 
 def ensure_project(conn: psycopg.Connection, project_id: str, display_name: str) -> None:
@@ -96,6 +99,17 @@ def bind_role(
     with conn.transaction():
         conn.execute(LOCK_PROJECT, (PROJECT_LOCK, project_id))
         conn.execute(UPSERT_BINDING, values)
+
+
+def ensure_role(
+    conn: psycopg.Connection, project_id: str, principal_id: uuid.UUID, role: ProjectRole
+) -> None:
+    """Grant `role` in `project_id` unless the principal has a binding there already, in
+    any state: what an administrator revoked or changed since stays so."""
+    values = {"project_id": project_id, "principal_id": principal_id, "role": role}
+    with conn.transaction():
+        conn.execute(LOCK_PROJECT, (PROJECT_LOCK, project_id))
+        conn.execute(_INSERT_BINDING_ONCE, values)
 
 
 def revoke_role(conn: psycopg.Connection, project_id: str, principal_id: uuid.UUID) -> None:

@@ -163,6 +163,13 @@ VALUES (%(project_id)s, %(principal_id)s, %(role)s)
  WHERE (qinglong.role_bindings.role, qinglong.role_bindings.status)
        IS DISTINCT FROM (EXCLUDED.role, 'active')
 
+-- name: insert_binding_once
+-- A binding that exists stays as it is (revoked stays revoked): provisioning that runs
+-- again, such as `qinglong up`, never undoes an administrator's decision.
+INSERT INTO qinglong.role_bindings (project_id, principal_id, role)
+VALUES (%(project_id)s, %(principal_id)s, %(role)s)
+    ON CONFLICT (project_id, principal_id) DO NOTHING
+
 -- name: revoke_binding
 UPDATE qinglong.role_bindings
    SET status = 'revoked', version = version + 1, updated_at_ms = qinglong.db_now_ms()
