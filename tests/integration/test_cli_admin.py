@@ -224,6 +224,32 @@ async def test_workers_join_tokens_and_the_fleet(cli: Cli) -> None:
     assert one_page.err.startswith("next page: --page-token ")
 
 
+async def test_a_worker_serves_the_projects_it_is_given(cli: Cli) -> None:
+    await cli.ok("project", "create", "edge-proj")
+    created = await cli.ok(
+        "worker", "create", "edge-2", "--project", PROJECT, "--project", "edge-proj"
+    )
+    assert json.loads(created.out)["worker"]["projectIds"] == [PROJECT, "edge-proj"]
+    only = await cli.item("worker", "projects", "edge-2", "--project", "edge-proj")
+    assert only["projectIds"] == ["edge-proj"]
+    table = (await cli.ok("worker", "list", "--output", "table")).out.splitlines()
+    assert "PROJECTS" in table[0].split()
+    rows = {row.split()[0]: row.split() for row in table[1:]}
+    assert "edge-proj" in rows["edge-2"]
+    assert "*" in rows["worker-a"]  # every project
+    everywhere = await cli.item("worker", "projects", "edge-2", "--all-projects")
+    assert "projectIds" not in everywhere
+    # Nothing, or both, is a usage error; a project that does not exist is refused.
+    neither = await cli.admin("worker", "projects", "edge-2")
+    assert neither.code == 2
+    both = await cli.admin("worker", "projects", "edge-2", "--project", PROJECT, "--all-projects")
+    assert both.code == 2
+    missing = await cli.admin("worker", "projects", "edge-2", "--project", "no-such")
+    assert (missing.code, missing.out) == (1, "")
+    assert missing.err.startswith("error: NOT_FOUND PROJECT_NOT_FOUND")
+    assert "project_ids[0]" in missing.err
+
+
 async def test_audit_records_filtered_and_paged(cli: Cli) -> None:
     await cli.ok("project", "list")
     root = next(u for u in await cli.items("user", "list", "--all") if u["name"] == "root")

@@ -53,7 +53,7 @@ from google.protobuf.message_factory import GetMessageClass
 from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from qinglong.admin.v1 import admin_service_pb2
+from qinglong.admin.v1 import admin_pb2, admin_service_pb2
 from qinglong.control.v1 import (
     approval_service_pb2,
     run_service_pb2,
@@ -853,6 +853,8 @@ class Builder:
         return self.message(f.message_type, depth + 1, mode="faithful")
 
     def repeated(self, message: Descriptor, f: FieldDescriptor, hostile: bool, depth: int) -> bytes:
+        if f.type == FieldDescriptor.TYPE_STRING and rule_of(message, f.name).kind is Kind.SLUG_SET:
+            return self.slug_set(message, f, hostile)
         if f.type == FieldDescriptor.TYPE_STRING:
             return self.command(message, f, hostile)
         if f.message_type is not None:
@@ -866,6 +868,31 @@ class Builder:
         if hostile and self.draw(st.booleans()):
             return b"".join(protowire.scalar(f, v) for v in values)  # the unpacked form
         return protowire.packed(f, values) if values else b""
+
+    def slug_set(self, message: Descriptor, f: FieldDescriptor, hostile: bool) -> bytes:
+        """Distinct slugs (the world's project among them, or made up), up to the maximum;
+        or hostile items, repeats and one too many."""
+        rule = rule_of(message, f.name)
+        most = rule.items[1]
+        slug = FieldRule(Kind.SLUG, min_length=rule.min_length, max_length=rule.max_length,
+                         pattern=rule.pattern)  # fmt: skip
+        if hostile:
+            count = self.draw(st.sampled_from([1, 2, most + 1]))
+            shape = self.draw(st.sampled_from(["hostile", "repeat", "many"]))
+            if shape == "hostile":
+                items = [self.draw(HOSTILE_TEXT) for _ in range(min(count, 3))]
+            elif shape == "repeat":
+                items = [b"dup-slug"] * 2
+            else:
+                items = [f"p-{index}".encode() for index in range(most + 1)]
+        else:
+            known = self.known.texts.get("project_id", [PROJECT])
+            drawn = self.draw(st.lists(valid_text(slug), max_size=3, unique=True))
+            items = list(dict.fromkeys([*known[:1], *drawn]))[: self.draw(st.integers(0, 3))]
+            items = [item.encode() if isinstance(item, str) else item for item in items]
+        for item in items:
+            self.remember(item)
+        return b"".join(protowire.text(f, item) for item in items)
 
     def command(self, message: Descriptor, f: FieldDescriptor, hostile: bool) -> bytes:
         """argv: valid lists up to the declared maxima, or hostile items and counts."""
@@ -1064,6 +1091,16 @@ def contract_allows(method: PublicMethod, body: bytes, issued_tokens: Collection
         and request.outcome != worker_pb2.ATTEMPT_OUTCOME_CANCELLED
     ):
         return False
+    if (
+        method.descriptor.name == "CreatePrincipal"
+        and request.cluster_admin
+        and request.kind != admin_pb2.PRINCIPAL_KIND_USER
+    ):
+        return False  # "only a user may (an agent is refused INVALID_ARGUMENT)"
+    if method.descriptor.name == "SetWorkerProjects" and (
+        bool(request.project_ids) == request.all_projects
+    ):
+        return False  # "Exactly one of project_ids (non-empty) and all_projects is given"
     if "certificate_signing_request_pem" in method.descriptor.input_type.fields_by_name:
         # "a PKCS#10 certificate signing request ... signed with the Worker's new key"
         try:
@@ -1190,6 +1227,9 @@ def base_request(descriptor: Descriptor, known: Known) -> Message:
             getattr(message, f.name).extend(["echo", "hi"])
         elif rule.kind is Kind.ENUM_SET:
             getattr(message, f.name).extend(declared_values(f)[: rule.items[0]])
+        elif rule.kind is Kind.SLUG_SET:
+            # The world's project: a Worker the sweep scopes keeps serving it.
+            getattr(message, f.name).extend(known.texts.get("project_id", [PROJECT])[:1])
         elif rule.presence:
             continue  # optional scalars: absent is always within bounds
         elif rule.kind is Kind.OPAQUE_BYTES:
@@ -1290,6 +1330,19 @@ def repeated_edges(f: FieldDescriptor, rule: FieldRule) -> list[bytes]:
             [item.encode() for item in argv_of_most_items(rule)],
         ]
         return [b"".join(protowire.text(f, item) for item in items) for items in lists]
+    if rule.kind is Kind.SLUG_SET:
+        slug_lists: list[list[bytes]] = [
+            [],
+            [b""],
+            [b"Not-A-Slug"],
+            [b"a\x00b"],
+            [INVALID_UTF8[2]],
+            [b"a" * (rule.lengths[1] + 1)],
+            [b"same", b"same"],
+            [f"p-{index}".encode() for index in range(most)],
+            [f"p-{index}".encode() for index in range(most + 1)],
+        ]
+        return [b"".join(protowire.text(f, item) for item in items) for items in slug_lists]
     declared = declared_values(f)
     full = declared[:most]
     lists_of_ints = [

@@ -83,6 +83,7 @@ class Kind(enum.Enum):
     REQUIRED_ENUM = "required enum"
     OPTIONAL_ENUM = "optional enum"
     ENUM_SET = "enum set"
+    SLUG_SET = "set of slugs"
     ARGV = "argv"
     LABELS = "labels"
     BOOL = "boolean"
@@ -385,6 +386,20 @@ def _repeated(where: str, rules: validate_pb2.FieldRules) -> FieldRule:
         if not repeated.HasField("max_items"):
             raise LookupError(f"{where}: an enum set without max_items")
         return FieldRule(Kind.ENUM_SET, min_items=repeated.min_items, max_items=repeated.max_items)
+    if items.HasField("string") and _named_rules(items.string):
+        item = _string(where + "[]", items.string, False)
+        if item.kind is not Kind.SLUG or not repeated.unique or rules.cel:
+            raise LookupError(f"{where}: a list of {item.kind.value} no test kind knows")
+        if not repeated.HasField("max_items"):
+            raise LookupError(f"{where}: a slug set without max_items")
+        return FieldRule(
+            Kind.SLUG_SET,
+            min_length=item.min_length,
+            max_length=item.max_length,
+            pattern=item.pattern,
+            min_items=repeated.min_items,
+            max_items=repeated.max_items,
+        )
     if items.HasField("string"):
         text = items.string
         if (

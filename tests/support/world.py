@@ -50,15 +50,18 @@ class World:
         self.timings = timings or Timings()
 
     async def task(
-        self, timeout_ms: int | None = 60_000, retry_policy: RetryPolicy = NO_RETRY
+        self,
+        timeout_ms: int | None = 60_000,
+        retry_policy: RetryPolicy = NO_RETRY,
+        project: str = PROJECT,
     ) -> uuid.UUID:
         task = await definitions.create_task(
-            self.conn, PROJECT, "sample", {}, f"task-{uuid.uuid4().hex[:12]}", OPERATOR.id
+            self.conn, project, "sample", {}, f"task-{uuid.uuid4().hex[:12]}", OPERATOR.id
         )
         await definitions.create_revision(
             self.conn,
             definitions.NewRevision(
-                PROJECT,
+                project,
                 task.task_id,
                 "rev-1",
                 "remote_worker",
@@ -71,12 +74,15 @@ class World:
         return task.task_id
 
     async def queued_run(
-        self, timeout_ms: int | None = 60_000, retry_policy: RetryPolicy = NO_RETRY
+        self,
+        timeout_ms: int | None = 60_000,
+        retry_policy: RetryPolicy = NO_RETRY,
+        project: str = PROJECT,
     ) -> uuid.UUID:
-        task_id = await self.task(timeout_ms, retry_policy)
+        task_id = await self.task(timeout_ms, retry_policy, project)
         run = await runs.trigger_run(
             self.conn,
-            runs.TriggerRun(PROJECT, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}"),
+            runs.TriggerRun(project, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}"),
             OPERATOR,
         )
         return run.run_id

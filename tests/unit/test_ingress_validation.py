@@ -211,6 +211,9 @@ def valid_requests() -> dict[str, Message]:
         A + "CreateWorker": ad.CreateWorkerRequest(request_id="worker-1", worker_id=WORKER),
         A + "ListWorkers": ad.ListWorkersRequest(),
         A + "DisableWorker": ad.DisableWorkerRequest(worker_id=WORKER),
+        A + "SetWorkerProjects": ad.SetWorkerProjectsRequest(
+            worker_id=WORKER, project_ids=[PROJECT, "other-proj"]
+        ),
         E + "JoinWorker": en.JoinWorkerRequest(
             join_token="qlj1_" + TOKEN.removeprefix("qlc1_"), certificate_signing_request_pem=CSR
         ),

@@ -241,6 +241,13 @@ _worker_disable = _one_call(
     lambda args: admin_service_pb2.DisableWorkerRequest(worker_id=args.worker_id),
     "worker",
 )
+_worker_projects = _one_call(
+    "SetWorkerProjects",
+    lambda args: admin_service_pb2.SetWorkerProjectsRequest(
+        worker_id=args.worker_id, project_ids=args.projects, all_projects=args.all_projects
+    ),
+    "worker",
+)
 
 
 def _listing(
@@ -351,7 +358,7 @@ async def _role_list(admin: _Admin, args: argparse.Namespace) -> None:
 
 async def _worker_create(admin: _Admin, args: argparse.Namespace) -> None:
     request = admin_service_pb2.CreateWorkerRequest(
-        request_id=_request_id(args), worker_id=args.worker_id
+        request_id=_request_id(args), worker_id=args.worker_id, project_ids=args.projects
     )
     if args.join_token_ttl is not None:
         request.join_token_ttl_seconds = args.join_token_ttl
@@ -412,6 +419,15 @@ def add_admin_commands(commands: Any, default_stack: Path) -> None:
         workers, "disable", "disable a Worker and fence its sessions", _worker_disable
     )
     disable.add_argument("worker_id", metavar="NAME")
+    scope = command(
+        workers, "projects", "change which projects' Runs a Worker is offered", _worker_projects
+    )
+    scope.add_argument("worker_id", metavar="NAME")
+    which = scope.add_mutually_exclusive_group(required=True)
+    _add_project_flag(which)
+    which.add_argument(
+        "--all-projects", action="store_true", help="offer it the Runs of every project"
+    )
     _add_worker_list(workers, command)
     audit = _group(admin, "audit", "the security audit")
     _add_audit_list(audit, command)
@@ -514,7 +530,21 @@ def _add_worker_create(group: Any, command: _Command) -> None:
     create.add_argument(
         "--join-token-ttl", type=int, help="seconds the join token is valid (default 3600)"
     )
+    _add_project_flag(create, " (default: every project)")
     _add_request_id(create)
+
+
+def _add_project_flag(parser: Any, default: str = "") -> None:
+    # A Worker's tasks run as its own user and can act as the Worker: Workers shared by
+    # projects join their trust (docs/worker-operations.md).
+    parser.add_argument(
+        "--project",
+        dest="projects",
+        action="append",
+        default=[],
+        metavar="PROJECT",
+        help=f"offer it this project's Runs; repeat for more{default}",
+    )
 
 
 def _add_worker_list(group: Any, command: _Command) -> None:

@@ -198,6 +198,7 @@ TABLES: dict[str, Columns] = {
         ("REMAINING", _get("session", "remaining")),
         ("LOAD", _load),
         ("EXECUTORS", _executors),
+        ("PROJECTS", lambda d: ",".join(d.get("projectIds", [])) or "*"),
         ("VERSION", _get("session", "agentVersion")),
         # Growing fast: two machines share one identity (R-ADM-3).
         ("SESSIONS", _get("sessionCount", absent=0)),

@@ -386,6 +386,7 @@ class Worker(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     LIVE_ATTEMPTS_FIELD_NUMBER: _builtins.int
     SESSION_COUNT_FIELD_NUMBER: _builtins.int
+    PROJECT_IDS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The stable worker id (its certificate's SAN URI names it).
     Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
@@ -414,6 +415,14 @@ class Worker(_message.Message):
     def session(self) -> Global___WorkerSession:
         """The newest session; absent before the first OpenSession."""
 
+    @_builtins.property
+    def project_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The projects whose Runs it is offered, in the order given; empty: every
+        project. Its tasks run as the Worker's own user and can act as the Worker, so
+        a Worker shared by projects joins their trust.
+        Bound: 0..64 items, each a slug.
+        """
+
     def __init__(
         self,
         *,
@@ -424,10 +433,11 @@ class Worker(_message.Message):
         session: Global___WorkerSession | None = ...,
         live_attempts: _builtins.int = ...,
         session_count: _builtins.int = ...,
+        project_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "live_attempts", b"live_attempts", "principal_id", b"principal_id", "session", b"session", "session_count", b"session_count", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "live_attempts", b"live_attempts", "principal_id", b"principal_id", "project_ids", b"project_ids", "session", b"session", "session_count", b"session_count", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -195,7 +195,9 @@ class CreatePrincipalRequest(_message.Message):
     name: _builtins.str
     """Unique per kind; a taken name fails ALREADY_EXISTS."""
     cluster_admin: _builtins.bool
-    """Whether it may call AdminService."""
+    """Whether it may call AdminService; only a user may (an agent is refused
+    INVALID_ARGUMENT).
+    """
     def __init__(
         self,
         *,
@@ -729,6 +731,7 @@ class CreateWorkerRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
     JOIN_TOKEN_TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    PROJECT_IDS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """AIP-155 idempotency key: a retry answers with the same Worker and an empty
     join token.
@@ -737,16 +740,23 @@ class CreateWorkerRequest(_message.Message):
     """The new Worker's stable id; a taken id fails ALREADY_EXISTS."""
     join_token_ttl_seconds: _builtins.int
     """How long the join token is valid, in seconds; absent means one hour."""
+    @_builtins.property
+    def project_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The projects whose Runs it is offered; empty: every project. Each must
+        exist and be active.
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         worker_id: _builtins.str = ...,
         join_token_ttl_seconds: _builtins.int | None = ...,
+        project_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_join_token_ttl_seconds", b"_join_token_ttl_seconds", "join_token_ttl_seconds", b"join_token_ttl_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_join_token_ttl_seconds", b"_join_token_ttl_seconds", "join_token_ttl_seconds", b"join_token_ttl_seconds", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_join_token_ttl_seconds", b"_join_token_ttl_seconds", "join_token_ttl_seconds", b"join_token_ttl_seconds", "project_ids", b"project_ids", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__join_token_ttl_seconds: _TypeAlias = _typing.Literal["join_token_ttl_seconds"]  # noqa: Y015
     _WhichOneofArgType__join_token_ttl_seconds: _TypeAlias = _typing.Literal["_join_token_ttl_seconds", b"_join_token_ttl_seconds"]  # noqa: Y015
@@ -847,6 +857,67 @@ class ListWorkersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
+
+@_typing.final
+class SetWorkerProjectsRequest(_message.Message):
+    """SetWorkerProjectsRequest changes which projects' Runs a Worker is offered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    PROJECT_IDS_FIELD_NUMBER: _builtins.int
+    ALL_PROJECTS_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """The Worker."""
+    all_projects: _builtins.bool
+    """Serve every project instead (never implied by an empty list)."""
+    @_builtins.property
+    def project_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The projects it serves from now on; each must exist and be active. Exactly
+        one of project_ids (non-empty) and all_projects is given: an empty list
+        without all_projects, or both, is INVALID_ARGUMENT.
+        """
+
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        project_ids: _abc.Iterable[_builtins.str] | None = ...,
+        all_projects: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_projects", b"all_projects", "project_ids", b"project_ids", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkerProjectsRequest: _TypeAlias = SetWorkerProjectsRequest  # noqa: Y015
+
+@_typing.final
+class SetWorkerProjectsResponse(_message.Message):
+    """SetWorkerProjectsResponse returns the Worker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def worker(self) -> _admin_pb2.Worker:
+        """The Worker, with its projects. From now on it is offered, and may claim,
+        only their Runs; Attempts it already claimed run on.
+        """
+
+    def __init__(
+        self,
+        *,
+        worker: _admin_pb2.Worker | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkerProjectsResponse: _TypeAlias = SetWorkerProjectsResponse  # noqa: Y015
 
 @_typing.final
 class DisableWorkerRequest(_message.Message):

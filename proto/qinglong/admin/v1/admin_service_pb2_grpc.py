@@ -121,6 +121,11 @@ class AdminServiceStub:
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.DisableWorkerRequest.SerializeToString,
                 response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.DisableWorkerResponse.FromString,
                 _registered_method=True)
+        self.SetWorkerProjects = channel.unary_unary(
+                '/qinglong.admin.v1.AdminService/SetWorkerProjects',
+                request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsRequest.SerializeToString,
+                response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsResponse.FromString,
+                _registered_method=True)
         self.ListAuditRecords = channel.unary_unary(
                 '/qinglong.admin.v1.AdminService/ListAuditRecords',
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListAuditRecordsRequest.SerializeToString,
@@ -250,6 +255,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWorkerProjects(self, request, context):
+        """Changes which projects' Runs a Worker is offered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAuditRecords(self, request, context):
         """Pages through the security audit, newest first, with filters.
         """
@@ -339,6 +351,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DisableWorker,
                     request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.DisableWorkerRequest.FromString,
                     response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.DisableWorkerResponse.SerializeToString,
+            ),
+            'SetWorkerProjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkerProjects,
+                    request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsRequest.FromString,
+                    response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsResponse.SerializeToString,
             ),
             'ListAuditRecords': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAuditRecords,
@@ -785,6 +802,33 @@ class AdminService:
             '/qinglong.admin.v1.AdminService/DisableWorker',
             qinglong_dot_admin_dot_v1_dot_admin__service__pb2.DisableWorkerRequest.SerializeToString,
             qinglong_dot_admin_dot_v1_dot_admin__service__pb2.DisableWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkerProjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.admin.v1.AdminService/SetWorkerProjects',
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsRequest.SerializeToString,
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsResponse.FromString,
             options,
             channel_credentials,
             insecure,

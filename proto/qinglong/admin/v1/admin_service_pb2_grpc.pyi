@@ -72,6 +72,8 @@ class AdminServiceStub:
     """Pages through Workers with their present session and load (R-ADM-3)."""
     DisableWorker: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.DisableWorkerRequest, _admin_service_pb2.DisableWorkerResponse]
     """Disables a Worker: its next call is refused and its sessions are fenced."""
+    SetWorkerProjects: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.SetWorkerProjectsRequest, _admin_service_pb2.SetWorkerProjectsResponse]
+    """Changes which projects' Runs a Worker is offered."""
     ListAuditRecords: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListAuditRecordsRequest, _admin_service_pb2.ListAuditRecordsResponse]
     """Pages through the security audit, newest first, with filters."""
 
@@ -119,6 +121,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Pages through Workers with their present session and load (R-ADM-3)."""
     DisableWorker: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.DisableWorkerRequest, _admin_service_pb2.DisableWorkerResponse]  # type: ignore[assignment]
     """Disables a Worker: its next call is refused and its sessions are fenced."""
+    SetWorkerProjects: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.SetWorkerProjectsRequest, _admin_service_pb2.SetWorkerProjectsResponse]  # type: ignore[assignment]
+    """Changes which projects' Runs a Worker is offered."""
     ListAuditRecords: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListAuditRecordsRequest, _admin_service_pb2.ListAuditRecordsResponse]  # type: ignore[assignment]
     """Pages through the security audit, newest first, with filters."""
 
@@ -259,6 +263,14 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_service_pb2.DisableWorkerResponse, _abc.Awaitable[_admin_service_pb2.DisableWorkerResponse]]:
         """Disables a Worker: its next call is refused and its sessions are fenced."""
+
+    @_abc_1.abstractmethod
+    def SetWorkerProjects(
+        self,
+        request: _admin_service_pb2.SetWorkerProjectsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.SetWorkerProjectsResponse, _abc.Awaitable[_admin_service_pb2.SetWorkerProjectsResponse]]:
+        """Changes which projects' Runs a Worker is offered."""
 
     @_abc_1.abstractmethod
     def ListAuditRecords(

@@ -275,6 +275,11 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerResponse.FromString,
                 _registered_method=True)
+        self.SetWorkerProjects = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/SetWorkerProjects',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsResponse.FromString,
+                _registered_method=True)
         self.ListAuditRecords = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/ListAuditRecords',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListAuditRecordsRequest.SerializeToString,
@@ -619,6 +624,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWorkerProjects(self, request, context):
+        """Forwarded AdminService.SetWorkerProjects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAuditRecords(self, request, context):
         """Forwarded AdminService.ListAuditRecords.
         """
@@ -858,6 +870,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.DisableWorker,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerResponse.SerializeToString,
+            ),
+            'SetWorkerProjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkerProjects,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsResponse.SerializeToString,
             ),
             'ListAuditRecords': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAuditRecords,
@@ -2118,6 +2135,33 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/DisableWorker',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkerProjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/SetWorkerProjects',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -138,6 +138,8 @@ class RuntimeServiceStub:
     """Forwarded AdminService.ListWorkers."""
     DisableWorker: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableWorkerRequest, _runtime_service_pb2.DisableWorkerResponse]
     """Forwarded AdminService.DisableWorker."""
+    SetWorkerProjects: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.SetWorkerProjectsRequest, _runtime_service_pb2.SetWorkerProjectsResponse]
+    """Forwarded AdminService.SetWorkerProjects."""
     ListAuditRecords: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListAuditRecordsRequest, _runtime_service_pb2.ListAuditRecordsResponse]
     """Forwarded AdminService.ListAuditRecords."""
 
@@ -251,6 +253,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Forwarded AdminService.ListWorkers."""
     DisableWorker: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableWorkerRequest, _runtime_service_pb2.DisableWorkerResponse]  # type: ignore[assignment]
     """Forwarded AdminService.DisableWorker."""
+    SetWorkerProjects: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.SetWorkerProjectsRequest, _runtime_service_pb2.SetWorkerProjectsResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.SetWorkerProjects."""
     ListAuditRecords: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListAuditRecordsRequest, _runtime_service_pb2.ListAuditRecordsResponse]  # type: ignore[assignment]
     """Forwarded AdminService.ListAuditRecords."""
 
@@ -637,6 +641,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.DisableWorkerResponse, _abc.Awaitable[_runtime_service_pb2.DisableWorkerResponse]]:
         """Forwarded AdminService.DisableWorker."""
+
+    @_abc_1.abstractmethod
+    def SetWorkerProjects(
+        self,
+        request: _runtime_service_pb2.SetWorkerProjectsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.SetWorkerProjectsResponse, _abc.Awaitable[_runtime_service_pb2.SetWorkerProjectsResponse]]:
+        """Forwarded AdminService.SetWorkerProjects."""
 
     @_abc_1.abstractmethod
     def ListAuditRecords(

@@ -23,6 +23,7 @@ from qinglong_protocol.identities import worker_uri
 
 from qinglong_control import admin_wire, paging, wire
 from qinglong_control.db import admin, sessions
+from qinglong_control.domain.administration import worker_scope
 from qinglong_control.domain.refusals import Reason, Refused
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -213,6 +214,8 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 worker_id,
                 worker_uri(self._trust_domain, worker_id),
                 admin_wire.optional(public, "join_token_ttl_seconds"),
+                # An empty list is every project here: CreateWorker's documented default.
+                worker_scope(public.project_ids, all_projects=not public.project_ids),
             )
         return rt.CreateWorkerResponse(
             response=admin_api.CreateWorkerResponse(
@@ -249,6 +252,17 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             row = await admin.get_worker(conn, worker_id)
         return rt.DisableWorkerResponse(
             response=admin_api.DisableWorkerResponse(worker=admin_wire.worker(row))
+        )
+
+    async def SetWorkerProjects(
+        self, request: rt.SetWorkerProjectsRequest, context: Context
+    ) -> Any:
+        public = request.request
+        projects = worker_scope(public.project_ids, public.all_projects)
+        async with self._admin(request.caller) as conn:
+            row = await admin.set_worker_projects(conn, public.worker_id, projects)
+        return rt.SetWorkerProjectsResponse(
+            response=admin_api.SetWorkerProjectsResponse(worker=admin_wire.worker(row))
         )
 
     # --- the security audit -----------------------------------------------------------

@@ -170,6 +170,7 @@ def worker(row: WorkerRow) -> admin_pb2.Worker:
         created_at=wire.timestamp(row.created_at_ms),
         live_attempts=row.live_attempts,
         session_count=row.session_count,
+        project_ids=row.project_ids or (),
     )
     session = row.session
     if session is not None:

@@ -36,6 +36,7 @@ from qinglong_control.domain.administration import (
     check_disable_principal,
     check_new_principal,
     check_operator,
+    check_projects_exist,
     check_rotation,
     check_token_holder,
     expiry,
@@ -93,6 +94,8 @@ _INSERT_JOIN_TOKEN = SQL["admin.insert_join_token"]
 _FIRST_JOIN_TOKEN_EXPIRY = SQL["admin.first_join_token_expiry"]
 _DISABLE_WORKER = SQL["admin.disable_worker"]
 _FLEET = SQL["admin.fleet"]
+_INACTIVE_PROJECTS = SQL["admin.inactive_projects"]
+_SET_WORKER_PROJECTS = SQL["admin.set_worker_projects"]
 _LIST_AUDIT = SQL["admin.list_audit"]
 _DB_NOW = SQL["clock.db_now"]
 
@@ -459,8 +462,10 @@ async def create_worker(
     worker_id: str,
     certificate_uri: str,
     join_token_ttl_seconds: int | None,
+    projects: tuple[str, ...] | None = None,
 ) -> EnrolledWorker:
-    """The Worker's principal, its identity and a one-time join token, together."""
+    """The Worker's principal, its identity and a one-time join token, together; it is
+    offered the Runs of ``projects`` only (None: every project)."""
     async with command_transaction(conn) as tx:
         await tx.execute("lock.creates", _LOCK_CREATES, ("worker",))
         by_request = await tx.execute(
@@ -468,6 +473,9 @@ async def create_worker(
         )
         taken = await tx.execute(
             "worker.taken", _WORKER_TAKEN, {"worker_id": worker_id}, scalar_row
+        )
+        inactive = await tx.execute(
+            "projects.inactive", _INACTIVE_PROJECTS, (list(projects or ()),), scalar_row
         )
         now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
         earlier: str | None = replay_or_new(
@@ -483,6 +491,7 @@ async def create_worker(
                 "join_token.first", _FIRST_JOIN_TOKEN_EXPIRY, (earlier,), scalar_row
             )
             return EnrolledWorker(await _one(fleet), await _one(first_join), "")
+        check_projects_exist(projects or (), await _one(inactive))
         now_ms: int = await _one(now)
         # The request id is the identity's; the principal is made with it, not by it.
         principal = _new_principal("worker", worker_id, None, now_ms)
@@ -491,6 +500,7 @@ async def create_worker(
             "worker_id": worker_id,
             "certificate_uri": certificate_uri,
             "request_id": request_id,
+            "project_ids": _stored(projects),
         }
         secret = new_join_token()
         expires_at_ms = join_token_expiry(now_ms, join_token_ttl_seconds)
@@ -500,7 +510,7 @@ async def create_worker(
         await tx.execute(
             "join_token.insert", _INSERT_JOIN_TOKEN, {**join, "expires": expires_at_ms}
         )
-    worker = WorkerRow(worker_id, principal["principal_id"], "active", now_ms, None, 0, 0)
+    worker = WorkerRow(worker_id, principal["principal_id"], "active", now_ms, None, 0, 0, projects)
     return EnrolledWorker(worker, expires_at_ms, secret.plaintext)
 
 
@@ -519,6 +529,29 @@ async def get_worker(conn: AsyncConnection[Any], worker_id: str) -> WorkerRow:
     if worker is None:
         raise not_found("Worker", "worker_id")
     return worker
+
+
+async def set_worker_projects(
+    conn: AsyncConnection[Any], worker_id: str, projects: tuple[str, ...] | None
+) -> WorkerRow:
+    """From now on the Worker is offered, and may claim, the Runs of ``projects`` only
+    (None: every project). Attempts it claimed already run on."""
+    async with command_transaction(conn) as tx:
+        found = await tx.execute(
+            "fleet", _FLEET, _fleet_values(worker_id=worker_id), kwargs_row(_worker)
+        )
+        inactive = await tx.execute(
+            "projects.inactive", _INACTIVE_PROJECTS, (list(projects or ()),), scalar_row
+        )
+        if await found.fetchone() is None:
+            raise not_found("Worker", "worker_id")
+        check_projects_exist(projects or (), await _one(inactive))
+        values = {"worker_id": worker_id, "project_ids": _stored(projects)}
+        await tx.execute("worker.set_projects", _SET_WORKER_PROJECTS, values)
+        changed = await tx.execute(
+            "fleet", _FLEET, _fleet_values(worker_id=worker_id), kwargs_row(_worker)
+        )
+    return await _one(changed)
 
 
 async def disable_worker(conn: AsyncConnection[Any], worker_id: str) -> None:
@@ -549,6 +582,7 @@ def _worker(
     agent_version: str | None,
     executor_types: list[str] | None,
     max_concurrency: int | None,
+    project_ids: list[str] | None,
     **worker: Any,
 ) -> WorkerRow:
     """A fleet row: the session's columns are all NULL before the Worker's first session."""
@@ -565,7 +599,13 @@ def _worker(
             executor_types=tuple(executor_types or ()),
             max_concurrency=max_concurrency or 0,
         )
-    return WorkerRow(session=session, **worker)
+    projects = None if project_ids is None else tuple(project_ids)
+    return WorkerRow(session=session, project_ids=projects, **worker)
+
+
+def _stored(projects: tuple[str, ...] | None) -> list[str] | None:
+    """A Worker's projects as the column holds them (an array; NULL: every project)."""
+    return None if projects is None else list(projects)
 
 
 # --- the security audit ----------------------------------------------------------------

@@ -144,7 +144,10 @@ async def claim_offer(
             "lock.session", _LOCK_SESSION_SHARED, (request.session_id,), kwargs_row(SessionRow)
         )
         locked_run = await tx.execute(
-            "lock.run", _LOCK_CLAIM_RUN, (request.run_id,), kwargs_row(_claimed_run_row)
+            "lock.run",
+            _LOCK_CLAIM_RUN,
+            {"run_id": request.run_id, "worker_id": request.worker_id},
+            kwargs_row(_claimed_run_row),
         )
         locked_offer = await tx.execute(
             "lock.offer", _LOCK_OFFER, (request.offer_id,), kwargs_row(OfferRow)

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -145,6 +146,39 @@ class WorkerRow:
     session: SessionSummary | None
     live_attempts: int
     session_count: int
+    project_ids: tuple[str, ...] | None
+    """The projects whose Runs it is offered; None: every project."""
+
+
+def check_projects_exist(project_ids: Sequence[str], inactive: Sequence[str]) -> None:
+    """A Worker serves only active projects (a typo or a disabled project would leave it
+    nothing to run); the refusal names the first other one by its place in the request."""
+    absent = set(inactive)
+    for index, project_id in enumerate(project_ids):
+        if project_id in absent:
+            raise Refused(
+                Reason.PROJECT_NOT_FOUND,
+                "no such active project",
+                field=f"project_ids[{index}]",
+            )
+
+
+def worker_scope(project_ids: Sequence[str], all_projects: bool) -> tuple[str, ...] | None:
+    """The projects a Worker serves (None: every project) from a request that names them
+    or asks for every one. An empty list never means every project: a list emptied by
+    mistake must not widen a Worker (SetWorkerProjects; CreateWorker passes
+    ``all_projects`` for an empty list, its documented default)."""
+    if all_projects and project_ids:
+        raise Refused(
+            Reason.FIELD_INVALID, "give project_ids or all_projects, not both", field="all_projects"
+        )
+    if not all_projects and not project_ids:
+        raise Refused(
+            Reason.FIELD_INVALID,
+            "name at least one project, or ask for all_projects",
+            field="project_ids",
+        )
+    return None if all_projects else tuple(project_ids)
 
 
 @dataclass(frozen=True)

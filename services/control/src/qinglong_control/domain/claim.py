@@ -41,6 +41,8 @@ class ClaimedRunRow:
     attempt_count: int
     event_sequence: int
     cancel_requested_at_ms: int | None
+    served: bool | None
+    """Whether the claiming Worker serves the Run's project now."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ def decide_claim(
         return existing
     if offer.state != "open" or offer.expires_at_ms <= now_ms:
         raise Refused(Reason.OFFER_EXPIRED, "offer expired")
+    if not run.served:
+        # Its projects changed since the offer was made: the offer is void.
+        raise Refused(Reason.OFFER_EXPIRED, "the Worker no longer serves the offer's project")
     if session.status != "online":
         raise Refused(Reason.SESSION_FENCED, "a draining session takes no new work")
     if run.state is not RunState.QUEUED or run.cancel_requested_at_ms is not None:

@@ -193,8 +193,22 @@ SELECT EXISTS (SELECT 1 FROM qinglong.worker_identities WHERE worker_id = %(work
 
 -- name: insert_worker
 INSERT INTO qinglong.worker_identities
-       (worker_id, principal_id, certificate_uri, create_request_id, created_at_ms)
-VALUES (%(worker_id)s, %(principal_id)s, %(certificate_uri)s, %(request_id)s, %(now)s)
+       (worker_id, principal_id, certificate_uri, create_request_id, created_at_ms,
+        project_ids)
+VALUES (%(worker_id)s, %(principal_id)s, %(certificate_uri)s, %(request_id)s, %(now)s,
+        %(project_ids)s)
+
+-- name: inactive_projects
+-- Which of the given project ids name no active project (projects are never deleted;
+-- a disabled one is archived).
+SELECT coalesce(array_agg(wanted ORDER BY wanted), '{}')
+  FROM unnest(%s::text[]) AS wanted
+ WHERE NOT EXISTS (SELECT 1 FROM qinglong.projects p
+                    WHERE p.project_id = wanted AND p.status = 'active')
+
+-- name: set_worker_projects
+UPDATE qinglong.worker_identities SET project_ids = %(project_ids)s
+ WHERE worker_id = %(worker_id)s
 
 -- name: insert_join_token
 INSERT INTO qinglong.worker_join_tokens (token_digest, worker_id, created_at_ms, expires_at_ms)
@@ -221,6 +235,7 @@ UPDATE qinglong.principals SET status = 'disabled'
 -- Each Worker with its newest session, its live Attempts and how many sessions its id
 -- has opened; remaining_ms is measured on DB time. Keyset-paginated by worker id.
 SELECT w.worker_id, w.principal_id, w.status, w.created_at_ms,
+       w.project_ids::text[] AS project_ids,  -- an array of a domain reads as text otherwise
        s.session_id, s.status AS session_status, s.generation, s.renewed_at_ms,
        greatest(s.expires_at_ms - qinglong.db_now_ms(), 0) AS remaining_ms,
        s.agent_version, s.executor_types, s.max_concurrency,

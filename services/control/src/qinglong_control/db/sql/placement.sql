@@ -16,8 +16,8 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
   FROM qinglong.worker_sessions s WHERE s.session_id = %s
 
 -- name: lock_candidates
--- Oldest queued Runs of an executor type this session runs, with no intent to cancel and
--- no live offer elsewhere. SKIP LOCKED lets many sessions pull at once without waiting or
+-- Oldest queued Runs of an executor type this session runs, of a project its Worker
+-- serves, with no intent to cancel and no live offer elsewhere. SKIP LOCKED lets many sessions pull at once without waiting or
 -- ever taking the same Run. The session's room is computed in the same statement, so the
 -- whole read side is one round trip: new placements never exceed what the answer carries
 -- (max_offers minus offers already open) nor what the session may run (max_concurrency
@@ -25,6 +25,9 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- unexpired incarnation has no room at all; the caller is then refused in Python.
 WITH session AS (
     SELECT s.session_id, s.executor_types, s.max_concurrency,
+           -- The projects its Worker serves (NULL: every project).
+           (SELECT w.project_ids FROM qinglong.worker_identities w
+             WHERE w.worker_id = s.worker_id) AS project_ids,
            (SELECT count(*) FROM qinglong.attempts a
              WHERE a.session_id = s.session_id
                AND a.state IN ('claimed', 'starting', 'running')) AS live_attempts,
@@ -44,6 +47,7 @@ SELECT r.run_id
    AND EXISTS (SELECT 1 FROM qinglong.projects p
                 WHERE p.project_id = r.project_id AND p.status = 'active')
    AND r.executor_type = ANY(session.executor_types)
+   AND (session.project_ids IS NULL OR r.project_id = ANY(session.project_ids))
    AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                     WHERE o.run_id = r.run_id AND o.state = 'open'
                       AND o.expires_at_ms > qinglong.db_now_ms())
@@ -69,18 +73,27 @@ SELECT gen_random_uuid(), run_id, %(session_id)s, %(worker_id)s, %(generation)s,
 ON CONFLICT (run_id) WHERE state = 'open' DO NOTHING
 
 -- name: open_offers
--- Everything the session holds open, with the pinned plan (stable offer ids on re-pull).
+-- Everything the session holds open, with the pinned plan (stable offer ids on re-pull),
+-- of the projects its Worker serves now (an offer made before they changed is not shown
+-- again, and cannot be claimed).
 SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revision_number,
        tr.executor_type, tr.command, tr.timeout_ms, o.expires_at_ms
   FROM qinglong.offers o
   JOIN qinglong.runs r ON r.run_id = o.run_id
   JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
+  JOIN qinglong.worker_identities w ON w.worker_id = o.worker_id
  WHERE o.session_id = %(session_id)s AND o.state = 'open' AND o.expires_at_ms > %(now)s
+   AND (w.project_ids IS NULL OR r.project_id = ANY (w.project_ids))
  ORDER BY o.created_at_ms, r.created_at_ms, r.run_id
 
 -- name: lock_claim_run
-SELECT run_id, project_id, state, attempt_count, event_sequence, cancel_requested_at_ms
-  FROM qinglong.runs WHERE run_id = %s FOR UPDATE
+-- served: whether the claiming Worker serves the Run's project now (its projects may have
+-- changed since the offer was made; NULL when the Worker is unknown).
+SELECT r.run_id, r.project_id, r.state, r.attempt_count, r.event_sequence,
+       r.cancel_requested_at_ms,
+       (SELECT w.project_ids IS NULL OR r.project_id = ANY (w.project_ids)
+          FROM qinglong.worker_identities w WHERE w.worker_id = %(worker_id)s) AS served
+  FROM qinglong.runs r WHERE r.run_id = %(run_id)s FOR UPDATE OF r
 
 -- name: lock_offer
 SELECT offer_id, run_id, session_id, worker_id, worker_generation, state, expires_at_ms

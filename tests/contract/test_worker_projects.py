@@ -1,0 +1,120 @@
+"""A Worker limited to some projects is offered, and may claim, only their Runs
+(docs/worker-operations.md, "Trust"): its tasks run as its own user and can act as the
+Worker, so a Worker shared by projects joins their trust. The administrator sets the list;
+placement and the claim read it."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from qinglong_control.db import admin, placement
+from qinglong_control.domain.capability import digest_of_capability
+from qinglong_control.domain.claim import ClaimRequest
+from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.sessions import SessionClaim
+from qinglong_protocol.bounds import encode_lease_capability
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.world import PROJECT, World, enroll
+
+OTHER = "proj-b"
+Conn = psycopg.AsyncConnection[Any]
+
+
+@pytest.fixture
+async def admin_conn(database: MigratedDatabase) -> AsyncIterator[Conn]:
+    enroll(database, project=OTHER)
+    connection = await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def pulled(world: World, session: SessionClaim) -> dict[uuid.UUID, uuid.UUID]:
+    """The session's offers after a pull: run id -> offer id."""
+    offers = await placement.pull_offers(world.conn, session, 8, world.timings)
+    return {offer.run_id: offer.offer_id for offer in offers.offers}
+
+
+async def claim(
+    world: World, session: SessionClaim, project: str, run_id: uuid.UUID, offer_id: uuid.UUID
+) -> placement.Claimed:
+    capability = encode_lease_capability(secrets.token_bytes(32))
+    request = ClaimRequest(
+        session.worker_id,
+        session.session_id,
+        session.worker_generation,
+        offer_id,
+        project,
+        run_id,
+        digest_of_capability(capability),
+    )
+    return await placement.claim_offer(world.conn, request, world.timings)
+
+
+async def test_placement_offers_only_the_workers_projects(world: World, admin_conn: Conn) -> None:
+    ours = await world.queued_run()
+    theirs = await world.queued_run(project=OTHER)
+    scoped = await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
+    assert scoped.project_ids == (OTHER,)
+    assert set(await pulled(world, await world.session("worker-a"))) == {theirs}
+    # Every project again (a new session: the old one's offers go with it).
+    everywhere = await admin.set_worker_projects(admin_conn, "worker-a", None)
+    assert everywhere.project_ids is None
+    assert set(await pulled(world, await world.session("worker-a"))) == {ours, theirs}
+
+
+async def test_an_offer_made_before_the_projects_changed_is_void(
+    world: World, admin_conn: Conn
+) -> None:
+    ours = await world.queued_run()
+    session = await world.session("worker-a")
+    offer_id = (await pulled(world, session))[ours]
+    await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
+    assert ours not in await pulled(world, session)  # not shown again
+    with pytest.raises(Refused) as void:
+        await claim(world, session, PROJECT, ours, offer_id)
+    assert void.value.reason is Reason.OFFER_EXPIRED
+    # Nothing was claimed: once the Worker serves the project again, the offer is good.
+    await admin.set_worker_projects(admin_conn, "worker-a", (PROJECT, OTHER))
+    assert (await pulled(world, session))[ours] == offer_id
+    claimed = await claim(world, session, PROJECT, ours, offer_id)
+    assert claimed.lease_version == 1
+
+
+async def test_a_worker_created_for_projects_and_projects_it_cannot_serve(
+    world: World, admin_conn: Conn
+) -> None:
+    enrolled = await admin.create_worker(
+        admin_conn, "w-edge", "edge-1", "spiffe://qinglong.local/worker/edge-1", None, (OTHER,)
+    )
+    assert enrolled.worker.project_ids == (OTHER,)
+    assert (await admin.get_worker(admin_conn, "edge-1")).project_ids == (OTHER,)
+    with pytest.raises(Refused) as missing:
+        await admin.set_worker_projects(admin_conn, "edge-1", (PROJECT, "no-such", "nor-this"))
+    assert (missing.value.reason, missing.value.field) == (
+        Reason.PROJECT_NOT_FOUND,
+        "project_ids[1]",
+    )
+    await admin.disable_project(admin_conn, PROJECT)
+    with pytest.raises(Refused) as archived:
+        await admin.set_worker_projects(admin_conn, "edge-1", (OTHER, PROJECT))
+    assert archived.value.field == "project_ids[1]"
+    assert (await admin.get_worker(admin_conn, "edge-1")).project_ids == (OTHER,)
+    with pytest.raises(Refused) as unknown_worker:
+        await admin.set_worker_projects(admin_conn, "nobody", ("no-such",))
+    assert unknown_worker.value.reason is Reason.WORKER_NOT_FOUND
+    with pytest.raises(Refused) as created_for_missing:
+        await admin.create_worker(
+            admin_conn, "w-ghost", "ghost-1", "spiffe://qinglong.local/worker/ghost-1", None,
+            ("no-such",),
+        )  # fmt: skip
+    assert created_for_missing.value.field == "project_ids[0]"
+    with pytest.raises(Refused):
+        await admin.get_worker(admin_conn, "ghost-1")
