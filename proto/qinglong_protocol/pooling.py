@@ -56,27 +56,57 @@ def default_max_size(cores: int | None = None) -> int:
     return max(4, min(32, 4 * available))
 
 
-def available_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
-    """The cores this process may use: the CPUs it may run on, capped by its cgroup's CPU
-    quota (a container's CPU limit), rounded up. ``os.cpu_count()`` alone counts the
-    node's cores: a pod limited to one CPU on a 32-core node would open 32 connections
-    per pool, and a few replicas would exhaust PostgreSQL's connection limit."""
+def available_cores(
+    cgroup_root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> int:
+    """The cores this process may use: the CPUs it may run on, capped by the CPU quota of
+    its cgroup and every cgroup above it (a container's limit, or its pod's), rounded up.
+    ``os.cpu_count()`` alone counts the node's cores: a pod limited to one CPU on a 32-core
+    node would open 32 connections per pool, and a few replicas would exhaust PostgreSQL's
+    connection limit."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    quota = _cgroup_cpu_quota(cgroup_root)
-    if quota is not None:
-        cores = min(cores or quota, quota)
+    quotas = [q for q in map(_cpu_quota, _own_cgroups(cgroup_root, membership)) if q is not None]
+    if quotas:
+        cores = min(cores or min(quotas), *quotas)
     return max(1, cores or 1)
 
 
-def _cgroup_cpu_quota(root: Path) -> int | None:
-    """cgroup v2 ``cpu.max`` ("150000 100000": 1.5 CPUs; "max ...": none), or v1's
-    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none), in whole cores rounded up."""
+def _own_cgroups(root: Path, membership: Path) -> list[Path]:
+    """This process's cgroup directories and each one above them, up to the hierarchy's
+    root: the unified (v2) hierarchy's and v1's ``cpu`` controller's (a hybrid host has
+    both; whichever sets no quota counts for nothing). With a private cgroup namespace
+    the process's own cgroup is the root itself."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
+        lines = membership.read_text().splitlines()
+    except OSError:
+        lines = []
+    found: list[Path] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, relative = parts
+        if hierarchy == "0" and not controllers:
+            base = root
+        elif "cpu" in controllers.split(","):
+            base = root / "cpu"
+        else:
+            continue
+        own = base / relative.lstrip("/")
+        found += [own, *(parent for parent in own.parents if parent.is_relative_to(base))]
+    return found or [root, root / "cpu"]
+
+
+def _cpu_quota(cgroup: Path) -> int | None:
+    """One cgroup's CPU quota in whole cores, rounded up: v2 ``cpu.max`` ("150000
+    100000": 1.5 CPUs; "max ...": none), or v1's ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us`` (-1: none); None when it sets none or cannot be read."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
     except (OSError, ValueError):
         try:
-            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
-            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+            quota = (cgroup / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu.cfs_period_us").read_text().strip()
         except OSError:
             return None
     if quota in {"max", "-1"}:
