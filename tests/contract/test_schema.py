@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import errors
+from qinglong_control.db.identities import enroll_operator_token, grant_cluster_admin
 from qinglong_control.db.migrate import Migration, MigrationError, load_migrations, migrate
 from qinglong_control.db.schema_dump import dump_schema
 
@@ -276,3 +277,18 @@ def test_cancel_intent_and_attempt_authority_are_final(
         (seeded.attempt_id,),
         "attempts_authority_fixed",
     )
+
+
+def test_migration_0019_removes_every_agents_cluster_admin_grant(
+    database: MigratedDatabase,
+) -> None:
+    # A grant an earlier version could write for an agent; a user's stays.
+    (removal,) = [m for m in load_migrations() if m.name == "no_agent_cluster_admins"]
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        robot = enroll_operator_token(conn, "robot", "agent", digest("qlo1_robot"))
+        chief = enroll_operator_token(conn, "chief", "user", digest("qlo1_chief"))
+        for principal in (robot, chief):
+            grant_cluster_admin(conn, principal)
+        conn.execute(removal.sql)
+        left = conn.execute("SELECT principal_id FROM qinglong.cluster_admins").fetchall()
+    assert left == [(chief,)]
