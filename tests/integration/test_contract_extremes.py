@@ -218,6 +218,8 @@ def probes(f: FieldDescriptor, declared: FieldRule) -> Iterator[tuple[str, Any, 
         yield from (("true", True, True), ("false", False, True))
     elif kind is Kind.ENUM_SET:
         yield from _enum_set_probes(f, declared)
+    elif kind is Kind.SLUG_SET:
+        yield from _slug_set_probes(declared)
     elif kind is Kind.ARGV:
         yield from _argv_probes(declared)
     elif kind is Kind.LABELS:
@@ -240,6 +242,19 @@ def _enum_set_probes(f: FieldDescriptor, declared: FieldRule) -> Iterator[tuple[
         yield "too few", values[: fewest - 1], False
     if len(values) > most:
         yield "too many", values[: most + 1], False
+
+
+def _slug_set_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
+    fewest, most = declared.items
+    longest = declared.lengths[1]
+    distinct = [f"{index:x}".rjust(longest, "z") for index in range(most)]
+    yield "as many distinct slugs as allowed, each the longest", distinct, True
+    yield "as few as allowed", distinct[:fewest], True
+    yield "one too many", [*distinct, "a"], False
+    yield "a repeat", ["same", "same"], False
+    yield "a slug one too long", ["z" * (longest + 1)], False
+    yield "upper case", ["Proj"], False
+    yield "empty", [""], False
 
 
 def _argv_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:

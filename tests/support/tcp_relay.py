@@ -14,12 +14,12 @@ import contextlib
 class TcpRelay:
     def __init__(self, upstream: str = "") -> None:
         self._upstream = ("", 0)
-        if upstream:
-            self.towards(upstream)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._silenced: set[asyncio.StreamWriter] = set()
         self.connections = 0
+        if upstream:
+            self.towards(upstream)
 
     def towards(self, upstream: str) -> str:
         """Relays new connections to ``upstream`` (``host:port``); returns this relay's
