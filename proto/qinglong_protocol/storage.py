@@ -45,10 +45,16 @@ class StorageBounds:
         # Leave part of the bound for the answer to travel back.
         return self.timeout_seconds * 0.8
 
-    def connection_kwargs(self, application_name: str) -> dict[str, object]:
-        statement_ms = max(
+    @property
+    def statement_timeout_ms(self) -> int:
+        """The longest a statement may run on the server, and the longest a service waits
+        for one it sent (a server that stopped answering cancels nothing itself)."""
+        return max(
             _MIN_STATEMENT_TIMEOUT_MS, int(self.timeout_seconds * 1000 * _STATEMENT_TIMEOUT_FACTOR)
         )
+
+    def connection_kwargs(self, application_name: str) -> dict[str, object]:
+        statement_ms = self.statement_timeout_ms
         return {
             "autocommit": True,
             "application_name": application_name,

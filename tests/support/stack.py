@@ -210,7 +210,10 @@ async def running_stack(
         trust_domain=pki.trust_domain,
     )
     channel = open_control_channel(settings.control)
-    directory = Directory(ingress_pool)
+    # As in the service: an audit batch waits at most the statement bound.
+    directory = Directory(
+        ingress_pool, (ingress_storage or StorageBounds()).statement_timeout_ms / 1000
+    )
     stages = (*admission_stages(directory, pki.trust_domain), *extra_stages)
     gateway = Gateway(directory, channel, pki.trust_domain, storage=ingress_storage, stages=stages)
     ingress, ingress_port = await create_ingress_server(settings, public_handlers(gateway))

@@ -107,6 +107,7 @@ async def _serve(
             timings,
             settings.output_retention,
             audit_retention=settings.audit_retention,
+            page_timeout_seconds=settings.storage.statement_timeout_ms / 1000,
         )
         cadence = asyncio.create_task(
             drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"

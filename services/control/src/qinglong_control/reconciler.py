@@ -67,8 +67,14 @@ class Reconciler:
         output_retention: OutputRetention | None = None,
         output_store: OutputStore | None = None,
         audit_retention: AuditRetention | None = None,
+        page_timeout_seconds: float | None = None,
     ) -> None:
+        """``page_timeout_seconds`` bounds each page of work: a server that stopped
+        answering (a hung backend, its kernel still acknowledging) would otherwise hold the
+        cycle, and so every later one of this replica, for ever; the page is cancelled,
+        its connection closed, and the next cycle starts on another."""
         self._pool = pool
+        self._page_timeout = page_timeout_seconds
         self._limits = limits
         self._timings = timings or Timings()
         self._output_retention = output_retention or OutputRetention()
@@ -103,7 +109,8 @@ class Reconciler:
         and whatever is left waits for the next one."""
         pages = []
         for _ in range(self._limits.max_pages):
-            page = await step()
+            async with asyncio.timeout(self._page_timeout):
+                page = await step()
             pages.append(page)
             if found(page) < self._limits.page_size:
                 break

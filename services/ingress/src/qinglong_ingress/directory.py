@@ -12,6 +12,7 @@ Nothing is cached: a disabled Worker is refused by the next statement.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -129,8 +130,17 @@ class Audited:
 
 
 class Directory:
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        write_timeout_seconds: float | None = None,
+    ) -> None:
+        """``write_timeout_seconds`` bounds a batch of audit rows: a server that stopped
+        answering (a hung backend, its kernel still acknowledging) would otherwise hold
+        the batch's writer, one of two, for ever. The caller of each row gives up sooner,
+        at its own storage bound; this frees the writer and its connection."""
         self._pool = pool
+        self._write_timeout = write_timeout_seconds
         self._audits = GroupCommit[AuditEntry, Audited](
             self._write_audits, isolate=_one_row_may_cause
         )
@@ -195,8 +205,13 @@ class Directory:
             "refused_outcome": _REFUSED_OUTCOME,
             "refused_reason": _REFUSED_REASON,
         }
-        async with self._pool.connection() as conn:
-            rows = await (await conn.execute(_WRITE_AUDITS, values)).fetchall()
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                async with self._pool.connection() as conn:
+                    rows = await (await conn.execute(_WRITE_AUDITS, values)).fetchall()
+        except TimeoutError:
+            # psycopg cancelled the statement or closed the connection: it is not reused.
+            raise psycopg.OperationalError("the audit write outlasted the storage bound") from None
         found = {row[0]: (_claim_refusal(row[1]), row[2]) for row in rows}
         return [Audited(audit_id, *found[audit_id]) for audit_id in ids]
 

@@ -50,7 +50,7 @@ async def _serve(settings: IngressSettings, database_url: str) -> None:
     try:
         async with open_control_channel(settings.control) as control_channel:
             # One directory for both listeners: their audit rows share group commits.
-            directory = Directory(pool)
+            directory = Directory(pool, settings.storage.statement_timeout_ms / 1000)
             gateway = Gateway(directory, control_channel, settings.trust_domain, settings.storage)
             server, port = await create_server(settings, public_handlers(gateway))
             servers = [server]

@@ -1,0 +1,122 @@
+"""A PostgreSQL backend that stops answering while its kernel still acknowledges (SIGSTOP:
+a hung server process, not a dead node) must not hold ingress's audit writer, nor
+control's reconcile cycle, for ever.
+
+Ingress runs here with one pooled connection. A Worker's call is one audit statement on it;
+the backend behind it is stopped. Without a bound, the batch's writer waits on that
+statement for as long as the backend stays stopped and every later call fails; with it,
+the writer gives up after the statement bound, the connection is closed, and the next
+calls are served on a new connection — while the old backend is still stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import psycopg
+import pytest
+from qinglong.worker.v1 import worker_service_pb2_grpc
+from qinglong_control.db.pool import open_runtime_pool
+from qinglong_control.reconciler import Reconciler, ReconcilerLimits
+from qinglong_protocol.pooling import PoolSizing
+from qinglong_protocol.storage import StorageBounds
+
+from tests.support.postgres import MigratedDatabase
+from tests.support.stack import Stack, running_stack
+from tests.support.worker_steps import open_session
+
+BOUNDS = StorageBounds(1.0)
+#: The statement bound, then psycopg's cancel (5 s) and its wait for the answer (5 s).
+RECOVERY_BOUND_SECONDS = BOUNDS.statement_timeout_ms / 1000 + 10 + 10
+
+
+@pytest.fixture
+async def stack(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    async with running_stack(
+        database_pg18,
+        tmp_path_factory.mktemp("pki"),
+        ingress_pool_size=1,
+        ingress_storage=BOUNDS,
+    ) as running:
+        yield running
+
+
+def backends(database: MigratedDatabase, role: str) -> list[int]:
+    with psycopg.connect(database.urls.migration) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE usename = %s AND datname = current_database()",
+            (role,),
+        ).fetchall()
+    return [pid for (pid,) in rows]
+
+
+async def test_a_stopped_backend_frees_the_audit_writer(stack: Stack) -> None:
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        await open_session(worker, "worker-a")
+        [stopped] = backends(stack.database, "qinglong_ingress")
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            failed: list[str] = []
+            while True:
+                try:
+                    await open_session(worker, "worker-a")
+                    break
+                except grpc.aio.AioRpcError as error:
+                    failed.append(error.code().name)
+                elapsed = time.monotonic() - started
+                assert elapsed < RECOVERY_BOUND_SECONDS, (
+                    f"no call served {elapsed:.0f} s after the backend stopped: {failed}"
+                )
+            recovered_after = time.monotonic() - started
+            async with stack.ingress_pool.connection() as conn:
+                serving = conn.info.backend_pid
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+    print(
+        f"stopped ingress backend: {len(failed)} calls failed "
+        f"({', '.join(sorted(set(failed)))}), served again after {recovered_after:.1f} s "
+        "on a new connection"
+    )
+    assert failed, "the stopped backend was never met"
+    assert set(failed) <= {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
+    assert serving != stopped  # the stopped backend's connection was given up
+
+
+async def test_a_stopped_backend_fails_one_reconcile_cycle_not_all(
+    database_pg18: MigratedDatabase,
+) -> None:
+    pool = await open_runtime_pool(
+        database_pg18.urls.runtime, sizing=PoolSizing(1, 1), bounds=BOUNDS
+    )
+    reconciler = Reconciler(
+        pool, ReconcilerLimits(), page_timeout_seconds=BOUNDS.statement_timeout_ms / 1000
+    )
+    try:
+        await reconciler.cycle()
+        [stopped] = backends(database_pg18, "qinglong_runtime")
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                # The outer bound only ends the test: the cycle must end by itself sooner.
+                await asyncio.wait_for(reconciler.cycle(), RECOVERY_BOUND_SECONDS + 5)
+            failed_after = time.monotonic() - started
+            report = await asyncio.wait_for(reconciler.cycle(), RECOVERY_BOUND_SECONDS)
+            async with pool.connection() as conn:
+                serving = conn.info.backend_pid
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+    finally:
+        await pool.close()
+    print(f"stopped runtime backend: one cycle failed after {failed_after:.1f} s, the next ran")
+    assert failed_after < RECOVERY_BOUND_SECONDS
+    assert report.expired == 0
+    assert serving != stopped
