@@ -69,6 +69,58 @@ async def test_a_retry_that_adds_a_plan_to_a_planless_create_is_a_mismatch(
     assert refused.value.reason is Reason.REPLAY_MISMATCH
 
 
+async def test_a_retry_that_asks_for_something_else_is_a_mismatch(world: World) -> None:
+    # AIP-155: a request id names one request; another body under it is refused and
+    # changes nothing, where it used to answer with what the first call made.
+    task = await definitions.create_task(
+        world.conn, PROJECT, "t", {"team": "a"}, "create-6", OPERATOR.id, PLAN
+    )
+    other_plan = definitions.RevisionPlan("remote_worker", ["deploy", "v2"], 60_000)
+    for retry in (
+        ("renamed", {"team": "a"}, PLAN),
+        ("t", {"team": "b"}, PLAN),
+        ("t", {"team": "a"}, other_plan),
+        ("t", {"team": "a"}, None),
+    ):
+        name, labels, plan = retry
+        with pytest.raises(Refused) as refused:
+            await definitions.create_task(
+                world.conn, PROJECT, name, labels, "create-6", OPERATOR.id, plan
+            )
+        assert refused.value.reason is Reason.REPLAY_MISMATCH, retry
+
+    # A revision's request id, likewise: the same plan replays, another is refused.
+    def revision(plan: definitions.RevisionPlan) -> definitions.NewRevision:
+        return definitions.NewRevision.of(PROJECT, task.task_id, "revise-1", plan)
+
+    second = await definitions.create_revision(world.conn, revision(other_plan), OPERATOR.id)
+    again = await definitions.create_revision(world.conn, revision(other_plan), OPERATOR.id)
+    assert (second.revision_number, again.revision_id) == (2, second.revision_id)
+    with pytest.raises(Refused) as refused:
+        await definitions.create_revision(world.conn, revision(PLAN), OPERATOR.id)
+    assert refused.value.reason is Reason.REPLAY_MISMATCH
+    # And a trigger's: another task, or another revision than the Run pinned.
+    other = await definitions.create_task(
+        world.conn, PROJECT, "u", {}, "create-7", OPERATOR.id, PLAN
+    )
+    run = await runs.trigger_run(
+        world.conn, runs.TriggerRun(PROJECT, task.task_id, 1, "trigger-6"), OPERATOR
+    )
+    for same in (1, None):
+        replayed = await runs.trigger_run(
+            world.conn, runs.TriggerRun(PROJECT, task.task_id, same, "trigger-6"), OPERATOR
+        )
+        assert replayed.run_id == run.run_id
+    for task_id, number in ((other.task_id, None), (task.task_id, 2)):
+        with pytest.raises(Refused) as refused:
+            await runs.trigger_run(
+                world.conn, runs.TriggerRun(PROJECT, task_id, number, "trigger-6"), OPERATOR
+            )
+        assert refused.value.reason is Reason.REPLAY_MISMATCH, (task_id, number)
+    latest = await definitions.get_task(world.conn, PROJECT, task.task_id)
+    assert latest.latest_revision_number == 2
+
+
 async def test_triggering_an_unknown_task_is_task_not_found(world: World) -> None:
     unknown = runs.TriggerRun(PROJECT, uuid.UUID(int=1), None, "trigger-unknown")
     with pytest.raises(Refused) as refused:

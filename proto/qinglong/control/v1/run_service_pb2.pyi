@@ -71,7 +71,8 @@ class TriggerRunRequest(_message.Message):
     """The revision to pin; absent pins the newest revision at trigger time."""
     request_id: _builtins.str
     """AIP-155 idempotency key, scoped to the project: a retry returns the Run
-    the first call created instead of triggering another.
+    the first call created instead of triggering another; reuse for another
+    task, or another revision than the Run pinned, fails REPLAY_MISMATCH.
     """
     def __init__(
         self,

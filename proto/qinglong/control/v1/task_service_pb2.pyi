@@ -246,7 +246,8 @@ class CreateTaskRevisionRequest(_message.Message):
     """The Task to revise."""
     request_id: _builtins.str
     """AIP-155 idempotency key, scoped to the Task: a retry returns the revision
-    the first call created instead of appending another.
+    the first call created instead of appending another; reuse with another plan
+    fails REPLAY_MISMATCH.
     """
     @_builtins.property
     def plan(self) -> _execution_pb2.ExecutionPlan:

@@ -46,6 +46,10 @@ class RevisionView:
     created_at_ms: int
     retry_policy: RetryPolicy = NO_RETRY
 
+    @property
+    def plan(self) -> RevisionPlan:
+        return RevisionPlan(self.executor_type, self.command, self.timeout_ms, self.retry_policy)
+
 
 def _revision_view(**columns: Any) -> RevisionView:
     policy = retry_policy_of(columns)  # pops the policy columns first
@@ -68,8 +72,6 @@ _LOCK_TASK = SQL["definitions.lock_task"]
 
 _EXISTING_REVISION = SQL["definitions.existing_revision"]
 
-_EXISTING_FIRST_REVISION = SQL["definitions.existing_first_revision"]
-
 _INSERT_REVISION = SQL["definitions.insert_revision"]
 
 _GET_REVISION = SQL["definitions.get_revision"]
@@ -83,6 +85,12 @@ class RevisionPlan:
     command: list[str]
     timeout_ms: int | None
     retry_policy: RetryPolicy = NO_RETRY
+
+    @classmethod
+    def of(cls, revision: NewRevision) -> RevisionPlan:
+        return cls(
+            revision.executor_type, revision.command, revision.timeout_ms, revision.retry_policy
+        )
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,8 @@ async def create_task(
 ) -> TaskView:
     """Create a task, and with `first_plan` its revision 1 in the same transaction (a
     refused plan leaves no task behind). A retried request (same project and request id)
-    returns the same task, whose revision 1 is the one the first call created."""
+    returns the same task, whose revision 1 is the one the first call created; a retry
+    that asks for anything else (another name, labels or first plan) is REPLAY_MISMATCH."""
     task_id = uuid.uuid4()
     values = {
         "task_id": task_id,
@@ -158,8 +167,7 @@ async def create_task(
             earlier = await existing.fetchone()
             if earlier is not None:
                 task_id = earlier
-                if first_plan is not None:
-                    await _check_replayed_first_revision(tx, task_id, request_id)
+                await _check_replayed_task(tx, project_id, task_id, values, first_plan)
             elif await project.fetchone() is None:
                 raise Refused(Reason.PROJECT_NOT_FOUND, "no such active project")
             else:
@@ -176,18 +184,37 @@ async def create_task(
     return await get_task(conn, project_id, task_id)
 
 
-async def _check_replayed_first_revision(
-    tx: CommandTx, task_id: uuid.UUID, request_id: str
+async def _check_replayed_task(
+    tx: CommandTx,
+    project_id: str,
+    task_id: uuid.UUID,
+    values: dict[str, Any],
+    first_plan: RevisionPlan | None,
 ) -> None:
-    # The first call created revision 1 under the same request id, unless it carried no
-    # plan: then this retry asks for something the first call did not do.
-    existing = await tx.execute(
-        "revision.existing_first",
-        _EXISTING_FIRST_REVISION,
-        {"task_id": task_id, "request_id": request_id},
+    """A retried CreateTask must ask for what the first call created: the same name and
+    labels, and the same first plan (or none, as the first call had none)."""
+    found = await tx.execute(
+        "task.get", _GET_TASK, {"project_id": project_id, "task_id": task_id},
+        kwargs_row(TaskView),
+    )  # fmt: skip
+    first = await tx.execute(
+        "revision.existing",
+        _EXISTING_REVISION,
+        {"task_id": task_id, "request_id": values["request_id"]},
+        kwargs_row(_revision_view),
     )
-    if await existing.fetchone() is None:
-        raise Refused(Reason.REPLAY_MISMATCH, "request_id created a task without a first revision")
+    task = await found.fetchone()
+    revision = await first.fetchone()
+    assert task is not None  # found by its request id in this transaction
+    same = (
+        task.display_name == values["display_name"]
+        and task.labels == values["labels"].obj
+        and (None if revision is None else revision.plan) == first_plan
+    )
+    if not same:
+        raise Refused(
+            Reason.REPLAY_MISMATCH, "request_id was used for another task or first revision"
+        )
 
 
 async def get_task(conn: AsyncConnection[Any], project_id: str, task_id: uuid.UUID) -> TaskView:
@@ -231,17 +258,26 @@ async def create_revision(
     values = _revision_values(revision, actor)
     async with command_transaction(conn) as tx:
         await tx.execute("lock.task", _LOCK_TASK, (str(revision.task_id),))
-        existing = await tx.execute("revision.existing", _EXISTING_REVISION, values)
-        row = await existing.fetchone()
-        if row is None:
+        existing = await tx.execute(
+            "revision.existing", _EXISTING_REVISION, values, kwargs_row(_revision_view)
+        )
+        earlier = await existing.fetchone()
+        if earlier is not None:
+            if earlier.plan != RevisionPlan.of(revision):
+                raise Refused(
+                    Reason.REPLAY_MISMATCH, "request_id was used for a revision of another plan"
+                )
+            revision_id = earlier.revision_id
+        else:
             try:
                 inserted = await tx.execute("revision.insert", _INSERT_REVISION, values)
                 row = await inserted.fetchone()
             except errors.CheckViolation:
                 raise Refused(Reason.FIELD_INVALID, "plan is out of bounds") from None
-        if row is None:
-            raise Refused(Reason.TASK_NOT_FOUND, "no such task")
-    return await get_revision(conn, revision.project_id, revision.task_id, revision_id=row[0])
+            if row is None:
+                raise Refused(Reason.TASK_NOT_FOUND, "no such task")
+            revision_id = row[0]
+    return await get_revision(conn, revision.project_id, revision.task_id, revision_id=revision_id)
 
 
 async def get_revision(

@@ -80,7 +80,9 @@ class TriggerRun:
 
 
 async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Actor) -> RunView:
-    """Queue a Run of a pinned revision; a retried request returns the same Run."""
+    """Queue a Run of a pinned revision; a retried request returns the same Run, and one
+    that names another task, or another revision than the Run pinned, is REPLAY_MISMATCH
+    (a retry without a revision number matches whichever the first call pinned)."""
     values: dict[str, object] = {
         "run_id": uuid.uuid4(),
         "project_id": command.project_id,
@@ -99,7 +101,12 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
         now_row = await now.fetchone()
         assert now_row is not None
         if earlier is not None:
-            values["run_id"] = earlier[0]
+            run_id, task_id, pinned = earlier
+            if task_id != command.task_id or command.revision_number not in (None, pinned):
+                raise Refused(
+                    Reason.REPLAY_MISMATCH, "request_id triggered a Run of another task or revision"
+                )
+            values["run_id"] = run_id
         else:
             if picked is None:
                 raise Refused(Reason.TASK_NOT_FOUND, "no such task")

@@ -42,13 +42,13 @@ SELECT t.task_id, t.project_id, t.display_name, t.labels,
 SELECT pg_advisory_xact_lock(hashtextextended('qinglong.task:' || %s, 0))
 
 -- name: existing_revision
-SELECT revision_id FROM qinglong.task_revisions
+-- The revision a request id created on this task already, with its plan: a retry must
+-- ask for the same one.
+SELECT revision_id, task_id, project_id, revision_number, executor_type, command, timeout_ms,
+       created_at_ms, retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
+       retry_multiplier_percent, retry_on
+  FROM qinglong.task_revisions
  WHERE task_id = %(task_id)s AND create_request_id = %(request_id)s
-
--- name: existing_first_revision
--- CreateTask's revision: number 1, under the task's own create request id.
-SELECT revision_id FROM qinglong.task_revisions
- WHERE task_id = %(task_id)s AND create_request_id = %(request_id)s AND revision_number = 1
 
 -- name: insert_revision
 INSERT INTO qinglong.task_revisions

@@ -22,8 +22,10 @@ SELECT pg_advisory_xact_lock(
     hashtextextended('qinglong.trigger:' || %(project_id)s || ':' || %(request_id)s, 0))
 
 -- name: existing_trigger
-SELECT run_id FROM qinglong.runs
- WHERE project_id = %(project_id)s AND trigger_request_id = %(request_id)s
+-- The Run a request id triggered already, with what it pinned: a retry must ask for it.
+SELECT r.run_id, r.task_id, tr.revision_number
+  FROM qinglong.runs r JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
+ WHERE r.project_id = %(project_id)s AND r.trigger_request_id = %(request_id)s
 
 -- name: pick_revision
 -- No row: no such task (in this project); a row of NULLs: the task has no such revision.
