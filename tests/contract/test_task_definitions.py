@@ -156,3 +156,16 @@ async def test_events_name_the_principal_who_caused_them(
     )
     events = await runs.list_events(world.conn, PROJECT, by_text.run_id, after_sequence=0, limit=10)
     assert [e.actor_name for e in events] == [None]
+
+
+async def test_run_pages_end_with_an_empty_token(world: World) -> None:
+    # "Token for the next page; empty on the last page", also when the last page is full.
+    made = {await world.queued_run() for _ in range(3)}
+    whole = await runs.list_runs(world.conn, PROJECT, limit=3)
+    assert ({r.run_id for r in whole.runs}, whole.next_cursor) == (made, None)
+    first = await runs.list_runs(world.conn, PROJECT, limit=2)
+    assert len(first.runs) == 2
+    assert first.next_cursor is not None
+    rest = await runs.list_runs(world.conn, PROJECT, limit=2, before=first.next_cursor)
+    assert (len(rest.runs), rest.next_cursor) == (1, None)
+    assert {r.run_id for r in [*first.runs, *rest.runs]} == made

@@ -160,12 +160,14 @@ async def list_runs(
             "states": list(states),
             "before_created": None if before is None else before[0],
             "before_run": None if before is None else before[1],
-            "limit": limit,
+            "limit": limit + 1,  # one more than a page: is there a next one?
         },
     )
     runs = list(await cursor.fetchall())
-    last = runs[-1] if len(runs) == limit else None
-    return RunPage(runs, None if last is None else (last.created_at_ms, last.run_id))
+    if len(runs) <= limit:  # the last page: its token is empty, as the contract says
+        return RunPage(runs, None)
+    page = runs[:limit]
+    return RunPage(page, (page[-1].created_at_ms, page[-1].run_id))
 
 
 async def list_events(
