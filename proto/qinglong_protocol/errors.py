@@ -16,7 +16,7 @@ and must not carry secrets (lease tokens, digests) or internals.
 Servers (grpc.aio)::
 
     status = status_for(ErrorReason.ERROR_REASON_LEASE_EXPIRED, "lease expired")
-    await context.abort_with_status(status)
+    await abort_with(context, status)
 
 A server that decides an answer before it sends it (control's error interceptor, ingress's
 refusals) holds it as a :class:`TypedStatus`.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -175,11 +175,21 @@ def status_for(
     metadata: Mapping[str, str] | None = None,
     field_violations: Iterable[tuple[str, str]] = (),
 ) -> grpc.Status:
-    """A ``grpc.Status`` to pass to ``context.abort_with_status``."""
+    """A ``grpc.Status`` to end a call with (:func:`abort_with`)."""
     status: grpc.Status = rpc_status.to_status(
         rich_status(reason, message, metadata=metadata, field_violations=field_violations)
     )
     return status
+
+
+async def abort_with(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> NoReturn:
+    """End the call with ``status`` (its code, message and the rich details trailer).
+
+    Through ``abort``, not ``abort_with_status``: the OpenTelemetry instrumentation sees
+    only the former, and a call ended by the latter left its server span without the
+    status — every refusal looked like a success in the tracing backend."""
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("abort always raises")
 
 
 @dataclass(frozen=True)
@@ -198,7 +208,7 @@ class TypedStatus:
         return code_for(self.reason)
 
     def status(self) -> grpc.Status:
-        """The ``grpc.Status`` to pass to ``context.abort_with_status``."""
+        """The ``grpc.Status`` to end the call with (:func:`abort_with`)."""
         return status_for(
             self.reason,
             self.message,

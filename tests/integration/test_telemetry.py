@@ -141,6 +141,41 @@ async def test_spans_carry_no_secret(
     assert capability not in exported
 
 
+async def test_a_refused_call_ends_its_server_spans_with_the_status(
+    stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    exporter, _ = telemetry
+    exporter.clear()
+    async with traced_channel(stack, "worker-a") as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        session = await opened_session(worker, "worker-a")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await worker.ClaimOffer(
+                worker_service_pb2.ClaimOfferRequest(
+                    worker_id="worker-a",
+                    session_id=session.session_id,
+                    worker_generation=session.worker_generation,
+                    offer_id=str(uuid.uuid4()),
+                    project_id=PROJECT,
+                    run_id=str(uuid.uuid4()),
+                    lease_token=encode_lease_capability(secrets.token_bytes(32)),
+                )
+            )
+    code = refused.value.code()
+    assert code is grpc.StatusCode.NOT_FOUND
+    spans = list(exporter.get_finished_spans())
+    servers = [
+        span for span in [*_by_name(spans, "/ClaimOffer")] if span.kind == trace.SpanKind.SERVER
+    ]
+    # Ingress's and control's: each records the code it answered (or relayed). (The
+    # span's status stays unset for NOT_FOUND: OpenTelemetry marks a server span ERROR
+    # only for the codes that mean a fault of the server.)
+    assert len(servers) == 2
+    for span in servers:
+        assert span.attributes is not None
+        assert span.attributes.get("rpc.grpc.status_code") == code.value[0], span.name
+
+
 async def test_every_runtime_method_is_timed_in_one_place_unary_and_streaming(
     stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
 ) -> None:

@@ -29,7 +29,7 @@ import psycopg
 from google.protobuf.message import Message
 from opentelemetry import metrics
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
-from qinglong_protocol.errors import TypedStatus, code_for, reason_name
+from qinglong_protocol.errors import TypedStatus, abort_with, code_for, reason_name
 from qinglong_protocol.storage_errors import StorageFailure, Verdict, storage_answer
 
 from qinglong_control import metrics as prometheus
@@ -264,8 +264,7 @@ class _Call:
         self.outcome = reason_name(answer.reason)
         if answer.code is grpc.StatusCode.ABORTED:  # a fence (or assumed state) refused it
             prometheus.FENCE_REJECTIONS.labels(self._method, self.outcome).inc()
-        await context.abort_with_status(answer.status())
-        raise AssertionError("abort_with_status always raises") from error
+        await abort_with(context, answer.status())
 
     def ended(self) -> None:
         # Low-cardinality attributes only: run and attempt ids belong on spans.

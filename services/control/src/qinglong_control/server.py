@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.runtime.v1 import runtime_service_pb2, runtime_service_pb2_grpc
-from qinglong_protocol.errors import status_for
+from qinglong_protocol.errors import abort_with, status_for
 from qinglong_protocol.keepalive import internal_server_options
 from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import mutual_tls_server_credentials, peer_uris
@@ -122,8 +122,9 @@ class AllowedCallerInterceptor(WrappingInterceptor):
         if self._allowed_uris.isdisjoint(uris):
             # Identities are not secrets; logging them makes a misrouted client obvious.
             _log.warning("refused caller %s: not an allowed runtime caller", list(uris))
-            await context.abort_with_status(
-                status_for(ErrorReason.ERROR_REASON_CALLER_NOT_INGRESS, "caller is not allowed")
+            await abort_with(
+                context,
+                status_for(ErrorReason.ERROR_REASON_CALLER_NOT_INGRESS, "caller is not allowed"),
             )
 
 

@@ -41,6 +41,7 @@ from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2
 from qinglong_protocol.errors import (
     APPROVAL_ID,
     TypedStatus,
+    abort_with,
     reason_name,
     rich_status_of,
     status_for,
@@ -156,8 +157,7 @@ class Gateway:
             approval_id: str = held.approval.approval_id
             answer = route.approval_response(approval_id)
             if answer is None:
-                await context.abort_with_status(_approval_required(approval_id))
-                raise AssertionError("abort_with_status always raises")
+                await abort_with(context, _approval_required(approval_id))
             return answer
         call = self._runtime.unary_unary(
             route.runtime_method,
@@ -181,8 +181,7 @@ class Gateway:
     ) -> AsyncIterator[Message]:
         request, admitted = await self._admit(route, received, context)
         if admitted.held:  # a stream is no mutation to execute later: nothing is held
-            await context.abort_with_status(_APPROVAL_REQUIRED.status())
-            raise AssertionError("abort_with_status always raises")
+            await abort_with(context, _APPROVAL_REQUIRED.status())
         call = self._runtime.unary_stream(
             route.runtime_method,
             request_serializer=_serialize,
@@ -229,8 +228,7 @@ class Gateway:
         except Refusal as unaudited:  # the audit itself failed
             decision = unaudited
         if isinstance(decision, Refusal):
-            await context.abort_with_status(decision.answer.status())
-            raise AssertionError("abort_with_status always raises") from decision
+            await abort_with(context, decision.answer.status())
         held = decision is Verdict.REQUIRE_APPROVAL
         return call.request, Admitted(call.caller, call.binding, audit_id, call.tls_version, held)
 
@@ -426,13 +424,13 @@ async def _relay(context: Context, error: grpc.aio.AioRpcError) -> None:
     UNAVAILABLE with a reason the caller can act on (retry)."""
     rich = rich_status_of(error)
     if rich is not None:
-        await context.abort_with_status(rpc_status.to_status(rich))
+        await abort_with(context, rpc_status.to_status(rich))
     if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         code = error.code()
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             await context.abort(code, "deadline exceeded")
-        await context.abort_with_status(
-            status_for(ErrorReason.ERROR_REASON_RUNTIME_UNAVAILABLE, "runtime unavailable")
+        await abort_with(
+            context, status_for(ErrorReason.ERROR_REASON_RUNTIME_UNAVAILABLE, "runtime unavailable")
         )
     # A status without details (e.g. UNIMPLEMENTED from a base servicer): same code,
     # a generic message (details of an internal hop are not the caller's business).

@@ -13,7 +13,7 @@ import grpc
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
-from qinglong_protocol.errors import status_for
+from qinglong_protocol.errors import abort_with, status_for
 from qinglong_protocol.metrics import outcome_of_code
 
 from qinglong_ingress.gateway import Gateway
@@ -54,7 +54,7 @@ async def _internal(context: Context, error: Exception) -> None:
     """An unexpected fault leaves as a generic INTERNAL: grpc.aio would otherwise send
     the exception's text (hosts, roles, SQL) to the caller as UNKNOWN."""
     _log.error("internal error in ingress", exc_info=error)
-    await context.abort_with_status(status_for(ErrorReason.ERROR_REASON_INTERNAL, "internal error"))
+    await abort_with(context, status_for(ErrorReason.ERROR_REASON_INTERNAL, "internal error"))
 
 
 def _timed(route: Route, context: Context, started: float, cancelled: bool = False) -> None:
