@@ -67,8 +67,11 @@ class Control:
 async def control(
     database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Control]:
-    """Two replicas on one database: one with the admin pool, one without."""
+    """Two replicas on one database: one with the admin pool, one without; ROOT is an
+    active cluster admin there (control checks the caller ingress vouched for)."""
     enroll(database_pg18, WORKER)
+    with psycopg.connect(database_pg18.urls.migration, autocommit=True) as conn:
+        enroll_user(conn, ROOT.principal_id, "root")
     pki = ensure_dev_pki(tmp_path_factory.mktemp("pki"))
     runtime = await open_runtime_pool(database_pg18.urls.runtime, sizing=PoolSizing(1, 4))
     admin_pool = await open_admin_pool(database_pg18.urls.admin)
@@ -281,7 +284,7 @@ async def test_projects_principals_tokens_and_roles_over_mtls(
             )
         )
     ).response.principals
-    assert [p.name for p in everyone] == ["alice"]
+    assert [p.name for p in everyone] == ["root", "alice"]  # root: the fixture's admin
     archived = (
         await stub.DisableProject(
             rt.DisableProjectRequest(
@@ -457,6 +460,55 @@ async def test_only_an_operator_envelope_is_administered(control: Control) -> No
             )
         )
         assert error_reason_of(refused) == "FIELD_INVALID"
+
+
+async def test_control_checks_the_cluster_admin_ingress_vouched_for(control: Control) -> None:
+    # Disabled after ingress admitted the call, an agent an earlier version made an
+    # admin, a principal that is no admin at all: control refuses each, nothing is read.
+    with psycopg.connect(control.database.urls.migration, autocommit=True) as conn:
+        disabled = enroll_user(conn, str(uuid.uuid4()), "gone")
+        conn.execute(
+            "UPDATE qinglong.principals SET status = 'disabled' WHERE principal_id = %s",
+            (disabled,),
+        )
+        agent = enroll_user(conn, str(uuid.uuid4()), "bot-admin", kind="agent")
+        plain = str(uuid.uuid4())
+        conn.execute(
+            "INSERT INTO qinglong.principals (principal_id, kind, name) VALUES (%s, 'user', 'p')",
+            (plain,),
+        )
+    for principal_id, kind in (
+        (disabled, caller_pb2.PRINCIPAL_KIND_USER),
+        (agent, caller_pb2.PRINCIPAL_KIND_AGENT),
+        (plain, caller_pb2.PRINCIPAL_KIND_USER),
+    ):
+        caller = caller_pb2.Caller(principal_kind=kind, principal_id=principal_id)
+        refused = await failure(
+            control.stub.ListProjects(
+                rt.ListProjectsRequest(caller=caller, request=api.ListProjectsRequest())
+            )
+        )
+        assert (refused.code(), error_reason_of(refused)) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "PERMISSION_DENIED",
+        ), principal_id
+    allowed = await control.stub.ListProjects(
+        rt.ListProjectsRequest(caller=ROOT, request=api.ListProjectsRequest())
+    )
+    assert PROJECT in [p.project_id for p in allowed.response.projects]
+
+
+def enroll_user(
+    conn: psycopg.Connection[tuple[object, ...]], principal_id: str, name: str, kind: str = "user"
+) -> str:
+    """A cluster admin of ``kind`` with a fixed id (an agent only as an earlier version
+    could write one)."""
+    conn.execute(
+        "INSERT INTO qinglong.principals (principal_id, kind, name) VALUES (%s, %s, %s)",
+        (principal_id, kind, name),
+    )
+    conn.execute("INSERT INTO qinglong.cluster_admins (principal_id) VALUES (%s)", (principal_id,))
+    return principal_id
 
 
 # --- bootstrap-admin, as a process ------------------------------------------------------

@@ -41,8 +41,8 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
 
     @asynccontextmanager
     async def _admin(self, caller: caller_pb2.Caller) -> AsyncIterator[AsyncConnection[Any]]:
-        """An admin-role connection for a call from a cluster admin."""
-        admin_wire.admin_of(caller)
+        """An admin-role connection for a call from a cluster admin, checked again."""
+        principal_id = admin_wire.admin_of(caller)
         if self._admin_pool is None:
             raise Refused(
                 Reason.STORAGE_UNAVAILABLE,
@@ -50,6 +50,7 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 " (no --admin-database-url)",
             )
         async with self._admin_pool.connection() as conn:
+            await admin.check_cluster_admin(conn, principal_id)
             yield conn
 
     # --- projects ---------------------------------------------------------------------

@@ -46,11 +46,12 @@ ROLE_VALUES = {name: value for value, name in ROLES.items()}
 Row = TypeVar("Row")
 
 
-def admin_of(caller: caller_pb2.Caller) -> None:
-    """Refuse unless the caller is an operator principal with a principal id (ingress
-    admitted it as a cluster admin; control checks the envelope's shape)."""
+def admin_of(caller: caller_pb2.Caller) -> uuid.UUID:
+    """The caller's principal id, unless the envelope is not an operator principal's with
+    one (ingress admitted it as a cluster admin; control checks that again, in the
+    database)."""
     wire.operator_of(caller)
-    wire.caller_principal_id(caller)
+    return wire.caller_principal_id(caller)
 
 
 # --- requests ----------------------------------------------------------------------------

@@ -74,6 +74,7 @@ _LOCK_PRINCIPAL = SQL["admin.lock_principal"]
 _INSERT_PRINCIPAL = SQL["admin.insert_principal"]
 _INSERT_CLUSTER_ADMIN = SQL["admin.insert_cluster_admin"]
 _ACTIVE_CLUSTER_ADMIN = SQL["admin.active_cluster_admin"]
+_CALLER_IS_CLUSTER_ADMIN = SQL["admin.caller_is_cluster_admin"]
 _LIST_PRINCIPALS = SQL["admin.list_principals"]
 _DISABLE_PRINCIPAL = SQL["admin.disable_principal"]
 _TOKEN = SQL["admin.token"]
@@ -182,6 +183,15 @@ async def disable_project(conn: AsyncConnection[Any], project_id: str) -> Projec
 
 
 # --- principals ------------------------------------------------------------------------
+
+
+async def check_cluster_admin(conn: AsyncConnection[Any], principal_id: uuid.UUID) -> None:
+    """Refuse a caller that is no longer an active user cluster admin: disabled, or its
+    grant gone, since ingress admitted the call (ingress is not taken on trust)."""
+    found = await conn.execute(_CALLER_IS_CLUSTER_ADMIN, (principal_id,))
+    row = await found.fetchone()
+    if row is None or not row[0]:
+        raise Refused(Reason.PERMISSION_DENIED, "the caller is not an active cluster admin")
 
 
 async def create_principal(

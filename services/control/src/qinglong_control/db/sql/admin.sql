@@ -75,7 +75,13 @@ INSERT INTO qinglong.cluster_admins (principal_id, granted_at_ms) VALUES (%(prin
 -- name: active_cluster_admin
 SELECT EXISTS (SELECT 1 FROM qinglong.cluster_admins c
                  JOIN qinglong.principals p ON p.principal_id = c.principal_id
-                WHERE p.status = 'active')
+                WHERE p.status = 'active' AND p.kind = 'user')
+
+-- name: caller_is_cluster_admin
+-- The caller ingress admitted, as it is now: still an active user cluster admin.
+SELECT EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                 JOIN qinglong.principals p ON p.principal_id = c.principal_id
+                WHERE c.principal_id = %s AND p.status = 'active' AND p.kind = 'user')
 
 -- name: list_principals
 -- Oldest first, keyset-paginated by (created_at_ms, principal_id); service principals
