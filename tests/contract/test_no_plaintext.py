@@ -259,7 +259,7 @@ async def test_no_capability_plaintext_in_any_table_event_or_wire_message(
     secret_digests = {secret.digest for secret in flow.secrets} | {CALLBACK_DIGEST}
     event_count = 0
     for work in works:
-        events = await runs.list_events(
+        events, _ = await runs.list_events(
             world.conn, PROJECT, work.fence.run_id, after_sequence=0, limit=100
         )
         event_count += len(events)

@@ -146,7 +146,7 @@ async def test_events_name_the_principal_who_caused_them(
         runs.TriggerRun(PROJECT, task.task_id, None, "trigger-named"),
         Actor("user", str(alice)),
     )
-    events = await runs.list_events(
+    events, _ = await runs.list_events(
         world.conn, PROJECT, by_principal.run_id, after_sequence=0, limit=10
     )
     assert [(e.actor_id, e.actor_name) for e in events] == [(str(alice), "alice")]
@@ -154,7 +154,9 @@ async def test_events_name_the_principal_who_caused_them(
     by_text = await runs.trigger_run(
         world.conn, runs.TriggerRun(PROJECT, task.task_id, None, "trigger-bare"), OPERATOR
     )
-    events = await runs.list_events(world.conn, PROJECT, by_text.run_id, after_sequence=0, limit=10)
+    events, _ = await runs.list_events(
+        world.conn, PROJECT, by_text.run_id, after_sequence=0, limit=10
+    )
     assert [e.actor_name for e in events] == [None]
 
 

@@ -489,12 +489,21 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
         project_id = public.project_id
         run_id = uuid.UUID(public.run_id)
         after = public.after_sequence
+        run: runs.RunView | None = None
         while True:
             async with self._pool.connection() as conn:
-                events = await runs.list_events(
-                    conn, project_id, run_id, after_sequence=after, limit=bounds.PAGE_SIZE_MAX
-                )
-                run = await runs.get_run(conn, project_id, run_id)
+                if run is None:
+                    events, run = await runs.list_events(
+                        conn, project_id, run_id, after_sequence=after, limit=bounds.PAGE_SIZE_MAX
+                    )
+                else:
+                    # A Run ends with an Event: with none new, it has not ended since the
+                    # last read, so an idle poll is one statement.
+                    events = await runs.events_after(
+                        conn, project_id, run_id, after_sequence=after, limit=bounds.PAGE_SIZE_MAX
+                    )
+                    if events:
+                        run = await runs.get_run(conn, project_id, run_id)
             for event in events:
                 yield rt.WatchRunEventsResponse(
                     response=run_service_pb2.WatchRunEventsResponse(event=wire.event(event))
@@ -512,10 +521,9 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
         project_id = public.project_id
         run_id = uuid.UUID(public.run_id)
         async with self._pool.connection() as conn:
-            events = await runs.list_events(
+            events, run = await runs.list_events(
                 conn, project_id, run_id, after_sequence=public.after_sequence, limit=limit
             )
-            run = await runs.get_run(conn, project_id, run_id)
         last = events[-1].sequence if events else public.after_sequence
         return rt.ListRunEventsResponse(
             response=run_service_pb2.ListRunEventsResponse(

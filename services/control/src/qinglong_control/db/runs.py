@@ -177,8 +177,25 @@ async def list_events(
     *,
     after_sequence: int,
     limit: int,
+) -> tuple[list[EventView], RunView]:
+    """A page of the Run's Events after ``after_sequence``, then the Run as it is now
+    (RUN_NOT_FOUND for another project's or a missing one). The Run is read second: when
+    it reads as ended, its last Event is among these or after them, never skipped."""
+    events = await events_after(
+        conn, project_id, run_id, after_sequence=after_sequence, limit=limit
+    )
+    return events, await get_run(conn, project_id, run_id)
+
+
+async def events_after(
+    conn: AsyncConnection[Any],
+    project_id: str,
+    run_id: uuid.UUID,
+    *,
+    after_sequence: int,
+    limit: int,
 ) -> list[EventView]:
-    await get_run(conn, project_id, run_id)
+    """The Events alone (none for another project's Run): one statement."""
     cursor = conn.cursor(row_factory=kwargs_row(EventView))
     await cursor.execute(
         _LIST_EVENTS,
