@@ -386,7 +386,9 @@ class CancelRunRequest(_message.Message):
     """The Run to cancel."""
     mutation_id: _builtins.str
     """Caller-chosen id of this mutation, recorded in the audit row and the
-    Event; a retry with the same id is an exact replay.
+    Event. A retry (with this id or another) changes nothing more: the first
+    cancel that commits answers ACCEPTED, every later one ALREADY_REQUESTED, or
+    ALREADY_TERMINAL once the Run has ended (R-CAN-6).
     """
     def __init__(
         self,
