@@ -113,39 +113,12 @@ async def test_one_trace_from_worker_to_database(
     assert all(set(attributes) == {"rpc.method", "outcome"} for attributes in recorded)
 
 
-async def test_spans_carry_no_secret(
+async def test_a_refused_calls_spans_carry_its_code_and_no_secret(
     stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
 ) -> None:
     exporter, _ = telemetry
     exporter.clear()
     capability = encode_lease_capability(secrets.token_bytes(32))
-    async with traced_channel(stack, "worker-a") as channel:
-        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        session = await opened_session(worker, "worker-a")
-        with pytest.raises(grpc.aio.AioRpcError):
-            await worker.ClaimOffer(
-                worker_service_pb2.ClaimOfferRequest(
-                    worker_id="worker-a",
-                    session_id=session.session_id,
-                    worker_generation=session.worker_generation,
-                    offer_id=str(uuid.uuid4()),
-                    project_id=PROJECT,
-                    run_id=str(uuid.uuid4()),
-                    lease_token=capability,
-                )
-            )
-    exported = repr(
-        [(s.name, s.attributes, s.events, s.status) for s in exporter.get_finished_spans()]
-    )
-    assert "ClaimOffer" in exported
-    assert capability not in exported
-
-
-async def test_a_refused_call_ends_its_server_spans_with_the_status(
-    stack: Stack, telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader]
-) -> None:
-    exporter, _ = telemetry
-    exporter.clear()
     async with traced_channel(stack, "worker-a") as channel:
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
         session = await opened_session(worker, "worker-a")
@@ -158,14 +131,17 @@ async def test_a_refused_call_ends_its_server_spans_with_the_status(
                     offer_id=str(uuid.uuid4()),
                     project_id=PROJECT,
                     run_id=str(uuid.uuid4()),
-                    lease_token=encode_lease_capability(secrets.token_bytes(32)),
+                    lease_token=capability,
                 )
             )
+    spans = list(exporter.get_finished_spans())
+    exported = repr([(s.name, s.attributes, s.events, s.status) for s in spans])
+    assert "ClaimOffer" in exported
+    assert capability not in exported
     code = refused.value.code()
     assert code is grpc.StatusCode.NOT_FOUND
-    spans = list(exporter.get_finished_spans())
     servers = [
-        span for span in [*_by_name(spans, "/ClaimOffer")] if span.kind == trace.SpanKind.SERVER
+        span for span in _by_name(spans, "/ClaimOffer") if span.kind == trace.SpanKind.SERVER
     ]
     # Ingress's and control's: each records the code it answered (or relayed). (The
     # span's status stays unset for NOT_FOUND: OpenTelemetry marks a server span ERROR

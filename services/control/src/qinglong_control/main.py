@@ -28,7 +28,7 @@ from qinglong_control.db.schema_version import SchemaBehind, require_schema
 from qinglong_control.issuing import IssuingAuthority
 from qinglong_control.metrics import RECONCILE_KINDS
 from qinglong_control.migrate_command import migrate_main
-from qinglong_control.reconciler import Reconciler, ReconcilerLimits
+from qinglong_control.reconciler import PAGE_TIMEOUT_STATEMENTS, Reconciler, ReconcilerLimits
 from qinglong_control.server import create_server
 from qinglong_control.servicer import RuntimeServicer
 from qinglong_control.settings import (
@@ -107,7 +107,9 @@ async def _serve(
             timings,
             settings.output_retention,
             audit_retention=settings.audit_retention,
-            page_timeout_seconds=settings.storage.statement_timeout_ms / 1000,
+            page_timeout_seconds=PAGE_TIMEOUT_STATEMENTS
+            * settings.storage.statement_timeout_ms
+            / 1000,
         )
         cadence = asyncio.create_task(
             drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"

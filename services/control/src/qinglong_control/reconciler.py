@@ -58,6 +58,11 @@ class CycleReport:
 Page = TypeVar("Page")
 
 
+#: A page of work may hold many short transactions one after another (lease expiry: one
+#: per lease), so it may take this many statement bounds before it counts as hung.
+PAGE_TIMEOUT_STATEMENTS = 6
+
+
 class Reconciler:
     def __init__(
         self,
@@ -72,7 +77,8 @@ class Reconciler:
         """``page_timeout_seconds`` bounds each page of work: a server that stopped
         answering (a hung backend, its kernel still acknowledging) would otherwise hold the
         cycle, and so every later one of this replica, for ever; the page is cancelled,
-        its connection closed, and the next cycle starts on another."""
+        its connection closed, and the next cycle starts on another. The service gives
+        :data:`PAGE_TIMEOUT_STATEMENTS` statement bounds."""
         self._pool = pool
         self._page_timeout = page_timeout_seconds
         self._limits = limits

@@ -200,7 +200,7 @@ async def _check_replayed_task(
     first = await tx.execute(
         "revision.existing",
         _EXISTING_REVISION,
-        {"task_id": task_id, "request_id": values["request_id"]},
+        {"project_id": project_id, "task_id": task_id, "request_id": values["request_id"]},
         kwargs_row(_revision_view),
     )
     task = await found.fetchone()

@@ -48,7 +48,8 @@ SELECT revision_id, task_id, project_id, revision_number, executor_type, command
        created_at_ms, retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
        retry_multiplier_percent, retry_on
   FROM qinglong.task_revisions
- WHERE task_id = %(task_id)s AND create_request_id = %(request_id)s
+ WHERE project_id = %(project_id)s AND task_id = %(task_id)s
+   AND create_request_id = %(request_id)s
 
 -- name: insert_revision
 INSERT INTO qinglong.task_revisions
