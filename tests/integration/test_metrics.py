@@ -11,11 +11,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb2_grpc
 from qinglong_protocol.metrics import MetricsEndpoint, MetricsServer, serve_metrics
 
 from tests.support.calls import opened_session
 from tests.support.stack import Stack
+from tests.support.worker_steps import running_attempt
 
 
 @pytest.fixture
@@ -89,6 +90,34 @@ async def test_a_fence_refusal_is_counted_by_method_and_reason(
                 "pool",
                 "kind",
                 "phase",
+                "state",
                 "le",
             }
             assert all(session_id not in value for _, value in labels)
+
+
+async def test_a_completion_is_counted_once_though_its_report_is_replayed(
+    stack: Stack, endpoint: MetricsServer
+) -> None:
+    # The dashboard's "attempts completed": a Worker that lost the first answer sends the
+    # same report again, and the Attempt ended once.
+    before = samples(endpoint)
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        fence = await running_attempt(stack, worker)
+        report = worker_service_pb2.CompleteAttemptRequest(
+            fence=fence,
+            callback_sequence=1,
+            outcome=worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED,
+            exit_code=0,
+        )
+        first = await worker.CompleteAttempt(report)
+        again = await worker.CompleteAttempt(report)
+    assert (first.outcome, again.outcome) == (
+        worker_pb2.COMPLETION_OUTCOME_COMPLETED,
+        worker_pb2.COMPLETION_OUTCOME_ALREADY_COMPLETED,
+    )
+    after = samples(endpoint)
+    name = "qinglong_control_attempts_completed_total"
+    grew = _value(after, name, state="succeeded") - _value(before, name, state="succeeded")
+    assert grew == 1

@@ -2,7 +2,7 @@
 
 Labels: ``method`` (a RuntimeService method name), ``outcome`` (``ok``, an ErrorReason
 name, ``aborted`` or ``cancelled``), ``reason`` (an ErrorReason name), ``kind`` (what a
-reconcile cycle did). Never an id.
+reconcile cycle did), ``state`` (an Attempt's end state). Never an id.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ RECONCILE_WORK: Final = Histogram(
     " retries scheduled or exhausted, requeued runs, pages read)",
     ["kind"],
     buckets=COUNT_BUCKETS,
+)
+ATTEMPTS_COMPLETED: Final = Counter(
+    "qinglong_control_attempts_completed",
+    "Attempts their Worker reported ended (CompleteAttempt; a replayed report is not"
+    " counted again), by the Attempt's state",
+    ["state"],
 )
 OUTPUT_BYTES_STORED: Final = Counter(
     "qinglong_control_output_bytes_stored",

@@ -27,6 +27,7 @@ from qinglong.worker.v1 import worker_pb2, worker_service_pb2
 from qinglong_protocol import bounds
 from qinglong_protocol.identities import DEFAULT_TRUST_DOMAIN
 
+from qinglong_control import metrics as prometheus
 from qinglong_control import wire
 from qinglong_control.admin_servicer import AdminMethods
 from qinglong_control.approval_servicer import ApprovalMethods
@@ -303,6 +304,8 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
         )
         async with self._pool.connection() as conn:
             decision = await lease_control.complete_attempt(conn, fence, report)
+        if not decision.replayed:
+            prometheus.ATTEMPTS_COMPLETED.labels(decision.attempt_state.value).inc()
         return rt.CompleteAttemptResponse(
             response=worker_service_pb2.CompleteAttemptResponse(
                 outcome=worker_pb2.COMPLETION_OUTCOME_ALREADY_COMPLETED
