@@ -28,7 +28,7 @@ from tests.support.worker_process import WorkerProcess
 
 RUN_TIMEOUT_SECONDS = 60.0
 _ENDPOINT = re.compile(r"metrics on http://[^ ]+:(\d+)/metrics")
-_ALLOWED_LABELS = {"method", "outcome", "reason", "pool", "phase", "kind", "le"}
+_ALLOWED_LABELS = {"method", "outcome", "reason", "pool", "phase", "kind", "state", "le"}
 #: Anything that looks like an id: a UUID, or a long run of hex/base64 characters.
 _ID_LIKE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[A-Za-z0-9_\-]{32,}"
@@ -40,6 +40,7 @@ CONTROL_METRICS = {
     "qinglong_control_reconcile_cycle_seconds",  # convergence/expiry cycle
     "qinglong_control_reconcile_work",  # work per cycle, by kind
     "qinglong_control_output_bytes_stored",  # Run output (R-OPS-1)
+    "qinglong_control_attempts_completed",  # by end state, each Attempt once
     "qinglong_pool_connections",  # pool usage
     "qinglong_pool_connections_idle",
     "qinglong_pool_connections_max",
@@ -168,6 +169,8 @@ def test_every_listed_metric_after_a_run(stack: DevStack, tmp_path: Path) -> Non
         assert set(control_metrics) >= CONTROL_METRICS, sorted(control_metrics)
         runtime = control_metrics["qinglong_control_call_duration_seconds"]
         assert _count(runtime, method="AcknowledgeRunning", outcome="ok") >= 1
+        completed = control_metrics["qinglong_control_attempts_completed"]
+        assert [s.value for s in completed.samples if s.name.endswith("_total")] == [1.0]
         work = control_metrics["qinglong_control_reconcile_work"]
         assert {s.labels["kind"] for s in work.samples} >= {"expired", "converged", "requeued"}
         pools = {s.labels["pool"] for s in control_metrics["qinglong_pool_connections"].samples}
