@@ -8,9 +8,10 @@ or not anyone scrapes, and nothing at all of the OpenTelemetry SDK (telemetry.py
 installs that only for an OTLP exporter). What is only read at scrape time — the
 connection pools' statistics — costs nothing between scrapes.
 
-Labels are low-cardinality by construction: a method name, an outcome (``ok``, an
-ErrorReason name, or a gRPC code name), a reason, a pool name, a phase or a kind —
-never a run, attempt, offer, session or worker id, and never a token. Every metric is
+Labels are low-cardinality by construction, and only those of :data:`LABELS`: a method
+name, an outcome (``ok``, an ErrorReason name, or a gRPC code name), a reason, a pool
+name, a phase, a kind or an Attempt's end state — never a run, attempt, offer, session
+or worker id, and never a token. Every metric is
 named ``qinglong_*``; the list, with the labels and what each is for, is in
 docs/observability.md.
 
@@ -36,6 +37,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 _log = logging.getLogger(__name__)
+
+#: Every label a QingLong metric may carry (``le``: a histogram bucket's bound); the
+#: tests check each scrape against it.
+LABELS: Final = frozenset({"method", "outcome", "reason", "pool", "phase", "kind", "state", "le"})
 
 #: Seconds, for gRPC calls and commits: half a millisecond (a warm loopback call) up to
 #: half a minute (a forwarded call's default deadline).

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from qinglong.rpc.v1 import lifecycle_pb2
+from qinglong_protocol.metrics import LABELS
 
 from tests.support.devstack_process import DevStack, dev_stack
 from tests.support.operator_client import OperatorClient
@@ -28,7 +29,6 @@ from tests.support.worker_process import WorkerProcess
 
 RUN_TIMEOUT_SECONDS = 60.0
 _ENDPOINT = re.compile(r"metrics on http://[^ ]+:(\d+)/metrics")
-_ALLOWED_LABELS = {"method", "outcome", "reason", "pool", "phase", "kind", "state", "le"}
 #: Anything that looks like an id: a UUID, or a long run of hex/base64 characters.
 _ID_LIKE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[A-Za-z0-9_\-]{32,}"
@@ -114,7 +114,7 @@ def _assert_low_cardinality(families: dict[str, Metric]) -> None:
         if not name.startswith("qinglong_"):
             continue
         for sample in family.samples:
-            assert set(sample.labels) <= _ALLOWED_LABELS, (name, sample.labels)
+            assert set(sample.labels) <= LABELS, (name, sample.labels)
             for value in sample.labels.values():
                 assert not _ID_LIKE.search(value), (name, sample.labels)
 

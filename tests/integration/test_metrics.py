@@ -12,7 +12,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb2_grpc
-from qinglong_protocol.metrics import MetricsEndpoint, MetricsServer, serve_metrics
+from qinglong_protocol.metrics import LABELS, MetricsEndpoint, MetricsServer, serve_metrics
 
 from tests.support.calls import opened_session
 from tests.support.stack import Stack
@@ -83,16 +83,7 @@ async def test_a_fence_refusal_is_counted_by_method_and_reason(
     session_id = session.session_id
     for name, labels in after:
         if name.startswith("qinglong_"):
-            assert {key for key, _ in labels} <= {
-                "method",
-                "outcome",
-                "reason",
-                "pool",
-                "kind",
-                "phase",
-                "state",
-                "le",
-            }
+            assert {key for key, _ in labels} <= LABELS
             assert all(session_id not in value for _, value in labels)
 
 
