@@ -397,11 +397,11 @@ async def test_concurrent_worker_calls_share_statements(
         f"\n{calls} concurrent Worker calls: {queued} queued behind the writers, "
         f"{trace.round_trips} round trips, {written} rows"
     )
-    # Every call reached the batcher while the writers were held: the two writers hold
-    # what they took (a row or a few, however the calls happened to arrive), and the rest
-    # wait to form the next batch.
+    # Every call reached the batcher while the writers were held. How the burst splits
+    # between the two writers' first batches and the queue behind them depends on when
+    # the event loop ran the second writer (one fresh-clone run: 34 taken, 14 queued), so
+    # only the statements are counted: 48 calls, a handful of statements.
     assert arrived == calls
-    assert queued >= calls // 2
     assert written == calls
     # The two writers' first statements, then the rest together (psycopg may prepare
     # the statement on its way: one more).
