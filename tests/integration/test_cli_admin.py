@@ -6,12 +6,14 @@ with their code and reason and documented exit codes — never a traceback."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from qinglong_cli.ingress_client import ADMIN_TOKEN, OperatorContext
+from qinglong_control.db.identities import grant_cluster_admin
 
 from tests.support.cli import Outcome, qinglong
 from tests.support.stack import PROJECT, Stack
@@ -184,10 +186,7 @@ async def test_an_agent_listed_as_cluster_admin_is_refused(
     # refuses the Agent's AdminService calls whatever cluster_admins says.
     bot = await cli.item("agent", "create", "old-bot")
     with psycopg.connect(stack.database.urls.migration, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO qinglong.cluster_admins (principal_id, granted_at_ms) VALUES (%s, 0)",
-            (bot["principalId"],),
-        )
+        grant_cluster_admin(conn, uuid.UUID(bot["principalId"]))
     issued = await cli.ok("token", "issue", "old-bot", "--output", "json")
     token_file = _secret_file(tmp_path / "bot.token", json.loads(issued.out)["token"])
     refused = await cli.admin("user", "create", "bot-made", "--token-file", str(token_file))

@@ -32,6 +32,7 @@ from qinglong.rpc.v1 import execution_pb2
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2
 from qinglong_cli.pki import ensure_dev_pki, service_uri
+from qinglong_control.db.identities import grant_cluster_admin
 from qinglong_control.db.pool import open_admin_pool, open_runtime_pool
 from qinglong_control.domain.timings import Timings
 from qinglong_control.server import create_server
@@ -507,7 +508,7 @@ def enroll_user(
         "INSERT INTO qinglong.principals (principal_id, kind, name) VALUES (%s, %s, %s)",
         (principal_id, kind, name),
     )
-    conn.execute("INSERT INTO qinglong.cluster_admins (principal_id) VALUES (%s)", (principal_id,))
+    grant_cluster_admin(conn, uuid.UUID(principal_id))
     return principal_id
 
 

@@ -13,20 +13,17 @@ import contextlib
 
 class TcpRelay:
     def __init__(self, upstream: str = "") -> None:
-        self._upstream = ("", 0)
+        self._upstream = _host_and_port(upstream) if upstream else ("", 0)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._silenced: set[asyncio.StreamWriter] = set()
         self.connections = 0
-        if upstream:
-            self.towards(upstream)
 
     def towards(self, upstream: str) -> str:
         """Relays new connections to ``upstream`` (``host:port``); returns this relay's
-        own address, for a client to dial instead."""
-        host, _, port = upstream.rpartition(":")
-        self._upstream = (host, int(port))
-        return self.address if self._server is not None else ""
+        own address (it must be listening), for a client to dial instead."""
+        self._upstream = _host_and_port(upstream)
+        return self.address
 
     @property
     def address(self) -> str:
@@ -87,3 +84,8 @@ class TcpRelay:
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()  # one side ended: so does the other
+
+
+def _host_and_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)

@@ -30,6 +30,7 @@ from qinglong_worker.process import (
     read_start_ticks,
     timing_environment,
 )
+from qinglong_worker.supervisor import status_file_name
 
 from tests.support.polling import wait_until
 
@@ -349,7 +350,7 @@ def test_an_exit_status_survives_the_worker_that_spawned_it(status_dir: Path, co
     restarted = ProcessController(status_dir=status_dir)
     assert restarted.poll(identity) is None, "the supervisor outlived its Worker"
     assert _poll_until_ended(restarted, identity) == ExitStatus(code, None)
-    status_file = status_dir / f"{identity.pid}-{identity.start_ticks}.json"
+    status_file = status_dir / status_file_name(identity.pid, identity.start_ticks)
     assert status_file.stat().st_mode & 0o777 == 0o600
     restarted.release(identity)
     assert not status_file.exists(), "released once the inbox holds the status"
@@ -473,7 +474,7 @@ def test_a_status_that_cannot_be_read_is_unobserved_not_a_kill(
     status_dir = controller.status_dir
     assert status_dir is not None
     identity = controller.spawn(["sleep", "0.3"], timeout_ms=None, deadline_unix_ms=None)
-    status_file = status_dir / f"{identity.pid}-{identity.start_ticks}.json"
+    status_file = status_dir / status_file_name(identity.pid, identity.start_ticks)
     assert wait_until(status_file.exists, 10), "the supervisor wrote no status"
     status_file.write_text("{broken")
     # Polled through the Worker that spawned it: the supervisor's own exit, a SIGKILL of

@@ -216,7 +216,7 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 worker_uri(self._trust_domain, worker_id),
                 admin_wire.optional(public, "join_token_ttl_seconds"),
                 # An empty list is every project here: CreateWorker's documented default.
-                worker_scope(public.project_ids, all_projects=not public.project_ids),
+                tuple(public.project_ids) or None,
             )
         return rt.CreateWorkerResponse(
             response=admin_api.CreateWorkerResponse(

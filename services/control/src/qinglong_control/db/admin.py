@@ -97,6 +97,7 @@ _DISABLE_WORKER = SQL["admin.disable_worker"]
 _FLEET = SQL["admin.fleet"]
 _INACTIVE_PROJECTS = SQL["admin.inactive_projects"]
 _SET_WORKER_PROJECTS = SQL["admin.set_worker_projects"]
+_WORKER_EXISTS = SQL["admin.worker_exists"]
 _LIST_AUDIT = SQL["admin.list_audit"]
 _DB_NOW = SQL["clock.db_now"]
 
@@ -484,9 +485,6 @@ async def create_worker(
         taken = await tx.execute(
             "worker.taken", _WORKER_TAKEN, {"worker_id": worker_id}, scalar_row
         )
-        inactive = await tx.execute(
-            "projects.inactive", _INACTIVE_PROJECTS, (list(projects or ()),), scalar_row
-        )
         now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
         earlier: str | None = replay_or_new(
             await by_request.fetchone(),
@@ -501,7 +499,7 @@ async def create_worker(
                 "join_token.first", _FIRST_JOIN_TOKEN_EXPIRY, (earlier,), scalar_row
             )
             return EnrolledWorker(await _one(fleet), await _one(first_join), "")
-        check_projects_exist(projects or (), await _one(inactive))
+        await _check_projects_active(tx, projects)
         now_ms: int = await _one(now)
         # The request id is the identity's; the principal is made with it, not by it.
         principal = _new_principal("worker", worker_id, None, now_ms)
@@ -547,15 +545,10 @@ async def set_worker_projects(
     """From now on the Worker is offered, and may claim, the Runs of ``projects`` only
     (None: every project). Attempts it claimed already run on."""
     async with command_transaction(conn) as tx:
-        found = await tx.execute(
-            "fleet", _FLEET, _fleet_values(worker_id=worker_id), kwargs_row(_worker)
-        )
-        inactive = await tx.execute(
-            "projects.inactive", _INACTIVE_PROJECTS, (list(projects or ()),), scalar_row
-        )
-        if await found.fetchone() is None:
+        found = await tx.execute("worker.exists", _WORKER_EXISTS, (worker_id,), scalar_row)
+        if not await _one(found):
             raise not_found("Worker", "worker_id")
-        check_projects_exist(projects or (), await _one(inactive))
+        await _check_projects_active(tx, projects)
         values = {"worker_id": worker_id, "project_ids": _stored(projects)}
         await tx.execute("worker.set_projects", _SET_WORKER_PROJECTS, values)
         changed = await tx.execute(
@@ -611,6 +604,16 @@ def _worker(
         )
     projects = None if project_ids is None else tuple(project_ids)
     return WorkerRow(session=session, project_ids=projects, **worker)
+
+
+async def _check_projects_active(tx: CommandTx, projects: tuple[str, ...] | None) -> None:
+    """Refuse a project list naming a project that is not active (nothing to read for
+    every project)."""
+    if projects is not None:
+        inactive = await tx.execute(
+            "projects.inactive", _INACTIVE_PROJECTS, (list(projects),), scalar_row
+        )
+        check_projects_exist(projects, await _one(inactive))
 
 
 def _stored(projects: tuple[str, ...] | None) -> list[str] | None:

@@ -267,17 +267,15 @@ async def create_revision(
                 raise Refused(
                     Reason.REPLAY_MISMATCH, "request_id was used for a revision of another plan"
                 )
-            revision_id = earlier.revision_id
-        else:
-            try:
-                inserted = await tx.execute("revision.insert", _INSERT_REVISION, values)
-                row = await inserted.fetchone()
-            except errors.CheckViolation:
-                raise Refused(Reason.FIELD_INVALID, "plan is out of bounds") from None
-            if row is None:
-                raise Refused(Reason.TASK_NOT_FOUND, "no such task")
-            revision_id = row[0]
-    return await get_revision(conn, revision.project_id, revision.task_id, revision_id=revision_id)
+            return earlier  # the replayed revision, as the first call made it
+        try:
+            inserted = await tx.execute("revision.insert", _INSERT_REVISION, values)
+            row = await inserted.fetchone()
+        except errors.CheckViolation:
+            raise Refused(Reason.FIELD_INVALID, "plan is out of bounds") from None
+        if row is None:
+            raise Refused(Reason.TASK_NOT_FOUND, "no such task")
+    return await get_revision(conn, revision.project_id, revision.task_id, revision_id=row[0])
 
 
 async def get_revision(

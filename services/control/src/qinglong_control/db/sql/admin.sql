@@ -212,6 +212,9 @@ SELECT coalesce(array_agg(wanted ORDER BY wanted), '{}')
  WHERE NOT EXISTS (SELECT 1 FROM qinglong.projects p
                     WHERE p.project_id = wanted AND p.status = 'active')
 
+-- name: worker_exists
+SELECT EXISTS (SELECT 1 FROM qinglong.worker_identities WHERE worker_id = %s)
+
 -- name: set_worker_projects
 UPDATE qinglong.worker_identities SET project_ids = %(project_ids)s
  WHERE worker_id = %(worker_id)s
