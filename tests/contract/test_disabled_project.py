@@ -5,12 +5,14 @@ once the project is inactive — which convergence and lease control then carry 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import psycopg
 from qinglong_control.db import placement
 from qinglong_control.db.cancellation import PROJECT_DISABLED, stop_runs_of_disabled_projects
 from qinglong_control.db.convergence import converge_page
 from qinglong_control.db.lease_control import control_lease
+from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import acknowledge_running, acknowledge_starting
 from qinglong_control.domain.capability import parse_digest
 from qinglong_control.domain.lease_control import LeaseAnswer
@@ -68,3 +70,31 @@ async def test_a_disabled_projects_runs_are_stopped_and_none_starts(
         (queued,),
     )
     assert await cursor.fetchall() == [("reconciler", PROJECT_DISABLED.id)]
+
+
+def scans_of_runs(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan that reads ``qinglong.runs``."""
+    found = [node] if node.get("Relation Name") == "runs" else []
+    for child in node.get("Plans", []):
+        found += scans_of_runs(child)
+    return found
+
+
+async def test_the_sweep_reads_no_run_while_no_project_is_disabled(
+    world: World, database: MigratedDatabase
+) -> None:
+    """Every cycle on every replica runs the sweep, and a project is seldom disabled: with
+    none disabled it must not read the Runs of the active ones (it once scanned them all,
+    25 ms a cycle with 100,000 waiting). Read from the plan actually executed."""
+    await world.queued_run()
+    await world.claimed()
+    statement = SQL["cancellation.runs_of_disabled_projects"]
+    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement
+    with psycopg.connect(database.urls.runtime) as conn:
+        row = conn.execute(explain, {"limit": 128}).fetchone()
+        conn.rollback()  # EXPLAIN ANALYZE ran the statement: its locks go now
+    assert row is not None
+    scans = scans_of_runs(row[0][0]["Plan"])
+    assert scans, "the plan reads qinglong.runs somewhere"
+    pages = [node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in scans]
+    assert pages == [0] * len(scans), f"pages of qinglong.runs or its indexes read: {pages}"

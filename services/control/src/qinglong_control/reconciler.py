@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -56,6 +56,20 @@ class CycleReport:
 
 
 Page = TypeVar("Page")
+
+
+@dataclass(frozen=True)
+class Step(Generic[Page]):
+    """One kind of the cycle's work: ``page`` does one bounded page of it, ``found`` says
+    how many items that page held (the page size means there may be more)."""
+
+    name: str
+    page: Callable[[], Awaitable[Page]]
+    found: Callable[[Page], int]
+
+
+def _candidates(page: Any) -> int:
+    return int(page.candidates)
 
 
 #: A page of work may hold many short transactions one after another (lease expiry: one
@@ -107,50 +121,58 @@ class Reconciler:
             prometheus.RECONCILE_WORK.labels(kind).observe(count)
         return report
 
-    async def _pages(
-        self, step: Callable[[], Awaitable[Page]], found: Callable[[Page], int]
-    ) -> list[Page]:
-        """``step`` (one bounded page of work) again while its page came back full (its
-        ``found`` is the page size), at most ``max_pages`` times: the cycle stays bounded,
-        and whatever is left waits for the next one."""
+    def steps(self, conn: AsyncConnection[Any]) -> list[Step[Any]]:
+        """The cycle's work on its connection, in the order a cycle does it (the benchmark
+        times each one from this list too)."""
+        size = self._limits.page_size
+        return [
+            Step("expire_leases", lambda: expire_leases(conn, size), int),
+            # Before convergence, so that it ends the queued ones in the same cycle.
+            Step("stop_disabled", lambda: stop_runs_of_disabled_projects(conn, size), int),
+            Step("converge", lambda: converge_page(conn, size), _candidates),
+            Step("retry", lambda: retry_page(conn, size, self._timings), _candidates),
+            Step("expire_approvals", lambda: expire_approvals(conn, size), int),
+            Step(
+                "prune_audit",
+                lambda: prune_audit(conn, self._audit_retention.max_age_ms, size),
+                int,
+            ),
+        ]
+
+    def output_step(self) -> Step[int]:
+        """Run output's expiry, after the others: the store borrows a connection of its own
+        (a blob store would need none), so the cycle's is given back first."""
+        size, max_age_ms = self._limits.page_size, self._output_retention.max_age_ms
+        return Step("expire_output", lambda: self._output.expire(max_age_ms, size), int)
+
+    async def _pages(self, step: Step[Page]) -> list[Page]:
+        """``step``'s page again while it came back full, at most ``max_pages`` times: the
+        cycle stays bounded, and whatever is left waits for the next one."""
         pages = []
         for _ in range(self._limits.max_pages):
             async with asyncio.timeout(self._page_timeout):
-                page = await step()
+                page = await step.page()
             pages.append(page)
-            if found(page) < self._limits.page_size:
+            if step.found(page) < self._limits.page_size:
                 break
         return pages
 
     async def _work(self) -> CycleReport:
-        size = self._limits.page_size
         async with self._pool.connection() as conn:
-            expired = await self._pages(lambda: expire_leases(conn, size), int)
-            # Before convergence, so that it ends the queued ones in the same cycle.
-            stopped = await self._pages(lambda: stop_runs_of_disabled_projects(conn, size), int)
-            converged = await self._pages(
-                lambda: converge_page(conn, size), lambda page: page.candidates
-            )
-            retried = await self._pages(
-                lambda: retry_page(conn, size, self._timings), lambda page: page.candidates
-            )
-            approvals = await self._pages(lambda: expire_approvals(conn, size), int)
-            audit = await self._pages(
-                lambda: prune_audit(conn, self._audit_retention.max_age_ms, size), int
-            )
-        outputs = await self._pages(
-            lambda: self._output.expire(self._output_retention.max_age_ms, size), int
-        )
+            done = {step.name: await self._pages(step) for step in self.steps(conn)}
+        output = self.output_step()
+        done[output.name] = await self._pages(output)
+        converged, retried = done["converge"], done["retry"]
         return CycleReport(
-            expired=sum(expired),
+            expired=sum(done["expire_leases"]),
             converged=sum(page.converged for page in converged),
             blocked=sum(page.blocked for page in converged),
             pages=len(converged),
             retries_scheduled=sum(page.scheduled for page in retried),
             retries_exhausted=sum(page.exhausted for page in retried),
             requeued=sum(page.requeued for page in retried),
-            approvals_expired=sum(approvals),
-            outputs_expired=sum(outputs),
-            audit_rows_removed=sum(audit),
-            disabled_projects_runs_stopped=sum(stopped),
+            approvals_expired=sum(done["expire_approvals"]),
+            outputs_expired=sum(done["expire_output"]),
+            audit_rows_removed=sum(done["prune_audit"]),
+            disabled_projects_runs_stopped=sum(done["stop_disabled"]),
         )
