@@ -187,13 +187,15 @@ async def test_stop_of_an_exited_process_reports_already_exited(
 
 
 async def test_a_reused_pid_is_never_signalled() -> None:
-    """An identity whose start time differs names another process: unverified, untouched."""
+    """An identity whose start time differs names another process: ours has ended (a
+    restarted Worker reports it so, rather than as unconfirmed), and the other one is
+    never signalled."""
     other = _sleeper()
     try:
         real = ProcessIdentity(other.pid, read_start_ticks(other.pid))
         reused = ProcessIdentity(other.pid, real.start_ticks + 1)
         processes = ProcessController()
-        assert await processes.stop(reused, grace_seconds=0.1) is StopResult.UNVERIFIED
+        assert await processes.stop(reused, grace_seconds=0.1) is StopResult.ALREADY_EXITED
         await asyncio.sleep(0.2)
         assert other.poll() is None
         assert _alive(other.pid), "nothing was signalled"

@@ -73,6 +73,9 @@ class ScriptedClient:
         self.lease_version = 1
         self.last_words: list[bool] = []  # ControlLease asked after an ending (one try)
         self.activation: worker_pb2.ActivationSnapshot = _activation(60_000)
+        self.starting_outcome: worker_pb2.StartingOutcome.ValueType = (
+            worker_pb2.STARTING_OUTCOME_STARTING
+        )
         self.control_answer: Callable[[ws.ControlLeaseRequest], ws.ControlLeaseResponse] = (
             self._renew
         )
@@ -166,7 +169,7 @@ class ScriptedClient:
     ) -> ws.AcknowledgeStartingResponse:
         self._record("AcknowledgeStarting", request, budget_seconds)
         return ws.AcknowledgeStartingResponse(
-            outcome=worker_pb2.STARTING_OUTCOME_STARTING, activation=self.activation
+            outcome=self.starting_outcome, activation=self.activation
         )
 
     async def acknowledge_running(
@@ -385,6 +388,49 @@ async def test_terminal_stops_the_exact_process_and_quarantines(world: World) ->
     identity = identity_of(record)
     assert identity is not None
     assert world.processes.poll(identity) is not None
+
+
+async def test_a_terminal_answer_whose_stop_is_unconfirmed_keeps_pulls_blocked(
+    world: World,
+) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    await world.reconciler.reconcile(offer_id)
+    world.processes.refuse_signals = True  # e.g. EPERM, or /proc unreadable
+    world.client.control_answer = lambda _: ws.ControlLeaseResponse(
+        terminal=worker_pb2.LeaseTerminal(
+            run_state=lifecycle_pb2.RUN_STATE_CANCELLED,
+            attempt_state=lifecycle_pb2.ATTEMPT_STATE_CANCELLED,
+        )
+    )
+    assert await world.reconciler.reconcile(offer_id) is Outcome.TERMINAL
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
+    assert record.detail is not None
+    assert record.detail.startswith("RUN_STATE_CANCELLED")
+    lifecycle = _lifecycle(world, max_concurrency=4)
+    world.client.offers = [world.offer(["sleep", "30"])]
+    assert (await lifecycle.tick()).pull == "an unverified process is still alive"
+    world.processes.refuse_signals = False
+
+
+async def test_a_starting_answered_already_running_starts_nothing(world: World) -> None:
+    """`running` is durable although this inbox never launched: an inbox restored from a
+    backup, or a copied volume. Starting an executor would run the Run twice."""
+    offer_id = world.admit(["sleep", "30"])
+    world.client.starting_outcome = worker_pb2.STARTING_OUTCOME_ALREADY_RUNNING
+    assert await world.reconciler.reconcile(offer_id) is Outcome.TERMINAL
+    assert world.client.calls == ["ClaimOffer", "AcknowledgeStarting"]
+    record = world.inbox.get(offer_id)
+    assert record is not None
+    assert (record.state, record.quarantine_reason) == (
+        RecordState.QUARANTINED,
+        QuarantineReason.RUNNING_ELSEWHERE,
+    )
+    assert not record.has_executor
+    assert world.processes.known() == frozenset(), "nothing was spawned"
+    await world.reconciler.reconcile(offer_id)  # a closed record: nothing more is asked
+    assert world.client.calls == ["ClaimOffer", "AcknowledgeStarting"]
 
 
 async def test_a_fenced_refusal_is_a_lost_lease(world: World) -> None:
@@ -1145,6 +1191,36 @@ async def test_a_refusal_for_good_is_persisted_and_not_sent_again(
     await lifecycle.tick()
     assert world.client.calls.count("AppendOutput") == 1
     assert world.inbox.closed_with_output(limit=10) == []
+
+
+async def test_an_ending_does_not_wait_for_output_the_control_plane_cannot_take(
+    world: World,
+) -> None:
+    """AppendOutput fails transiently for as long as it lasts (here an INTERNAL answer):
+    the ending is reported anyway, with the output's size, and the output follows once
+    it is taken. Waiting for it kept the Run `running` for ever, the lease renewed."""
+    size = _chunks(2)
+    world.client.append_refusal = CallFailed("AppendOutput", grpc.StatusCode.INTERNAL, None)
+    assert world.client.append_refusal.transient
+    offer_id = world.admit(_printing(size))
+    await _until_completed(world.reconciler, offer_id)
+    assert world.client.completed.output_bytes == size
+    assert world.client.appended == [], "no output was taken before the ending"
+    record = _record_of(world, offer_id)
+    assert record.state is RecordState.COMPLETION_ACKNOWLEDGED
+    assert (record.output_offset, record.output_shipped) == (0, False)
+    world.client.append_refusal = None
+    lifecycle = _lifecycle(world, max_concurrency=1)
+    for _ in range(2):
+        await lifecycle.tick()
+    assert bytes(world.client.output) == _printed(size)
+    assert (
+        _record_of(world, offer_id).output_offset,
+        _record_of(world, offer_id).output_shipped,
+    ) == (
+        size,
+        True,
+    )
 
 
 async def test_closed_records_are_shipped_in_turn_so_a_failing_one_holds_none_up(

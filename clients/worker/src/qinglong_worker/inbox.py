@@ -112,6 +112,10 @@ class QuarantineReason(StrEnum):
     LEASE_LOST_LOCAL_EXECUTION_STOPPED = "lease_lost_local_execution_stopped"
     LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED = "lease_lost_local_execution_unverified"
     START_FAILED = "start_failed"
+    RUNNING_ELSEWHERE = "running_elsewhere"
+    """The control plane says the Attempt runs already, though this inbox never launched
+    it (an inbox restored from a backup, or a copy of this Worker's volume): nothing is
+    started here, or the Run would run twice."""
 
 
 #: Allowed state changes; a state may always "change" to itself (field updates such as a

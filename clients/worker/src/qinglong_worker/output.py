@@ -75,6 +75,9 @@ class Shipped:
     """A refusal no retry changes (the file differs from what was shipped, the Attempt
     is not this Worker's): the rest is given up, so completion does not wait for it and
     nothing is sent again."""
+    unanswered: str | None = None
+    """The pass ended on a failure a retry may mend (no answer, the output store
+    unavailable, an internal error): the bytes are still to ship, later."""
 
 
 async def ship_output(
@@ -126,7 +129,7 @@ def _after_refusal(
 ) -> Shipped:
     if failure.transient:
         log.info("offer %s: output not shipped (%s); next tick", record.offer_id, failure.label)
-        return Shipped(record, pending=True)
+        return Shipped(record, pending=True, unanswered=failure.label)
     expected = failure.metadata.get(EXPECTED_OFFSET, "")
     if failure.reason == ErrorReason.ERROR_REASON_OUTPUT_OFFSET_GAP and expected.isdigit():
         # The control plane holds less than the inbox says (never by this Worker's own

@@ -148,6 +148,12 @@ class _Probe(StrEnum):
     """/proc could not be read."""
 
 
+#: The process an identity names has ended: its PID is free, or names a process started at
+#: another time (a PID and its start time name one process within a boot), which is never
+#: signalled.
+_GONE: Final = frozenset({_Probe.EXITED, _Probe.MISMATCH})
+
+
 # --- /proc ------------------------------------------------------------------------------
 
 
@@ -401,7 +407,7 @@ class ProcessController:
         """SIGTERM the verified identity, wait ``grace_seconds``, then SIGKILL it and its
         process group; never signal a PID whose start time is not ``identity``'s."""
         first = self._observe(identity)
-        if first is _Probe.EXITED:
+        if first in _GONE:
             return StopResult.ALREADY_EXITED
         if first is not _Probe.RUNNING:
             return StopResult.UNVERIFIED
@@ -414,7 +420,7 @@ class ProcessController:
         try:
             # The pidfd pins one process; re-verify so it is pinned to *ours*.
             pinned = self._observe(identity)
-            if pinned is _Probe.EXITED:
+            if pinned in _GONE:
                 return StopResult.ALREADY_EXITED
             if pinned is not _Probe.RUNNING:
                 return StopResult.UNVERIFIED

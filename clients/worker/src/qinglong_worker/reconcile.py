@@ -540,6 +540,14 @@ class Reconciler:
             # Nothing runs yet: any refusal closes the record.
             return await self._lease_lost(record, failure.label)
         self._phases.starting(record.offer_id)
+        if starting.outcome == worker_pb2.STARTING_OUTCOME_ALREADY_RUNNING:
+            # `running` is durable, yet this record never launched: whatever reported it
+            # is not this inbox's process, and starting another would run the Run twice.
+            # The record closes; the lease is left to its holder, or to expire.
+            self._quarantine(
+                record, QuarantineReason.RUNNING_ELSEWHERE, "starting answered ALREADY_RUNNING"
+            )
+            return Outcome.TERMINAL
         activation = starting.activation
         problem = activation_problem(record.timeout_ms, activation)
         has_deadline = not problem and activation.HasField("deadline")
@@ -726,7 +734,11 @@ class Reconciler:
             result_of_stop, status = await self._stop_exact(record)
             self._quarantine(
                 record,
-                QuarantineReason.CONTROL_PLANE_TERMINAL,
+                # A process that may still run keeps the Worker from taking new work
+                # while it is seen alive, whatever ended the Run.
+                QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
+                if result_of_stop is StopResult.UNVERIFIED
+                else QuarantineReason.CONTROL_PLANE_TERMINAL,
                 f"{run_state}; local process {result_of_stop}",
                 status=status,
             )
@@ -760,9 +772,13 @@ class Reconciler:
 
     async def _complete_with_output(self, record: InboxRecord) -> Outcome | None:
         """Ship the rest of an exited executor's output (a bounded part per pass, the
-        lease kept meanwhile), then report the ending. A shutdown ships one part and
-        reports; a lease that ran out locally reports at once. What is left then is
-        shipped after the record closed (:meth:`_ship_after_close`)."""
+        lease kept meanwhile), then report the ending. The ending waits only while the
+        output flows: a pass the control plane did not take (no answer, its store
+        unavailable, an internal error) reports at once — lease control would otherwise
+        keep the Run `running` for as long as that lasts —, and so do a shutdown, after
+        one part, and a lease that ran out locally. What is left then is shipped after
+        the record closed (:meth:`_ship_after_close`); the ending says how many bytes the
+        output has, so readers wait for them."""
         if self.output_pending(record) and not record.lease_lost_locally(self._clock()):
             if self.lease_control_due(record, self._clock()):
                 kept = await self._keep_lease(record)
@@ -770,7 +786,8 @@ class Reconciler:
                     return kept
                 record = kept
             shipped = await self._ship(record)
-            if shipped.pending and self._mode is not Mode.STOPPING:
+            flowing = shipped.pending and shipped.unanswered is None
+            if flowing and self._mode is not Mode.STOPPING:
                 return Outcome.RUNNING  # the rest at the next tick
             record = shipped.record
         if self.output_pending(record):
