@@ -55,15 +55,16 @@ async def test_a_disabled_projects_runs_are_stopped_and_none_starts(
     assert await stop_runs_of_disabled_projects(world.conn, 128) == 2
     assert await stop_runs_of_disabled_projects(world.conn, 128) == 0, "one intent each"
     await converge_page(world.conn, 128)
-    assert await run_state(world, queued) == ("cancelled", "user", PROJECT_DISABLED.id)
+    assert await run_state(world, queued) == ("cancelled", "policy", PROJECT_DISABLED.id)
     assert await run_state(world, running.fence.run_id) == (
         "running",
-        "user",
+        "policy",
         PROJECT_DISABLED.id,
     )
     # The running Attempt's Worker learns it at its next lease control.
     answer = await control_lease(world.conn, running.fence, world.timings)
     assert answer.answer is LeaseAnswer.STOP_REQUESTED
+    assert answer.cancel_reason == "policy", "nobody asked: the Worker is not told a user did"
     cursor = await world.conn.execute(
         "SELECT actor_kind, actor_id FROM qinglong.run_events"
         " WHERE run_id = %s AND event_type = 'run.cancel_requested'",

@@ -25,6 +25,8 @@ from qinglong_control.db.command_tx import (
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.cancellation import (
+    POLICY_REASON,
+    USER_REASON,
     BindingSnapshot,
     CancelOutcome,
     CancelTarget,
@@ -118,16 +120,19 @@ async def record_intent(
     now_ms: int,
     mutation_id: str,
     approval_id: uuid.UUID | None = None,
+    reason: str = USER_REASON,
 ) -> tuple[CancelOutcome, list[NewEvent]]:
     """Decide and write the intent on the locked Run ``target``; return the outcome and
     the Event the caller appends (with any of its own, in one sequence). An approved
-    cancellation names the approval it executes."""
+    cancellation names the approval it executes. ``reason`` is ``user`` for a person's
+    (or an approved Agent's) cancel — callers can claim no other (R-CAN-1) —, ``policy``
+    for a stop the control plane decides."""
     outcome = decide_cancel(target)
     if outcome is not CancelOutcome.ACCEPTED:
         return outcome, []
-    values = {"run_id": run_id, "actor_id": actor.id, "now": now_ms}
+    values = {"run_id": run_id, "actor_id": actor.id, "now": now_ms, "reason": reason}
     await tx.execute("run.cancel_intent", _WRITE_INTENT, values)
-    payload: dict[str, object] = {"reason": "user", "requested_at_ms": now_ms}
+    payload: dict[str, object] = {"reason": reason, "requested_at_ms": now_ms}
     if approval_id is not None:
         payload["approval_id"] = str(approval_id)
     # One intent per mutation id: a retried mutation can never add an Event.
@@ -139,7 +144,8 @@ async def record_intent(
 
 async def stop_runs_of_disabled_projects(conn: AsyncConnection[Any], limit: int) -> int:
     """One bounded step: a stop intent on each Run still going in a disabled project (at
-    most ``limit``), as a user's cancel would write it, by ``PROJECT_DISABLED``. Nothing
+    most ``limit``), as a user's cancel would write it but for its reason (``policy``:
+    nobody asked), by ``PROJECT_DISABLED``. Nothing
     of a disabled project may go on running, and none of its people can cancel any more
     (every cancel path needs an active project). Convergence then ends queued and waiting
     Runs; a running Attempt's Worker is told to stop at its next lease control. Returns
@@ -154,7 +160,13 @@ async def stop_runs_of_disabled_projects(conn: AsyncConnection[Any], limit: int)
         for run_id, state, cancel_reason, event_sequence in found:
             run = LockedRun(state, cancel_reason, event_sequence)
             _, events = await record_intent(
-                tx, run_id, run.target, PROJECT_DISABLED, now_ms, "project-disabled"
+                tx,
+                run_id,
+                run.target,
+                PROJECT_DISABLED,
+                now_ms,
+                "project-disabled",
+                reason=POLICY_REASON,
             )
             await append_events(tx, run_id, run.event_sequence, PROJECT_DISABLED, now_ms, events)
     return len(found)

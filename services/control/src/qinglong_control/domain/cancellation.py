@@ -17,6 +17,12 @@ from qinglong_control.domain.states import RunState
 
 STOPPING_ROLES = frozenset({"owner", "admin", "operator"})
 
+#: Why an intent was recorded (the schema's `cancel_reason`): a person's cancel is always
+#: `user` — no caller can claim another (R-CAN-1) —, a stop the control plane decides on
+#: its own (a disabled project's Runs) is `policy`.
+USER_REASON = "user"
+POLICY_REASON = "policy"
+
 
 class CancelOutcome(StrEnum):
     ACCEPTED = "accepted"

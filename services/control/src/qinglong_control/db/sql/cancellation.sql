@@ -23,7 +23,7 @@ SELECT state, cancel_reason, event_sequence
 
 -- name: write_intent
 UPDATE qinglong.runs
-   SET cancel_requested_at_ms = %(now)s, cancel_reason = 'user',
+   SET cancel_requested_at_ms = %(now)s, cancel_reason = %(reason)s,
        cancel_requested_by = %(actor_id)s, version = version + 1,
        updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
