@@ -283,6 +283,43 @@ async def test_start_failure_the_policy_retries_waits_for_attempt_two(world: Wor
     assert events_before[-2:] == ["attempt.failed", "run.retry_wait"]
 
 
+async def test_replays_answer_as_the_first_call_after_the_run_moved_on(world: World) -> None:
+    """R-FAIL-2, R-W-6: a lost answer's retry gets the same answer, even when the Run
+    has moved on since — here to its next Attempt, which then ended it."""
+    work = await world.claimed(retry_policy=THREE_TRIES)
+    run_id = work.fence.run_id
+    await acknowledge_starting(world.conn, work.fence)
+    first = await report_start_failure(world.conn, work.fence, "no such file")
+    assert (first.run_state, first.run_error_code) == (RunState.RETRY_WAIT, None)
+    await make_retry_due(world, run_id)
+    await retry_page(world.conn, 128, world.timings)
+    second = await world.claim(run_id, work.session)
+    assert (await run_row(world, run_id))["state"] == "dispatching"
+    again = await report_start_failure(world.conn, work.fence, "no such file")
+    assert again.replayed
+    assert (again.run_state, again.run_error_code) == (RunState.RETRY_WAIT, None)
+
+    await running(world, second)
+    ended = await complete_attempt(world.conn, second.fence, finished("failed", 2))
+    assert ended.run_state is RunState.RETRY_WAIT
+    await make_retry_due(world, run_id)
+    await retry_page(world.conn, 128, world.timings)
+    third = await world.claim(run_id, work.session)
+    await running(world, third)
+    last = await complete_attempt(world.conn, third.fence, finished("failed", 3))
+    assert (last.run_state, last.run_error_code) == (RunState.FAILED, "ATTEMPTS_EXHAUSTED")
+    # Attempt two's ending made the Run wait for a retry; the Run is failed now.
+    replay = await complete_attempt(world.conn, second.fence, finished("failed", 2))
+    assert replay.replayed
+    assert (replay.run_state, replay.run_error_code) == (RunState.RETRY_WAIT, None)
+    # The last one's replay answers what it answered too.
+    again_last = await complete_attempt(world.conn, third.fence, finished("failed", 3))
+    assert (again_last.run_state, again_last.run_error_code) == (
+        RunState.FAILED,
+        "ATTEMPTS_EXHAUSTED",
+    )
+
+
 async def test_cancel_intent_wins_over_a_waiting_retry(world: World) -> None:
     work = await world.claimed(retry_policy=THREE_TRIES)
     run_id = work.fence.run_id

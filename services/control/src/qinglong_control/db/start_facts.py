@@ -7,16 +7,18 @@ A replay writes nothing. A refusal writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 
 from qinglong_control.db.authority import lock_authority
-from qinglong_control.db.command_tx import FaultPlan, command_transaction
+from qinglong_control.db.command_tx import CommandTx, FaultPlan, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
-from qinglong_control.domain.fence import Fence, check_identity
+from qinglong_control.domain.completion import CompletionDecision
+from qinglong_control.domain.fence import Fence, Present, check_identity
 from qinglong_control.domain.start_facts import (
     RunningDecision,
     RunningReport,
@@ -74,6 +76,31 @@ def run_changed_event(
 
 
 COMPLETE_LEASE = SQL["start_facts.complete_lease"]
+
+_ENDING_OF_ATTEMPT = SQL["start_facts.ending_of_attempt"]
+
+Ending = TypeVar("Ending", StartFailureDecision, CompletionDecision)
+
+
+async def queue_ending_read(tx: CommandTx, fence: Fence) -> AsyncCursor[tuple[Any, ...]]:
+    """Queue the read of what the fenced Attempt's ending made of its Run, for a replay's
+    answer (R-FAIL-2, R-W-6: the same answer as the first call). It travels with COMMIT:
+    read it with :func:`as_first_answered` after the transaction."""
+    return await tx.execute(
+        "run.ending_of_attempt",
+        _ENDING_OF_ATTEMPT,
+        {"run_id": fence.run_id, "attempt_id": fence.attempt_id},
+    )
+
+
+async def as_first_answered(replay: Ending, ending: AsyncCursor[tuple[Any, ...]]) -> Ending:
+    """The replay's decision with the Run's state and code its ending gave it, not the
+    Run's present ones (which a retry or a cancel may have changed since)."""
+    row = await ending.fetchone()
+    if row is None:  # an ending always appends its Event; nothing better to answer
+        return replay
+    run_state, run_error_code = row
+    return dataclasses.replace(replay, run_state=RunState(run_state), run_error_code=run_error_code)
 
 
 def _worker(fence: Fence) -> Actor:
@@ -166,51 +193,62 @@ async def report_start_failure(
     async with command_transaction(conn, fault) as tx:
         present = check_identity(fence, await lock_authority(tx, fence))
         decision = decide_start_failure(fence, present)
-        if not decision.writes:
+        if decision.writes:
+            await _write_start_failure(tx, fence, present, decision, error_summary)
             return decision
-        attempt_values = {
-            "now": present.now_ms,
-            "state": decision.attempt_state.value,
-            "error_code": decision.error_code,
-            "summary": error_summary,
-            "lease_version": decision.completed_lease_version,
-            "attempt_id": fence.attempt_id,
-            "run_id": fence.run_id,
-        }
-        lease_values = {
-            "now": present.now_ms,
-            "version": decision.completed_lease_version,
-            "attempt_id": fence.attempt_id,
-        }
-        events = [
-            NewEvent(
-                f"attempt.{decision.attempt_state.value}",
-                fence.attempt_id,
-                {
-                    "state": decision.attempt_state.value,
-                    "error_code": decision.error_code,
-                    "summary": error_summary,
-                },
-            ),
-            run_changed_event(
-                fence.attempt_id,
-                RunState.DISPATCHING,
-                decision.run_state,
-                decision.run_error_code,
-                decision.retry_at_ms,
-                present.attempt.attempt_number,
-            ),
-        ]
-        run_values = {
-            **attempt_values,
-            **run_after_attempt(
-                decision.run_state, decision.run_error_code, decision.retry_at_ms, present.now_ms
-            ),
-        }
-        await tx.execute("attempt.start_failed", _ATTEMPT_START_FAILED, attempt_values)
-        await append_events(
-            tx, fence.run_id, present.run.event_sequence, _worker(fence), present.now_ms, events
-        )
-        await tx.execute("run.start_failed", RUN_AFTER_ATTEMPT, run_values)
-        await tx.execute("lease.complete", COMPLETE_LEASE, lease_values)
-        return decision
+        ending = await queue_ending_read(tx, fence)
+    return await as_first_answered(decision, ending)
+
+
+async def _write_start_failure(
+    tx: CommandTx,
+    fence: Fence,
+    present: Present,
+    decision: StartFailureDecision,
+    error_summary: str,
+) -> None:
+    attempt_values = {
+        "now": present.now_ms,
+        "state": decision.attempt_state.value,
+        "error_code": decision.error_code,
+        "summary": error_summary,
+        "lease_version": decision.completed_lease_version,
+        "attempt_id": fence.attempt_id,
+        "run_id": fence.run_id,
+    }
+    lease_values = {
+        "now": present.now_ms,
+        "version": decision.completed_lease_version,
+        "attempt_id": fence.attempt_id,
+    }
+    events = [
+        NewEvent(
+            f"attempt.{decision.attempt_state.value}",
+            fence.attempt_id,
+            {
+                "state": decision.attempt_state.value,
+                "error_code": decision.error_code,
+                "summary": error_summary,
+            },
+        ),
+        run_changed_event(
+            fence.attempt_id,
+            RunState.DISPATCHING,
+            decision.run_state,
+            decision.run_error_code,
+            decision.retry_at_ms,
+            present.attempt.attempt_number,
+        ),
+    ]
+    run_values = {
+        **attempt_values,
+        **run_after_attempt(
+            decision.run_state, decision.run_error_code, decision.retry_at_ms, present.now_ms
+        ),
+    }
+    await tx.execute("attempt.start_failed", _ATTEMPT_START_FAILED, attempt_values)
+    await append_events(
+        tx, fence.run_id, present.run.event_sequence, _worker(fence), present.now_ms, events
+    )
+    await tx.execute("run.start_failed", RUN_AFTER_ATTEMPT, run_values)
+    await tx.execute("lease.complete", COMPLETE_LEASE, lease_values)

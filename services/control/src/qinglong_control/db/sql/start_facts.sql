@@ -48,3 +48,15 @@ UPDATE qinglong.runs
 UPDATE qinglong.run_leases
    SET status = 'completed', version = %(version)s, ended_at_ms = %(now)s
  WHERE attempt_id = %(attempt_id)s
+
+-- name: ending_of_attempt
+-- What an Attempt's ending made of its Run — the last `run.<state>` Event the Attempt
+-- appended — so that a replay answers as the first call did: the Run may have moved on
+-- since (a retry's next Attempt, a cancel while it waited). Read by (run_id, sequence):
+-- a Run's own Events only.
+SELECT payload->>'to_state' AS run_state, payload->>'error_code' AS run_error_code
+  FROM qinglong.run_events
+ WHERE run_id = %(run_id)s AND attempt_id = %(attempt_id)s
+   AND event_type = 'run.' || (payload->>'to_state')
+ ORDER BY sequence DESC
+ LIMIT 1
