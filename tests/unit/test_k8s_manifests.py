@@ -4,12 +4,12 @@ security invariants (SPEC B-DEPLOY, R-ROLE-2).
 * Every built-in Kubernetes resource is validated by kubernetes-validate in strict mode
   (unknown fields are errors) against one Kubernetes version; a built-in kind without a
   bundled schema is a failure, never a warning.
-* Custom resources (CloudNativePG, cert-manager) have no bundled schema: each kind gets a
-  structural check here, and any other kind fails.
+* Custom resources (CloudNativePG, cert-manager, trust-manager) have no bundled schema:
+  each kind gets a structural check here, and any other kind fails.
 * The kustomizations are rendered by a small reader below (resources, namespace, images,
-  secretGenerator with stable names) with no kubectl and no network; it refuses any
-  kustomization feature it does not implement, so a rendering it cannot reproduce fails
-  instead of passing unchecked.
+  secretGenerator with stable names, JSON 6902 patches) with no kubectl and no network;
+  it refuses any kustomization feature it does not implement, so a rendering it cannot
+  reproduce fails instead of passing unchecked.
 
 kubernetes-validate is a dev dependency: without it this module fails to import, loudly.
 """
@@ -74,6 +74,9 @@ WORKLOAD_KIND = {
 # cert-manager's CA Secret (Certificate qinglong-ca): it signs every certificate, and
 # control signs joining Workers' certificates with it (the issuing CA).
 CA_SECRET = "qinglong-ca"
+# Its certificate alone, copied by trust-manager (Bundle of the same name) into a
+# ConfigMap: what a pod that must not name the CA's Secret (a Worker) mounts.
+CA_BUNDLE = "qinglong-ca-bundle"
 WORKER_JOIN_SECRET = "qinglong-worker-join"
 # ingress's two listeners: mutual TLS, and Worker enrollment (server-authenticated TLS).
 PUBLIC_PORT = 8443
@@ -124,6 +127,7 @@ KUSTOMIZATION_KEYS = {
     "images",
     "generatorOptions",
     "secretGenerator",
+    "patches",
 }
 CLUSTER_SCOPED_KINDS = {
     "Namespace",
@@ -206,6 +210,8 @@ def _render(directory: Path) -> tuple[Resource, ...]:
         else:
             resources += _documents(path)
     resources += _generated_secrets(directory, kustomization)
+    for patch in kustomization.get("patches", []):
+        _apply_patch(directory, patch, resources)
     namespace = kustomization.get("namespace")
     if namespace is not None:
         for resource in resources:
@@ -256,6 +262,61 @@ def _generated_secrets(directory: Path, kustomization: Resource) -> list[Resourc
             }
         )
     return secrets
+
+
+def _pointer(path: str) -> list[str]:
+    assert path.startswith("/"), f"JSON pointer {path!r}"
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def _json_patch(resource: Resource, operation: Mapping[str, Any]) -> None:
+    """One RFC 6902 add/replace/remove, as kustomize applies it: a replaced or removed
+    member must exist."""
+    op = operation["op"]
+    assert op in {"add", "replace", "remove"}, f"patch op {op!r} is not reproduced here"
+    assert set(operation) == ({"op", "path"} if op == "remove" else {"op", "path", "value"})
+    *parents, last = _pointer(operation["path"])
+    node: Any = resource
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if isinstance(node, list):
+        if op == "add":
+            node.insert(len(node) if last == "-" else int(last), operation["value"])
+        elif op == "replace":
+            node[int(last)] = operation["value"]
+        else:
+            del node[int(last)]
+        return
+    assert isinstance(node, dict), operation
+    if op != "add":
+        assert last in node, f"{operation['path']}: nothing to {op}"
+    if op == "remove":
+        del node[last]
+    else:
+        node[last] = operation["value"]
+
+
+def _apply_patch(directory: Path, patch: Resource, resources: list[Resource]) -> None:
+    """An inline JSON 6902 patch with a target. kustomize patches nothing, silently,
+    when the target matches nothing: here that fails, as does a target matching more
+    than one resource."""
+    assert set(patch) == {"target", "patch"}, f"{directory}: {sorted(patch)}"
+    target = patch["target"]
+    assert set(target) <= {"group", "version", "kind", "name"}, f"{directory}: {target}"
+    assert {"kind", "name"} <= set(target), f"{directory}: {target}"
+    operations = yaml.safe_load(patch["patch"])
+    assert isinstance(operations, list), f"{directory}: only JSON 6902 patches are reproduced"
+
+    def matches(resource: Resource) -> bool:
+        group, _, version = resource["apiVersion"].rpartition("/")
+        wanted = {"group": group, "version": version, "kind": resource["kind"]}
+        wanted["name"] = resource["metadata"]["name"]
+        return all(wanted[key] == value for key, value in target.items())
+
+    found = [resource for resource in resources if matches(resource)]
+    assert len(found) == 1, f"{directory}: the patch target {target} matches {len(found)}"
+    for operation in operations:
+        _json_patch(found[0], operation)
 
 
 def _set_namespace(resource: Resource, namespace: str) -> None:
@@ -373,20 +434,33 @@ def _env_value(container: Resource, name: str) -> str:
     return value
 
 
-def _mounted_secret_file(pod_spec: Resource, container: Resource, path: str) -> tuple[str, str]:
-    """(Secret name, key) behind a file path in `container`, or fail."""
+def _mounted_file(pod_spec: Resource, container: Resource, path: str) -> tuple[str, str, str]:
+    """(kind, name, key) of the Secret or ConfigMap behind a file path in `container`,
+    or fail."""
     file = PurePosixPath(path)
     volumes = {volume["name"]: volume for volume in pod_spec.get("volumes", [])}
     for mount in container.get("volumeMounts", []):
         if PurePosixPath(mount["mountPath"]) != file.parent:
             continue
         assert mount.get("readOnly") is True, f"{mount['mountPath']} must be mounted read-only"
-        secret = volumes[mount["name"]].get("secret")
-        assert secret is not None, f"{path} is not in a Secret volume"
-        items = {item["path"]: item["key"] for item in secret.get("items", [])}
-        assert file.name in items, f"{path}: the Secret volume does not project {file.name}"
-        return secret["secretName"], items[file.name]
+        volume = volumes[mount["name"]]
+        if "secret" in volume:
+            kind, source, name = "Secret", volume["secret"], volume["secret"]["secretName"]
+        elif "configMap" in volume:
+            kind, source, name = "ConfigMap", volume["configMap"], volume["configMap"]["name"]
+        else:
+            pytest.fail(f"{path} is in neither a Secret nor a ConfigMap volume")
+        items = {item["path"]: item["key"] for item in source.get("items", [])}
+        assert file.name in items, f"{path}: the {kind} volume does not project {file.name}"
+        return kind, name, items[file.name]
     pytest.fail(f"{path}: no volume is mounted at {file.parent}")
+
+
+def _mounted_secret_file(pod_spec: Resource, container: Resource, path: str) -> tuple[str, str]:
+    """(Secret name, key) behind a file path in `container`, or fail."""
+    kind, name, key = _mounted_file(pod_spec, container, path)
+    assert kind == "Secret", f"{path} is not in a Secret volume"
+    return name, key
 
 
 # --- the rendered deployment ----------------------------------------------------------------
@@ -528,10 +602,30 @@ def _check_issuer(issuer: Resource) -> None:
         assert isinstance(issuer["spec"]["ca"]["secretName"], str)
 
 
+def _check_bundle(bundle: Resource) -> None:
+    """trust-manager's Bundle (trust.cert-manager.io/v1alpha1, the CRD's fields)."""
+    spec = bundle["spec"]
+    assert set(spec) == {"sources", "target"}, sorted(spec)
+    assert spec["sources"], "a Bundle with no source"
+    for source in spec["sources"]:
+        (kind,) = source
+        assert kind in {"secret", "configMap", "inLine", "useDefaultCAs"}, kind
+        if kind in {"secret", "configMap"}:
+            assert set(source[kind]) == {"name", "key"}, source
+    target = spec["target"]
+    assert set(target) <= {"configMap", "secret", "namespaceSelector", "additionalFormats"}
+    assert "configMap" in target or "secret" in target
+    for kind in ("configMap", "secret"):
+        if kind in target:
+            assert set(target[kind]) == {"key"}, target
+    assert set(target.get("namespaceSelector", {})) <= {"matchLabels"}
+
+
 CUSTOM_KINDS = {
     ("postgresql.cnpg.io/v1", "Cluster"): _check_cnpg_cluster,
     ("cert-manager.io/v1", "Certificate"): _check_certificate,
     ("cert-manager.io/v1", "Issuer"): _check_issuer,
+    ("trust.cert-manager.io/v1alpha1", "Bundle"): _check_bundle,
 }
 
 
@@ -1167,7 +1261,8 @@ def test_services_route_to_the_listening_ports() -> None:
                 "grpc": "QINGLONG_INGRESS_LISTEN_ADDRESS",
                 "enroll": "QINGLONG_INGRESS_ENROLLMENT_LISTEN_ADDRESS",
             },
-            "LoadBalancer",
+            # The base's LoadBalancer, made a ClusterIP by the dev overlay (below).
+            "ClusterIP",
         ),
     ):
         service = _find("Service", name)
@@ -1188,6 +1283,41 @@ def test_services_route_to_the_listening_ports() -> None:
     assert address == (
         f"{CONTROL}.{NAMESPACE}.svc.cluster.local:{control_service['spec']['ports'][0]['port']}"
     )
+
+
+def _base_service(name: str) -> Resource:
+    (service,) = [
+        r for r in _render(K8S / "base") if r["kind"] == "Service" and r["metadata"]["name"] == name
+    ]
+    return service
+
+
+def test_the_ingress_load_balancer_keeps_the_callers_addresses() -> None:
+    """With externalTrafficPolicy Cluster, kube-proxy may SNAT an outside caller to a
+    node's address: the enrollment rate limit per peer and the audit's peer would see
+    nodes, not callers."""
+    spec = _base_service(INGRESS)["spec"]
+    assert spec["type"] == "LoadBalancer"
+    assert spec["externalTrafficPolicy"] == "Local"
+
+
+def test_the_dev_overlay_exposes_nothing_outside_the_cluster() -> None:
+    """Its credentials are public placeholders (a cluster admin's token among them), so
+    its ingress is a ClusterIP, reached with kubectl port-forward."""
+    assert (
+        PLACEHOLDER_MARK
+        in base64.b64decode(_find("Secret", "qinglong-admin-token")["data"]["token"]).decode()
+    )
+    for service in _of_kind("Service"):
+        assert service["spec"].get("type", "ClusterIP") == "ClusterIP", _label(service)
+        # The API server accepts externalTrafficPolicy only on an external Service.
+        assert "externalTrafficPolicy" not in service["spec"], _label(service)
+        assert not service["spec"].get("externalIPs"), _label(service)
+    # The overlay changes the type and nothing else of the base's Service.
+    base = copy.deepcopy(_base_service(INGRESS))
+    base["spec"]["type"] = "ClusterIP"
+    del base["spec"]["externalTrafficPolicy"]
+    assert _find("Service", INGRESS) == base
 
 
 def _certificate_for_secret(secret_name: str) -> Resource:
@@ -1374,23 +1504,24 @@ def test_the_worker_joins_at_most_once(tmp_path: Path) -> None:
     assert calls == []
 
 
-def test_the_worker_reads_its_token_and_ca_from_the_named_secrets() -> None:
+def test_the_worker_reads_its_token_from_its_secret_and_the_ca_from_the_bundle() -> None:
     worker = _worker()
     spec = _pod_spec(worker)
     join, daemon = _worker_containers()
-    assert _secret_references(spec) == {WORKER_JOIN_SECRET, CA_SECRET}
+    # Its join token is the only Secret it names: never the CA's (see below).
+    assert _secret_references(spec) == {WORKER_JOIN_SECRET}
     assert not _secret_references({"containers": [join, daemon]}), "no Secret in env"
     flags = _join_flags()
     assert "--token" not in flags, "a token on the command line is visible in ps"
     assert _mounted_secret_file(spec, join, flags["--token-file"]) == (WORKER_JOIN_SECRET, "token")
-    assert _mounted_secret_file(spec, join, flags["--ca"]) == (CA_SECRET, "ca.crt")
-    volumes = {v["name"]: v["secret"] for v in spec["volumes"] if "secret" in v}
-    by_secret = {secret["secretName"]: secret for secret in volumes.values()}
-    assert len(by_secret) == len(volumes)
-    # Only the needed keys: never the CA's key, the token owner-read-only.
-    assert by_secret[WORKER_JOIN_SECRET]["items"] == [{"key": "token", "path": "token"}]
-    assert by_secret[WORKER_JOIN_SECRET]["defaultMode"] == 0o400
-    assert by_secret[CA_SECRET]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert _mounted_file(spec, join, flags["--ca"]) == ("ConfigMap", CA_BUNDLE, "ca.crt")
+    volumes = {v["name"]: v for v in spec["volumes"] if "secret" in v or "configMap" in v}
+    (token,) = [v["secret"] for v in volumes.values() if "secret" in v]
+    (bundle,) = [v["configMap"] for v in volumes.values() if "configMap" in v]
+    # Only the needed keys, the token owner-read-only.
+    assert token["items"] == [{"key": "token", "path": "token"}]
+    assert token["defaultMode"] == 0o400
+    assert bundle["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
     # The daemon needs neither: its files are on the claim (worker.json names them).
     assert {m["name"] for m in daemon["volumeMounts"]} & set(volumes) == set()
     secret = _find("Secret", WORKER_JOIN_SECRET)
@@ -1441,9 +1572,15 @@ def test_the_worker_dials_ingress_by_its_service_names() -> None:
     # The name both listeners' certificate carries (`run` checks the --ingress host).
     assert flags["--server-name"] == INGRESS_HOST
     assert INGRESS_HOST in names
-    # ... and the CA the Worker is given is the one that signs that certificate.
+    # ... and the CA the Worker is given is the one that signs that certificate: its
+    # ConfigMap is the Bundle that copies the issuer's CA certificate.
     issuer = _certificate_for_secret(ingress_secret)["spec"]["issuerRef"]["name"]
-    assert _find("Issuer", issuer)["spec"]["ca"]["secretName"] == CA_SECRET
+    ca_secret = _find("Issuer", issuer)["spec"]["ca"]["secretName"]
+    join, _ = _worker_containers()
+    _, config_map, key = _mounted_file(_pod_spec(_worker()), join, flags["--ca"])
+    bundle = _find("Bundle", config_map)["spec"]
+    assert bundle["sources"] == [{"secret": {"name": ca_secret, "key": "ca.crt"}}]
+    assert bundle["target"]["configMap"] == {"key": key}
 
 
 def test_the_worker_reaches_exactly_ingress_two_ports() -> None:
@@ -1478,10 +1615,7 @@ def test_control_alone_mounts_the_issuing_ca_key() -> None:
                 holders.setdefault(_label(workload), set()).update(
                     item["key"] for item in secret["items"]
                 )
-    assert holders == {
-        f"Deployment/{CONTROL}": {"tls.crt", "tls.key"},
-        f"StatefulSet/{WORKER}": {"ca.crt"},
-    }
+    assert holders == {f"Deployment/{CONTROL}": {"tls.crt", "tls.key"}}
     (volume,) = [
         v
         for v in _pod_spec(_find("Deployment", CONTROL))["volumes"]
@@ -1491,6 +1625,50 @@ def test_control_alone_mounts_the_issuing_ca_key() -> None:
     for workload in _workloads():
         if workload["metadata"]["name"] != CONTROL:
             assert "ISSUING_CA" not in _all_text(workload), _label(workload)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [resource for _, resource in RENDERED if resource["kind"] in POD_TEMPLATE_KINDS],
+    ids=[name for name, resource in RENDERED if resource["kind"] in POD_TEMPLATE_KINDS],
+)
+def test_no_pod_but_controls_names_the_ca_secret(workload: Resource) -> None:
+    """A pod that names a Secret (a volume, even projecting one key; env; a CSI or image
+    pull reference) lets its node's kubelet read the whole Secret. Secret qinglong-ca
+    holds the CA's tls.key, so only control's pods may name it; every other pod that
+    needs the CA certificate mounts ConfigMap qinglong-ca-bundle."""
+    spec = _pod_spec(workload)
+    named = CA_SECRET in _secret_references(spec) or CA_SECRET in set(_strings(spec))
+    is_control = (workload["kind"], workload["metadata"]["name"]) == ("Deployment", CONTROL)
+    assert named == is_control, f"{_label(workload)} names Secret {CA_SECRET}"
+
+
+def test_the_ca_bundle_copies_only_the_ca_certificate_into_the_namespace() -> None:
+    bundle = _find("Bundle", CA_BUNDLE)
+    assert bundle["spec"]["sources"] == [{"secret": {"name": CA_SECRET, "key": "ca.crt"}}]
+    assert bundle["spec"]["target"] == {
+        "configMap": {"key": "ca.crt"},
+        # Cluster-scoped: without a selector it would write the ConfigMap everywhere.
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+    }
+    # trust-manager owns the ConfigMap: one committed here would fight it.
+    assert not [c for c in _of_kind("ConfigMap") if c["metadata"]["name"] == CA_BUNDLE]
+    # Every ConfigMap volume of that name projects the certificate and nothing else.
+    for workload in _workloads():
+        for volume in _pod_spec(workload).get("volumes", []):
+            if volume.get("configMap", {}).get("name") == CA_BUNDLE:
+                assert volume["configMap"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
 
 
 def test_the_enrollment_port_is_served_and_open() -> None:

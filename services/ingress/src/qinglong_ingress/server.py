@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from qinglong.admin.v1 import admin_service_pb2
 from qinglong.control.v1 import (
+    approval_service_pb2,
     run_service_pb2,
     task_service_pb2,
 )
@@ -36,11 +37,15 @@ WORKER_SERVICE_NAME: str = worker_service_pb2.DESCRIPTOR.services_by_name["Worke
 TASK_SERVICE_NAME: str = task_service_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name
 RUN_SERVICE_NAME: str = run_service_pb2.DESCRIPTOR.services_by_name["RunService"].full_name
 ADMIN_SERVICE_NAME: str = admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
+APPROVAL_SERVICE_NAME: str = approval_service_pb2.DESCRIPTOR.services_by_name[
+    "ApprovalService"
+].full_name
 PUBLIC_SERVICE_NAMES = (
     WORKER_SERVICE_NAME,
     TASK_SERVICE_NAME,
     RUN_SERVICE_NAME,
     ADMIN_SERVICE_NAME,
+    APPROVAL_SERVICE_NAME,
 )
 
 
