@@ -21,7 +21,7 @@ from qinglong_control.settings import ENV_ADMIN_DATABASE_URL as CONTROL_ADMIN_DA
 from qinglong_control.settings import ENV_DATABASE_URL as CONTROL_DATABASE_URL
 from qinglong_ingress.settings import ENV_DATABASE_URL as INGRESS_DATABASE_URL
 
-from tests.support.devstack_process import admin_cli, operator_cli
+from tests.support.devstack_process import admin_cli, dev_stack, operator_cli
 
 QINGLONG = Path(sys.executable).with_name("qinglong")
 QINGLONG_WORKER = Path(sys.executable).with_name("qinglong-worker")
@@ -296,3 +296,62 @@ def test_second_up_reuses_pki_database_and_admin_token(tmp_path: Path) -> None:
     assert cluster_marker.stat().st_mtime_ns == cluster_created
     for pid in _service_pids(stack).values():
         assert _wait_gone(pid)
+
+
+def test_cli_with_explicit_settings_and_no_stack_file(tmp_path: Path) -> None:
+    """What the operator of a deployed cluster does: no stack file to read, the address,
+    CA, client certificate, token file and project from flags or the environment."""
+    with dev_stack(tmp_path / "stack") as stack:
+        document = stack.document
+        # A directory without `.qinglong/stack.json`, and no QINGLONG_* from the caller:
+        # had the CLI fallen back to a stack file, it would have found none.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
+
+        def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(QINGLONG), *args],
+                cwd=elsewhere,
+                env={**clean, **(env or {})},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+
+        operator = document["operator"]
+        flags = [
+            "--address", document["ingress"]["address"],
+            "--ca-cert", document["ca_cert"],
+            "--cert", operator["cert"],
+            "--key", operator["key"],
+        ]  # fmt: skip
+        as_operator = [*flags, "--token-file", operator["token_file"]]
+        as_operator += ["--project", document["project_id"]]
+        created = cli("task", "create", *as_operator, "--name", "explicit", "--", "echo", "hi")
+        assert created.returncode == 0, created.stdout + created.stderr
+        task_id = json.loads(created.stdout)["taskId"]
+        listed = cli("task", "list", *as_operator)
+        assert listed.returncode == 0, listed.stderr
+        assert task_id in [json.loads(line)["taskId"] for line in listed.stdout.splitlines()]
+
+        # The same through the environment alone, as a cluster admin.
+        environment = {
+            "QINGLONG_ADDRESS": document["ingress"]["address"],
+            "QINGLONG_CA_CERT": document["ca_cert"],
+            "QINGLONG_CERT": operator["cert"],
+            "QINGLONG_KEY": operator["key"],
+            "QINGLONG_ADMIN_TOKEN_FILE": document["admin"]["token_file"],
+        }
+        fleet = cli("worker", "list", env=environment)
+        assert fleet.returncode == 0, fleet.stderr
+        workers = [json.loads(line)["workerId"] for line in fleet.stdout.splitlines()]
+        assert stack.worker_id in workers
+        token = Path(document["admin"]["token_file"]).read_text().strip()
+        assert token not in fleet.stdout + fleet.stderr
+
+        # Half the settings: refused before any call, naming what is missing.
+        partial = cli("worker", "list", "--address", document["ingress"]["address"])
+        assert (partial.returncode, partial.stdout) == (2, "")
+        assert "but not the CA certificate (--ca-cert or $QINGLONG_CA_CERT)" in partial.stderr

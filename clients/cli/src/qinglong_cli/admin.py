@@ -1,10 +1,11 @@
 """`qinglong admin …` and `qinglong worker list`: a cluster admin's commands (AdminService,
 through ingress).
 
-They authenticate with the cluster admin's bearer token: the file `qinglong up` writes and
-names in stack.json (`admin.token_file`), or `--token-file` / `$QINGLONG_ADMIN_TOKEN_FILE`
-(ingress_client.py). Output, errors and exit codes are the operator commands' (output.py,
-cli_errors.py).
+They authenticate with the cluster admin's bearer token: `--token-file` /
+`$QINGLONG_ADMIN_TOKEN_FILE`, or the file `qinglong up` writes and names in stack.json
+(`admin.token_file`); the connection is explicit (`--address`, `--ca-cert`, `--cert`,
+`--key`) or the stack file's (ingress_client.py). Output, errors and exit codes are the
+operator commands' (output.py, cli_errors.py).
 
 A PRINCIPAL argument is a principal's name or its UUID; a name is looked up through
 ListPrincipals first. Every create sends a fresh AIP-155 request_id, or `--request-id` for a
@@ -569,7 +570,7 @@ async def run_admin_command(
     args: argparse.Namespace, out: TextIO, err: TextIO | None = None
 ) -> int:
     """Run one admin command; the process exit code (see cli_errors)."""
-    return await run_through_ingress(args, ADMIN_TOKEN, _dispatch, out, err)
+    return await run_through_ingress(args, ADMIN_TOKEN, _dispatch, out, err, needs_project=False)
 
 
 async def _dispatch(args: argparse.Namespace, session: Session) -> None:

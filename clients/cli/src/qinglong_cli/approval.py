@@ -63,13 +63,13 @@ async def run_approval_command(
     args: argparse.Namespace, out: TextIO, err: TextIO | None = None
 ) -> int:
     """Run one approval command; the process exit code (see cli_errors)."""
-    return await run_through_ingress(args, OPERATOR_TOKEN, _dispatch, out, err)
+    return await run_through_ingress(args, OPERATOR_TOKEN, _dispatch, out, err, needs_project=True)
 
 
 async def _dispatch(args: argparse.Namespace, session: Session) -> None:
     approvals = approval_service_pb2_grpc.ApprovalServiceStub(session.channel)
     printer, call = session.printer, session.call_options()
-    project = session.context.project_id
+    project = session.project_id
     if args.action == "list":
         await print_pages(
             functools.partial(approvals.ListApprovals, **call),

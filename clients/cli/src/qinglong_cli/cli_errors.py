@@ -49,7 +49,10 @@ def report_rpc_error(error: grpc.aio.AioRpcError, err: TextIO) -> int:
     for field, description in field_violations_of(error):
         print(f"  {field or '(request)'}: {description}", file=err)
     if code in _UNREACHABLE:
-        print("  (the stack is unreachable or busy; is `qinglong up` running?)", file=err)
+        print(
+            "  (ingress is unreachable or busy: is `qinglong up` running, or is --address right?)",
+            file=err,
+        )
         return EXIT_UNAVAILABLE
     return EXIT_REFUSED
 

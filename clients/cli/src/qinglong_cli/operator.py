@@ -1,10 +1,11 @@
 """`qinglong task …` and `qinglong run …`: the operator's commands, through ingress.
 
-Connection and identity come from a stack file (`qinglong up` writes one) and the
-operator's bearer token (ingress_client.py). Answers go to stdout as a table on a terminal
-and as JSON lines otherwise (`--output table|json|jsonl`, see output.py); errors go to
-stderr with their gRPC code, ErrorInfo reason, message and field violations, and
-documented exit codes (cli_errors.py).
+Connection and identity come from explicit settings (`--address`, `--ca-cert`, `--cert`,
+`--key`, `--project`, or their `QINGLONG_*` variables) or else a stack file (`qinglong up`
+writes one), and the operator's bearer token (ingress_client.py). Answers go to stdout as
+a table on a terminal and as JSON lines otherwise (`--output table|json|jsonl`, see
+output.py); errors go to stderr with their gRPC code, ErrorInfo reason, message and field
+violations, and documented exit codes (cli_errors.py).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ async def run_operator_command(
     args: argparse.Namespace, out: TextIO, err: TextIO | None = None
 ) -> int:
     """Run one operator command; the process exit code (see cli_errors)."""
-    return await run_through_ingress(args, OPERATOR_TOKEN, _dispatch, out, err)
+    return await run_through_ingress(args, OPERATOR_TOKEN, _dispatch, out, err, needs_project=True)
 
 
 def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
@@ -169,7 +170,7 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
     printer, err = session.printer, session.err
     call = session.call_options()
     meta = call["metadata"]
-    project = session.context.project_id
+    project = session.project_id
     if args.command == "task" and args.action == "create":
         # One call: the task and its first revision commit together or not at all.
         created = await tasks.CreateTask(
