@@ -44,6 +44,37 @@ async def test_open_session_is_idempotent_and_a_new_generation_replaces_the_old(
     assert await cursor.fetchall() == [(1, "replaced"), (2, "online")]
 
 
+async def test_a_retried_open_session_must_ask_the_same_of_a_live_session(
+    world: World,
+) -> None:
+    """A retry with the request id of an earlier OpenSession gets that session only if it
+    asks for the same terms and the session is still live and unexpired."""
+    asked = sessions.OpenSession("worker-a", "boot-1", ("remote_worker",), 8, "test")
+    first = await sessions.open_session(world.conn, asked, world.timings)
+    retried = await sessions.open_session(world.conn, asked, world.timings)
+    assert (retried.session_id, retried.worker_generation) == (
+        first.session_id,
+        first.worker_generation,
+    )
+    for other in (replace(asked, max_concurrency=16), replace(asked, agent_version="test-2")):
+        with pytest.raises(Refused) as mismatch:
+            await sessions.open_session(world.conn, other, world.timings)
+        assert mismatch.value.reason is Reason.REPLAY_MISMATCH
+    await world.conn.execute(
+        "UPDATE qinglong.worker_sessions SET expires_at_ms = qinglong.db_now_ms() - 1"
+        " WHERE session_id = %s",
+        (first.session_id,),
+    )
+    with pytest.raises(Refused) as expired:
+        await sessions.open_session(world.conn, asked, world.timings)
+    assert expired.value.reason is Reason.SESSION_EXPIRED
+    # A new request id opens the Worker's next session.
+    again = await sessions.open_session(
+        world.conn, replace(asked, request_id="boot-2"), world.timings
+    )
+    assert again.worker_generation == first.worker_generation + 1
+
+
 async def test_unknown_worker_cannot_open_a_session(world: World) -> None:
     with pytest.raises(Refused) as refused:
         await world.session("worker-unknown")

@@ -34,6 +34,7 @@ class SessionServer:
         self.calls: list[str] = []
         self.state = worker_pb2.SESSION_STATE_ONLINE
         self.renewal_refusal: CallFailed | None = None
+        self.open_refusals: list[CallFailed] = []
         self.opened: list[str] = []
 
     async def open_session(
@@ -41,6 +42,8 @@ class SessionServer:
     ) -> ws.OpenSessionResponse:
         self.calls.append("OpenSession")
         self.opened.append(request.request_id)
+        if self.open_refusals:
+            raise self.open_refusals.pop(0)
         return ws.OpenSessionResponse(
             session_id=str(uuid.uuid4()),
             worker_generation=len(self.opened) + 1,
@@ -158,3 +161,29 @@ async def test_a_session_left_draining_is_kept_while_it_owns_open_records(inbox:
     assert fresh.session_id != stored.session_id
     assert server.opened
     assert server.opened[0] != stored.open_request_id
+
+
+async def test_an_open_session_refused_for_good_is_retried_under_a_new_request_id(
+    inbox: Inbox,
+) -> None:
+    """A lost OpenSession answer is retried with the same request id (the server answers
+    the session it opened); once the server refuses that id for good (its session expired
+    or was replaced meanwhile, or the Worker now asks other terms), the Worker opens a new
+    session under a new id instead of sending the refused one for ever."""
+    server = SessionServer()
+    keeper = _keeper(inbox, server)
+    server.open_refusals = [
+        CallFailed("OpenSession", grpc.StatusCode.UNAVAILABLE, None),
+        CallFailed(
+            "OpenSession", grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_SESSION_EXPIRED
+        ),
+    ]
+    assert await keeper.ensure() is None
+    assert await keeper.ensure() is None
+    assert server.opened[0] == server.opened[1], "a transient failure keeps the id"
+    opened = await keeper.ensure()
+    assert opened is not None
+    assert server.opened[2] != server.opened[1], "a refusal for good ends that id"
+    stored = inbox.session()
+    assert stored is not None
+    assert (stored.open_request_id, stored.session_id) == (server.opened[2], opened.session_id)

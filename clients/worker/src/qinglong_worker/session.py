@@ -214,6 +214,18 @@ class SessionKeeper:
             )
         except CallFailed as failure:
             log.warning("opening a session failed: %s", failure)
+            if not failure.transient:
+                # Refused for good under this request id (the session it opened was
+                # replaced, has expired, or was opened on other terms): the next try is
+                # a new incarnation with a new id, not this retry again for ever.
+                self._inbox.save_session(
+                    stored,
+                    SessionRecord(
+                        revision=stored.revision,
+                        worker_id=self._worker_id,
+                        open_request_id=uuid.uuid4().hex,
+                    ),
+                )
             return None
         self._inbox.save_session(
             stored,

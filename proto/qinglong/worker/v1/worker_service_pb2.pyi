@@ -38,6 +38,10 @@ class OpenSessionRequest(_message.Message):
     request_id: _builtins.str
     """AIP-155 idempotency key: a retry with the same worker_id and request_id
     returns the session the first call opened instead of opening another one.
+    The retry must repeat the request (other executor_types,
+    max_concurrent_attempts or agent_version: ABORTED REPLAY_MISMATCH), and that
+    session must still be live (replaced or closed: SESSION_FENCED; expired:
+    SESSION_EXPIRED); the Worker then opens one under a new request_id.
     """
     worker_id: _builtins.str
     """The stable worker id; must equal the mTLS principal."""

@@ -13,9 +13,11 @@ from qinglong_control.db.command_tx import CommandTx, command_transaction
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import (
-    LIVE_SESSION_STATES,
+    OpenedBefore,
     SessionClaim,
+    SessionRequest,
     SessionRow,
+    check_open_replay,
     check_session,
 )
 from qinglong_control.domain.timings import Timings
@@ -53,6 +55,10 @@ class OpenSession:
     max_concurrency: int
     agent_version: str
 
+    @property
+    def terms(self) -> SessionRequest:
+        return SessionRequest(self.executor_types, self.max_concurrency, self.agent_version)
+
 
 @dataclass(frozen=True)
 class SessionView:
@@ -85,13 +91,12 @@ async def open_session(
             raise Refused(Reason.SESSION_FENCED, "worker is not enrolled or is disabled")
         existing = await earlier.fetchone()
         if existing is not None:
-            if existing.status not in LIVE_SESSION_STATES:
-                raise Refused(Reason.SESSION_FENCED, "that session was replaced or closed")
+            check_open_replay(existing.opened_before, command.terms, now_ms)
             return SessionView(
                 existing.session_id,
                 existing.generation,
                 existing.status,
-                max(0, existing.expires_at_ms - now_ms),
+                existing.expires_at_ms - now_ms,
             )
         generation = await _one(last) + 1
         session_id = uuid.uuid4()
@@ -166,6 +171,16 @@ class _Existing:
     generation: int
     status: str
     expires_at_ms: int
+    executor_types: list[str]
+    max_concurrency: int
+    agent_version: str
+
+    @property
+    def opened_before(self) -> OpenedBefore:
+        terms = SessionRequest(tuple(self.executor_types), self.max_concurrency, self.agent_version)
+        return OpenedBefore(
+            self.session_id, self.generation, self.status, self.expires_at_ms, terms
+        )
 
 
 async def _lock_session(tx: CommandTx, claim: SessionClaim) -> tuple[SessionRow, int]:

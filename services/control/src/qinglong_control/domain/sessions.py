@@ -39,3 +39,35 @@ def check_session(claim: SessionClaim, row: SessionRow | None, now_ms: int) -> S
     if row.expires_at_ms <= now_ms:
         raise Refused(Reason.SESSION_EXPIRED, "session expired")
     return row
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """What an OpenSession asks for; a retry (the same request id) must ask the same."""
+
+    executor_types: tuple[str, ...]
+    max_concurrency: int
+    agent_version: str
+
+
+@dataclass(frozen=True)
+class OpenedBefore:
+    """The session an earlier OpenSession with the same request id opened."""
+
+    session_id: uuid.UUID
+    generation: int
+    status: str
+    expires_at_ms: int
+    request: SessionRequest
+
+
+def check_open_replay(earlier: OpenedBefore, request: SessionRequest, now_ms: int) -> None:
+    """A retried OpenSession (AIP-155) is answered with the session it opened only when it
+    asks for the same thing and that session is still the Worker's live one; otherwise the
+    Worker is told why and opens another with a new request id."""
+    if earlier.request != request:
+        raise Refused(Reason.REPLAY_MISMATCH, "that request id opened a session with other terms")
+    if earlier.status not in LIVE_SESSION_STATES:
+        raise Refused(Reason.SESSION_FENCED, "that session was replaced or closed")
+    if earlier.expires_at_ms <= now_ms:
+        raise Refused(Reason.SESSION_EXPIRED, "that session expired")

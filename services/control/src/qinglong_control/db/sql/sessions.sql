@@ -8,7 +8,8 @@ SELECT pg_advisory_xact_lock(hashtextextended('qinglong.worker:' || %s, 0))
 SELECT status FROM qinglong.worker_identities WHERE worker_id = %s
 
 -- name: session_by_request
-SELECT session_id, generation, status, expires_at_ms
+SELECT session_id, generation, status, expires_at_ms,
+       executor_types, max_concurrency, agent_version
   FROM qinglong.worker_sessions
  WHERE worker_id = %s AND open_request_id = %s
 
