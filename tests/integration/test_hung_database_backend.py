@@ -6,7 +6,9 @@ Ingress runs here with one pooled connection. A Worker's call is one audit state
 the backend behind it is stopped. Without a bound, the batch's writer waits on that
 statement for as long as the backend stays stopped and every later call fails; with it,
 the writer gives up after the statement bound, the connection is closed, and the next
-calls are served on a new connection — while the old backend is still stopped."""
+calls are served on a new connection — while the old backend is still stopped. An
+operator's call, whose lookups run on that connection, is answered UNAVAILABLE within
+ingress's admission budget, not after psycopg's own cancellation of the statement."""
 
 from __future__ import annotations
 
@@ -19,14 +21,17 @@ from collections.abc import AsyncIterator
 import grpc
 import psycopg
 import pytest
+from qinglong.control.v1 import task_service_pb2 as ts
+from qinglong.control.v1 import task_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2_grpc
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
+from qinglong_protocol.errors import error_info_of
 from qinglong_protocol.pooling import PoolSizing
 from qinglong_protocol.storage import StorageBounds
 
 from tests.support.postgres import MigratedDatabase
-from tests.support.stack import Stack, running_stack
+from tests.support.stack import PROJECT, Stack, bearer, running_stack
 from tests.support.worker_steps import open_session
 
 BOUNDS = StorageBounds(1.0)
@@ -88,6 +93,31 @@ async def test_a_stopped_backend_frees_the_audit_writer(stack: Stack) -> None:
     assert failed, "the stopped backend was never met"
     assert set(failed) <= {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
     assert serving != stopped  # the stopped backend's connection was given up
+
+
+async def test_an_operator_call_is_answered_within_the_admission_budget(stack: Stack) -> None:
+    """The token lookup waits on the stopped backend. The caller gets UNAVAILABLE after
+    ingress's admission budget (0.9 x the 1 s bound), well inside a 4 s deadline: before,
+    it waited for psycopg to cancel the statement (up to 10 s) and got DEADLINE_EXCEEDED,
+    which a client cannot tell from a slow answer (R-ERR-2)."""
+    async with stack.channel(stack.operator_identity("alice")) as channel:
+        tasks = task_service_pb2_grpc.TaskServiceStub(channel)
+        request = ts.ListTasksRequest(project_id=PROJECT)
+        await tasks.ListTasks(request, metadata=bearer(stack, "alice"), timeout=10)
+        [stopped] = backends(stack.database, "qinglong_ingress")
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await tasks.ListTasks(request, metadata=bearer(stack, "alice"), timeout=4)
+            answered_after = time.monotonic() - started
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+    print(f"stopped ingress backend: an operator's call answered after {answered_after:.1f} s")
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value.details()
+    info = error_info_of(refused.value)
+    assert info is not None
+    assert info.reason == "STORAGE_UNAVAILABLE"
 
 
 async def test_a_stopped_backend_fails_one_reconcile_cycle_not_all(

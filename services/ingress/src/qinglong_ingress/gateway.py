@@ -27,7 +27,6 @@ tokens, operator tokens) never reach a log line, an audit row or an error messag
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from qinglong_protocol.telemetry import (
 )
 
 from qinglong_ingress.audit import AuditOutcome
+from qinglong_ingress.budget import settle_within
 from qinglong_ingress.directory import Audited, AuditEntry, AuditRecord, Directory, RoleBinding
 from qinglong_ingress.metrics import REFUSALS_NOT_AUDITED
 from qinglong_ingress.principals import CredentialKind, Principal, PrincipalKind
@@ -215,12 +215,9 @@ class Gateway:
         call = Call.arrived(route, received, context)
         audit_id = ""
         try:
-            async with asyncio.timeout(self._admission_budget_s):
-                decision = await self._decide(call)
-                if isinstance(decision, Refusal) and not decision.audited:
-                    REFUSALS_NOT_AUDITED.labels(reason_name(decision.answer.reason)).inc()
-                else:
-                    audit_id, decision = await self._audit(call, decision)
+            audit_id, decision = await settle_within(
+                self._admission_budget_s, self._decide_and_audit(call)
+            )
         except TimeoutError:
             # The budget is spent: no time is left to audit this answer either.
             _log.warning("storage unavailable during admission: no answer within the bound")
@@ -231,6 +228,13 @@ class Gateway:
             await abort_with(context, decision.answer.status())
         held = decision is Verdict.REQUIRE_APPROVAL
         return call.request, Admitted(call.caller, call.binding, audit_id, call.tls_version, held)
+
+    async def _decide_and_audit(self, call: Call) -> tuple[str, Verdict | Refusal]:
+        decision = await self._decide(call)
+        if isinstance(decision, Refusal) and not decision.audited:
+            REFUSALS_NOT_AUDITED.labels(reason_name(decision.answer.reason)).inc()
+            return "", decision
+        return await self._audit(call, decision)
 
     async def _decide(self, call: Call) -> Verdict | Refusal:
         """The first refusal or approval of the stages, in order; else PASS."""
