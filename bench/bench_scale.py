@@ -949,9 +949,19 @@ SELECT a.attempt_id, a.session_id, r.run_id FROM qinglong.runs r
 """
 
 
+_RUNNING_ONLY = {
+    "task_id": None,
+    "states": ["running"],
+    "before_created": None,
+    "before_run": None,
+    "limit": 51,
+}
+
+
 def explain(database: Database) -> str:
-    """EXPLAIN (ANALYZE, BUFFERS) of the cycle's reads and of two reads of every ACK or
-    claim, as the runtime role, rolled back (the FOR UPDATE ones take row locks)."""
+    """EXPLAIN (ANALYZE, BUFFERS) of the cycle's reads, of two reads of every ACK or
+    claim and of a filtered listing, as the runtime role, rolled back (the FOR UPDATE ones
+    take row locks)."""
     lines = [f"--- {database.name}: {database.people.describe()}"]
     with psycopg.connect(database.urls.runtime) as conn:
         row = conn.execute(_A_RUNNING_RUN).fetchone()
@@ -963,6 +973,9 @@ def explain(database: Database) -> str:
             # not the plans of the statements inside it.
             ("authority.lock_authority", (attempt_id, session_id, run_id)),
             ("placement.session_room", (session_id,)),
+            # An operator's listing (`qinglong run list --state running`): by migration
+            # 0020's index, not every Run of the project.
+            ("runs.list_runs", _RUNNING_ONLY | {"project_id": BULK_PROJECT}),
         ]
         for name, params in explained:
             plan = conn.execute(

@@ -847,6 +847,10 @@ CREATE UNIQUE INDEX run_leases_one_leased_per_run ON qinglong.run_leases USING b
 
 CREATE INDEX runs_by_project ON qinglong.runs USING btree (project_id, created_at_ms DESC, run_id);
 
+CREATE INDEX runs_by_project_state ON qinglong.runs USING btree (project_id, state, created_at_ms, run_id);
+
+CREATE INDEX runs_by_project_task ON qinglong.runs USING btree (project_id, task_id, created_at_ms, run_id);
+
 CREATE INDEX runs_cancel_pending ON qinglong.runs USING btree (cancel_requested_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NOT NULL) AND (state = ANY (ARRAY['created'::text, 'queued'::text, 'waiting_approval'::text, 'retry_wait'::text, 'lost'::text])));
 
 CREATE INDEX runs_live_unstopped_by_project ON qinglong.runs USING btree (project_id, created_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NULL) AND (state <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text])));
@@ -856,6 +860,8 @@ CREATE INDEX runs_lost_unretried ON qinglong.runs USING btree (updated_at_ms, ru
 CREATE INDEX runs_queued_by_age ON qinglong.runs USING btree (created_at_ms, run_id) WHERE (state = 'queued'::text);
 
 CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) WHERE ((state = 'retry_wait'::text) AND (cancel_requested_at_ms IS NULL));
+
+CREATE INDEX security_audit_by_principal ON qinglong.security_audit USING btree (principal_id, occurred_at_ms, audit_id);
 
 CREATE INDEX security_audit_by_time ON qinglong.security_audit USING btree (occurred_at_ms);
 

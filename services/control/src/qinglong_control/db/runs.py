@@ -162,6 +162,10 @@ async def list_runs(
             "before_run": None if before is None else before[1],
             "limit": limit + 1,  # one more than a page: is there a next one?
         },
+        # Planned with its values each time, never as a prepared generic plan: only then
+        # can the planner drop the filters not given and read the index of the one that
+        # is (migration 0020) instead of the whole project's history.
+        prepare=False,
     )
     runs = list(await cursor.fetchall())
     if len(runs) <= limit:  # the last page: its token is empty, as the contract says
