@@ -21,7 +21,12 @@ from qinglong_protocol.errors import code_for
 
 class AuditOutcome(StrEnum):
     ADMITTED = "admitted"
-    """Forwarded to control, with this row's id."""
+    """Passed admission; forwarded to control with this row's id once the row was durable.
+    One exception: a caller whose admission budget ran out while its batch was being
+    written was answered UNAVAILABLE and not forwarded, though the batch may still have
+    committed its row (its commit's answer came too late, or was lost with the
+    connection). An `admitted` row without a matching call in control's records is that
+    call; nothing was ever forwarded without its row."""
     REQUIRE_APPROVAL = "require_approval"
     """Answered by ingress: the caller's role needs an approval for this (R-CAN-2)."""
     UNAUTHENTICATED = "unauthenticated"
