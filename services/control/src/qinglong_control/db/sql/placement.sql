@@ -17,45 +17,80 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 
 -- name: lock_candidates
 -- Oldest queued Runs of an executor type this session runs, of a project its Worker
--- serves, with no intent to cancel and no live offer elsewhere. SKIP LOCKED lets many sessions pull at once without waiting or
--- ever taking the same Run. The session's room is computed in the same statement, so the
--- whole read side is one round trip: new placements never exceed what the answer carries
--- (max_offers minus offers already open) nor what the session may run (max_concurrency
--- minus live Attempts and open offers). A session that is not the caller's live, online,
--- unexpired incarnation has no room at all; the caller is then refused in Python.
-WITH session AS (
-    SELECT s.session_id, s.executor_types, s.max_concurrency,
+-- serves, with no intent to cancel and no live offer elsewhere. SKIP LOCKED lets many
+-- sessions pull at once without waiting or ever taking the same Run. The session's room
+-- is computed in the same statement, so the whole read side is one round trip: new
+-- placements never exceed what the answer carries (max_offers minus offers already open)
+-- nor what the session may run (max_concurrency minus live Attempts and open offers). A
+-- session that is not the caller's live, online, unexpired incarnation has no room at
+-- all; the caller is then refused in Python.
+--
+-- Two branches, of which one runs (the other's one-time filter is false): a Worker of
+-- every project reads the queue by age (runs_queued_by_age); a Worker of some projects
+-- reads each of its projects' queue (runs_by_project_state, migration 0020) and takes the
+-- oldest of those — reading the whole queue instead, it would scan every other project's
+-- backlog at each pull (80 ms with 85,000 Runs queued elsewhere). Both branches place a
+-- Run on the same conditions; they are written out in each, and must stay the same.
+WITH session AS MATERIALIZED (
+    SELECT s.session_id, s.executor_types,
            -- The projects its Worker serves (NULL: every project).
            (SELECT w.project_ids FROM qinglong.worker_identities w
              WHERE w.worker_id = s.worker_id) AS project_ids,
-           (SELECT count(*) FROM qinglong.attempts a
-             WHERE a.session_id = s.session_id
-               AND a.state IN ('claimed', 'starting', 'running')) AS live_attempts,
-           (SELECT count(*) FROM qinglong.offers o
-             WHERE o.session_id = s.session_id AND o.state = 'open'
-               AND o.expires_at_ms > qinglong.db_now_ms()) AS open_offers
+           greatest(0, least(
+               %(max_offers)s - open.offers,
+               s.max_concurrency - open.offers
+                 - (SELECT count(*) FROM qinglong.attempts a
+                     WHERE a.session_id = s.session_id
+                       AND a.state IN ('claimed', 'starting', 'running')))) AS room
       FROM qinglong.worker_sessions s
+     CROSS JOIN LATERAL (
+         SELECT count(*) AS offers FROM qinglong.offers o
+          WHERE o.session_id = s.session_id AND o.state = 'open'
+            AND o.expires_at_ms > qinglong.db_now_ms()) open
      WHERE s.session_id = %(session_id)s AND s.worker_id = %(worker_id)s
        AND s.generation = %(generation)s AND s.status = 'online'
        AND s.expires_at_ms > qinglong.db_now_ms()
 )
-SELECT r.run_id
-  FROM qinglong.runs r, session
- WHERE r.state = 'queued'
-   AND r.cancel_requested_at_ms IS NULL
-   -- A disabled project's Runs are stopped by the reconciler; none starts meanwhile.
-   AND EXISTS (SELECT 1 FROM qinglong.projects p
-                WHERE p.project_id = r.project_id AND p.status = 'active')
-   AND r.executor_type = ANY(session.executor_types)
-   AND (session.project_ids IS NULL OR r.project_id = ANY(session.project_ids))
-   AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
-                    WHERE o.run_id = r.run_id AND o.state = 'open'
-                      AND o.expires_at_ms > qinglong.db_now_ms())
- ORDER BY r.created_at_ms, r.run_id
- LIMIT coalesce((SELECT greatest(0, least(%(max_offers)s - open_offers,
-                                          max_concurrency - live_attempts - open_offers))
-                   FROM session), 0)
-   FOR UPDATE OF r SKIP LOCKED
+SELECT picked.run_id FROM (
+    SELECT by_age.run_id, by_age.created_at_ms FROM (
+        SELECT r.run_id, r.created_at_ms
+          FROM qinglong.runs r, session
+         -- A scalar subquery, read once before the scan (an InitPlan): it decides whether
+         -- this branch reads anything at all.
+         WHERE (SELECT project_ids IS NULL FROM session)
+           AND r.state = 'queued'
+           AND r.cancel_requested_at_ms IS NULL
+           -- A disabled project's Runs are stopped by the reconciler; none starts meanwhile.
+           AND EXISTS (SELECT 1 FROM qinglong.projects p
+                        WHERE p.project_id = r.project_id AND p.status = 'active')
+           AND r.executor_type = ANY(session.executor_types)
+           AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
+                            WHERE o.run_id = r.run_id AND o.state = 'open'
+                              AND o.expires_at_ms > qinglong.db_now_ms())
+         ORDER BY r.created_at_ms, r.run_id
+         LIMIT coalesce((SELECT room FROM session), 0)
+           FOR UPDATE OF r SKIP LOCKED) by_age
+    UNION ALL
+    SELECT by_project.run_id, by_project.created_at_ms
+      FROM session, unnest(session.project_ids) AS served (project_id)
+     CROSS JOIN LATERAL (
+        SELECT r.run_id, r.created_at_ms
+          FROM qinglong.runs r
+         WHERE r.project_id = served.project_id
+           AND r.state = 'queued'
+           AND r.cancel_requested_at_ms IS NULL
+           AND EXISTS (SELECT 1 FROM qinglong.projects p
+                        WHERE p.project_id = r.project_id AND p.status = 'active')
+           AND r.executor_type = ANY(session.executor_types)
+           AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
+                            WHERE o.run_id = r.run_id AND o.state = 'open'
+                              AND o.expires_at_ms > qinglong.db_now_ms())
+         ORDER BY r.created_at_ms, r.run_id
+         LIMIT session.room
+           FOR UPDATE OF r SKIP LOCKED) by_project
+) picked
+ ORDER BY picked.created_at_ms, picked.run_id
+ LIMIT coalesce((SELECT room FROM session), 0)
 
 -- name: expire_stale_offers
 UPDATE qinglong.offers SET state = 'expired'
