@@ -85,9 +85,11 @@ CREATE FUNCTION qinglong.enforce_join_token_single_use() RETURNS trigger
     AS $$
 BEGIN
     IF OLD.used_at_ms IS NOT NULL
-       OR (NEW.token_digest, NEW.worker_id, NEW.created_at_ms, NEW.expires_at_ms)
+       OR (NEW.token_digest, NEW.worker_id, NEW.created_at_ms, NEW.expires_at_ms,
+           NEW.issue_request_id)
           IS DISTINCT FROM
-          (OLD.token_digest, OLD.worker_id, OLD.created_at_ms, OLD.expires_at_ms) THEN
+          (OLD.token_digest, OLD.worker_id, OLD.created_at_ms, OLD.expires_at_ms,
+           OLD.issue_request_id) THEN
         RAISE EXCEPTION 'join token of worker % is used or fixed', OLD.worker_id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'worker_join_tokens_single_use';
     END IF;
@@ -658,6 +660,7 @@ CREATE TABLE qinglong.worker_join_tokens (
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
     expires_at_ms qinglong.epoch_ms NOT NULL,
     used_at_ms qinglong.epoch_ms,
+    issue_request_id text,
     CONSTRAINT worker_join_tokens_expire_after_creation CHECK (((expires_at_ms)::bigint > (created_at_ms)::bigint)),
     CONSTRAINT worker_join_tokens_used_after_creation CHECK (((used_at_ms IS NULL) OR ((used_at_ms)::bigint >= (created_at_ms)::bigint)))
 );
@@ -808,6 +811,9 @@ ALTER TABLE ONLY qinglong.worker_identities
 ALTER TABLE ONLY qinglong.worker_identities
     ADD CONSTRAINT worker_identities_principal_id_key UNIQUE (principal_id);
 
+ALTER TABLE qinglong.worker_join_tokens
+    ADD CONSTRAINT worker_join_tokens_issue_request_id_shape CHECK ((issue_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)) NOT VALID;
+
 ALTER TABLE ONLY qinglong.worker_join_tokens
     ADD CONSTRAINT worker_join_tokens_pkey PRIMARY KEY (token_digest);
 
@@ -866,6 +872,8 @@ CREATE INDEX security_audit_by_principal ON qinglong.security_audit USING btree 
 CREATE INDEX security_audit_by_time ON qinglong.security_audit USING btree (occurred_at_ms);
 
 CREATE INDEX tasks_by_project ON qinglong.tasks USING btree (project_id, created_at_ms, task_id);
+
+CREATE UNIQUE INDEX worker_join_tokens_by_issue_request ON qinglong.worker_join_tokens USING btree (worker_id, issue_request_id) WHERE (issue_request_id IS NOT NULL);
 
 CREATE INDEX worker_join_tokens_by_worker ON qinglong.worker_join_tokens USING btree (worker_id, created_at_ms);
 

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from qinglong_control.db import admin, cancellation, lease_control, placement, sessions
+from qinglong_control.db import admin, cancellation, enrollment, lease_control, placement, sessions
 from qinglong_control.db.events import Actor
 from qinglong_control.db.identities import (
     bind_role,
@@ -30,6 +30,7 @@ from qinglong_control.domain.cancellation import BindingSnapshot, CancelOutcome
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_protocol.identities import worker_uri
 
+from tests.support.locks import until_waiting
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, World
 
@@ -204,6 +205,64 @@ async def test_disable_principal(conn: Conn) -> None:
     enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
     worker = await refused(admin.disable_principal(conn, enrolled.worker.principal_id))
     assert (worker.reason, worker.field) == (Reason.FIELD_INVALID, "principal_id")
+
+
+async def active_cluster_admins(conn: Conn) -> list[str]:
+    cursor = await conn.execute(
+        "SELECT p.name FROM qinglong.cluster_admins c"
+        "  JOIN qinglong.principals p USING (principal_id)"
+        " WHERE p.status = 'active' AND p.kind = 'user' ORDER BY p.name"
+    )
+    return [row[0] for row in await cursor.fetchall()]
+
+
+async def test_the_last_active_cluster_admin_cannot_be_disabled(conn: Conn) -> None:
+    """Nobody could administer the cluster any more, and bootstrap-admin would refuse the
+    name that is taken: FAILED_PRECONDITION, whoever asks (the admin itself too)."""
+    root = await user(conn, "root", cluster_admin=True)
+    last = await refused(admin.disable_principal(conn, root))
+    assert (last.reason, last.field) == (Reason.LAST_CLUSTER_ADMIN, None)
+    assert await active_cluster_admins(conn) == ["root"]
+    # Another cluster admin first: then either may go, and the other is the last.
+    chief = await user(conn, "chief", cluster_admin=True)
+    assert (await admin.disable_principal(conn, root)).status == "disabled"
+    again = await refused(admin.disable_principal(conn, chief))
+    assert again.reason is Reason.LAST_CLUSTER_ADMIN
+    assert await active_cluster_admins(conn) == ["chief"]
+    # A disabled admin stays disabled (a replay changes nothing); people who are not
+    # cluster admins are disabled as before.
+    assert (await admin.disable_principal(conn, root)).status == "disabled"
+    assert (await admin.disable_principal(conn, await user(conn, "dora"))).status == "disabled"
+
+
+async def test_two_admins_disabling_each_other_at_once_leave_one(
+    conn: Conn, database: MigratedDatabase
+) -> None:
+    """Both disables wait on the two principals' rows, then run together: one wins, the
+    other finds itself the last and is refused (the count is read under the principal
+    lock, so it cannot count on an admin a concurrent disable is removing)."""
+    first = await user(conn, "first", cluster_admin=True)
+    second = await user(conn, "second", cluster_admin=True)
+    hold = "SELECT 1 FROM qinglong.principals WHERE principal_id = ANY(%s) FOR UPDATE"
+    async with (
+        await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True) as one,
+        await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True) as two,
+        await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True) as gate,
+        await psycopg.AsyncConnection.connect(database.admin_url, autocommit=True) as observer,
+    ):
+        async with gate.transaction():  # both disables are in flight before either runs
+            await gate.execute(hold, ([first, second],))
+            racing = asyncio.gather(
+                admin.disable_principal(one, second),
+                admin.disable_principal(two, first),
+                return_exceptions=True,
+            )
+            await until_waiting(observer, 2)
+        outcomes = await racing
+    lost = [o for o in outcomes if isinstance(o, Refused)]
+    assert len(lost) == 1, outcomes
+    assert lost[0].reason is Reason.LAST_CLUSTER_ADMIN
+    assert len(await active_cluster_admins(conn)) == 1
 
 
 # --- operator tokens ---------------------------------------------------------------------
@@ -475,6 +534,116 @@ async def test_disable_worker_fences_its_sessions(conn: Conn, world: World) -> N
     assert (unknown.reason, unknown.field) == (Reason.WORKER_NOT_FOUND, "worker_id")
 
 
+async def join(conn: Conn, token: str) -> str | None:
+    """The Worker a join token enrolls now (consuming it), or None when it is refused."""
+    enrolled = await enrollment.consume_join_token(conn, hashlib.sha256(token.encode()).hexdigest())
+    return None if enrolled is None else enrolled.worker_id
+
+
+async def live_join_tokens(conn: Conn, worker_id: str) -> int:
+    cursor = await conn.execute(
+        "SELECT count(*) FROM qinglong.worker_join_tokens"
+        " WHERE worker_id = %s AND used_at_ms IS NULL AND expires_at_ms > qinglong.db_now_ms()",
+        (worker_id,),
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_issue_join_token_replaces_the_workers_join_token(conn: Conn) -> None:
+    """A lost CreateWorker answer: a new token, shown once; the first one stops working."""
+    uri = worker_uri("example.org", "worker-x")
+    created = await admin.create_worker(conn, "w-1", "worker-x", uri, None)
+    issued = await admin.issue_join_token(conn, "worker-x", "j-1", None)
+    assert issued.join_token.startswith("qlj1_")
+    assert len(issued.join_token) == 48
+    assert issued.join_token != created.join_token
+    assert issued.worker == created.worker
+    assert issued.join_expires_at_ms - HOUR_MS > created.worker.created_at_ms
+    assert issued.join_expires_at_ms <= await db_now(conn) + HOUR_MS
+    cursor = await conn.execute(
+        "SELECT count(*) FROM qinglong.worker_join_tokens WHERE token_digest = %s",
+        (hashlib.sha256(issued.join_token.encode()).hexdigest(),),
+    )
+    assert await cursor.fetchone() == (1,)
+    assert await live_join_tokens(conn, "worker-x") == 1
+    # A retry answers with the same expiry and no token, and issues nothing.
+    replay = await admin.issue_join_token(conn, "worker-x", "j-1", 600)
+    assert (replay.worker, replay.join_token) == (issued.worker, "")
+    assert replay.join_expires_at_ms == issued.join_expires_at_ms
+    # The first token is refused, the new one joins, once.
+    assert await join(conn, created.join_token) is None
+    assert await join(conn, issued.join_token) == "worker-x"
+    assert await join(conn, issued.join_token) is None
+    # A retried CreateWorker still answers with the first token's expiry.
+    recreated = await admin.create_worker(conn, "w-1", "worker-x", uri, None)
+    assert (recreated.join_token, recreated.join_expires_at_ms) == (
+        "",
+        created.join_expires_at_ms,
+    )
+    # The join's answer was lost after the token was spent: another one, for a minute.
+    before = await db_now(conn)
+    again = await admin.issue_join_token(conn, "worker-x", "j-2", 60)
+    assert before + 60_000 <= again.join_expires_at_ms <= await db_now(conn) + 60_000
+    assert await join(conn, again.join_token) == "worker-x"
+    # The request id is the Worker's: another Worker's j-1 is a new request.
+    other = await admin.create_worker(conn, "w-2", "worker-y", worker_uri("t", "worker-y"), None)
+    fresh = await admin.issue_join_token(conn, "worker-y", "j-1", None)
+    assert fresh.join_token not in ("", other.join_token)
+    assert await join(conn, other.join_token) is None
+    assert await join(conn, fresh.join_token) == "worker-y"
+
+
+async def test_issue_join_token_needs_an_enrolled_active_worker(conn: Conn) -> None:
+    created = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    issued = await admin.issue_join_token(conn, "worker-x", "j-1", None)
+    unknown = await refused(admin.issue_join_token(conn, "worker-none", "j-1", None))
+    assert (unknown.reason, unknown.field) == (Reason.WORKER_NOT_FOUND, "worker_id")
+    await admin.disable_worker(conn, "worker-x")
+    disabled = await refused(admin.issue_join_token(conn, "worker-x", "j-2", None))
+    assert (disabled.reason, disabled.field) == (Reason.WORKER_DISABLED, None)
+    # A retry of what was issued before is still answered (without the token), as
+    # IssueToken's is; no token of a disabled Worker joins.
+    replay = await admin.issue_join_token(conn, "worker-x", "j-1", None)
+    assert (replay.join_token, replay.join_expires_at_ms) == ("", issued.join_expires_at_ms)
+    assert replay.worker.status == "disabled"
+    for token in (created.join_token, issued.join_token):
+        assert await join(conn, token) is None
+
+
+async def test_concurrent_join_token_issues_leave_one_live_token(
+    conn: Conn, database: MigratedDatabase
+) -> None:
+    """Issues racing each other queue on the Worker's row: each ends the one before it, so
+    one token is left that joins, whichever came last; retries of one request issue once."""
+    await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    others = [
+        await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True)
+        for _ in range(6)
+    ]
+    try:
+        racing = await asyncio.gather(
+            *(
+                admin.issue_join_token(other, "worker-x", f"j-{index}", None)
+                for index, other in enumerate(others)
+            )
+        )
+        same = await asyncio.gather(
+            *(admin.issue_join_token(other, "worker-x", "j-same", None) for other in others)
+        )
+    finally:
+        for other in others:
+            await other.close()
+    assert len({issued.join_token for issued in racing}) == len(others)
+    assert len([issued for issued in same if issued.join_token]) == 1
+    assert len({issued.join_expires_at_ms for issued in same}) == 1
+    assert await live_join_tokens(conn, "worker-x") == 1
+    (last,) = [issued.join_token for issued in same if issued.join_token]
+    assert [await join(conn, issued.join_token) for issued in racing] == [None] * len(others)
+    assert await join(conn, last) == "worker-x"
+
+
 # --- the security audit ------------------------------------------------------------------
 
 
@@ -547,8 +716,15 @@ async def test_bootstrap_admin_issues_only_when_no_active_cluster_admin_exists(
     assert await admin.bootstrap_admin(conn, "other") is None
     holder = await admin.list_principals(conn, kinds=("user",), limit=50, after=None)
     assert [(row.name, row.cluster_admin) for row in holder.rows] == [("admin", True)]
-    # With its only admin disabled, the cluster can be bootstrapped again, by a new name.
-    await admin.disable_principal(conn, first.token.principal_id)
+    # Administration never disables the last cluster admin (LAST_CLUSTER_ADMIN) ...
+    last = await refused(admin.disable_principal(conn, first.token.principal_id))
+    assert last.reason is Reason.LAST_CLUSTER_ADMIN
+    # ... but with its only admin disabled out of band, the cluster can be bootstrapped
+    # again, by a new name.
+    await conn.execute(
+        "UPDATE qinglong.principals SET status = 'disabled' WHERE principal_id = %s",
+        (first.token.principal_id,),
+    )
     taken = await refused(admin.bootstrap_admin(conn, "admin"))
     assert taken.reason is Reason.ALREADY_EXISTS
     assert await admin.bootstrap_admin(conn, "admin-2") is not None
@@ -568,13 +744,16 @@ async def test_no_secret_in_any_row_log_event_or_error(
     rotated = await admin.rotate_token(conn, issued.token.token_id, "rot-1", 60)
     bootstrapped = await admin.bootstrap_admin(conn, "admin")
     enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    rejoin = await admin.issue_join_token(conn, "worker-x", "j-1", None)
     assert bootstrapped is not None
     secrets += [issued.secret, rotated.issued.secret, bootstrapped.secret, enrolled.join_token]
-    seen += [issued, rotated, bootstrapped, enrolled, await admin.list_tokens(conn, alice)]
+    secrets.append(rejoin.join_token)
+    seen += [issued, rotated, bootstrapped, enrolled, rejoin, await admin.list_tokens(conn, alice)]
     for command in (
         admin.issue_token(conn, alice, "issue-1", 600),
         admin.rotate_token(conn, issued.token.token_id, "rot-1", 60),
         admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None),
+        admin.issue_join_token(conn, "worker-x", "j-1", None),
     ):
         seen.append(await command)  # replays
     for failing in (
@@ -583,7 +762,7 @@ async def test_no_secret_in_any_row_log_event_or_error(
     ):
         seen.append(await refused(failing))
     await world.claimed("worker-a")  # Events exist to be scanned
-    assert len(set(secrets)) == 4
+    assert len(set(secrets)) == 5
     assert all(len(secret) == 48 for secret in secrets)
     needles = [*secrets, *(secret[5:] for secret in secrets)]
 

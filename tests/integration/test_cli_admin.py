@@ -223,6 +223,46 @@ async def test_workers_join_tokens_and_the_fleet(cli: Cli) -> None:
     assert one_page.err.startswith("next page: --page-token ")
 
 
+async def test_a_worker_is_given_a_new_join_token(cli: Cli) -> None:
+    created = json.loads((await cli.ok("worker", "create", "edge-3")).out)
+    issued = await cli.ok(
+        "worker", "join-token", "edge-3", "--ttl", "600", "--request-id", "rejoin-1",
+        "--output", "json",
+    )  # fmt: skip
+    answer = json.loads(issued.out)
+    assert answer["worker"]["workerId"] == "edge-3"
+    assert answer["joinToken"].startswith("qlj1_")
+    assert answer["joinToken"] != created["joinToken"]
+    assert "join token above is shown only this once" in issued.err
+    replayed = await cli.ok("worker", "join-token", "edge-3", "--request-id", "rejoin-1")
+    assert "joinToken" not in json.loads(replayed.out)
+    assert json.loads(replayed.out)["joinTokenExpireTime"] == answer["joinTokenExpireTime"]
+    assert "request rejoin-1 was answered before" in replayed.err
+    assert answer["joinToken"] not in replayed.out + replayed.err
+    table = (await cli.ok("worker", "join-token", "edge-3", "--output", "table")).out
+    header, row = table.splitlines()
+    assert header.split() == ["WORKER", "PRINCIPAL", "JOIN_TOKEN_EXPIRES", "JOIN_TOKEN"]
+    assert row.split()[0] == "edge-3"
+    assert row.split()[-1].startswith("qlj1_")
+    # Unknown and disabled Workers are refused on stderr, exit 1.
+    missing = await cli.admin("worker", "join-token", "edge-none")
+    assert (missing.code, missing.out) == (1, "")
+    assert missing.err.startswith("error: NOT_FOUND WORKER_NOT_FOUND")
+    await cli.ok("worker", "disable", "edge-3")
+    disabled = await cli.admin("worker", "join-token", "edge-3")
+    assert (disabled.code, disabled.out) == (1, "")
+    assert disabled.err.startswith("error: FAILED_PRECONDITION WORKER_DISABLED")
+
+
+async def test_the_last_cluster_admin_is_not_disabled(cli: Cli) -> None:
+    refused = await cli.admin("user", "disable", "root")
+    assert (refused.code, refused.out) == (1, "")
+    assert refused.err.startswith("error: FAILED_PRECONDITION LAST_CLUSTER_ADMIN")
+    assert "Traceback" not in refused.err
+    root = next(u for u in await cli.items("user", "list", "--all") if u["name"] == "root")
+    assert root["state"] == "RESOURCE_STATE_ACTIVE"
+
+
 async def test_a_worker_serves_the_projects_it_is_given(cli: Cli) -> None:
     await cli.ok("project", "create", "edge-proj")
     created = await cli.ok(

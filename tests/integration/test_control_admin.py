@@ -384,6 +384,105 @@ async def test_workers_join_tokens_fleet_and_disable_over_mtls(
     assert created.join_token not in caplog.text
 
 
+async def test_a_new_join_token_for_an_enrolled_worker_over_mtls(
+    control: Control, caplog: pytest.LogCaptureFixture
+) -> None:
+    """IssueJoinToken: the token once, the first one ended, a retry without a token; a
+    disabled Worker is FAILED_PRECONDITION / WORKER_DISABLED, an unknown one NOT_FOUND."""
+    caplog.set_level(logging.DEBUG)
+    stub = control.stub
+    created = (
+        await stub.CreateWorker(
+            rt.CreateWorkerRequest(
+                caller=ROOT,
+                request=api.CreateWorkerRequest(request_id="w-1", worker_id="worker-x"),
+            )
+        )
+    ).response
+
+    def issue(request_id: str, worker_id: str = "worker-x") -> rt.IssueJoinTokenRequest:
+        return rt.IssueJoinTokenRequest(
+            caller=ROOT,
+            request=api.IssueJoinTokenRequest(
+                request_id=request_id, worker_id=worker_id, ttl_seconds=600
+            ),
+        )
+
+    issued = (await stub.IssueJoinToken(issue("j-1"))).response
+    assert issued.join_token.startswith("qlj1_")
+    assert len(issued.join_token) == 48
+    assert (issued.worker.worker_id, issued.worker.state) == (
+        "worker-x",
+        admin_pb2.RESOURCE_STATE_ACTIVE,
+    )
+    # Ten minutes (ttl_seconds) from its issue, which is after the Worker was made.
+    issued_at = issued.join_token_expire_time.ToMilliseconds() - 600_000
+    assert issued_at > created.worker.created_at.ToMilliseconds()
+    replay = (await stub.IssueJoinToken(issue("j-1"))).response
+    assert (replay.join_token, replay.join_token_expire_time) == (
+        "",
+        issued.join_token_expire_time,
+    )
+    first, second = (
+        hashlib.sha256(token.encode()).hexdigest()
+        for token in (created.join_token, issued.join_token)
+    )
+    with psycopg.connect(control.database.urls.migration) as owner:
+        usable = owner.execute(
+            "SELECT token_digest, used_at_ms IS NULL FROM qinglong.worker_join_tokens"
+            " WHERE token_digest = ANY(%s)",
+            ([first, second],),
+        ).fetchall()
+    assert dict(usable) == {first: False, second: True}  # the first one is ended
+    unknown = await failure(stub.IssueJoinToken(issue("j-2", "worker-none")))
+    assert (unknown.code(), error_reason_of(unknown)) == (
+        grpc.StatusCode.NOT_FOUND,
+        "WORKER_NOT_FOUND",
+    )
+    assert [field for field, _ in field_violations_of(unknown)] == ["worker_id"]
+    await stub.DisableWorker(
+        rt.DisableWorkerRequest(caller=ROOT, request=api.DisableWorkerRequest(worker_id="worker-x"))
+    )
+    disabled = await failure(stub.IssueJoinToken(issue("j-3")))
+    assert (disabled.code(), error_reason_of(disabled)) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "WORKER_DISABLED",
+    )
+    assert not [s for s in (created.join_token, issued.join_token) if s in caplog.text]
+
+
+async def test_the_last_cluster_admin_is_not_disabled_over_mtls(control: Control) -> None:
+    """ROOT is the only cluster admin: disabling it (itself) is FAILED_PRECONDITION /
+    LAST_CLUSTER_ADMIN; once there is another, it may go."""
+
+    def disable(principal_id: str) -> rt.DisablePrincipalRequest:
+        return rt.DisablePrincipalRequest(
+            caller=ROOT, request=api.DisablePrincipalRequest(principal_id=principal_id)
+        )
+
+    last = await failure(control.stub.DisablePrincipal(disable(ROOT.principal_id)))
+    assert (last.code(), error_reason_of(last)) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "LAST_CLUSTER_ADMIN",
+    )
+    chief = (
+        await control.stub.CreatePrincipal(
+            rt.CreatePrincipalRequest(
+                caller=ROOT,
+                request=api.CreatePrincipalRequest(
+                    request_id="u-chief",
+                    kind=admin_pb2.PRINCIPAL_KIND_USER,
+                    name="chief",
+                    cluster_admin=True,
+                ),
+            )
+        )
+    ).response.principal
+    assert chief.cluster_admin
+    gone = (await control.stub.DisablePrincipal(disable(ROOT.principal_id))).response.principal
+    assert (gone.principal_id, gone.state) == (ROOT.principal_id, admin_pb2.RESOURCE_STATE_DISABLED)
+
+
 async def test_audit_records_over_mtls(control: Control) -> None:
     # Rows at chosen times: as the schema's owner (ingress's rows take DB time, 0015).
     with psycopg.connect(control.database.urls.migration, autocommit=True) as owner:

@@ -54,6 +54,17 @@ async def create_worker(stack: Stack, worker_id: str) -> str:
     return created.join_token
 
 
+async def issue_join_token(stack: Stack, worker_id: str, request_id: str) -> str:
+    """A new join token for an enrolled Worker (AdminService.IssueJoinToken; "" on a retry)."""
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        issued = await admin_service_pb2_grpc.AdminServiceStub(channel).IssueJoinToken(
+            admin_service_pb2.IssueJoinTokenRequest(request_id=request_id, worker_id=worker_id),
+            metadata=(("authorization", f"Bearer {stack.tokens['root']}"),),
+        )
+    assert issued.worker.worker_id == worker_id
+    return issued.join_token
+
+
 async def run_join(stack: Stack, token: str, directory: Path, tmp_path: Path) -> Joined:
     """`qinglong-worker join` as a real process. Awaited, not blocked on: the in-process
     servers it talks to run on this very event loop."""
@@ -188,6 +199,36 @@ async def test_a_used_expired_or_wrong_token_is_refused_alike_and_audited(
     assert {r["principal_kind"] for r in rows} == {"anonymous"}
     for token in (used, expired, wrong):
         assert token not in repr(rows)
+
+
+async def test_a_worker_rejoins_with_a_new_join_token_and_the_old_one_is_refused(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The CreateWorker answer was lost (or the token spent by a join whose answer was
+    lost): a cluster admin issues the Worker a new token through ingress; the first one no
+    longer joins, the new one does, and a retry of the issue shows no token. The call is
+    audited with the Worker it named, and no token is in any audit row."""
+    first = await create_worker(stack, "edge-12")
+    second = await issue_join_token(stack, "edge-12", "rejoin-1")
+    assert second.startswith("qlj1_")
+    assert second != first
+    assert await issue_join_token(stack, "edge-12", "rejoin-1") == ""  # a retry
+    refused = await run_join(stack, first, tmp_path / "old", tmp_path)
+    assert refused.returncode != 0
+    assert "UNAUTHENTICATED" in refused.stderr
+    assert not (tmp_path / "old" / "worker.json").exists()
+    joined = await run_join(stack, second, tmp_path / "edge-12", tmp_path)
+    assert joined.returncode == 0, joined.stderr
+    described = json.loads((tmp_path / "edge-12" / "worker.json").read_text())
+    assert described["worker_id"] == "edge-12"
+    # Spent: a third token re-enrolls it once more (a certificate that expired offline).
+    third = await issue_join_token(stack, "edge-12", "rejoin-2")
+    assert (await run_join(stack, third, tmp_path / "again", tmp_path)).returncode == 0
+    rows = [r for r in stack.audit_rows() if r["operation"] == "AdminService/IssueJoinToken"]
+    assert len(rows) == 3
+    assert {r["worker_id"] for r in rows} == {"edge-12"}
+    for token in (first, second, third):
+        assert token not in repr(stack.audit_rows())
 
 
 def not_audited() -> float:

@@ -84,6 +84,29 @@ def test_rotation_times() -> None:
     assert missing.value.field == "token_id"
 
 
+def test_the_last_active_user_cluster_admin_is_never_disabled() -> None:
+    admin = adm.PrincipalRow(PRINCIPAL, "user", "root", "active", True, NOW)
+    with pytest.raises(Refused) as last:
+        adm.check_not_last_cluster_admin(admin, others_active=False)
+    assert (last.value.reason, last.value.field) == (Reason.LAST_CLUSTER_ADMIN, None)
+    adm.check_not_last_cluster_admin(admin, others_active=True)
+    # Nothing would change: already disabled, or no cluster admin at all.
+    adm.check_not_last_cluster_admin(
+        adm.PrincipalRow(PRINCIPAL, "user", "root", "disabled", True, NOW), others_active=False
+    )
+    adm.check_not_last_cluster_admin(principal(), others_active=False)
+
+
+def test_who_may_be_given_a_join_token() -> None:
+    adm.check_join_token_holder("active")
+    with pytest.raises(Refused) as disabled:
+        adm.check_join_token_holder("disabled")
+    assert disabled.value.reason is Reason.WORKER_DISABLED
+    with pytest.raises(Refused) as missing:
+        adm.check_join_token_holder(None)
+    assert (missing.value.reason, missing.value.field) == (Reason.WORKER_NOT_FOUND, "worker_id")
+
+
 @pytest.mark.parametrize(
     ("status", "remaining", "shown"),
     [

@@ -319,6 +319,7 @@ ONE_TIME_SECRETS = frozenset(
         ".qinglong.admin.v1.IssueTokenResponse.token",
         ".qinglong.admin.v1.RotateTokenResponse.token",
         ".qinglong.admin.v1.CreateWorkerResponse.join_token",
+        ".qinglong.admin.v1.IssueJoinTokenResponse.join_token",
     }
 )
 

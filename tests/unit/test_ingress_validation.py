@@ -209,6 +209,9 @@ def valid_requests() -> dict[str, Message]:
         A + "RevokeRole": ad.RevokeRoleRequest(project_id=PROJECT, principal_id=TASK),
         A + "ListRoleBindings": ad.ListRoleBindingsRequest(project_id=PROJECT),
         A + "CreateWorker": ad.CreateWorkerRequest(request_id="worker-1", worker_id=WORKER),
+        A + "IssueJoinToken": ad.IssueJoinTokenRequest(
+            request_id="join-2", worker_id=WORKER, ttl_seconds=600
+        ),
         A + "ListWorkers": ad.ListWorkersRequest(),
         A + "DisableWorker": ad.DisableWorkerRequest(worker_id=WORKER),
         A + "SetWorkerProjects": ad.SetWorkerProjectsRequest(

@@ -65,6 +65,7 @@ def test_administration_constants_are_the_contracts() -> None:
         ("IssueTokenResponse", "token"),
         ("RotateTokenResponse", "token"),
         ("CreateWorkerResponse", "join_token"),
+        ("IssueJoinTokenResponse", "join_token"),
     ):
         assert _response_bound(message, field) == "0 or 48 ASCII chars."
     assert len(administration.new_operator_token().plaintext) == 48

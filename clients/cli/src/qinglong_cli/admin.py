@@ -367,6 +367,22 @@ async def _worker_create(admin: _Admin, args: argparse.Namespace) -> None:
     admin.show_secret(created, "join_token", "join token", request.request_id)
 
 
+async def _worker_join_token(admin: _Admin, args: argparse.Namespace) -> None:
+    request = admin_service_pb2.IssueJoinTokenRequest(
+        request_id=_request_id(args), worker_id=args.worker_id
+    )
+    if args.ttl is not None:
+        request.ttl_seconds = args.ttl
+    issued = await admin.stub.IssueJoinToken(request, **admin.call)
+    # Printed as CreateWorker's answer, which has the very same fields (and a table).
+    shown = admin_service_pb2.CreateWorkerResponse(
+        worker=issued.worker,
+        join_token=issued.join_token,
+        join_token_expire_time=issued.join_token_expire_time,
+    )
+    admin.show_secret(shown, "join_token", "join token", request.request_id)
+
+
 async def _audit_list(admin: _Admin, args: argparse.Namespace) -> None:
     request = admin_service_pb2.ListAuditRecordsRequest(
         page_size=args.page_size,
@@ -416,6 +432,7 @@ def add_admin_commands(commands: Any, default_stack: Path) -> None:
     _add_role_commands(_group(admin, "role", "role bindings of a project"), command)
     workers = _group(admin, "worker", "enrolled Workers")
     _add_worker_create(workers, command)
+    _add_worker_join_token(workers, command)
     disable = command(
         workers, "disable", "disable a Worker and fence its sessions", _worker_disable
     )
@@ -533,6 +550,18 @@ def _add_worker_create(group: Any, command: _Command) -> None:
     )
     _add_project_flag(create, " (default: every project)")
     _add_request_id(create)
+
+
+def _add_worker_join_token(group: Any, command: _Command) -> None:
+    issue = command(
+        group,
+        "join-token",
+        "issue an enrolled Worker a new join token (shown once); earlier ones stop working",
+        _worker_join_token,
+    )
+    issue.add_argument("worker_id", metavar="NAME")
+    issue.add_argument("--ttl", type=int, help="seconds the join token is valid (default 3600)")
+    _add_request_id(issue)
 
 
 def _add_project_flag(parser: Any, default: str = "") -> None:

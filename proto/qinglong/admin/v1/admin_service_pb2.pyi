@@ -801,6 +801,78 @@ class CreateWorkerResponse(_message.Message):
 Global___CreateWorkerResponse: _TypeAlias = CreateWorkerResponse  # noqa: Y015
 
 @_typing.final
+class IssueJoinTokenRequest(_message.Message):
+    """IssueJoinTokenRequest issues a Worker a new join token."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """AIP-155 idempotency key, scoped to the Worker: a retry answers with the same
+    expiry and an empty join token (a secret is shown once).
+    """
+    worker_id: _builtins.str
+    """The Worker; it must be enrolled (WORKER_NOT_FOUND) and active
+    (WORKER_DISABLED).
+    """
+    ttl_seconds: _builtins.int
+    """How long the join token is valid, in seconds; absent means one hour."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
+        ttl_seconds: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ttl_seconds", b"_ttl_seconds", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ttl_seconds", b"_ttl_seconds", "request_id", b"request_id", "ttl_seconds", b"ttl_seconds", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ttl_seconds: _TypeAlias = _typing.Literal["ttl_seconds"]  # noqa: Y015
+    _WhichOneofArgType__ttl_seconds: _TypeAlias = _typing.Literal["_ttl_seconds", b"_ttl_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttl_seconds) -> _WhichOneofReturnType__ttl_seconds | None: ...
+
+Global___IssueJoinTokenRequest: _TypeAlias = IssueJoinTokenRequest  # noqa: Y015
+
+@_typing.final
+class IssueJoinTokenResponse(_message.Message):
+    """IssueJoinTokenResponse carries the join token, once."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    JOIN_TOKEN_FIELD_NUMBER: _builtins.int
+    JOIN_TOKEN_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    join_token: _builtins.str
+    """Single-use join token for `qinglong-worker join`; empty on a retry.
+    Bound: 0 or 48 ASCII chars.
+    """
+    @_builtins.property
+    def worker(self) -> _admin_pb2.Worker:
+        """The Worker."""
+
+    @_builtins.property
+    def join_token_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the join token stops working."""
+
+    def __init__(
+        self,
+        *,
+        worker: _admin_pb2.Worker | None = ...,
+        join_token: _builtins.str = ...,
+        join_token_expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["join_token_expire_time", b"join_token_expire_time", "worker", b"worker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["join_token", b"join_token", "join_token_expire_time", b"join_token_expire_time", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueJoinTokenResponse: _TypeAlias = IssueJoinTokenResponse  # noqa: Y015
+
+@_typing.final
 class ListWorkersRequest(_message.Message):
     """ListWorkersRequest pages through Workers."""
 

@@ -111,6 +111,11 @@ class AdminServiceStub:
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.CreateWorkerRequest.SerializeToString,
                 response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.CreateWorkerResponse.FromString,
                 _registered_method=True)
+        self.IssueJoinToken = channel.unary_unary(
+                '/qinglong.admin.v1.AdminService/IssueJoinToken',
+                request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.IssueJoinTokenRequest.SerializeToString,
+                response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.IssueJoinTokenResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/qinglong.admin.v1.AdminService/ListWorkers',
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListWorkersRequest.SerializeToString,
@@ -241,6 +246,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueJoinToken(self, request, context):
+        """Issues an enrolled, active Worker a new one-time join token (its first was
+        lost, spent by a join whose answer was lost, or expired; or its certificate
+        expired while it was offline). Every earlier unused join token of the Worker
+        stops working: a Worker has at most one. The token is in this answer only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Pages through Workers with their present session and load (R-ADM-3).
         """
@@ -341,6 +356,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CreateWorker,
                     request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.CreateWorkerRequest.FromString,
                     response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.CreateWorkerResponse.SerializeToString,
+            ),
+            'IssueJoinToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueJoinToken,
+                    request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.IssueJoinTokenRequest.FromString,
+                    response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.IssueJoinTokenResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -748,6 +768,33 @@ class AdminService:
             '/qinglong.admin.v1.AdminService/CreateWorker',
             qinglong_dot_admin_dot_v1_dot_admin__service__pb2.CreateWorkerRequest.SerializeToString,
             qinglong_dot_admin_dot_v1_dot_admin__service__pb2.CreateWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueJoinToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.admin.v1.AdminService/IssueJoinToken',
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.IssueJoinTokenRequest.SerializeToString,
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.IssueJoinTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

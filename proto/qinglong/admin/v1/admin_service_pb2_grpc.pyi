@@ -68,6 +68,12 @@ class AdminServiceStub:
     """Lists a project's role bindings."""
     CreateWorker: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.CreateWorkerRequest, _admin_service_pb2.CreateWorkerResponse]
     """Enrolls a Worker and returns its one-time join token (R-ADM-2)."""
+    IssueJoinToken: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.IssueJoinTokenRequest, _admin_service_pb2.IssueJoinTokenResponse]
+    """Issues an enrolled, active Worker a new one-time join token (its first was
+    lost, spent by a join whose answer was lost, or expired; or its certificate
+    expired while it was offline). Every earlier unused join token of the Worker
+    stops working: a Worker has at most one. The token is in this answer only.
+    """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListWorkersRequest, _admin_service_pb2.ListWorkersResponse]
     """Pages through Workers with their present session and load (R-ADM-3)."""
     DisableWorker: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.DisableWorkerRequest, _admin_service_pb2.DisableWorkerResponse]
@@ -117,6 +123,12 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Lists a project's role bindings."""
     CreateWorker: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.CreateWorkerRequest, _admin_service_pb2.CreateWorkerResponse]  # type: ignore[assignment]
     """Enrolls a Worker and returns its one-time join token (R-ADM-2)."""
+    IssueJoinToken: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.IssueJoinTokenRequest, _admin_service_pb2.IssueJoinTokenResponse]  # type: ignore[assignment]
+    """Issues an enrolled, active Worker a new one-time join token (its first was
+    lost, spent by a join whose answer was lost, or expired; or its certificate
+    expired while it was offline). Every earlier unused join token of the Worker
+    stops working: a Worker has at most one. The token is in this answer only.
+    """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListWorkersRequest, _admin_service_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """Pages through Workers with their present session and load (R-ADM-3)."""
     DisableWorker: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.DisableWorkerRequest, _admin_service_pb2.DisableWorkerResponse]  # type: ignore[assignment]
@@ -247,6 +259,18 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_service_pb2.CreateWorkerResponse, _abc.Awaitable[_admin_service_pb2.CreateWorkerResponse]]:
         """Enrolls a Worker and returns its one-time join token (R-ADM-2)."""
+
+    @_abc_1.abstractmethod
+    def IssueJoinToken(
+        self,
+        request: _admin_service_pb2.IssueJoinTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.IssueJoinTokenResponse, _abc.Awaitable[_admin_service_pb2.IssueJoinTokenResponse]]:
+        """Issues an enrolled, active Worker a new one-time join token (its first was
+        lost, spent by a join whose answer was lost, or expired; or its certificate
+        expired while it was offline). Every earlier unused join token of the Worker
+        stops working: a Worker has at most one. The token is in this answer only.
+        """
 
     @_abc_1.abstractmethod
     def ListWorkers(

@@ -122,6 +122,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The held method has no approval path in this control version: nothing was
     held (RuntimeService.HoldForApproval). gRPC code: FAILED_PRECONDITION.
     """
+    ERROR_REASON_LAST_CLUSTER_ADMIN: _ErrorReason.ValueType  # 48
+    """Disabling this principal would leave the cluster without an active user
+    cluster admin, and nobody could administer it (AdminService.DisablePrincipal);
+    make another cluster admin first. gRPC code: FAILED_PRECONDITION.
+    """
+    ERROR_REASON_WORKER_DISABLED: _ErrorReason.ValueType  # 49
+    """The Worker is disabled: it cannot be given a new join token
+    (AdminService.IssueJoinToken). gRPC code: FAILED_PRECONDITION.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the one low-cardinality vocabulary of failure reasons used by
@@ -240,5 +249,14 @@ which (ApprovalService). gRPC code: FAILED_PRECONDITION.
 ERROR_REASON_APPROVAL_UNSUPPORTED: ErrorReason.ValueType  # 47
 """The held method has no approval path in this control version: nothing was
 held (RuntimeService.HoldForApproval). gRPC code: FAILED_PRECONDITION.
+"""
+ERROR_REASON_LAST_CLUSTER_ADMIN: ErrorReason.ValueType  # 48
+"""Disabling this principal would leave the cluster without an active user
+cluster admin, and nobody could administer it (AdminService.DisablePrincipal);
+make another cluster admin first. gRPC code: FAILED_PRECONDITION.
+"""
+ERROR_REASON_WORKER_DISABLED: ErrorReason.ValueType  # 49
+"""The Worker is disabled: it cannot be given a new join token
+(AdminService.IssueJoinToken). gRPC code: FAILED_PRECONDITION.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

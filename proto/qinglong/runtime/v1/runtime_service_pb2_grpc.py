@@ -265,6 +265,11 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerResponse.FromString,
                 _registered_method=True)
+        self.IssueJoinToken = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/IssueJoinToken',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueJoinTokenRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueJoinTokenResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/ListWorkers',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListWorkersRequest.SerializeToString,
@@ -610,6 +615,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueJoinToken(self, request, context):
+        """Forwarded AdminService.IssueJoinToken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Forwarded AdminService.ListWorkers.
         """
@@ -860,6 +872,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.CreateWorker,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerResponse.SerializeToString,
+            ),
+            'IssueJoinToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueJoinToken,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueJoinTokenRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueJoinTokenResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -2081,6 +2098,33 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/CreateWorker',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueJoinToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/IssueJoinToken',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueJoinTokenRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.IssueJoinTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

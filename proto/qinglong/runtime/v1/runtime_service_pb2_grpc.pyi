@@ -134,6 +134,8 @@ class RuntimeServiceStub:
     """Forwarded AdminService.ListRoleBindings."""
     CreateWorker: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateWorkerRequest, _runtime_service_pb2.CreateWorkerResponse]
     """Forwarded AdminService.CreateWorker."""
+    IssueJoinToken: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.IssueJoinTokenRequest, _runtime_service_pb2.IssueJoinTokenResponse]
+    """Forwarded AdminService.IssueJoinToken."""
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListWorkersRequest, _runtime_service_pb2.ListWorkersResponse]
     """Forwarded AdminService.ListWorkers."""
     DisableWorker: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableWorkerRequest, _runtime_service_pb2.DisableWorkerResponse]
@@ -249,6 +251,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Forwarded AdminService.ListRoleBindings."""
     CreateWorker: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreateWorkerRequest, _runtime_service_pb2.CreateWorkerResponse]  # type: ignore[assignment]
     """Forwarded AdminService.CreateWorker."""
+    IssueJoinToken: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.IssueJoinTokenRequest, _runtime_service_pb2.IssueJoinTokenResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.IssueJoinToken."""
     ListWorkers: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListWorkersRequest, _runtime_service_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """Forwarded AdminService.ListWorkers."""
     DisableWorker: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableWorkerRequest, _runtime_service_pb2.DisableWorkerResponse]  # type: ignore[assignment]
@@ -625,6 +629,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.CreateWorkerResponse, _abc.Awaitable[_runtime_service_pb2.CreateWorkerResponse]]:
         """Forwarded AdminService.CreateWorker."""
+
+    @_abc_1.abstractmethod
+    def IssueJoinToken(
+        self,
+        request: _runtime_service_pb2.IssueJoinTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.IssueJoinTokenResponse, _abc.Awaitable[_runtime_service_pb2.IssueJoinTokenResponse]]:
+        """Forwarded AdminService.IssueJoinToken."""
 
     @_abc_1.abstractmethod
     def ListWorkers(

@@ -226,6 +226,23 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         )
 
+    async def IssueJoinToken(self, request: rt.IssueJoinTokenRequest, context: Context) -> Any:
+        public = request.request
+        async with self._admin(request.caller) as conn:
+            issued = await admin.issue_join_token(
+                conn,
+                public.worker_id,
+                public.request_id,
+                admin_wire.optional(public, "ttl_seconds"),
+            )
+        return rt.IssueJoinTokenResponse(
+            response=admin_api.IssueJoinTokenResponse(
+                worker=admin_wire.worker(issued.worker),
+                join_token=issued.join_token,
+                join_token_expire_time=wire.timestamp(issued.join_expires_at_ms),
+            )
+        )
+
     async def ListWorkers(self, request: rt.ListWorkersRequest, context: Context) -> Any:
         public = request.request
         after = paging.after_slug(public.page_token)

@@ -2,7 +2,8 @@
 
 Each command is one transaction of at most two round trips, like every runtime command:
 locks and reads first (a create serialises on its kind's lock, a binding change on the
-project's lock, a token change on the token's row), then the decision
+project's lock, a token change on the token's row, a new join token on its Worker's row),
+then the decision
 (domain/administration.py), then writes and COMMIT. Secrets are made here only when a
 row is really created; the database receives their digests, never the plaintext.
 
@@ -34,7 +35,9 @@ from qinglong_control.domain.administration import (
     TokenRow,
     WorkerRow,
     check_disable_principal,
+    check_join_token_holder,
     check_new_principal,
+    check_not_last_cluster_admin,
     check_operator,
     check_projects_exist,
     check_rotation,
@@ -74,6 +77,7 @@ _LOCK_PRINCIPAL = SQL["admin.lock_principal"]
 _INSERT_PRINCIPAL = SQL["admin.insert_principal"]
 _INSERT_CLUSTER_ADMIN = SQL["admin.insert_cluster_admin"]
 _ACTIVE_CLUSTER_ADMIN = SQL["admin.active_cluster_admin"]
+_OTHER_ACTIVE_CLUSTER_ADMIN = SQL["admin.other_active_cluster_admin"]
 _CALLER_IS_CLUSTER_ADMIN = SQL["admin.caller_is_cluster_admin"]
 _LIST_PRINCIPALS = SQL["admin.list_principals"]
 _DISABLE_PRINCIPAL = SQL["admin.disable_principal"]
@@ -93,6 +97,9 @@ _WORKER_TAKEN = SQL["admin.worker_taken"]
 _INSERT_WORKER = SQL["admin.insert_worker"]
 _INSERT_JOIN_TOKEN = SQL["admin.insert_join_token"]
 _FIRST_JOIN_TOKEN_EXPIRY = SQL["admin.first_join_token_expiry"]
+_LOCK_WORKER = SQL["admin.lock_worker"]
+_JOIN_REQUEST = SQL["admin.join_request"]
+_SUPERSEDE_JOIN_TOKENS = SQL["admin.supersede_join_tokens"]
 _DISABLE_WORKER = SQL["admin.disable_worker"]
 _FLEET = SQL["admin.fleet"]
 _INACTIVE_PROJECTS = SQL["admin.inactive_projects"]
@@ -242,10 +249,22 @@ async def list_principals(
 
 
 async def disable_principal(conn: AsyncConnection[Any], principal_id: uuid.UUID) -> PrincipalRow:
+    """Disable a user or agent; never the last active user cluster admin (LAST_CLUSTER_ADMIN).
+
+    The principal-create lock (CreatePrincipal's and bootstrap-admin's) comes first, then
+    the principal's row: every change of who is an active cluster admin holds that lock, so
+    the count of the others is settled until COMMIT and two admins disabling each other at
+    once cannot both succeed.
+    """
     async with command_transaction(conn) as tx:
+        await tx.execute("lock.creates", _LOCK_CREATES, ("principal",))
         await tx.execute("lock.principal", _LOCK_PRINCIPAL, (principal_id,))
         found = await tx.execute("principal", _PRINCIPAL, (principal_id,), kwargs_row(PrincipalRow))
-        check_disable_principal(await found.fetchone())
+        others = await tx.execute(
+            "cluster_admin.others", _OTHER_ACTIVE_CLUSTER_ADMIN, (principal_id,), scalar_row
+        )
+        principal = check_disable_principal(await found.fetchone())
+        check_not_last_cluster_admin(principal, bool(await _one(others)))
         await tx.execute("principal.disable", _DISABLE_PRINCIPAL, (principal_id,))
         disabled = await tx.execute(
             "principal", _PRINCIPAL, (principal_id,), kwargs_row(PrincipalRow)
@@ -516,10 +535,47 @@ async def create_worker(
         await tx.execute("principal.insert", _INSERT_PRINCIPAL, principal)
         await tx.execute("worker.insert", _INSERT_WORKER, identity)
         await tx.execute(
-            "join_token.insert", _INSERT_JOIN_TOKEN, {**join, "expires": expires_at_ms}
+            "join_token.insert",
+            _INSERT_JOIN_TOKEN,
+            {**join, "expires": expires_at_ms, "issue_request_id": None},
         )
     worker = WorkerRow(worker_id, principal["principal_id"], "active", now_ms, None, 0, 0, projects)
     return EnrolledWorker(worker, expires_at_ms, secret.plaintext)
+
+
+async def issue_join_token(
+    conn: AsyncConnection[Any], worker_id: str, request_id: str, ttl_seconds: int | None
+) -> EnrolledWorker:
+    """A new one-time join token for an enrolled, active Worker; every earlier one it
+    could still use stops working (one live join token per Worker). The request id is
+    scoped to the Worker: a retry answers with the first call's expiry and no token."""
+    async with command_transaction(conn) as tx:
+        locked = await tx.execute("lock.worker", _LOCK_WORKER, (worker_id,), scalar_row)
+        earlier = await tx.execute(
+            "join_request", _JOIN_REQUEST, (worker_id, request_id), scalar_row
+        )
+        now = await tx.execute("db_now", _DB_NOW, (), scalar_row)
+        status, replayed = await locked.fetchone(), await earlier.fetchone()
+        if replayed is not None:
+            fleet = await tx.execute(
+                "fleet", _FLEET, _fleet_values(worker_id=worker_id), kwargs_row(_worker)
+            )
+            return EnrolledWorker(await _one(fleet), replayed, "")
+        check_join_token_holder(status)
+        now_ms = await _one(now)
+        secret = new_join_token()
+        expires_at_ms = join_token_expiry(now_ms, ttl_seconds)
+        values = {"worker_id": worker_id, "now": now_ms, "expires": expires_at_ms}
+        await tx.execute("join_token.supersede", _SUPERSEDE_JOIN_TOKENS, values)
+        await tx.execute(
+            "join_token.insert",
+            _INSERT_JOIN_TOKEN,
+            {**values, "digest": secret.digest, "issue_request_id": request_id},
+        )
+        fleet = await tx.execute(
+            "fleet", _FLEET, _fleet_values(worker_id=worker_id), kwargs_row(_worker)
+        )
+    return EnrolledWorker(await _one(fleet), expires_at_ms, secret.plaintext)
 
 
 async def list_workers(

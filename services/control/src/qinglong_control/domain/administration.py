@@ -283,6 +283,32 @@ def check_disable_principal(principal: PrincipalRow | None) -> PrincipalRow:
     return principal
 
 
+def check_not_last_cluster_admin(principal: PrincipalRow, others_active: bool) -> None:
+    """Never disable the last active user cluster admin: nobody could administer the
+    cluster any more, and bootstrap-admin (the Kubernetes migration Job) would refuse to
+    make another under the name that is taken. ``others_active`` is read under the lock
+    every change of the cluster admins takes, so two admins disabling each other cannot
+    both succeed. A principal already disabled is answered as it is (nothing changes)."""
+    if (
+        principal.cluster_admin
+        and principal.kind == "user"
+        and principal.status == ACTIVE
+        and not others_active
+    ):
+        raise Refused(
+            Reason.LAST_CLUSTER_ADMIN,
+            "this is the last active cluster admin; make another cluster admin first",
+        )
+
+
+def check_join_token_holder(status: str | None) -> None:
+    """A new join token is issued only to an enrolled (``status`` found), active Worker."""
+    if status is None:
+        raise not_found("Worker", "worker_id")
+    if status != ACTIVE:
+        raise Refused(Reason.WORKER_DISABLED, "the Worker is disabled")
+
+
 def check_rotation(old: TokenRow | None, holder: PrincipalRow | None) -> TokenRow:
     """A successor is issued for an active token of an active user or agent."""
     if old is None:

@@ -50,6 +50,10 @@ class Reason(StrEnum):
     # this control version cannot execute later.
     APPROVAL_NOT_PENDING = "APPROVAL_NOT_PENDING"
     APPROVAL_UNSUPPORTED = "APPROVAL_UNSUPPORTED"
+    # Administration that would leave nobody able to administer (the last active user
+    # cluster admin), or that needs an active Worker (gRPC FAILED_PRECONDITION).
+    LAST_CLUSTER_ADMIN = "LAST_CLUSTER_ADMIN"
+    WORKER_DISABLED = "WORKER_DISABLED"
     # What only control can refuse about who asks (gRPC PERMISSION_DENIED).
     PERMISSION_DENIED = "PERMISSION_DENIED"
     # Authentication that only control can decide (a Worker's join token).

@@ -77,6 +77,15 @@ SELECT EXISTS (SELECT 1 FROM qinglong.cluster_admins c
                  JOIN qinglong.principals p ON p.principal_id = c.principal_id
                 WHERE p.status = 'active' AND p.kind = 'user')
 
+-- name: other_active_cluster_admin
+-- Whether an active user cluster admin other than this principal exists. Read under
+-- lock_creates('principal'), which every change of who is an active cluster admin takes
+-- (creates, bootstrap-admin, DisablePrincipal), so two disables cannot both count on
+-- each other.
+SELECT EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                 JOIN qinglong.principals p ON p.principal_id = c.principal_id
+                WHERE c.principal_id <> %s AND p.status = 'active' AND p.kind = 'user')
+
 -- name: caller_is_cluster_admin
 -- The caller ingress admitted, as it is now: still an active user cluster admin.
 SELECT EXISTS (SELECT 1 FROM qinglong.cluster_admins c
@@ -220,13 +229,35 @@ UPDATE qinglong.worker_identities SET project_ids = %(project_ids)s
  WHERE worker_id = %(worker_id)s
 
 -- name: insert_join_token
-INSERT INTO qinglong.worker_join_tokens (token_digest, worker_id, created_at_ms, expires_at_ms)
-VALUES (%(digest)s, %(worker_id)s, %(now)s, %(expires)s)
+-- CreateWorker's token has no issue_request_id; IssueJoinToken's carries its request id.
+INSERT INTO qinglong.worker_join_tokens
+       (token_digest, worker_id, created_at_ms, expires_at_ms, issue_request_id)
+VALUES (%(digest)s, %(worker_id)s, %(now)s, %(expires)s, %(issue_request_id)s)
+
+-- name: lock_worker
+-- Serialises IssueJoinToken for one Worker (one live join token at a time) and orders it
+-- after DisableWorker, which updates the same row.
+SELECT status FROM qinglong.worker_identities
+ WHERE worker_id = %s
+   FOR NO KEY UPDATE
+
+-- name: join_request
+-- The token an earlier IssueJoinToken with this request id issued (migration 0021).
+SELECT expires_at_ms FROM qinglong.worker_join_tokens
+ WHERE worker_id = %s AND issue_request_id = %s
+
+-- name: supersede_join_tokens
+-- A new join token ends every earlier one still usable: marked used (the only change
+-- the single-use trigger allows), so a join racing this either consumed it first or
+-- finds it used. Expired tokens are left as they are.
+UPDATE qinglong.worker_join_tokens SET used_at_ms = %(now)s
+ WHERE worker_id = %(worker_id)s AND used_at_ms IS NULL AND expires_at_ms > %(now)s
 
 -- name: first_join_token_expiry
--- The join token CreateWorker made (the Worker's first), for a retried create's answer.
+-- The join token CreateWorker made (the one without an IssueJoinToken request id), for a
+-- retried create's answer.
 SELECT expires_at_ms FROM qinglong.worker_join_tokens
- WHERE worker_id = %s
+ WHERE worker_id = %s AND issue_request_id IS NULL
  ORDER BY created_at_ms, token_digest
  LIMIT 1
 

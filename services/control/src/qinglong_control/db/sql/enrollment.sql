@@ -4,6 +4,7 @@
 -- name: consume_join_token
 -- Single use and short-lived: the UPDATE succeeds only for an unused, unexpired token of
 -- an active Worker, and at most once (a concurrent second use finds used_at_ms set).
+-- A token IssueJoinToken superseded, and its request records, are marked used already.
 UPDATE qinglong.worker_join_tokens AS t
    SET used_at_ms = qinglong.db_now_ms()
   FROM qinglong.worker_identities AS w
