@@ -698,7 +698,9 @@ async def list_audit(
         "limit": limit + 1,
     }
     cursor = conn.cursor(row_factory=kwargs_row(AuditRow))
-    await cursor.execute(_LIST_AUDIT, values)
+    # Planned with its values (as runs.list_runs): a filter by principal then reads
+    # migration 0020's index instead of the whole audit, newest first.
+    await cursor.execute(_LIST_AUDIT, values, prepare=False)
     return _page(await cursor.fetchall(), limit)
 
 
