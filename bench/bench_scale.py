@@ -77,6 +77,7 @@ from qinglong_cli.embedded_postgres import EmbeddedPostgres, start_embedded_post
 from qinglong_control.db import placement, runs
 from qinglong_control.db.bootstrap import bootstrap_database
 from qinglong_control.db.identities import enroll_worker, ensure_project
+from qinglong_control.db.pool import RECONCILER_SETTINGS
 from qinglong_control.db.roles import RoleUrls
 from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import acknowledge_running, acknowledge_starting
@@ -602,12 +603,15 @@ async def measure_acks(
 # --- 2. the reconciler's cycle -----------------------------------------------------------------
 
 CYCLE = "Reconciler.cycle()"
+#: The session settings of the service's reconciler connection (db/pool.py).
+_RECONCILER_OPTIONS = " ".join(f"-c {k}={v}" for k, v in RECONCILER_SETTINGS.items())
 
 
 @dataclass
 class Cycler:
-    """One database's Reconciler (on a one-connection pool, as the service borrows one
-    connection per cycle) and a connection of its own for timing each step alone."""
+    """One database's Reconciler (on a one-connection pool with the service reconciler's
+    session settings, as the service has) and a connection of its own, with the same
+    settings, for timing each step alone."""
 
     reconciler: Reconciler
     conn: psycopg.AsyncConnection[Any]
@@ -639,12 +643,14 @@ async def measure_cycles(
                 database.urls.runtime,
                 min_size=1,
                 max_size=1,
-                kwargs={"autocommit": True},
+                kwargs={"autocommit": True, "options": _RECONCILER_OPTIONS},
                 open=False,
             )
             await pool.open(wait=True)
             stack.push_async_callback(pool.close)
-            conn = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(
+                database.urls.runtime, autocommit=True, options=_RECONCILER_OPTIONS
+            )
             await stack.enter_async_context(conn)
             cyclers[database.name] = Cycler(Reconciler(pool, limits), conn)
         for name, cycler in cyclers.items():  # the table's rows in the cycle's order

@@ -193,8 +193,10 @@ async def open_pool(
     application_name: str,
     sizing: PoolSizing | None = None,
     bounds: StorageBounds | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> RecoveringPool:
-    """Open a pool of autocommit connections (each command opens its own transaction)."""
+    """Open a pool of autocommit connections (each command opens its own transaction);
+    ``settings`` are server settings for every connection's session."""
     bounds = bounds or StorageBounds()
     sizing = sizing or PoolSizing()
     timeout_s = bounds.acquire_timeout_seconds
@@ -205,7 +207,7 @@ async def open_pool(
         max_idle=sizing.max_idle_seconds,
         max_lifetime=sizing.max_lifetime_seconds,
         timeout=timeout_s,
-        kwargs=bounds.connection_kwargs(application_name),
+        kwargs=bounds.connection_kwargs(application_name, settings),
         open=False,
         name=name,
     )

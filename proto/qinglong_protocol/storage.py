@@ -53,8 +53,16 @@ class StorageBounds:
             _MIN_STATEMENT_TIMEOUT_MS, int(self.timeout_seconds * 1000 * _STATEMENT_TIMEOUT_FACTOR)
         )
 
-    def connection_kwargs(self, application_name: str) -> dict[str, object]:
+    def connection_kwargs(
+        self, application_name: str, settings: Mapping[str, str] | None = None
+    ) -> dict[str, object]:
+        """libpq's parameters for a connection of ``application_name``; ``settings`` are
+        server settings for its whole session, besides the statement bound."""
         statement_ms = self.statement_timeout_ms
+        options = " ".join(
+            f"-c {name}={value}"
+            for name, value in {"statement_timeout": str(statement_ms), **(settings or {})}.items()
+        )
         return {
             "autocommit": True,
             "application_name": application_name,
@@ -64,7 +72,7 @@ class StorageBounds:
             "keepalives_interval": 5,
             "keepalives_count": 3,
             "tcp_user_timeout": statement_ms,
-            "options": f"-c statement_timeout={statement_ms}",
+            "options": options,
         }
 
 

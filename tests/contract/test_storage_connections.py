@@ -4,6 +4,11 @@ the server, and the dead-peer bounds reach libpq — keepalives for an idle conn
 
 from __future__ import annotations
 
+from qinglong_control.db.pool import (
+    RECONCILER_POOL_MAX_SIZE,
+    open_reconciler_pool,
+    open_runtime_pool,
+)
 from qinglong_protocol.pooling import PoolSizing, open_pool
 from qinglong_protocol.storage import StorageBounds
 
@@ -33,3 +38,31 @@ async def test_a_pooled_connection_carries_every_storage_bound(
     assert libpq["tcp_user_timeout"] == "15000"
     assert (libpq["keepalives"], libpq["keepalives_idle"]) == ("1", "10")
     assert libpq["connect_timeout"] == "3"
+
+
+async def test_the_reconcilers_connection_plans_generically_and_the_commands_do_not(
+    database: MigratedDatabase,
+) -> None:
+    """The reconciler's statements would otherwise be planned anew at every cycle once
+    the backlog is large (db/pool.py); the commands keep PostgreSQL's own choice. Both
+    keep the statement bound."""
+    bounds = StorageBounds(3.0)
+    reconciler = await open_reconciler_pool(database.urls.runtime, bounds=bounds)
+    runtime = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(1, 1), bounds=bounds)
+    try:
+        shown = {}
+        for name, pool in (("reconciler", reconciler), ("runtime", runtime)):
+            async with pool.connection() as conn:
+                cursor = await conn.execute(
+                    "SELECT current_setting('plan_cache_mode'),"
+                    " current_setting('statement_timeout')"
+                )
+                shown[name] = await cursor.fetchone()
+        assert reconciler.max_size == RECONCILER_POOL_MAX_SIZE
+    finally:
+        await reconciler.close()
+        await runtime.close()
+    assert shown == {
+        "reconciler": ("force_generic_plan", "15s"),
+        "runtime": ("auto", "15s"),
+    }

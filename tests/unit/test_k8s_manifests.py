@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 import yaml
-from qinglong_control.db.pool import ADMIN_POOL_MAX_SIZE
+from qinglong_control.db.pool import ADMIN_POOL_MAX_SIZE, RECONCILER_POOL_MAX_SIZE
 from qinglong_protocol import bounds
 from qinglong_protocol.pooling import ENV_POOL_MAX_SIZE, default_max_size
 from qinglong_worker.join import IDENTITY_FILE
@@ -897,6 +897,8 @@ def test_the_services_connections_fit_postgres_limits() -> None:
         )
         for role, pools in per_pod.items():
             per = _pool_connections(deployment, pools) if pools else ADMIN_POOL_MAX_SIZE
+            if role == "qinglong_runtime":
+                per += RECONCILER_POOL_MAX_SIZE  # the reconciler's own connection
             needed[role] = pods * per
     for role, count in needed.items():
         assert count <= limits[role], (role, count, limits[role])

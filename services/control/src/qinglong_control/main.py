@@ -23,7 +23,11 @@ from qinglong_protocol.serving import announce_listening, configure_logging, wai
 from qinglong_protocol.telemetry import configure_telemetry
 
 from qinglong_control.bootstrap_admin_command import bootstrap_admin_main
-from qinglong_control.db.pool import open_admin_pool, open_runtime_pool
+from qinglong_control.db.pool import (
+    open_admin_pool,
+    open_reconciler_pool,
+    open_runtime_pool,
+)
 from qinglong_control.db.schema_version import SchemaBehind, require_schema
 from qinglong_control.issuing import IssuingAuthority
 from qinglong_control.metrics import RECONCILE_KINDS
@@ -70,14 +74,23 @@ async def serve(settings: ControlSettings) -> None:
                 settings.admin_database_url, sizing=settings.pool, bounds=settings.storage
             )
             pools.push_async_callback(admin_pool.close)
-        await _serve(settings, pool, admin_pool)
+        reconcile_pool = None
+        if settings.reconcile_interval_seconds > 0:
+            reconcile_pool = await open_reconciler_pool(
+                settings.database_url, sizing=settings.pool, bounds=settings.storage
+            )
+            pools.push_async_callback(reconcile_pool.close)
+        await _serve(settings, pool, admin_pool, reconcile_pool)
 
 
 async def _serve(
     settings: ControlSettings,
     pool: AsyncConnectionPool[AsyncConnection[Any]],
     admin_pool: AsyncConnectionPool[AsyncConnection[Any]] | None,
+    reconcile_pool: AsyncConnectionPool[AsyncConnection[Any]] | None,
 ) -> None:
+    """Serve until a stop signal; ``reconcile_pool`` (None: no reconcile cadence) is
+    the reconciler's own connection."""
     timings = settings.timings
     issuing = None
     if settings.issuing_ca is not None:
@@ -100,9 +113,9 @@ async def _serve(
     await server.start()
     announce_listening(SERVICE, port, settings.listen_address)
     cadence = None
-    if settings.reconcile_interval_seconds > 0:
+    if reconcile_pool is not None:
         reconciler = Reconciler(
-            pool,
+            reconcile_pool,
             ReconcilerLimits(),
             timings,
             settings.output_retention,
