@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from qinglong_worker.clock import BootInstant, boot_now, wall_clock_ms
 from qinglong_worker.inbox import (
     SCHEMA_VERSION,
     Inbox,
@@ -29,6 +30,9 @@ from qinglong_worker.inbox import (
     SessionRecord,
 )
 from qinglong_worker.reconcile import new_capability
+
+BOOT = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+OTHER_BOOT = "11111111-2222-3333-4444-555555555555"
 
 
 def _record(offer_id: str | None = None) -> InboxRecord:
@@ -122,7 +126,9 @@ def test_records_and_session_survive_a_restart(inbox_path: Path) -> None:
             attempt_id=str(uuid.uuid4()),
             lease_generation=1,
             lease_version=4,
-            lease_observed_unix_ms=10_000,
+            lease_observed_unix_ms=1_700_000_000_000,
+            lease_observed_boot_ms=10_000,
+            lease_observed_boot_id=BOOT,
             lease_remaining_ms=30_000,
         ),
     )
@@ -143,7 +149,7 @@ def test_records_and_session_survive_a_restart(inbox_path: Path) -> None:
     probe = (
         "import sys; from pathlib import Path; from qinglong_worker.inbox import Inbox;"
         "i = Inbox.open(Path(sys.argv[1])); r = i.get(sys.argv[2]);"
-        "print(r.state, r.revision, r.lease_version, r.lease_expires_unix_ms); i.close()"
+        "print(r.state, r.revision, r.lease_version, r.lease_observed); i.close()"
     )
     seen = subprocess.run(
         [sys.executable, "-c", probe, str(inbox_path), first.offer_id],
@@ -151,7 +157,13 @@ def test_records_and_session_survive_a_restart(inbox_path: Path) -> None:
         text=True,
         check=True,
     )
-    assert seen.stdout.split() == ["claimed", "2", "4", "40000"]
+    assert seen.stdout.split() == [
+        "claimed",
+        "2",
+        "4",
+        f"BootInstant(boot_id='{BOOT}',",
+        "ms=10000)",
+    ]
 
     reopened = Inbox.open(inbox_path)
     try:
@@ -171,8 +183,11 @@ def test_records_and_session_survive_a_restart(inbox_path: Path) -> None:
             3,
             2,
         )
-        assert running.lease_lost_locally(39_999) is False
-        assert running.lease_lost_locally(40_000) is True
+        assert running.lease_lost_locally(BootInstant(BOOT, 39_999)) is False
+        assert running.lease_lost_locally(BootInstant(BOOT, 40_000)) is True
+        assert running.lease_left_ms(BootInstant(BOOT, 25_000)) == 15_000
+        # Readings of another boot compare with nothing: that lease ended with its boot.
+        assert running.lease_lost_locally(BootInstant(OTHER_BOOT, 11_000)) is True
     finally:
         reopened.close()
 
@@ -327,7 +342,10 @@ def _reopened_at_schema(inbox: Inbox, version: int) -> Inbox:
     inbox.close()
     path = inbox.path
     with sqlite3.connect(path) as old:
-        old.execute("ALTER TABLE offers DROP COLUMN executor_boot_id")
+        old.execute("ALTER TABLE offers DROP COLUMN lease_observed_boot_id")
+        old.execute("ALTER TABLE offers DROP COLUMN lease_observed_boot_ms")
+        if version <= 3:
+            old.execute("ALTER TABLE offers DROP COLUMN executor_boot_id")
         if version <= 2:
             old.execute("DROP INDEX offers_output_unsettled")
             old.execute("ALTER TABLE offers DROP COLUMN output_shipped")
@@ -406,6 +424,58 @@ def test_an_inbox_of_schema_3_gains_the_executors_boot(inbox_path: Path) -> None
             inbox.compare_and_set(started, dataclasses.replace(started, executor_boot_id=None))
     finally:
         inbox.close()
+
+
+def test_an_inbox_of_schema_4_counts_its_wall_clock_leases_as_lost(inbox_path: Path) -> None:
+    """A schema-4 Worker measured the local lease on the wall clock alone. Upgraded, its
+    records keep every fact but get no boot-clock observation: however fresh the
+    wall-clock estimate, the lease counts as run out, never as still held (a claim not
+    yet answered has none to lose); a new answer is observed on the boot clock."""
+    inbox = Inbox.open(inbox_path)
+    claiming = _record()
+    inbox.admit(claiming)
+    admitted = _record()
+    inbox.admit(admitted)
+    running = inbox.compare_and_set(
+        admitted,
+        dataclasses.replace(
+            admitted,
+            state=RecordState.CLAIMED,
+            attempt_id=str(uuid.uuid4()),
+            lease_generation=1,
+            lease_version=1,
+            lease_observed_unix_ms=wall_clock_ms(),  # observed just now, 30 s left
+            lease_remaining_ms=30_000,
+        ),
+    )
+    inbox = _reopened_at_schema(inbox, 4)
+    try:
+        upgraded = inbox.get(running.offer_id)
+        assert upgraded == running
+        assert upgraded is not None
+        assert (upgraded.lease_observed_boot_ms, upgraded.lease_observed_boot_id) == (None, None)
+        now = boot_now()
+        assert upgraded.lease_left_ms(now) is None
+        assert upgraded.lease_lost_locally(now)
+        unanswered = inbox.get(claiming.offer_id)
+        assert unanswered is not None
+        assert not unanswered.lease_lost_locally(now)
+        renewed = inbox.compare_and_set(
+            upgraded,
+            dataclasses.replace(
+                upgraded,
+                lease_version=2,
+                lease_observed_boot_ms=now.ms,
+                lease_observed_boot_id=now.boot_id,
+                lease_remaining_ms=30_000,
+            ),
+        )
+        assert inbox.get(running.offer_id) == renewed
+        assert not renewed.lease_lost_locally(now)
+    finally:
+        inbox.close()
+    with sqlite3.connect(inbox_path) as reopened:
+        assert reopened.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
 
 
 def test_a_closed_record_changes_only_its_output_shipping(inbox_path: Path) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from qinglong_worker import process
 from qinglong_worker.process import (
     DEADLINE_ENV,
     TIMEOUT_ENV,
@@ -516,3 +517,121 @@ async def test_an_identity_from_an_earlier_boot_names_nothing_now(
     unknown = ProcessIdentity(identity.pid, identity.start_ticks)
     assert restarted.poll(unknown) is None
     assert ProcessIdentity.from_handle(earlier.handle) == earlier
+
+
+# --- the spawn never blocks the event loop ---------------------------------------------------
+
+#: How long the slow supervisor takes before it starts (the real one answers in ~20 ms;
+#: a slow disk under its launch claim's fsyncs makes it seconds).
+SLOW_START_SECONDS = 1.0
+
+
+def _slow_supervisor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float = SLOW_START_SECONDS
+) -> None:
+    """Every spawn runs, as its supervisor, a program that sleeps ``seconds`` and then is
+    the real supervisor (same process: same identity, ready descriptor and launch claim).
+    The seam is ``process.SUPERVISOR_SCRIPT``, the one program every spawn runs: a real
+    process that is slow to answer, without a test hook in the supervisor itself."""
+    script = tmp_path / "slow_supervisor.py"
+    script.write_text(
+        "import runpy, sys, time\n"
+        f"time.sleep({seconds!r})\n"
+        f"sys.argv[0] = {str(process.SUPERVISOR_SCRIPT)!r}\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    monkeypatch.setattr(process, "SUPERVISOR_SCRIPT", script)
+
+
+class _Ticker:
+    """A coroutine that ticks every 10 ms and remembers the longest gap between ticks:
+    how long the event loop was held up."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.longest_gap = 0.0
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            self.ticks += 1
+            self.longest_gap = max(self.longest_gap, now - last)
+            last = now
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def test_a_slow_supervisor_does_not_hold_up_the_event_loop(
+    controller: ProcessController, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for the supervisor's answer is on the loop: lease control, session
+    renewal and the local-lease check of every other Run go on while it lasts."""
+    _slow_supervisor(tmp_path, monkeypatch)
+    ticker = _Ticker()
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    try:
+        identity = await controller.spawn_async(
+            ["sleep", "30"], timeout_ms=None, deadline_unix_ms=None, launch_key="ab" * 16
+        )
+    finally:
+        await ticker.stop()
+    try:
+        assert time.monotonic() - started >= SLOW_START_SECONDS, "the supervisor was slow"
+        assert ticker.ticks >= 30, "the other coroutine kept running during the spawn"
+        assert ticker.longest_gap < 0.3, f"the loop was held up {ticker.longest_gap:.2f} s"
+        assert controller.known() == frozenset({identity})
+        assert controller.poll(identity) is None
+        assert identity.start_ticks == read_start_ticks(identity.pid)
+    finally:
+        assert await controller.stop(identity, grace_seconds=0.0) is StopResult.STOPPED
+
+
+async def test_a_supervisor_that_never_answers_times_out_without_holding_up_the_loop(
+    controller: ProcessController, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spawn gives up after the ready timeout (here shortened), kills the
+    supervisor's group and reaps it, polling on the loop: nothing is left, not even a
+    zombie, and the loop was never held up."""
+    _slow_supervisor(tmp_path, monkeypatch, seconds=60.0)
+    monkeypatch.setattr(process, "_READY_TIMEOUT_SECONDS", 0.5)
+    ticker = _Ticker()
+    before = set(_children_of(os.getpid()))
+    try:
+        with pytest.raises(TimeoutError, match="did not report its start"):
+            await controller.spawn_async(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    finally:
+        await ticker.stop()
+    assert ticker.longest_gap < 0.3, f"the loop was held up {ticker.longest_gap:.2f} s"
+    assert set(_children_of(os.getpid())) <= before, "the supervisor was killed and reaped"
+    assert controller.known() == frozenset()
+
+
+async def test_a_cancelled_spawn_leaves_nothing_running(
+    controller: ProcessController, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while it waits for the supervisor, the spawn kills the supervisor's
+    group (before it could start the executor) and reaps it: nothing is left running."""
+    _slow_supervisor(tmp_path, monkeypatch)
+    marker = tmp_path / "ran"
+    before = set(_children_of(os.getpid()))
+    spawn = asyncio.create_task(
+        controller.spawn_async(
+            ["sh", "-c", f"touch {marker}; sleep 30"], timeout_ms=None, deadline_unix_ms=None
+        )
+    )
+    await asyncio.sleep(0.2)
+    assert set(_children_of(os.getpid())) - before, "the supervisor is forked"
+    spawn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await spawn
+    assert set(_children_of(os.getpid())) <= before, "the supervisor was killed and reaped"
+    await asyncio.sleep(SLOW_START_SECONDS)
+    assert not marker.exists(), "no executor ever started"
+    assert controller.known() == frozenset()

@@ -24,7 +24,9 @@ from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
 from qinglong_protocol.errors import EXPECTED_OFFSET
+from qinglong_worker import process
 from qinglong_worker.client import CallFailed
+from qinglong_worker.clock import BootInstant, boot_now
 from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
 from qinglong_worker.output import CALL_BUDGET_SECONDS, CHUNKS_PER_PASS
@@ -246,6 +248,9 @@ class World:
     processes: RecordingProcesses
     reconciler: Reconciler
     clock_offset_ms: list[int]
+    """How far the lease (boot) clock is ahead of the real one: time passing."""
+    wall_offset_ms: list[int]
+    """How far the wall clock was stepped (NTP, a resumed VM, an administrator)."""
 
     def offer(self, argv: list[str], timeout_ms: int | None = 60_000) -> worker_pb2.Offer:
         plan = execution_pb2.ExecutionPlan(
@@ -270,21 +275,32 @@ class World:
         return offer.offer_id
 
 
+def _lease_clock(offset: list[int]) -> Callable[[], BootInstant]:
+    """The boot clock, ``offset[0]`` ms ahead."""
+
+    def now() -> BootInstant:
+        real = boot_now()
+        return dataclasses.replace(real, ms=real.ms + offset[0])
+
+    return now
+
+
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     inbox = Inbox.open(tmp_path / "inbox.db")
     client = ScriptedClient()
     processes = RecordingProcesses(inbox)
-    offset = [0]
+    offset, wall_offset = [0], [0]
     reconciler = Reconciler(
         inbox=inbox,
         client=client,  # type: ignore[arg-type]
         processes=processes,
-        clock=lambda: wall_clock_ms() + offset[0],
+        lease_clock=_lease_clock(offset),
+        wall_clock=lambda: wall_clock_ms() + wall_offset[0],
         stop_grace_seconds=2.0,
         log_dir=tmp_path,
     )
-    yield World(inbox, client, processes, reconciler, offset)
+    yield World(inbox, client, processes, reconciler, offset, wall_offset)
     await reconciler.abort()
     for record in inbox.records():
         identity = identity_of(record)
@@ -353,6 +369,97 @@ async def test_local_lease_expiry_stops_the_process_without_calling_control(
     assert record is not None
     assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
     assert (record.exit_code, record.exit_signal) == (None, signal.SIGTERM)
+
+
+async def test_a_wall_clock_step_moves_no_local_lease(world: World) -> None:
+    """The local lease is measured on the boot clock, never on the wall clock. Stepped
+    forward an hour (NTP, a resumed VM), the wall clock stops nothing early; stepped back
+    a minute while ingress cannot be reached, it does not keep the executor a minute past
+    the lease either: the control plane expires the lease on its own clock and may retry
+    the Run elsewhere, so the Run would run twice."""
+    offer_id = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    identity = identity_of(_record_of(world, offer_id))
+    assert identity is not None
+    lifecycle = _lifecycle(world, max_concurrency=1)
+
+    world.wall_offset_ms[0] = 3_600_000  # an hour forward; one second passes
+    world.clock_offset_ms[0] = 1_000
+    report = await lifecycle.tick()
+    assert report.supervised == (), "neither lease control nor a lost lease is due"
+    assert world.processes.poll(identity) is None, "the healthy executor runs on"
+
+    def unreachable(_: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
+        raise CallFailed("ControlLease", grpc.StatusCode.UNAVAILABLE, None, tries=3)
+
+    world.client.control_answer = unreachable
+    world.wall_offset_ms[0] = -60_000  # a minute back; 20 s of the 30 s lease pass
+    world.clock_offset_ms[0] = 20_000
+    assert await world.reconciler.reconcile(offer_id) is Outcome.WAITING
+    control = [budget for name, budget in world.client.budgets if name == "ControlLease"]
+    assert control[-1] is not None
+    assert 9.0 < control[-1] <= 10.0, "the retries' bound is what the boot clock leaves"
+    calls = list(world.client.calls)
+    world.clock_offset_ms[0] = 30_000  # the lease is over, whatever the wall clock says
+    assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    assert world.client.calls == calls, "the control plane was not called"
+    record = _record_of(world, offer_id)
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+    assert world.processes.poll(identity) is not None, "the executor was stopped on time"
+    # Timestamps for humans do follow the wall clock.
+    assert record.updated_unix_ms < wall_clock_ms() - 50_000
+
+
+async def test_a_lease_observed_in_another_boot_is_lost(world: World) -> None:
+    """A boot-clock reading means something only within its boot: a record whose lease
+    was observed in another boot has no lease left, and nothing is asked of control."""
+    offer_id = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    record = _record_of(world, offer_id)
+    assert record.lease_observed_boot_id is not None
+    calls = list(world.client.calls)
+    world.inbox.compare_and_set(
+        record,
+        dataclasses.replace(record, lease_observed_boot_id="11111111-2222-3333-4444-555555555555"),
+    )
+    assert world.reconciler.lease_lost_locally(_record_of(world, offer_id))
+    assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    assert world.client.calls == calls
+
+
+async def test_a_running_record_of_a_schema_4_inbox_counts_as_lost(world: World) -> None:
+    """A record a schema-4 Worker wrote measured its lease on the wall clock alone; the
+    upgrade gives it no boot-clock observation (SQLite adds the columns empty), and so
+    the upgraded Worker stops its executor at once, without trusting that estimate or
+    calling control. Its ending is still reported once it is persisted."""
+    offer_id = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    ended_id = world.admit(["sh", "-c", "exit 0"])
+    world.client.completion_refusals = [
+        CallFailed("CompleteAttempt", grpc.StatusCode.UNAVAILABLE, None, tries=3)
+    ]
+    for _ in range(100):
+        if _record_of(world, ended_id).state is RecordState.EXITED:
+            break
+        assert await world.reconciler.reconcile(ended_id) in (Outcome.RUNNING, Outcome.WAITING)
+        await asyncio.sleep(0.02)
+    assert _record_of(world, ended_id).state is RecordState.EXITED, "its report is owed"
+    calls = list(world.client.calls)
+    world.inbox._db.execute(
+        "UPDATE offers SET lease_observed_boot_ms = NULL, lease_observed_boot_id = NULL"
+    )
+    upgraded = _record_of(world, offer_id)
+    assert upgraded.lease_observed_unix_ms is not None, "a fresh wall-clock estimate"
+    assert upgraded.lease_observed is None
+    assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    assert world.client.calls == calls
+    record = _record_of(world, offer_id)
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+    assert record.exit_signal == signal.SIGTERM
+    # The ending already persisted is reported all the same: one try, as a last word.
+    assert await world.reconciler.reconcile(ended_id) is Outcome.COMPLETED
+    assert world.client.calls[len(calls) :] == ["CompleteAttempt"]
+    assert world.client.budgets[-1] == ("CompleteAttempt", 0.0)
 
 
 async def test_an_unconfirmable_stop_is_quarantined_unverified(world: World) -> None:
@@ -547,7 +654,6 @@ def _lifecycle(
     session: StubSession | None = None,
     **settings: Any,
 ) -> Lifecycle:
-    offset = world.clock_offset_ms
     active = ActiveSession(
         SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18
     )
@@ -563,7 +669,6 @@ def _lifecycle(
         reconciler=world.reconciler,
         processes=world.processes,
         session=session or StubSession(active),  # type: ignore[arg-type]
-        clock=lambda: wall_clock_ms() + offset[0],
     )
 
 
@@ -665,6 +770,72 @@ async def test_retries_that_outlive_the_local_lease_stop_the_process_at_once(
     assert record.detail is not None
     assert record.detail.startswith("UNAVAILABLE; local lease expired")
     assert record.exit_signal == signal.SIGTERM
+
+
+def _slow_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every spawn's supervisor sleeps ``seconds`` before it is the real one (same
+    process): a supervisor slow to answer, as on a slow disk. The seam is the program
+    every spawn runs, ``process.SUPERVISOR_SCRIPT``."""
+    script = tmp_path / "slow_supervisor.py"
+    script.write_text(
+        "import runpy, sys, time\n"
+        f"time.sleep({seconds!r})\n"
+        f"sys.argv[0] = {str(process.SUPERVISOR_SCRIPT)!r}\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    monkeypatch.setattr(process, "SUPERVISOR_SCRIPT", script)
+
+
+async def _launching(world: World, offer_id: str) -> None:
+    """Wait until the record is ``launching``: its spawn is under way."""
+    for _ in range(500):
+        if _record_of(world, offer_id).state is RecordState.LAUNCHING:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never seen launching: {_record_of(world, offer_id).state}")
+
+
+async def test_other_runs_lease_control_goes_on_while_a_supervisor_is_slow_to_start(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spawn waits for its supervisor on the event loop: meanwhile another Run's lease
+    is renewed, and a tick supervises and returns (the start is in flight)."""
+    running = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(running) is Outcome.RUNNING
+    _slow_supervisor(tmp_path, monkeypatch, seconds=1.5)
+    slow = world.admit(["sleep", "30"])
+    starting = asyncio.create_task(world.reconciler.reconcile(slow))
+    await _launching(world, slow)
+    controls = world.client.calls.count("ControlLease")
+    assert await world.reconciler.reconcile(running) is Outcome.RUNNING
+    assert world.client.calls.count("ControlLease") == controls + 1, "renewed meanwhile"
+    assert _record_of(world, running).lease_version == 2
+    report = await _lifecycle(world, max_concurrency=4, reconcile_wait_seconds=0.2).tick()
+    assert (slow, Outcome.IN_FLIGHT) in report.supervised
+    assert _record_of(world, slow).state is RecordState.LAUNCHING, "still spawning"
+    assert await starting is Outcome.RUNNING
+    assert _record_of(world, slow).state is RecordState.RUNNING_ACKNOWLEDGED
+
+
+async def test_a_shutdown_abort_during_a_slow_spawn_waits_for_its_identity(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spawn and the persisting of the identity it returns stay one step, as when the
+    spawn blocked: an abort that comes while the supervisor has yet to answer waits for
+    both, so the record names its executor (and every stop can find it) instead of
+    staying ``launching`` over a supervisor nobody tracks."""
+    _slow_supervisor(tmp_path, monkeypatch, seconds=0.5)
+    offer_id = world.admit(["sleep", "30"])
+    starting = asyncio.create_task(world.reconciler.reconcile(offer_id))
+    await _launching(world, offer_id)
+    await world.reconciler.abort()
+    assert starting.cancelled()
+    record = _record_of(world, offer_id)
+    assert record.state is RecordState.STARTED
+    identity = identity_of(record)
+    assert identity is not None
+    assert world.processes.poll(identity) is None
+    assert world.processes.known() == frozenset({identity})
 
 
 async def test_a_restarted_worker_reports_the_exit_status_the_supervisor_kept(
@@ -1026,7 +1197,7 @@ def _restarted(world: World, tmp_path: Path) -> World:
         inbox=world.inbox,
         client=world.client,  # type: ignore[arg-type]
         processes=ProcessController(status_dir=tmp_path / "exits"),
-        clock=lambda: wall_clock_ms() + world.clock_offset_ms[0],
+        lease_clock=_lease_clock(world.clock_offset_ms),
         log_dir=tmp_path,
     )
     return dataclasses.replace(world, reconciler=reconciler)

@@ -38,7 +38,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
-SCHEMA_VERSION: Final = 4
+from qinglong_worker.clock import BootInstant
+
+SCHEMA_VERSION: Final = 5
 #: What each older schema version lacks, added in place when a Worker opens its inbox.
 #: An older Worker refuses a newer inbox ("unsupported inbox schema version"): there is
 #: no downgrade.
@@ -49,6 +51,12 @@ _UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
         "ALTER TABLE offers ADD COLUMN output_shipped INTEGER NOT NULL DEFAULT 0",
     ),
     3: ("ALTER TABLE offers ADD COLUMN executor_boot_id TEXT",),
+    # Schema 4 measured the local lease on the wall clock only. Its open records get no
+    # boot-clock observation here: they count as lost (see `InboxRecord.lease_left_ms`).
+    4: (
+        "ALTER TABLE offers ADD COLUMN lease_observed_boot_ms INTEGER",
+        "ALTER TABLE offers ADD COLUMN lease_observed_boot_id TEXT",
+    ),
 }
 #: A schema-1 inbox predates output shipping: its closed records promised none, so their
 #: files (if any) are not shipped now. (A schema-2 record closed with output left
@@ -212,10 +220,12 @@ class InboxRecord:
     attempt_id: str | None = None
     lease_generation: int | None = None
     lease_version: int | None = None
-    # The local lease estimate: the Worker's wall clock when the request that earned
-    # the answer was sent, plus the remaining time the server answered. Used only to
-    # decide "lease lost locally"; never sent anywhere.
+    # The wall clock when the request that earned the newest lease answer was sent: for
+    # humans reading the inbox only; no decision uses it (the clock may step).
     lease_observed_unix_ms: int | None = None
+    # The remaining time that answer gave the lease. With `lease_observed_boot_*` below
+    # it is the local lease estimate, used only to decide "lease lost locally" and the
+    # budgets derived from it; never sent anywhere.
     lease_remaining_ms: int | None = None
     # The activation fixed by `starting` (DB time, as the server sent it).
     deadline_unix_ms: int | None = None
@@ -244,20 +254,47 @@ class InboxRecord:
     # The boot the executor's identity belongs to (its pid and start time name a process
     # only within one boot); None in a record written before the Worker recorded it.
     executor_boot_id: str | None = None
+    # When that request was sent, on the boot clock (CLOCK_BOOTTIME ms, which never
+    # steps, see `qinglong_worker.clock`), and in which boot. None in a record written
+    # before the Worker measured leases so (schema 4 and earlier).
+    lease_observed_boot_ms: int | None = None
+    lease_observed_boot_id: str | None = None
 
     @property
-    def lease_expires_unix_ms(self) -> int | None:
-        if self.lease_observed_unix_ms is None or self.lease_remaining_ms is None:
+    def lease_observed(self) -> BootInstant | None:
+        """The local lease estimate's observation; None without one."""
+        if self.lease_observed_boot_ms is None or self.lease_remaining_ms is None:
             return None
-        return self.lease_observed_unix_ms + self.lease_remaining_ms
+        return BootInstant(self.lease_observed_boot_id, self.lease_observed_boot_ms)
 
-    def lease_lost_locally(self, now_unix_ms: int) -> bool:
+    def lease_left_ms(self, now: BootInstant) -> int | None:
+        """What the local estimate leaves of the lease at ``now`` (0 once it ran out);
+        None without an estimate.
+
+        An observation made in another boot leaves nothing: its readings do not compare
+        with this boot's, and the executor ended with that boot anyway. A record of a
+        schema-4 inbox has no boot-clock observation and so no estimate (then the lease
+        counts as lost, below). It was measured on the wall clock alone, the one clock
+        that is not trusted: treating it as observed *now* would add the Worker's
+        downtime to the lease, which the control plane did count (the Run could run
+        twice), and converting it through the wall clock would trust that clock once
+        more, over a restart, when a step is likeliest. A drained Worker leaves nothing
+        running, so this costs only after a crash: the old records' executors are
+        stopped, and an ending already persisted is still reported (a last word)."""
+        observed = self.lease_observed
+        if observed is None or self.lease_remaining_ms is None:
+            return None
+        if observed.boot_id != now.boot_id:
+            return 0
+        return max(0, observed.ms + self.lease_remaining_ms - now.ms)
+
+    def lease_lost_locally(self, now: BootInstant) -> bool:
         """True once the local estimate says the lease has run out (or there is none
         although the claim answered)."""
-        expires = self.lease_expires_unix_ms
-        if expires is None:
+        left = self.lease_left_ms(now)
+        if left is None:
             return self.state is not RecordState.CLAIMING
-        return now_unix_ms >= expires
+        return left <= 0
 
     @property
     def has_executor(self) -> bool:
@@ -288,7 +325,7 @@ _COLUMN_LIST: Final = """
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
     start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped,
-    executor_boot_id
+    executor_boot_id, lease_observed_boot_ms, lease_observed_boot_id
 """
 # Rows are read with `SELECT *` and mapped by column name (the extra `seq` is the cursor).
 
@@ -300,7 +337,7 @@ INSERT INTO offers (seq,
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
     start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped,
-    executor_boot_id
+    executor_boot_id, lease_observed_boot_ms, lease_observed_boot_id
 ) SELECT (SELECT coalesce(max(seq), 0) + 1 FROM offers),
     :offer_id, :revision, :state, :worker_id, :session_id, :worker_generation, :project_id,
     :run_id, :capability, :argv, :timeout_ms, :created_unix_ms, :updated_unix_ms, :attempt_id,
@@ -308,7 +345,8 @@ INSERT INTO offers (seq,
     :deadline_unix_ms, :deadline_remaining_ms, :executor_pid, :executor_start_ticks,
     :callback_sequence, :callback_token, :stop_reason, :exit_code, :exit_signal,
     :completion_outcome, :start_failure, :quarantine_reason, :detail, :output_offset,
-    :output_given_up, :output_shipped, :executor_boot_id
+    :output_given_up, :output_shipped, :executor_boot_id, :lease_observed_boot_ms,
+    :lease_observed_boot_id
     WHERE NOT EXISTS (SELECT 1 FROM offers WHERE offer_id = :offer_id)
 """
 _UPDATE: Final = """
@@ -326,7 +364,9 @@ UPDATE offers SET revision = :revision,
     exit_signal = :exit_signal, completion_outcome = :completion_outcome,
     start_failure = :start_failure, quarantine_reason = :quarantine_reason, detail = :detail,
     output_offset = :output_offset, output_given_up = :output_given_up,
-    output_shipped = :output_shipped, executor_boot_id = :executor_boot_id
+    output_shipped = :output_shipped, executor_boot_id = :executor_boot_id,
+    lease_observed_boot_ms = :lease_observed_boot_ms,
+    lease_observed_boot_id = :lease_observed_boot_id
  WHERE offer_id = :offer_id AND revision = :expected_revision
 """
 _COLUMNS: Final = tuple(f.name for f in dataclasses.fields(InboxRecord))
@@ -400,7 +440,9 @@ CREATE TABLE IF NOT EXISTS offers (
     output_offset          INTEGER NOT NULL DEFAULT 0,
     output_given_up        TEXT,
     output_shipped         INTEGER NOT NULL DEFAULT 0,
-    executor_boot_id       TEXT
+    executor_boot_id       TEXT,
+    lease_observed_boot_ms INTEGER,
+    lease_observed_boot_id TEXT
 );
 CREATE INDEX IF NOT EXISTS offers_by_state ON offers (state, seq);
 CREATE TABLE IF NOT EXISTS session (

@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -70,7 +70,7 @@ from qinglong_worker.inbox import (
     RecordState,
 )
 from qinglong_worker.process import ProcessController
-from qinglong_worker.reconcile import Mode, Outcome, Reconciler, identity_of, wall_clock_ms
+from qinglong_worker.reconcile import Mode, Outcome, Reconciler, identity_of
 from qinglong_worker.session import ActiveSession, SessionKeeper
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,6 @@ class Lifecycle:
         reconciler: Reconciler,
         processes: ProcessController,
         session: SessionKeeper,
-        clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self._settings = settings
         self._inbox = inbox
@@ -177,7 +176,6 @@ class Lifecycle:
         self._reconciler = reconciler
         self._processes = processes
         self._session = session
-        self._clock = clock
         self._cursor = 0
         self._closed_cursor = 0
         self._ensuring: asyncio.Task[ActiveSession | None] | None = None
@@ -344,19 +342,19 @@ class Lifecycle:
             batch = self._inbox.open_records(after_seq=0, limit=limit)
         # A short batch reached the end: the next tick starts from the beginning again.
         self._cursor = batch[-1][0] if len(batch) == limit else 0
-        now = self._clock()
-        due = [record.offer_id for _, record in batch if self._due(record, now)]
+        due = [record.offer_id for _, record in batch if self._due(record)]
         return await self._reconcile_all(due)
 
-    def _due(self, record: InboxRecord, now: int) -> bool:
+    def _due(self, record: InboxRecord) -> bool:
         if record.state is not RecordState.RUNNING_ACKNOWLEDGED:
             return True
         identity = identity_of(record)
         if identity is None or self._processes.poll(identity) is not None:
             return True
         return (
-            self._reconciler.lease_control_due(record, now)
-            or record.lease_lost_locally(now)
+            # On the Reconciler's lease clock, the one its reconciles judge by.
+            self._reconciler.lease_control_due(record)
+            or self._reconciler.lease_lost_locally(record)
             or self._reconciler.output_pending(record)
         )
 

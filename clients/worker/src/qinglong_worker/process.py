@@ -5,12 +5,16 @@ since boot (field 22 of ``/proc/<pid>/stat``), plus the boot's id. A PID alone c
 another process after reuse; a PID whose start time differs is not ours and is never
 signalled, and neither is anything under an identity of an earlier boot.
 
-* :meth:`ProcessController.spawn` runs an argv (never a shell) under a small
+* :meth:`ProcessController.spawn_async` runs an argv (never a shell) under a small
   supervisor (:mod:`qinglong_worker.supervisor`) in a session of its own, hands it
   ``timeout_ms`` and the durable deadline as environment variables, and returns the
   supervisor's identity — the identity the inbox records and every stop targets. The
   timing variables fail closed: one-sided, negative, out-of-range or non-integer values
-  refuse the start.
+  refuse the start. It waits for the supervisor's answer (its interpreter's start and
+  the launch claim's fsyncs: tens of milliseconds, up to :data:`_READY_TIMEOUT_SECONDS`
+  on a slow disk) on the event loop, so lease control and the session's renewal go on
+  for every other Run meanwhile; :meth:`ProcessController.spawn` is the same for a
+  caller without an event loop (it blocks its thread).
 * A spawn with a launch key is claimed durably by its supervisor before the executor
   starts (:mod:`qinglong_worker.launch` settles it after a Worker crash).
 * The supervisor writes the executor's exit status durably into the status directory
@@ -35,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import json
 import logging
 import os
@@ -54,6 +57,7 @@ from typing import IO, Any, Final
 from qinglong_protocol import bounds
 
 from qinglong_worker import supervisor
+from qinglong_worker.clock import this_boot as _this_boot
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,10 @@ _POLL_SECONDS: Final = 0.02
 SUPERVISOR_SCRIPT: Final = Path(supervisor.__file__)
 #: How long a spawn waits for the supervisor to say whether the executor started.
 _READY_TIMEOUT_SECONDS: Final = 10.0
+#: How long a supervisor that did not start its executor is waited for after its group's
+#: SIGKILL (a process in uninterruptible sleep, e.g. on a hung disk, dies only when that
+#: ends); one not reaped by then is reaped later (see ``_reap_strays``).
+_REAP_SECONDS: Final = 5.0
 _STATUS_DIRECTORY_MODE: Final = 0o700
 
 
@@ -115,11 +123,6 @@ class ProcessIdentity:
     def from_an_earlier_boot(self) -> bool:
         current = _this_boot()
         return self.boot_id is not None and current is not None and self.boot_id != current
-
-
-@functools.cache
-def _this_boot() -> str | None:
-    return supervisor.boot_id()
 
 
 @dataclass(frozen=True)
@@ -262,12 +265,14 @@ class ProcessController:
         self._known: set[ProcessIdentity] = set()
         # Identities whose group got SIGKILL from us: the executor died with them.
         self._killed: set[ProcessIdentity] = set()
+        # Supervisors killed after a failed start that did not end within the bound.
+        self._strays: list[subprocess.Popen[bytes]] = []
 
     @property
     def status_dir(self) -> Path | None:
         return self._status_dir
 
-    def spawn(
+    async def spawn_async(
         self,
         argv: Sequence[str],
         *,
@@ -279,11 +284,89 @@ class ProcessController:
     ) -> ProcessIdentity:
         """Start ``argv`` under a supervisor in a new session; return the supervisor's
         identity. Raise ExecutorRefused, or an OSError (FileNotFoundError, …) when the
-        executable could not be started.
+        executable could not be started, or ETIMEDOUT when the supervisor did not say
+        within :data:`_READY_TIMEOUT_SECONDS`.
 
         ``launch_key``: the supervisor claims this launch durably before it starts the
         executor, so that a Worker restarted before it persisted the identity returned
-        here can still learn it (:mod:`qinglong_worker.launch`)."""
+        here can still learn it (:mod:`qinglong_worker.launch`).
+
+        The fork is synchronous (it returns once the supervisor's interpreter is exec'd);
+        the wait for the supervisor's answer is on the loop, and so is the reaping of a
+        supervisor that failed (bounded). Cancelled while it waits, the supervisor's
+        group is killed like after a failed start: nothing this call started is left
+        running, whatever the caller knows. (The Reconciler never cancels it: its spawn
+        and the persisting of the identity are one step, see ``Reconciler._start``.)"""
+        self._reap_strays()
+        child, ready_read = self._fork(
+            argv,
+            timeout_ms=timeout_ms,
+            deadline_unix_ms=deadline_unix_ms,
+            extra_environment=extra_environment,
+            log_path=log_path,
+            launch_key=launch_key,
+        )
+        try:
+            # Read while the child is unreaped: even if it already ended, /proc keeps it.
+            identity = ProcessIdentity(child.pid, read_start_ticks(child.pid), _this_boot())
+            answer = await _await_ready(ready_read, _READY_TIMEOUT_SECONDS)
+        except BaseException:
+            await self._end_group(child)
+            raise
+        finally:
+            os.close(ready_read)
+        if answer.startswith("ok "):
+            return self._spawned(identity, child)
+        await self._end_group(child)
+        raise start_error(answer)
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_ms: int | None,
+        deadline_unix_ms: int | None,
+        extra_environment: Mapping[str, str] | None = None,
+        log_path: Path | None = None,
+        launch_key: str | None = None,
+    ) -> ProcessIdentity:
+        """:meth:`spawn_async` for a caller without an event loop (a tool, a test): the
+        same start, the same answers, but it blocks the calling thread while it waits for
+        the supervisor. Never call it from the Worker's event loop."""
+        self._reap_strays()
+        child, ready_read = self._fork(
+            argv,
+            timeout_ms=timeout_ms,
+            deadline_unix_ms=deadline_unix_ms,
+            extra_environment=extra_environment,
+            log_path=log_path,
+            launch_key=launch_key,
+        )
+        try:
+            identity = ProcessIdentity(child.pid, read_start_ticks(child.pid), _this_boot())
+            answer = _read_ready(ready_read, _READY_TIMEOUT_SECONDS)
+        except BaseException:
+            self._end_group_blocking(child)
+            raise
+        finally:
+            os.close(ready_read)
+        if answer.startswith("ok "):
+            return self._spawned(identity, child)
+        self._end_group_blocking(child)
+        raise start_error(answer)
+
+    def _fork(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_ms: int | None,
+        deadline_unix_ms: int | None,
+        extra_environment: Mapping[str, str] | None,
+        log_path: Path | None,
+        launch_key: str | None,
+    ) -> tuple[subprocess.Popen[bytes], int]:
+        """Check the start, fork the supervisor; the child and the read end of its ready
+        pipe (the caller closes it)."""
         if not bounds.is_command_argv(argv):
             raise ExecutorRefused("argv is empty or out of bounds")
         environment = executor_environment(
@@ -331,21 +414,40 @@ class ProcessController:
             os.close(ready_write)
             if not isinstance(output, int):
                 output.close()
-        try:
-            # Read while the child is unreaped: even if it already ended, /proc keeps it.
-            identity = ProcessIdentity(child.pid, read_start_ticks(child.pid), _this_boot())
-            answer = _read_ready(ready_read, _READY_TIMEOUT_SECONDS)
-        except BaseException:
-            _kill_group(child)
-            raise
-        finally:
-            os.close(ready_read)
-        if answer.startswith("ok "):
-            self._children[identity] = child
-            self._known.add(identity)
-            return identity
+        return child, ready_read
+
+    def _spawned(
+        self, identity: ProcessIdentity, child: subprocess.Popen[bytes]
+    ) -> ProcessIdentity:
+        self._children[identity] = child
+        self._known.add(identity)
+        return identity
+
+    async def _end_group(self, child: subprocess.Popen[bytes]) -> None:
+        """End a supervisor that did not start its executor (and anything in its group),
+        and reap it within :data:`_REAP_SECONDS`, polling between pauses on the loop."""
         _kill_group(child)
-        raise start_error(answer)
+        deadline = time.monotonic() + _REAP_SECONDS
+        while child.poll() is None:
+            if time.monotonic() >= deadline:
+                self._stray(child)
+                return
+            await asyncio.sleep(_POLL_SECONDS)
+
+    def _end_group_blocking(self, child: subprocess.Popen[bytes]) -> None:
+        _kill_group(child)
+        try:
+            child.wait(timeout=_REAP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self._stray(child)
+
+    def _stray(self, child: subprocess.Popen[bytes]) -> None:
+        """A killed supervisor that has not ended yet: reaped by a later spawn."""
+        log.warning("executor supervisor %d not yet ended after SIGKILL", child.pid)
+        self._strays.append(child)
+
+    def _reap_strays(self) -> None:
+        self._strays = [child for child in self._strays if child.poll() is None]
 
     def poll(self, identity: ProcessIdentity) -> ExitStatus | None:
         """None while the process runs; the executor's exit status once it ended.
@@ -551,7 +653,7 @@ def parse_status_document(raw: bytes, identity: ProcessIdentity) -> ExitStatus |
 
 
 def _read_ready(descriptor: int, timeout_seconds: float) -> str:
-    """The supervisor's one-line answer ('' if it ended without one)."""
+    """The supervisor's one-line answer ('' if it ended without one); blocks."""
     deadline = time.monotonic() + timeout_seconds
     received = b""
     while b"\n" not in received and len(received) < 256:
@@ -568,6 +670,39 @@ def _read_ready(descriptor: int, timeout_seconds: float) -> str:
     return received.decode("ascii", "replace").strip()
 
 
+async def _await_ready(descriptor: int, timeout_seconds: float) -> str:
+    """:func:`_read_ready` on the event loop: the loop reads the pipe when it is
+    readable, and runs everything else meanwhile."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(descriptor, False)
+    answered: asyncio.Future[None] = loop.create_future()
+    received = bytearray()
+
+    def readable() -> None:
+        if answered.done():
+            return
+        try:
+            chunk = os.read(descriptor, 256)
+        except BlockingIOError:
+            return
+        except OSError as error:
+            answered.set_exception(error)
+            return
+        received.extend(chunk)
+        if not chunk or b"\n" in received or len(received) >= 256:
+            answered.set_result(None)
+
+    loop.add_reader(descriptor, readable)
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            await answered
+    except TimeoutError:
+        raise OSError(errno.ETIMEDOUT, "the executor supervisor did not report its start") from None
+    finally:
+        loop.remove_reader(descriptor)
+    return bytes(received).decode("ascii", "replace").strip()
+
+
 def start_error(answer: str) -> OSError:
     """The OSError a failed exec raised in the supervisor (FileNotFoundError, …)."""
     parts = answer.split()
@@ -579,7 +714,10 @@ def start_error(answer: str) -> OSError:
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:
-    """End a supervisor that did not start its executor (and anything in its group)."""
+    """SIGKILL a supervisor that did not start its executor, and anything in its group
+    (the caller reaps it, within a bound)."""
+    if child.returncode is not None:
+        return  # reaped already: its PID (and group id) may name another process now
+    # Unreaped, even if it ended: its PID, and so its group id, is still its own.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
-    child.wait()

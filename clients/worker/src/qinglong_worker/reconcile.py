@@ -63,7 +63,6 @@ import functools
 import hashlib
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -76,6 +75,7 @@ from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
 
 from qinglong_worker.client import CallFailed, WorkerClient
+from qinglong_worker.clock import BootInstant, boot_now, wall_clock_ms
 from qinglong_worker.inbox import (
     OPEN_STATES,
     Inbox,
@@ -170,8 +170,23 @@ class Outcome(StrEnum):
         )
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+@dataclasses.dataclass(frozen=True)
+class _Sent:
+    """When a lease-holding request was sent: the boot clock for the estimate, the wall
+    clock for humans."""
+
+    boot: BootInstant
+    wall_ms: int
+
+
+def _observation(sent: _Sent, lease_remaining_ms: int) -> dict[str, Any]:
+    """The record fields of a lease answer to a request sent at ``sent``."""
+    return {
+        "lease_observed_unix_ms": sent.wall_ms,
+        "lease_observed_boot_ms": sent.boot.ms,
+        "lease_observed_boot_id": sent.boot.boot_id,
+        "lease_remaining_ms": lease_remaining_ms,
+    }
 
 
 def fence_of(record: InboxRecord) -> fence_pb2.Fence:
@@ -264,18 +279,19 @@ def _cancel_reason_name(reason: lifecycle_pb2.CancelReason.ValueType) -> str:
     return lifecycle_pb2.CancelReason.Name(reason).removeprefix("CANCEL_REASON_").lower()
 
 
-def lease_control_at(record: InboxRecord, lease_control_ms: int) -> int | None:
-    """When (wall-clock ms) a running Attempt's lease is next controlled: every
-    ``lease_control_ms``, and always before a third of its remaining time is used up.
-    None: at once (nothing observed yet)."""
-    if record.lease_observed_unix_ms is None or record.lease_remaining_ms is None:
-        return None
-    return record.lease_observed_unix_ms + min(lease_control_ms, record.lease_remaining_ms // 3)
+def lease_control_in(record: InboxRecord, now: BootInstant, lease_control_ms: int) -> int:
+    """Milliseconds (boot clock) until a running Attempt's lease is next controlled:
+    every ``lease_control_ms``, and always before a third of its remaining time is used
+    up. 0: at once (nothing observed yet, or observed in another boot)."""
+    observed = record.lease_observed
+    if observed is None or record.lease_remaining_ms is None or observed.boot_id != now.boot_id:
+        return 0
+    due_at = observed.ms + min(lease_control_ms, record.lease_remaining_ms // 3)
+    return max(0, due_at - now.ms)
 
 
-def lease_control_due(record: InboxRecord, now: int, lease_control_ms: int) -> bool:
-    due_at = lease_control_at(record, lease_control_ms)
-    return due_at is None or now >= due_at
+def lease_control_due(record: InboxRecord, now: BootInstant, lease_control_ms: int) -> bool:
+    return lease_control_in(record, now, lease_control_ms) <= 0
 
 
 def identity_of(record: InboxRecord) -> ProcessIdentity | None:
@@ -295,7 +311,8 @@ class Reconciler:
         inbox: Inbox,
         client: WorkerClient,
         processes: ProcessController,
-        clock: Callable[[], int] = wall_clock_ms,
+        lease_clock: Callable[[], BootInstant] = boot_now,
+        wall_clock: Callable[[], int] = wall_clock_ms,
         stop_grace_seconds: float = 5.0,
         log_dir: Path | None = None,
         lease_control_seconds: float = 2.0,
@@ -303,13 +320,15 @@ class Reconciler:
         """``log_dir``: where executors write their output (one file per offer), which
         is shipped to the control plane; without it output is discarded.
         ``lease_control_seconds``: how often a running Attempt's lease is controlled
-        (renewal, stop, terminal)."""
+        (renewal, stop, terminal). ``lease_clock`` measures the local lease (the boot
+        clock); ``wall_clock`` only stamps records for humans (:mod:`qinglong_worker.clock`)."""
         if not lease_control_seconds > 0:
             raise ValueError("lease_control_seconds must be positive")
         self._inbox = inbox
         self._client = client
         self._processes = processes
-        self._clock = clock
+        self._now = lease_clock
+        self._wall_clock = wall_clock
         self._grace = stop_grace_seconds
         self._log_dir = log_dir
         self._lease_control_ms = int(lease_control_seconds * 1000)
@@ -336,8 +355,12 @@ class Reconciler:
             raise ValueError(f"cannot go back from {self._mode} to {mode}")
         self._mode = mode
 
-    def lease_control_due(self, record: InboxRecord, now: int) -> bool:
-        return lease_control_due(record, now, self._lease_control_ms)
+    def lease_control_due(self, record: InboxRecord) -> bool:
+        return lease_control_due(record, self._now(), self._lease_control_ms)
+
+    def lease_lost_locally(self, record: InboxRecord) -> bool:
+        """The local lease estimate of ``record`` has run out (on the boot clock)."""
+        return record.lease_lost_locally(self._now())
 
     def output_pending(self, record: InboxRecord) -> bool:
         """The executor wrote output the control plane does not hold yet, and shipping
@@ -361,7 +384,7 @@ class Reconciler:
     ) -> bool:
         """Persist a pulled offer with a fresh capability (state ``claiming``) before
         anything is claimed. False if the offer is already in the inbox."""
-        now = self._clock()
+        now = self._wall_clock()
         plan = offer.spec.plan
         record = InboxRecord(
             offer_id=offer.offer_id,
@@ -469,10 +492,10 @@ class Reconciler:
             # started executor is adopted, and then stopped like any other if need be.
             if await self._settle_launch(record):
                 return None
-            if not record.lease_lost_locally(self._clock()):
+            if not self.lease_lost_locally(record):
                 return Outcome.WAITING
             # Still undecided past the lease: (3) quarantines it as unverified.
-        if record.lease_lost_locally(self._clock()):  # (3) no control call
+        if self.lease_lost_locally(record):  # (3) no control call
             return await self._lease_lost(record, "local lease estimate expired")
         if state is RecordState.CLAIMED:
             return await self._start(record)
@@ -482,15 +505,15 @@ class Reconciler:
             return await self._acknowledge_running(record)
         if self._mode is Mode.STOPPING:
             return await self._stop_for_shutdown(record)
-        if self.output_pending(record) and not self.lease_control_due(record, self._clock()):
+        if self.output_pending(record) and not self.lease_control_due(record):
             shipped = await self._ship(record)
             # Stopped at its deadline: lease control is due, and follows at once.
-            due = shipped.pending and self.lease_control_due(shipped.record, self._clock())
+            due = shipped.pending and self.lease_control_due(shipped.record)
             return None if due else Outcome.RUNNING
         return await self._control(record)  # (4) and (5)
 
     async def _claim(self, record: InboxRecord) -> Outcome | None:
-        sent = self._clock()
+        sent = self._sent()
         try:
             # No lease yet: the client's default retry budget bounds the retries.
             claimed = await self._client.claim_offer(
@@ -520,8 +543,7 @@ class Reconciler:
             attempt_id=claimed.attempt_id,
             lease_generation=claimed.lease_generation,
             lease_version=claimed.lease_version,
-            lease_observed_unix_ms=sent,
-            lease_remaining_ms=claimed.lease_remaining.ToMilliseconds(),
+            **_observation(sent, claimed.lease_remaining.ToMilliseconds()),
             argv=tuple(plan.command),
             timeout_ms=plan.timeout_ms if plan.HasField("timeout_ms") else None,
         )
@@ -564,14 +586,28 @@ class Reconciler:
         )
         if problem:
             return None  # the next pass reports the start failure
-        if record.lease_lost_locally(self._clock()):
+        if self.lease_lost_locally(record):
             # Answered after the local lease ran out: nothing starts without a lease.
             self._save(record, start_failure=_LEASE_ENDED_BEFORE_THE_START)
             return None
         # A drain that began while `starting` was on the wire still starts it: the
         # Attempt is `starting` now, and the drain grace may let it finish.
+        # The spawn and the persisting of its identity are one step, as when the spawn
+        # blocked the loop: a cancel (shutdown's abort) that comes while the supervisor
+        # has yet to answer waits for both, so the record does not stay `launching` over
+        # a supervisor that this process killed or lost track of. Other Runs' lease
+        # control goes on meanwhile: the wait is on the loop.
+        step = asyncio.ensure_future(self._spawn_and_record(record))
+        step.add_done_callback(_retrieved)
         try:
-            identity = self._processes.spawn(
+            return await asyncio.shield(step)
+        except asyncio.CancelledError:
+            await asyncio.wait({step})  # cancelled again: the step ends on its own
+            raise
+
+    async def _spawn_and_record(self, record: InboxRecord) -> Outcome | None:
+        try:
+            identity = await self._processes.spawn_async(
                 record.argv,
                 timeout_ms=record.timeout_ms,
                 deadline_unix_ms=record.deadline_unix_ms,
@@ -606,7 +642,7 @@ class Reconciler:
         key = _launch_key(record)
         try:
             verdict = resolve_launch(self._processes, key)
-            if verdict.state is LaunchState.PENDING and record.lease_lost_locally(self._clock()):
+            if verdict.state is LaunchState.PENDING and self.lease_lost_locally(record):
                 # Claimed but never answered, and the lease is gone: end the supervisor;
                 # its claim then says how far it got.
                 if verdict.identity is not None:
@@ -690,7 +726,7 @@ class Reconciler:
         return Outcome.START_FAILED
 
     async def _control(self, record: InboxRecord) -> Outcome | None:
-        sent = self._clock()
+        sent = self._sent()
         try:
             # Retried with the same request (same expected version): a renewal whose
             # answer was lost is answered with the current projection (R-LC-8).
@@ -705,8 +741,7 @@ class Reconciler:
             self._save(
                 record,
                 lease_version=answer.renewed.lease_version,
-                lease_observed_unix_ms=sent,
-                lease_remaining_ms=answer.renewed.lease_remaining.ToMilliseconds(),
+                **_observation(sent, answer.renewed.lease_remaining.ToMilliseconds()),
                 # A shutdown stop of an earlier incarnation that never happened: the
                 # process runs on under this one, and ends with its own outcome.
                 stop_reason=None if record.stop_reason == LOCAL_SHUTDOWN else record.stop_reason,
@@ -718,8 +753,7 @@ class Reconciler:
             record = self._save(
                 record,
                 lease_version=stop.lease_version,
-                lease_observed_unix_ms=sent,
-                lease_remaining_ms=stop.lease_remaining.ToMilliseconds(),
+                **_observation(sent, stop.lease_remaining.ToMilliseconds()),
                 stop_reason=_cancel_reason_name(stop.cancel_reason),
             )
             log.info(
@@ -779,8 +813,8 @@ class Reconciler:
         one part, and a lease that ran out locally. What is left then is shipped after
         the record closed (:meth:`_ship_after_close`); the ending says how many bytes the
         output has, so readers wait for them."""
-        if self.output_pending(record) and not record.lease_lost_locally(self._clock()):
-            if self.lease_control_due(record, self._clock()):
+        if self.output_pending(record) and not self.lease_lost_locally(record):
+            if self.lease_control_due(record):
                 kept = await self._keep_lease(record)
                 if isinstance(kept, Outcome):
                     return kept
@@ -803,7 +837,7 @@ class Reconciler:
         """Lease control for an exited executor whose output is still being shipped: a
         new version is persisted; a stop asked for now changes nothing (the process has
         already ended with its own outcome); terminal closes the record."""
-        sent = self._clock()
+        sent = self._sent()
         try:
             answer = await self._client.control_lease(
                 ws.ControlLeaseRequest(fence=fence_of(record)),
@@ -819,8 +853,7 @@ class Reconciler:
             return self._save(
                 record,
                 lease_version=granted.lease_version,
-                lease_observed_unix_ms=sent,
-                lease_remaining_ms=granted.lease_remaining.ToMilliseconds(),
+                **_observation(sent, granted.lease_remaining.ToMilliseconds()),
             )
         if result == "terminal":
             self._quarantine(
@@ -836,14 +869,15 @@ class Reconciler:
         chunk's retries outlast the local lease. A refusal for good is persisted."""
         path = self._log_path(record)
         assert path is not None  # output is pending only where there is a file
-        due_at = self._lease_control_at(record)
+        now = self._now()
+        due_at = now.ms + lease_control_in(record, now, self._lease_control_ms)
         shipped = await ship_output(
             self._client,
             record,
             path,
             fence_of,
             lambda current, offset: self._save(current, output_offset=offset),
-            seconds_left=lambda: (due_at - self._clock()) / 1000,
+            seconds_left=lambda: (due_at - self._now().ms) / 1000,
             lease_seconds_left=lambda: self._lease_budget(record),
         )
         return self._settle_refusal(shipped)
@@ -924,7 +958,7 @@ class Reconciler:
             )
         except CallFailed as failure:
             if failure.transient:
-                if record.lease_lost_locally(self._clock()):
+                if self.lease_lost_locally(record):
                     self._quarantine(
                         record,
                         QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
@@ -966,7 +1000,7 @@ class Reconciler:
 
     async def _learn_stop_intent(self, record: InboxRecord, refusal: CallFailed) -> Outcome | None:
         """A shutdown stop was refused as a state conflict: ask lease control why."""
-        sent = self._clock()
+        sent = self._sent()
         try:
             # Asked after the ending, like it: one try even when the local lease is over.
             answer = await self._client.control_lease(
@@ -989,8 +1023,7 @@ class Reconciler:
             self._save(
                 record,
                 lease_version=stop.lease_version,
-                lease_observed_unix_ms=sent,
-                lease_remaining_ms=stop.lease_remaining.ToMilliseconds(),
+                **_observation(sent, stop.lease_remaining.ToMilliseconds()),
                 stop_reason=reason,
                 completion_outcome=completion_outcome(reason, status),
             )
@@ -1026,7 +1059,7 @@ class Reconciler:
 
     async def _after_transient(self, record: InboxRecord, failure: CallFailed) -> Outcome:
         """Retries ended without an answer: past the local lease, R-W-2 step 3 applies."""
-        if record.lease_lost_locally(self._clock()):
+        if self.lease_lost_locally(record):
             return await self._lease_lost(record, f"{failure.label}; local lease expired")
         return self._waiting(record, failure)
 
@@ -1111,7 +1144,7 @@ class Reconciler:
         return written
 
     def _save(self, record: InboxRecord, **changes: Any) -> InboxRecord:
-        updated = dataclasses.replace(record, updated_unix_ms=self._clock(), **changes)
+        updated = dataclasses.replace(record, updated_unix_ms=self._wall_clock(), **changes)
         written = self._inbox.compare_and_set(record, updated)
         if written.state is not record.state and record.state in _CLAIMED_LAUNCH:
             # The identity (or the start failure) is durable in the inbox now.
@@ -1126,18 +1159,14 @@ class Reconciler:
             )
         return written
 
-    def _lease_control_at(self, record: InboxRecord) -> int:
-        """When the record's lease control next falls due (wall-clock ms)."""
-        due_at = lease_control_at(record, self._lease_control_ms)
-        return self._clock() if due_at is None else due_at
+    def _sent(self) -> _Sent:
+        return _Sent(self._now(), self._wall_clock())
 
     def _lease_budget(self, record: InboxRecord) -> float:
         """Seconds the local lease estimate has left: no retry of a lease-holding
         command goes beyond it (then R-W-2 step 3 applies)."""
-        expires = record.lease_expires_unix_ms
-        if expires is None:
-            return 0.0
-        return max(0.0, (expires - self._clock()) / 1000)
+        left = record.lease_left_ms(self._now())
+        return 0.0 if left is None else left / 1000
 
     def _log_path(self, record: InboxRecord) -> Path | None:
         return None if self._log_dir is None else self._log_dir / f"{record.offer_id}.log"
@@ -1145,6 +1174,13 @@ class Reconciler:
     def _waiting(self, record: InboxRecord, failure: CallFailed) -> Outcome:
         log.info("offer %s: %s; will retry", record.offer_id, failure)
         return Outcome.WAITING
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark a shielded step's failure as seen when nobody awaits it any more (its caller
+    was cancelled); a failure that matters (an unreadable inbox) shows at the next tick."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _launch_key(record: InboxRecord) -> str:
