@@ -24,6 +24,7 @@ from qinglong_worker.inbox import (
     InboxLocked,
     InboxRecord,
     InboxUnreadable,
+    InboxUnwritable,
     InvalidTransition,
     QuarantineReason,
     RecordState,
@@ -309,6 +310,34 @@ def test_a_statement_sqlite_refuses_is_an_unreadable_inbox(inbox_path: Path) -> 
             inbox.get(record.offer_id)
         assert str(inbox_path) in str(refused.value)
         assert refused.value.__cause__ is None, "SQLite's own exception is not chained"
+    finally:
+        inbox.close()
+
+
+def _admit_many(inbox: Inbox, count: int) -> None:
+    for _ in range(count):
+        inbox.admit(_record())
+
+
+def test_a_full_disk_is_an_unwritable_inbox_not_a_damaged_one(inbox_path: Path) -> None:
+    """SQLite's own SQLITE_FULL (its page limit set to what the file holds): the error
+    says the disk refuses writes and not to move the inbox aside; the file stays sound,
+    and once there is room again the same inbox takes the write."""
+    inbox = Inbox.open(inbox_path)
+    try:
+        inbox.admit(_record())
+        db = inbox._db
+        (pages,) = db.execute("PRAGMA page_count").fetchone()
+        db.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(InboxUnwritable) as refused:
+            _admit_many(inbox, 1000)
+        assert isinstance(refused.value, InboxUnreadable), "fatal while running, as before"
+        message = str(refused.value)
+        assert message.startswith(f"inbox {inbox_path} cannot be written: database or disk")
+        assert "do not move it aside" in message
+        db.execute("PRAGMA max_page_count = 1073741823")
+        assert inbox.admit(_record())
+        inbox.verify()
     finally:
         inbox.close()
 

@@ -75,6 +75,8 @@ _DIRECTORY_MODE: Final = 0o700
 _SQLITE_HEADER: Final = b"SQLite format 3\x00"
 #: SQLite result codes that mean "try again", not "this file is broken".
 _BUSY_CODES: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+#: The disk, not the file: SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL.
+_STORAGE_CODES: Final = frozenset({8, 10, 13})
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
@@ -176,12 +178,32 @@ class InboxUnreadable(InboxError):
         self.reason = reason
 
 
+class InboxUnwritable(InboxUnreadable):
+    """The inbox is sound but its disk refuses writes (full, an I/O error, read-only):
+    as fatal while running — no fact can be made durable —, but the file is kept as it is.
+    The operator frees space or fixes the disk and starts the Worker again on the same
+    inbox; moving it aside (as for a damaged one) would lose its capabilities."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        InboxError.__init__(
+            self,
+            f"inbox {path} cannot be written: {reason}; free space or fix the disk, then "
+            "start the Worker again on the same inbox (do not move it aside)",
+        )
+        self.path = path
+        self.reason = reason
+
+
 def _unreadable(path: Path, error: sqlite3.DatabaseError) -> InboxError | None:
     """The typed error for a SQLite failure; None for a transient busy/locked one."""
     code = getattr(error, "sqlite_errorcode", None)
-    if isinstance(code, int) and code & 0xFF in _BUSY_CODES:
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in _BUSY_CODES:
         return None
-    return InboxUnreadable(path, str(error) or type(error).__name__)
+    reason = str(error) or type(error).__name__
+    if primary in _STORAGE_CODES:
+        return InboxUnwritable(path, reason)
+    return InboxUnreadable(path, reason)
 
 
 def _guarded(method: Callable[Concatenate[Inbox, _P], _T]) -> Callable[Concatenate[Inbox, _P], _T]:
