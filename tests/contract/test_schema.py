@@ -13,7 +13,13 @@ import psycopg
 import pytest
 from psycopg import errors
 from qinglong_control.db.identities import enroll_operator_token, grant_cluster_admin
-from qinglong_control.db.migrate import Migration, MigrationError, load_migrations, migrate
+from qinglong_control.db.migrate import (
+    OUTSIDE_TRANSACTION,
+    Migration,
+    MigrationError,
+    load_migrations,
+    migrate,
+)
 from qinglong_control.db.schema_dump import dump_schema
 
 from tests.support.postgres import MigratedDatabase
@@ -61,6 +67,55 @@ def test_a_failing_migration_leaves_no_trace(database: MigratedDatabase) -> None
             "SELECT count(*) FROM public.qinglong_schema_migrations WHERE version = %s",
             (broken.version,),
         ).fetchone() == (0,)
+
+
+def test_an_index_migration_that_stopped_half_way_is_run_again(
+    database: MigratedDatabase,
+) -> None:
+    """An outside-transaction migration builds its index CONCURRENTLY (the table's writers
+    go on meanwhile). A build that fails leaves an invalid index and no history row; run
+    again once the cause is gone, it drops that index, builds it whole and records itself."""
+    shipped = load_migrations()
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        conn.execute("CREATE TABLE qinglong.scratch (v int)")
+        conn.execute("INSERT INTO qinglong.scratch VALUES (1), (1), (2)")
+    index = Migration(
+        len(shipped) + 1,
+        "scratch_index",
+        f"{OUTSIDE_TRANSACTION}\n-- a unique index the duplicate 1 refuses at first\n"
+        "DROP INDEX CONCURRENTLY IF EXISTS qinglong.scratch_v;\n"
+        "CREATE UNIQUE INDEX CONCURRENTLY scratch_v ON qinglong.scratch (v);\n",
+    )
+    assert not index.in_transaction
+    with pytest.raises(errors.UniqueViolation):
+        migrate(database.urls.migration, [*shipped, index])
+    query = (
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE c.relname = 'scratch_v'"
+    )
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        assert conn.execute(query).fetchall() == [(False,)], "the failed build's leftover"
+        conn.execute("DELETE FROM qinglong.scratch WHERE ctid = (SELECT min(ctid)"
+                     " FROM qinglong.scratch WHERE v = 1)")  # fmt: skip
+    assert migrate(database.urls.migration, [*shipped, index]) == [
+        f"{index.version:04d}_scratch_index"
+    ]
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        assert conn.execute(query).fetchall() == [(True,)]
+        assert conn.execute(
+            "SELECT count(*) FROM public.qinglong_schema_migrations WHERE version = %s",
+            (index.version,),
+        ).fetchone() == (1,)
+        # The migrators' lock was given back: another migrator is not kept waiting.
+        assert conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+        ).fetchone() == (0,)
+
+
+def test_an_outside_transaction_migration_may_only_build_indexes() -> None:
+    sneaky = Migration(99, "sneaky", f"{OUTSIDE_TRANSACTION}\nDROP TABLE qinglong.runs;\n")
+    with pytest.raises(MigrationError, match="only drop and build indexes concurrently"):
+        sneaky.statements()
 
 
 @pytest.fixture

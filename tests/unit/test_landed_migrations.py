@@ -73,3 +73,25 @@ def test_the_rule_recognises_a_scanning_check() -> None:
         "ALTER TABLE qinglong.attempts ADD CONSTRAINT c CHECK (x >= 0) NOT VALID;"
     )
     assert not scanning_checks("-- ALTER TABLE t ADD CHECK (x);\nCREATE INDEX i ON t (x);")
+
+
+_DROP = re.compile(r"DROP INDEX CONCURRENTLY IF EXISTS (?:\w+\.)?(\w+)$", re.IGNORECASE)
+_BUILD = re.compile(r"CREATE (?:UNIQUE )?INDEX CONCURRENTLY (\w+)\s", re.IGNORECASE)
+
+
+def test_outside_transaction_migrations_only_rebuild_indexes() -> None:
+    """Their statements run one by one while the services serve, and a migrator that
+    stopped half-way runs them again: only concurrent index builds, each index dropped
+    (if a failed build left it) just before it is built."""
+    for migration in load_migrations():
+        if migration.in_transaction:
+            continue
+        statements = migration.statements()
+        drops = [_DROP.match(s) for s in statements[::2]]
+        builds = [_BUILD.match(s) for s in statements[1::2]]
+        assert statements, migration.name
+        assert len(drops) == len(builds), migration.name
+        for dropped, built in zip(drops, builds, strict=True):
+            assert dropped is not None, migration.name
+            assert built is not None, migration.name
+            assert dropped[1] == built[1], migration.name

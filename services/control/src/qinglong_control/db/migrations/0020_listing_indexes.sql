@@ -1,3 +1,4 @@
+-- qinglong: outside-transaction
 -- 0020: filtered listings read their own rows, not the whole history.
 --
 -- ListRuns filtered by task or by state (`qinglong run list --task/--state`) had only
@@ -12,12 +13,19 @@
 -- per Run; those updates already write the partial indexes whose predicates name the
 -- state), the audit index on each audited call.
 --
--- Plain CREATE INDEX (a migration is one transaction): on a large history, writes to the
--- table wait for the build.
+-- Built CONCURRENTLY, outside a transaction (db/migrate.py): a plain CREATE INDEX would
+-- stop every write to runs — every command — and to the audit — every call ingress
+-- admits — for as long as it reads the table. Each index is dropped first, so a
+-- migrator that stopped half-way, leaving an invalid index, is simply run again.
 
-CREATE INDEX runs_by_project_task ON qinglong.runs (project_id, task_id, created_at_ms, run_id);
+DROP INDEX CONCURRENTLY IF EXISTS qinglong.runs_by_project_task;
+CREATE INDEX CONCURRENTLY runs_by_project_task
+    ON qinglong.runs (project_id, task_id, created_at_ms, run_id);
 
-CREATE INDEX runs_by_project_state ON qinglong.runs (project_id, state, created_at_ms, run_id);
+DROP INDEX CONCURRENTLY IF EXISTS qinglong.runs_by_project_state;
+CREATE INDEX CONCURRENTLY runs_by_project_state
+    ON qinglong.runs (project_id, state, created_at_ms, run_id);
 
-CREATE INDEX security_audit_by_principal
+DROP INDEX CONCURRENTLY IF EXISTS qinglong.security_audit_by_principal;
+CREATE INDEX CONCURRENTLY security_audit_by_principal
     ON qinglong.security_audit (principal_id, occurred_at_ms, audit_id);
