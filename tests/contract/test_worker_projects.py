@@ -167,3 +167,27 @@ async def test_a_scoped_workers_pull_reads_only_its_projects_queues(
     assert oldest <= set(backlog), "the other project's Runs are the oldest not yet offered"
     offers = await placement.pull_offers(world.conn, both, 2, world.timings)
     assert {offer.run_id for offer in offers.offers} == oldest
+
+
+async def test_a_scoped_worker_is_placed_on_the_same_conditions(
+    world: World, admin_conn: Conn
+) -> None:
+    """The statement writes the conditions of placement once per kind of Worker: a
+    scoped Worker too is offered no Run with a live offer elsewhere, none with a cancel
+    intent, and none of a disabled project."""
+    offered_elsewhere = await world.queued_run(project=OTHER)
+    assert set(await pulled(world, await world.session("worker-b"))) == {offered_elsewhere}
+    cancelled = await world.queued_run(project=OTHER)
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
+        " cancel_reason = 'user' WHERE run_id = %s",
+        (cancelled,),
+    )
+    placeable = await world.queued_run(project=OTHER)
+    await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
+    scoped = await world.session("worker-a")
+    assert set(await pulled(world, scoped)) == {placeable}
+    await admin.disable_project(admin_conn, OTHER)
+    await world.queued_run(project=PROJECT)  # another project's: not its to take either
+    fresh = await world.session("worker-a")
+    assert await pulled(world, fresh) == {}

@@ -38,8 +38,10 @@ UPDATE qinglong.runs
 -- conditions checked again under the lock. While no project is disabled no Run is read
 -- at all; a join or `project_id = ANY (...)` let the planner read every live Run of every
 -- project instead (25 ms a cycle with 100,000 Runs waiting, bench/bench_scale.py). SKIP
--- LOCKED: control replicas share the work, and a Run a command holds is left to the next
--- cycle.
+-- LOCKED: a Run a command or another replica's sweep holds is left to a later cycle.
+-- The page is chosen before it is locked, so replicas that sweep at once pick the same
+-- Runs and one of them gets them all (the others' step finds nothing and ends): with a
+-- disabled project, one replica does the sweep — it is rare, and bounded per cycle.
 SELECT locked.run_id, locked.state, locked.cancel_reason, locked.event_sequence
   FROM (SELECT live.run_id, live.created_at_ms
           FROM qinglong.projects p

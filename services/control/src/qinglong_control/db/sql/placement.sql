@@ -30,7 +30,13 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- reads each of its projects' queue (runs_by_project_state, migration 0020) and takes the
 -- oldest of those — reading the whole queue instead, it would scan every other project's
 -- backlog at each pull (80 ms with 85,000 Runs queued elsewhere). Both branches place a
--- Run on the same conditions; they are written out in each, and must stay the same.
+-- Run on the same conditions; they are written out in each, and must stay the same
+-- (test_worker_projects.py holds the second to them). Each served project's scan locks
+-- up to the room, and the oldest of them are taken: a Worker of K projects holds up to
+-- K x room Runs until COMMIT (one pull's two round trips). Another pull skips those
+-- and goes on scanning; only on a nearly empty queue does it come back short, and pulls
+-- again at its next tick. Locking after the pick instead would make the pulls of Workers
+-- with the same projects all pick the same oldest Runs, and all but one come back empty.
 WITH session AS MATERIALIZED (
     SELECT s.session_id, s.executor_types,
            -- The projects its Worker serves (NULL: every project).
