@@ -615,6 +615,7 @@ CREATE TABLE qinglong.security_audit (
     session_id uuid,
     request_id text,
     peer text,
+    credential_id uuid,
     CONSTRAINT security_audit_operation_check CHECK (((length(operation) >= 1) AND (length(operation) <= 200))),
     CONSTRAINT security_audit_outcome_check CHECK ((outcome = ANY (ARRAY['admitted'::text, 'require_approval'::text, 'unauthenticated'::text, 'permission_denied'::text, 'invalid_argument'::text, 'unavailable'::text, 'internal'::text, 'rate_limited'::text]))),
     CONSTRAINT security_audit_peer_check CHECK ((length(peer) <= 256)),
@@ -775,6 +776,9 @@ ALTER TABLE ONLY qinglong.runs
 ALTER TABLE ONLY qinglong.runs
     ADD CONSTRAINT runs_project_id_trigger_request_id_key UNIQUE (project_id, trigger_request_id);
 
+ALTER TABLE qinglong.security_audit
+    ADD CONSTRAINT security_audit_credential_is_an_operators CHECK (((credential_id IS NULL) OR (principal_kind = ANY (ARRAY['user'::text, 'agent'::text])))) NOT VALID;
+
 ALTER TABLE ONLY qinglong.security_audit
     ADD CONSTRAINT security_audit_pkey PRIMARY KEY (audit_id);
 
@@ -866,6 +870,8 @@ CREATE INDEX runs_lost_unretried ON qinglong.runs USING btree (updated_at_ms, ru
 CREATE INDEX runs_queued_by_age ON qinglong.runs USING btree (created_at_ms, run_id) WHERE (state = 'queued'::text);
 
 CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) WHERE ((state = 'retry_wait'::text) AND (cancel_requested_at_ms IS NULL));
+
+CREATE INDEX security_audit_by_credential ON qinglong.security_audit USING btree (credential_id, occurred_at_ms) WHERE (credential_id IS NOT NULL);
 
 CREATE INDEX security_audit_by_principal ON qinglong.security_audit USING btree (principal_id, occurred_at_ms, audit_id);
 
@@ -1067,6 +1073,8 @@ GRANT INSERT(session_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
 GRANT INSERT(request_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
 
 GRANT INSERT(peer) ON TABLE qinglong.security_audit TO qinglong_ingress;
+
+GRANT INSERT(credential_id) ON TABLE qinglong.security_audit TO qinglong_ingress;
 
 GRANT SELECT,INSERT ON TABLE qinglong.tasks TO qinglong_runtime;
 

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from qinglong_control.db import admin, cancellation, enrollment, lease_control, placement, sessions
+from qinglong_control.db.audit_retention import prune_audit
 from qinglong_control.db.events import Actor
 from qinglong_control.db.identities import (
     bind_role,
@@ -25,10 +26,15 @@ from qinglong_control.db.identities import (
     ensure_project,
     revoke_role,
 )
+from qinglong_control.db.sql import SQL
 from qinglong_control.domain.administration import AuditFilter
 from qinglong_control.domain.cancellation import BindingSnapshot, CancelOutcome
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_ingress.audit import AuditOutcome
+from qinglong_ingress.directory import AuditEntry, AuditRecord, Directory, OperatorRow, WorkerClaim
+from qinglong_ingress.pool import open_ingress_pool
 from qinglong_protocol.identities import worker_uri
+from qinglong_protocol.pooling import PoolSizing
 
 from tests.support.locks import until_waiting
 from tests.support.postgres import MigratedDatabase
@@ -106,6 +112,15 @@ async def test_disable_project_archives_it_and_advances_its_version(conn: Conn) 
     assert await admin.disable_project(conn, "proj-x") == disabled  # nothing more changes
     missing = await refused(admin.disable_project(conn, "proj-none"))
     assert missing.reason is Reason.PROJECT_NOT_FOUND
+
+
+async def test_get_project_reads_it_active_or_disabled(conn: Conn) -> None:
+    created = await admin.create_project(conn, "req-1", "proj-x", "Project X")
+    assert await admin.get_project(conn, "proj-x") == created
+    disabled = await admin.disable_project(conn, "proj-x")
+    assert await admin.get_project(conn, "proj-x") == disabled
+    missing = await refused(admin.get_project(conn, "proj-none"))
+    assert (missing.reason, missing.field) == (Reason.PROJECT_NOT_FOUND, "project_id")
 
 
 async def test_concurrent_creates_make_one_row_and_show_one_secret(
@@ -205,6 +220,45 @@ async def test_disable_principal(conn: Conn) -> None:
     enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
     worker = await refused(admin.disable_principal(conn, enrolled.worker.principal_id))
     assert (worker.reason, worker.field) == (Reason.FIELD_INVALID, "principal_id")
+
+
+async def test_get_principal_reads_users_agents_and_workers(
+    conn: Conn, database: MigratedDatabase
+) -> None:
+    """As ListPrincipals shows them (the cluster-admin grant included); a principal that
+    does not exist, or has no kind on the wire (a service), is PRINCIPAL_NOT_FOUND."""
+    shown = ("user", "agent", "worker")
+    root = await user(conn, "root", cluster_admin=True)
+    found = await admin.get_principal(conn, root, shown)
+    assert (found.kind, found.name, found.status, found.cluster_admin) == (
+        "user",
+        "root",
+        "active",
+        True,
+    )
+    bot = await admin.create_principal(conn, "a-1", "agent", "bot", cluster_admin=False)
+    assert await admin.get_principal(conn, bot.principal_id, shown) == bot
+    await admin.disable_principal(conn, bot.principal_id)
+    assert (await admin.get_principal(conn, bot.principal_id, shown)).status == "disabled"
+    enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    worker = await admin.get_principal(conn, enrolled.worker.principal_id, shown)
+    assert (worker.kind, worker.name, worker.cluster_admin) == ("worker", "worker-x", False)
+    listed = await admin.list_principals(conn, kinds=shown, limit=50, after=None)
+    assert [await admin.get_principal(conn, row.principal_id, shown) for row in listed.rows] == (
+        listed.rows
+    )
+    service = uuid.uuid4()
+    async with await psycopg.AsyncConnection.connect(
+        database.urls.migration, autocommit=True
+    ) as owner:
+        await owner.execute(
+            "INSERT INTO qinglong.principals (principal_id, kind, name)"
+            " VALUES (%s, 'service', 'ingress')",
+            (service,),
+        )
+    for missing_id in (uuid.uuid4(), service):
+        missing = await refused(admin.get_principal(conn, missing_id, shown))
+        assert (missing.reason, missing.field) == (Reason.PRINCIPAL_NOT_FOUND, "principal_id")
 
 
 async def active_cluster_admins(conn: Conn) -> list[str]:
@@ -353,6 +407,160 @@ async def test_rotation_never_extends_a_token(conn: Conn) -> None:
     short = (await admin.issue_token(conn, alice, "issue-1", 60)).token
     rotated = await admin.rotate_token(conn, short.token_id, "rot-1", 604_800)
     assert rotated.replaced.expires_at_ms == short.expires_at_ms
+
+
+# --- a token's last use (migration 0022) -------------------------------------------------
+
+
+async def audit_call(
+    directory: Directory,
+    principal: OperatorRow | None,
+    operation: str,
+    claim: WorkerClaim | None = None,
+    credential_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    """A call's audit row as ingress writes it (the ingress role, the batch statement)."""
+    record = AuditRecord(
+        "worker" if principal is None else principal.kind,
+        None if principal is None else str(principal.principal_id),
+        operation,
+        AuditOutcome.ADMITTED,
+        None,
+        credential_id=credential_id,
+    )
+    return (await directory.write_audit(AuditEntry(record, claim))).audit_id
+
+
+async def audited(database: MigratedDatabase, audit_id: uuid.UUID) -> tuple[Any, ...]:
+    async with await psycopg.AsyncConnection.connect(database.urls.migration) as owner:
+        cursor = await owner.execute(
+            "SELECT credential_id, occurred_at_ms FROM qinglong.security_audit WHERE audit_id = %s",
+            (audit_id,),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+async def test_a_tokens_last_use_is_the_newest_call_ingress_audited_for_it(
+    conn: Conn, database: MigratedDatabase
+) -> None:
+    """Ingress's operator lookup names the token it matched, the call's audit row records
+    it, and ListTokens reads its newest row; a token never used has none. A Worker's call
+    (its certificate) records no credential, even if one were handed to the statement."""
+    alice = await user(conn, "alice")
+    used = await admin.issue_token(conn, alice, "issue-1", None)
+    idle = await admin.issue_token(conn, alice, "issue-2", None)
+    enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    pool = await open_ingress_pool(database.urls.ingress, sizing=PoolSizing(1, 1))
+    try:
+        directory = Directory(pool)
+        digest = hashlib.sha256(used.secret.encode()).hexdigest()
+        caller = await directory.operator_by_token_digest(digest)
+        assert caller is not None
+        assert (caller.principal_id, caller.credential_id) == (alice, used.token.token_id)
+        token_id = caller.credential_id
+        first = await audit_call(directory, caller, "RunService/ListRuns", None, token_id)
+        second = await audit_call(directory, caller, "RunService/GetRun", None, token_id)
+        worker_call = await audit_call(
+            directory,
+            None,
+            "WorkerService/OpenSession",
+            WorkerClaim("spiffe://t/worker/x"),
+            token_id,  # were ingress to hand a Worker's call one, it is not written
+        )
+    finally:
+        await pool.close()
+    assert (await audited(database, worker_call))[0] is None
+    first_row, second_row = await audited(database, first), await audited(database, second)
+    assert first_row[0] == second_row[0] == used.token.token_id
+    listed = {row.token_id: row for row in await admin.list_tokens(conn, alice)}
+    assert listed[used.token.token_id].last_used_at_ms == max(first_row[1], second_row[1])
+    assert listed[idle.token.token_id].last_used_at_ms is None
+    # Every answer describing the token says so, not ListTokens alone.
+    revoked = await admin.revoke_token(conn, used.token.token_id)
+    assert revoked.last_used_at_ms == listed[used.token.token_id].last_used_at_ms
+    assert enrolled.worker.worker_id == "worker-x"
+
+
+async def test_a_last_use_past_the_audits_retention_is_unset(
+    conn: Conn, database: MigratedDatabase
+) -> None:
+    """The last use is read from the audit: once retention removed the token's rows it is
+    unset again; a younger row stays its last use. The audit's CHECK keeps credentials to
+    operators' calls."""
+    alice = await user(conn, "alice")
+    old = (await admin.issue_token(conn, alice, "issue-1", None)).token
+    recent = (await admin.issue_token(conn, alice, "issue-2", None)).token
+    day_ms = 86_400_000
+    async with await psycopg.AsyncConnection.connect(
+        database.urls.migration, autocommit=True
+    ) as owner:
+        for token_id, age_ms in ((old.token_id, 100 * day_ms), (recent.token_id, day_ms)):
+            await owner.execute(
+                "INSERT INTO qinglong.security_audit (audit_id, occurred_at_ms, principal_kind,"
+                " principal_id, operation, outcome, credential_id)"
+                " VALUES (%s, qinglong.db_now_ms() - %s, 'user', %s, 'RunService/ListRuns',"
+                " 'admitted', %s)",
+                (uuid.uuid4(), age_ms, str(alice), token_id),
+            )
+        with pytest.raises(psycopg.errors.CheckViolation):
+            await owner.execute(
+                "INSERT INTO qinglong.security_audit (audit_id, principal_kind, principal_id,"
+                " operation, outcome, credential_id) VALUES (%s, 'worker', 'worker-x',"
+                " 'WorkerService/OpenSession', 'admitted', %s)",
+                (uuid.uuid4(), recent.token_id),
+            )
+    before = {row.token_id: row.last_used_at_ms for row in await admin.list_tokens(conn, alice)}
+    assert before[old.token_id] is not None
+    assert before[recent.token_id] is not None
+    async with await psycopg.AsyncConnection.connect(
+        database.urls.runtime, autocommit=True
+    ) as runtime:
+        assert await prune_audit(runtime, 90 * day_ms, 100) == 1
+    after = {row.token_id: row.last_used_at_ms for row in await admin.list_tokens(conn, alice)}
+    assert after == {old.token_id: None, recent.token_id: before[recent.token_id]}
+
+
+def scans_of_audit(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan that reads ``qinglong.security_audit``."""
+    found = [node] if node.get("Relation Name") == "security_audit" else []
+    for child in node.get("Plans", []):
+        found += scans_of_audit(child)
+    return found
+
+
+async def test_listing_tokens_reads_only_their_own_audit_rows(
+    conn: Conn, database: MigratedDatabase
+) -> None:
+    """A LATERAL per token reads the partial index backwards: none of the (many) rows of
+    Workers' calls, which have no credential and are not in the index."""
+    alice = await user(conn, "alice")
+    token = (await admin.issue_token(conn, alice, "issue-1", None)).token
+    async with await psycopg.AsyncConnection.connect(
+        database.urls.migration, autocommit=True
+    ) as owner:
+        await owner.execute(
+            "INSERT INTO qinglong.security_audit (audit_id, principal_kind, principal_id,"
+            " operation, outcome)"
+            " SELECT gen_random_uuid(), 'worker', 'worker-x', 'WorkerService/ControlLease',"
+            " 'admitted' FROM generate_series(1, 5000)"
+        )
+        await owner.execute(
+            "INSERT INTO qinglong.security_audit (audit_id, principal_kind, principal_id,"
+            " operation, outcome, credential_id)"
+            " SELECT gen_random_uuid(), 'user', %s, 'RunService/ListRuns', 'admitted', %s"
+            " FROM generate_series(1, 50)",
+            (str(alice), token.token_id),
+        )
+        await owner.execute("ANALYZE qinglong.security_audit")
+    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + SQL["admin.list_tokens"]
+    cursor = await conn.execute(explain.encode(), (alice, 1000))
+    row = await cursor.fetchone()
+    assert row is not None
+    scans = scans_of_audit(row[0][0]["Plan"])
+    assert [node["Index Name"] for node in scans] == ["security_audit_by_credential"], scans
+    assert [node["Actual Rows"] for node in scans] == [1]  # max() reads the newest entry
 
 
 # --- role bindings -----------------------------------------------------------------------

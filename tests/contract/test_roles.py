@@ -332,10 +332,11 @@ def test_runtime_role_cannot_rewrite_history_or_definitions(database: MigratedDa
 EXPECTED_COLUMN_ONLY_GRANTS: dict[tuple[str, str, str], str] = {
     # Authentication reads who holds a session, nothing else of it (migration 0001).
     ("qinglong_ingress", "worker_sessions", "SELECT"): "session_id worker_id generation status",
-    # Every audit column but its time, which is DB time (migration 0015).
+    # Every audit column but its time, which is DB time (migration 0015); the token a
+    # call was authenticated by (0022).
     ("qinglong_ingress", "security_audit", "INSERT"): (
         "audit_id principal_kind principal_id operation outcome reason project_id run_id"
-        " worker_id session_id request_id peer"
+        " worker_id session_id request_id peer credential_id"
     ),
 }
 

@@ -5,6 +5,7 @@ with their code and reason and documented exit codes — never a traceback."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from pathlib import Path
@@ -353,3 +354,63 @@ async def test_a_stack_file_without_an_admin_token(cli: Cli, tmp_path: Path) -> 
         older, ADMIN_TOKEN, token_file=tmp_path / "x", environ={"QINGLONG_ADMIN_TOKEN_FILE": "y"}
     )
     assert flagged.token_file == tmp_path / "x"
+
+
+async def test_a_project_and_a_principal_are_shown_by_get(cli: Cli) -> None:
+    created = await cli.item("project", "create", "get-proj", "--display-name", "Get me")
+    assert await cli.item("project", "get", "get-proj") == created
+    table = (await cli.ok("project", "get", "get-proj", "--output", "table")).out.splitlines()
+    assert table[0].split() == ["PROJECT", "NAME", "STATE", "VERSION", "CREATED"]
+    assert table[1].split()[:2] == ["get-proj", "Get"]
+    dora = await cli.item("user", "create", "dora-get")
+    # By name (looked up among users) or by id, as `user disable` takes it.
+    assert await cli.item("user", "get", "dora-get") == dora
+    assert await cli.item("user", "get", dora["principalId"]) == dora
+    root = await cli.item("user", "get", "root")
+    assert (root["clusterAdmin"], root["kind"]) == (True, "PRINCIPAL_KIND_USER")
+    bot = await cli.item("agent", "create", "bot-get")
+    assert await cli.item("agent", "get", "bot-get") == bot
+    header = (await cli.ok("user", "get", "root", "--output", "table")).out.splitlines()[0]
+    assert header.split() == ["PRINCIPAL", "KIND", "NAME", "STATE", "CLUSTER_ADMIN", "CREATED"]
+    # Missing ones on stderr, exit 1: the server's NOT_FOUND, or the name lookup's.
+    missing = await cli.admin("project", "get", "no-such-proj")
+    assert (missing.code, missing.out) == (1, "")
+    assert missing.err.startswith("error: NOT_FOUND PROJECT_NOT_FOUND")
+    nobody = await cli.admin("user", "get", str(uuid.uuid4()))
+    assert (nobody.code, nobody.out) == (1, "")
+    assert nobody.err.startswith("error: NOT_FOUND PRINCIPAL_NOT_FOUND")
+    unnamed = await cli.admin("user", "get", "no-such-user")
+    assert (unnamed.code, unnamed.out) == (1, "")
+    assert "no user is named 'no-such-user'" in unnamed.err
+    assert "Traceback" not in missing.err + nobody.err + unnamed.err
+
+
+async def test_token_list_shows_each_tokens_last_use(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("project", "create", "used-proj")
+    await cli.ok("user", "create", "uma")
+    await cli.ok("role", "grant", "used-proj", "uma", "viewer")
+    used = tmp_path / "uma.token"
+    await cli.ok("token", "issue", "uma", "--save", str(used), "--request-id", "t-used")
+    await cli.ok("token", "issue", "uma", "--save", str(tmp_path / "idle.token"))
+    listed = await cli.run("run", "list", "--project", "used-proj", "--token-file", str(used))
+    assert listed.code == 0, listed.err
+    tokens = await cli.items("token", "list", "uma")
+    last_used = {t["prefix"]: t.get("lastUsedTime") for t in tokens}
+    assert last_used[used.read_text().strip()[:11]] is not None
+    assert list(last_used.values()).count(None) == 1  # the idle token was never used
+    table = (await cli.ok("token", "list", "uma", "--output", "table")).out.splitlines()
+    assert table[0].split() == [
+        "TOKEN_ID", "PRINCIPAL", "PREFIX", "STATE", "CREATED", "EXPIRES", "LAST_USED",
+    ]  # fmt: skip
+    # Newest first: the idle token (never used: "-"), then the one uma listed Runs with.
+    assert [row.split()[-1] for row in table[1:]] == [
+        "-",
+        next(t["lastUsedTime"] for t in tokens if t.get("lastUsedTime")),
+    ]
+    # The admin's own calls are its token's uses: this very listing is the newest.
+    (root_token,) = await cli.items("token", "list", "root")
+
+    def moment(text: str) -> dt.datetime:
+        return dt.datetime.fromisoformat(text)
+
+    assert moment(root_token["lastUsedTime"]) >= moment(tokens[-1]["lastUsedTime"])

@@ -30,7 +30,7 @@ from qinglong.admin.v1 import admin_pb2, admin_service_pb2, admin_service_pb2_gr
 from qinglong.control.v1 import run_service_pb2, run_service_pb2_grpc
 from qinglong.rpc.v1 import execution_pb2
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
-from qinglong.worker.v1 import worker_service_pb2
+from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_cli.pki import ensure_dev_pki, service_uri
 from qinglong_control.db.identities import grant_cluster_admin
 from qinglong_control.db.pool import open_admin_pool, open_runtime_pool
@@ -43,7 +43,7 @@ from qinglong_protocol.identities import worker_uri
 from qinglong_protocol.pooling import PoolSizing
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
-from tests.support.calls import failure
+from tests.support.calls import failure, opened_session
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import Stack
 from tests.support.world import PROJECT, enroll
@@ -749,3 +749,181 @@ async def test_a_token_issued_through_ingress_works_until_revoked(stack: Stack) 
     }
     assert issued.token not in repr(audit)
     assert issued.token[5:] not in repr(audit)
+
+
+async def test_get_project_and_principal_over_mtls(control: Control) -> None:
+    """GetProject and GetPrincipal answer what the listings show; a missing one is
+    NOT_FOUND with its typed reason, naming the request field."""
+    stub = control.stub
+    project = (
+        await stub.GetProject(
+            rt.GetProjectRequest(caller=ROOT, request=api.GetProjectRequest(project_id=PROJECT))
+        )
+    ).response.project
+    every = rt.ListProjectsRequest(caller=ROOT, request=api.ListProjectsRequest())
+    listed = (await stub.ListProjects(every)).response.projects
+    assert project == next(p for p in listed if p.project_id == PROJECT)
+    root = (
+        await stub.GetPrincipal(
+            rt.GetPrincipalRequest(
+                caller=ROOT, request=api.GetPrincipalRequest(principal_id=ROOT.principal_id)
+            )
+        )
+    ).response.principal
+    assert (root.name, root.kind, root.cluster_admin, root.state) == (
+        "root",
+        admin_pb2.PRINCIPAL_KIND_USER,
+        True,
+        admin_pb2.RESOURCE_STATE_ACTIVE,
+    )
+    missing_project = await failure(
+        stub.GetProject(
+            rt.GetProjectRequest(caller=ROOT, request=api.GetProjectRequest(project_id="proj-none"))
+        )
+    )
+    assert (missing_project.code(), error_reason_of(missing_project)) == (
+        grpc.StatusCode.NOT_FOUND,
+        "PROJECT_NOT_FOUND",
+    )
+    assert [field for field, _ in field_violations_of(missing_project)] == ["project_id"]
+    missing_principal = await failure(
+        stub.GetPrincipal(
+            rt.GetPrincipalRequest(
+                caller=ROOT, request=api.GetPrincipalRequest(principal_id=str(uuid.uuid4()))
+            )
+        )
+    )
+    assert (missing_principal.code(), error_reason_of(missing_principal)) == (
+        grpc.StatusCode.NOT_FOUND,
+        "PRINCIPAL_NOT_FOUND",
+    )
+    assert [field for field, _ in field_violations_of(missing_principal)] == ["principal_id"]
+    unconfigured = await failure(
+        control.unconfigured.GetProject(
+            rt.GetProjectRequest(caller=ROOT, request=api.GetProjectRequest(project_id=PROJECT))
+        )
+    )
+    assert unconfigured.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_get_project_and_principal_through_ingress(stack: Stack) -> None:
+    """Both reads through ingress for a cluster admin (audited like every call); NOT_FOUND
+    reaches the caller typed; a caller who is no cluster admin is refused by ingress."""
+    root = (("authorization", f"Bearer {stack.tokens['root']}"),)
+    alice = (("authorization", f"Bearer {stack.tokens['alice']}"),)
+    async with stack.channel(stack.operator_identity("root")) as channel:
+        admin_stub = admin_service_pb2_grpc.AdminServiceStub(channel)
+        project = (
+            await admin_stub.GetProject(api.GetProjectRequest(project_id=PROJECT), metadata=root)
+        ).project
+        assert (project.project_id, project.state) == (PROJECT, admin_pb2.RESOURCE_STATE_ACTIVE)
+        users = (
+            await admin_stub.ListPrincipals(
+                api.ListPrincipalsRequest(kind=admin_pb2.PRINCIPAL_KIND_USER), metadata=root
+            )
+        ).principals
+        for listed in users:
+            got = await admin_stub.GetPrincipal(
+                api.GetPrincipalRequest(principal_id=listed.principal_id), metadata=root
+            )
+            assert got.principal == listed
+        assert [p.name for p in users if p.cluster_admin] == ["root"]
+        missing = await failure(
+            admin_stub.GetProject(api.GetProjectRequest(project_id="proj-none"), metadata=root)
+        )
+        assert (missing.code(), error_reason_of(missing)) == (
+            grpc.StatusCode.NOT_FOUND,
+            "PROJECT_NOT_FOUND",
+        )
+        nobody = await failure(
+            admin_stub.GetPrincipal(
+                api.GetPrincipalRequest(principal_id=str(uuid.uuid4())), metadata=root
+            )
+        )
+        assert (nobody.code(), error_reason_of(nobody)) == (
+            grpc.StatusCode.NOT_FOUND,
+            "PRINCIPAL_NOT_FOUND",
+        )
+        denied = await failure(
+            admin_stub.GetProject(api.GetProjectRequest(project_id=PROJECT), metadata=alice)
+        )
+        assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+    audit = [row for row in stack.audit_rows() if row["operation"].startswith("AdminService/Get")]
+    assert {(row["operation"], row["outcome"]) for row in audit} == {
+        ("AdminService/GetProject", "admitted"),
+        ("AdminService/GetPrincipal", "admitted"),
+        ("AdminService/GetProject", "permission_denied"),
+    }
+
+
+async def test_a_tokens_last_use_through_ingress(stack: Stack) -> None:
+    """Each call a bearer token authenticates records the token in its audit row, and
+    ListTokens shows the newest as its last use; a token never used shows none. Calls by
+    certificate — a Worker's, an operator's — record no credential."""
+    root = (("authorization", f"Bearer {stack.tokens['root']}"),)
+    async with stack.channel(stack.operator_identity("root")) as channel:
+        admin_stub = admin_service_pb2_grpc.AdminServiceStub(channel)
+        dora = (
+            await admin_stub.CreatePrincipal(
+                api.CreatePrincipalRequest(
+                    request_id="u-dora", kind=admin_pb2.PRINCIPAL_KIND_USER, name="dora"
+                ),
+                metadata=root,
+            )
+        ).principal
+        used, idle = [
+            await admin_stub.IssueToken(
+                api.IssueTokenRequest(request_id=request_id, principal_id=dora.principal_id),
+                metadata=root,
+            )
+            for request_id in ("t-used", "t-idle")
+        ]
+        await admin_stub.GrantRole(
+            api.GrantRoleRequest(
+                project_id=PROJECT,
+                principal_id=dora.principal_id,
+                role=admin_pb2.PROJECT_ROLE_VIEWER,
+            ),
+            metadata=root,
+        )
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        as_dora = (("authorization", f"Bearer {used.token}"),)
+        listing = run_service_pb2.ListRunsRequest(project_id=PROJECT)
+        for _ in range(2):
+            await runs.ListRuns(listing, metadata=as_dora)
+        tokens = {
+            t.token_id: t
+            for t in (
+                await admin_stub.ListTokens(
+                    api.ListTokensRequest(principal_id=dora.principal_id), metadata=root
+                )
+            ).tokens
+        }
+    async with stack.channel(stack.operator_identity("carol")) as channel:
+        await run_service_pb2_grpc.RunServiceStub(channel).ListRuns(
+            run_service_pb2.ListRunsRequest(project_id=PROJECT)
+        )
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        await opened_session(worker_service_pb2_grpc.WorkerServiceStub(channel), "worker-a")
+    audit = stack.audit_rows()
+    by_dora = [row for row in audit if row["credential_id"] == uuid.UUID(used.issued.token_id)]
+    assert [row["operation"] for row in by_dora] == ["RunService/ListRuns"] * 2
+    assert {row["principal_id"] for row in by_dora} == {dora.principal_id}
+    last = tokens[used.issued.token_id]
+    assert last.HasField("last_used_time")
+    assert last.last_used_time.ToMilliseconds() == max(row["occurred_at_ms"] for row in by_dora)
+    assert not tokens[idle.issued.token_id].HasField("last_used_time")
+    admin_rows = [row for row in audit if row["operation"].startswith("AdminService/")]
+    assert len({row["credential_id"] for row in admin_rows}) == 1  # root's own token
+    assert None not in {row["credential_id"] for row in admin_rows}
+    worker_rows = [row for row in audit if row["principal_kind"] == "worker"]
+    assert worker_rows
+    assert {row["credential_id"] for row in worker_rows} == {None}
+    carol_rows = [
+        row
+        for row in audit
+        if row["operation"] == "RunService/ListRuns" and row["principal_id"] != dora.principal_id
+    ]
+    assert len(carol_rows) == 1
+    assert carol_rows[0]["credential_id"] is None
+    assert used.token not in repr(audit)

@@ -189,11 +189,13 @@ def valid_requests() -> dict[str, Message]:
             request_id="project-1", project_id=PROJECT, display_name="Project A"
         ),
         A + "ListProjects": ad.ListProjectsRequest(page_size=10),
+        A + "GetProject": ad.GetProjectRequest(project_id=PROJECT),
         A + "DisableProject": ad.DisableProjectRequest(project_id=PROJECT),
         A + "CreatePrincipal": ad.CreatePrincipalRequest(
             request_id="alice-1", kind=admin_pb2.PRINCIPAL_KIND_USER, name="alice"
         ),
         A + "ListPrincipals": ad.ListPrincipalsRequest(kind=admin_pb2.PRINCIPAL_KIND_AGENT),
+        A + "GetPrincipal": ad.GetPrincipalRequest(principal_id=TASK),
         A + "DisablePrincipal": ad.DisablePrincipalRequest(principal_id=TASK),
         A + "IssueToken": ad.IssueTokenRequest(
             request_id="token-1", principal_id=TASK, ttl_seconds=3600

@@ -217,6 +217,11 @@ _project_create = _one_call(
     ),
     "project",
 )
+_project_get = _one_call(
+    "GetProject",
+    lambda args: admin_service_pb2.GetProjectRequest(project_id=args.project_id),
+    "project",
+)
 _project_disable = _one_call(
     "DisableProject",
     lambda args: admin_service_pb2.DisableProjectRequest(project_id=args.project_id),
@@ -279,6 +284,14 @@ _principal_list = _listing(
     lambda args: {"kind": _KINDS[args.kind]},
 )
 _worker_list = _listing("ListWorkers", admin_service_pb2.ListWorkersRequest, "workers")
+
+
+async def _principal_get(admin: _Admin, args: argparse.Namespace) -> None:
+    principal_id = await admin.principal_id(args.principal, {_KINDS[args.kind]})
+    got = await admin.stub.GetPrincipal(
+        admin_service_pb2.GetPrincipalRequest(principal_id=principal_id), **admin.call
+    )
+    admin.printer.item(got.principal)
 
 
 async def _principal_disable(admin: _Admin, args: argparse.Namespace) -> None:
@@ -474,6 +487,7 @@ def _add_project_commands(group: Any, command: _Command) -> None:
     add_paging_flags(
         command(group, "list", "list projects, oldest first", _project_list), "projects"
     )
+    command(group, "get", "show a project", _project_get).add_argument("project_id")
     command(group, "disable", "disable a project", _project_disable).add_argument("project_id")
 
 
@@ -492,11 +506,13 @@ def _add_principal_commands(group: Any, command: _Command, kind: str) -> None:
     _add_request_id(create)
     listing = command(group, "list", f"list {kind}s, oldest first", _principal_list)
     add_paging_flags(listing, f"{kind}s")
+    get = command(group, "get", f"show a {kind}", _principal_get)
+    get.add_argument("principal", metavar=kind.upper(), help="name or id")
     disable = command(
         group, "disable", f"disable a {kind} and all its credentials", _principal_disable
     )
     disable.add_argument("principal", metavar=kind.upper(), help="name or id")
-    for parser in (create, listing, disable):
+    for parser in (create, listing, get, disable):
         parser.set_defaults(kind=kind)
 
 
@@ -506,7 +522,9 @@ def _add_token_commands(group: Any, command: _Command) -> None:
     issue.add_argument("--ttl", type=int, help="lifetime in seconds (default: no expiry)")
     _add_save(issue)
     _add_request_id(issue)
-    listing = command(group, "list", "list a principal's tokens, newest first", _token_list)
+    listing = command(
+        group, "list", "list a principal's tokens, newest first, with their last use", _token_list
+    )
     listing.add_argument("principal", metavar="PRINCIPAL", help="user or agent: name or id")
     command(group, "revoke", "revoke a token at once", _token_revoke).add_argument("token_id")
     rotate = command(group, "rotate", "issue a successor token (shown once)", _token_rotate)

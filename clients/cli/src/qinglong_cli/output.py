@@ -180,6 +180,8 @@ TABLES: dict[str, Columns] = {
         ("STATE", _state("state", prefix=_RESOURCE_STATE)),
         ("CREATED", _get("createdAt")),
         ("EXPIRES", _get("expireTime", absent="never")),
+        # Absent: never used, or not since the audit's retention (90 days by default).
+        ("LAST_USED", _get("lastUsedTime", absent="-")),
     ),
     "qinglong.admin.v1.RoleBinding": (
         ("PROJECT", _get("projectId")),

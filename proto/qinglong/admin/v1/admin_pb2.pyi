@@ -276,6 +276,7 @@ class OperatorToken(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    LAST_USED_TIME_FIELD_NUMBER: _builtins.int
     token_id: _builtins.str
     """Server-generated id of the token (not the token).
     Bound: UUID, 36 chars, lowercase canonical form.
@@ -301,6 +302,14 @@ class OperatorToken(_message.Message):
     def expire_time(self) -> _timestamp_pb2.Timestamp:
         """When it stops authenticating; absent when it does not expire."""
 
+    @_builtins.property
+    def last_used_time(self) -> _timestamp_pb2.Timestamp:
+        """DB time of the last call it authenticated (the newest audit row ingress
+        wrote for such a call, whatever admission then decided); absent when it
+        never authenticated one, or when that row is older than the security
+        audit's retention (90 days by default) and was removed.
+        """
+
     def __init__(
         self,
         *,
@@ -310,10 +319,11 @@ class OperatorToken(_message.Message):
         state: Global___ResourceState.ValueType = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
+        last_used_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expire_time", b"expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expire_time", b"expire_time", "last_used_time", b"last_used_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expire_time", b"expire_time", "prefix", b"prefix", "principal_id", b"principal_id", "state", b"state", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expire_time", b"expire_time", "last_used_time", b"last_used_time", "prefix", b"prefix", "principal_id", b"principal_id", "state", b"state", "token_id", b"token_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

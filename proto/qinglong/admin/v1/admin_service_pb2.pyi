@@ -133,6 +133,52 @@ class ListProjectsResponse(_message.Message):
 Global___ListProjectsResponse: _TypeAlias = ListProjectsResponse  # noqa: Y015
 
 @_typing.final
+class GetProjectRequest(_message.Message):
+    """GetProjectRequest reads a project."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """The project; one that does not exist is NOT_FOUND (PROJECT_NOT_FOUND)."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectRequest: _TypeAlias = GetProjectRequest  # noqa: Y015
+
+@_typing.final
+class GetProjectResponse(_message.Message):
+    """GetProjectResponse returns the project."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def project(self) -> _admin_pb2.Project:
+        """The project, as ListProjects shows it."""
+
+    def __init__(
+        self,
+        *,
+        project: _admin_pb2.Project | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["project", b"project"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project", b"project"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectResponse: _TypeAlias = GetProjectResponse  # noqa: Y015
+
+@_typing.final
 class DisableProjectRequest(_message.Message):
     """DisableProjectRequest disables a project."""
 
@@ -299,6 +345,54 @@ class ListPrincipalsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListPrincipalsResponse: _TypeAlias = ListPrincipalsResponse  # noqa: Y015
+
+@_typing.final
+class GetPrincipalRequest(_message.Message):
+    """GetPrincipalRequest reads a principal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    principal_id: _builtins.str
+    """The principal; one that does not exist, or is no user, agent or Worker, is
+    NOT_FOUND (PRINCIPAL_NOT_FOUND).
+    """
+    def __init__(
+        self,
+        *,
+        principal_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["principal_id", b"principal_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPrincipalRequest: _TypeAlias = GetPrincipalRequest  # noqa: Y015
+
+@_typing.final
+class GetPrincipalResponse(_message.Message):
+    """GetPrincipalResponse returns the principal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def principal(self) -> _admin_pb2.Principal:
+        """The principal, as ListPrincipals shows it."""
+
+    def __init__(
+        self,
+        *,
+        principal: _admin_pb2.Principal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPrincipalResponse: _TypeAlias = GetPrincipalResponse  # noqa: Y015
 
 @_typing.final
 class DisablePrincipalRequest(_message.Message):

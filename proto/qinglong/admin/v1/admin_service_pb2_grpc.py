@@ -51,6 +51,11 @@ class AdminServiceStub:
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListProjectsRequest.SerializeToString,
                 response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListProjectsResponse.FromString,
                 _registered_method=True)
+        self.GetProject = channel.unary_unary(
+                '/qinglong.admin.v1.AdminService/GetProject',
+                request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetProjectRequest.SerializeToString,
+                response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetProjectResponse.FromString,
+                _registered_method=True)
         self.DisableProject = channel.unary_unary(
                 '/qinglong.admin.v1.AdminService/DisableProject',
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.DisableProjectRequest.SerializeToString,
@@ -65,6 +70,11 @@ class AdminServiceStub:
                 '/qinglong.admin.v1.AdminService/ListPrincipals',
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListPrincipalsRequest.SerializeToString,
                 response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListPrincipalsResponse.FromString,
+                _registered_method=True)
+        self.GetPrincipal = channel.unary_unary(
+                '/qinglong.admin.v1.AdminService/GetPrincipal',
+                request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetPrincipalRequest.SerializeToString,
+                response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetPrincipalResponse.FromString,
                 _registered_method=True)
         self.DisablePrincipal = channel.unary_unary(
                 '/qinglong.admin.v1.AdminService/DisablePrincipal',
@@ -162,6 +172,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetProject(self, request, context):
+        """Reads one project, active or disabled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DisableProject(self, request, context):
         """Disables a project: its role bindings stop admitting anything.
         """
@@ -183,6 +200,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPrincipal(self, request, context):
+        """Reads one principal (a user, agent or Worker), active or disabled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DisablePrincipal(self, request, context):
         """Disables a principal: none of its credentials authenticates any more.
         """
@@ -198,7 +222,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTokens(self, request, context):
-        """Lists a principal's tokens (never the tokens themselves).
+        """Lists a principal's tokens and when each was last used (never the tokens
+        themselves).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -297,6 +322,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListProjectsRequest.FromString,
                     response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListProjectsResponse.SerializeToString,
             ),
+            'GetProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProject,
+                    request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetProjectRequest.FromString,
+                    response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetProjectResponse.SerializeToString,
+            ),
             'DisableProject': grpc.unary_unary_rpc_method_handler(
                     servicer.DisableProject,
                     request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.DisableProjectRequest.FromString,
@@ -311,6 +341,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListPrincipals,
                     request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListPrincipalsRequest.FromString,
                     response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListPrincipalsResponse.SerializeToString,
+            ),
+            'GetPrincipal': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPrincipal,
+                    request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetPrincipalRequest.FromString,
+                    response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetPrincipalResponse.SerializeToString,
             ),
             'DisablePrincipal': grpc.unary_unary_rpc_method_handler(
                     servicer.DisablePrincipal,
@@ -455,6 +490,33 @@ class AdminService:
             _registered_method=True)
 
     @staticmethod
+    def GetProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.admin.v1.AdminService/GetProject',
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetProjectRequest.SerializeToString,
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def DisableProject(request,
             target,
             options=(),
@@ -525,6 +587,33 @@ class AdminService:
             '/qinglong.admin.v1.AdminService/ListPrincipals',
             qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListPrincipalsRequest.SerializeToString,
             qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListPrincipalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPrincipal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.admin.v1.AdminService/GetPrincipal',
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetPrincipalRequest.SerializeToString,
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.GetPrincipalResponse.FromString,
             options,
             channel_credentials,
             insecure,

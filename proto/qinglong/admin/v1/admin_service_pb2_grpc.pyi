@@ -44,18 +44,24 @@ class AdminServiceStub:
     """Creates a project."""
     ListProjects: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListProjectsRequest, _admin_service_pb2.ListProjectsResponse]
     """Pages through projects, oldest first."""
+    GetProject: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.GetProjectRequest, _admin_service_pb2.GetProjectResponse]
+    """Reads one project, active or disabled."""
     DisableProject: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.DisableProjectRequest, _admin_service_pb2.DisableProjectResponse]
     """Disables a project: its role bindings stop admitting anything."""
     CreatePrincipal: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.CreatePrincipalRequest, _admin_service_pb2.CreatePrincipalResponse]
     """Creates a user or agent principal (Workers come from CreateWorker)."""
     ListPrincipals: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListPrincipalsRequest, _admin_service_pb2.ListPrincipalsResponse]
     """Pages through principals, oldest first."""
+    GetPrincipal: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.GetPrincipalRequest, _admin_service_pb2.GetPrincipalResponse]
+    """Reads one principal (a user, agent or Worker), active or disabled."""
     DisablePrincipal: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.DisablePrincipalRequest, _admin_service_pb2.DisablePrincipalResponse]
     """Disables a principal: none of its credentials authenticates any more."""
     IssueToken: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.IssueTokenRequest, _admin_service_pb2.IssueTokenResponse]
     """Issues a bearer token for a user or agent; the token is in this answer only."""
     ListTokens: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListTokensRequest, _admin_service_pb2.ListTokensResponse]
-    """Lists a principal's tokens (never the tokens themselves)."""
+    """Lists a principal's tokens and when each was last used (never the tokens
+    themselves).
+    """
     RevokeToken: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.RevokeTokenRequest, _admin_service_pb2.RevokeTokenResponse]
     """Revokes a token at once."""
     RotateToken: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.RotateTokenRequest, _admin_service_pb2.RotateTokenResponse]
@@ -99,18 +105,24 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Creates a project."""
     ListProjects: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListProjectsRequest, _admin_service_pb2.ListProjectsResponse]  # type: ignore[assignment]
     """Pages through projects, oldest first."""
+    GetProject: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.GetProjectRequest, _admin_service_pb2.GetProjectResponse]  # type: ignore[assignment]
+    """Reads one project, active or disabled."""
     DisableProject: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.DisableProjectRequest, _admin_service_pb2.DisableProjectResponse]  # type: ignore[assignment]
     """Disables a project: its role bindings stop admitting anything."""
     CreatePrincipal: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.CreatePrincipalRequest, _admin_service_pb2.CreatePrincipalResponse]  # type: ignore[assignment]
     """Creates a user or agent principal (Workers come from CreateWorker)."""
     ListPrincipals: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListPrincipalsRequest, _admin_service_pb2.ListPrincipalsResponse]  # type: ignore[assignment]
     """Pages through principals, oldest first."""
+    GetPrincipal: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.GetPrincipalRequest, _admin_service_pb2.GetPrincipalResponse]  # type: ignore[assignment]
+    """Reads one principal (a user, agent or Worker), active or disabled."""
     DisablePrincipal: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.DisablePrincipalRequest, _admin_service_pb2.DisablePrincipalResponse]  # type: ignore[assignment]
     """Disables a principal: none of its credentials authenticates any more."""
     IssueToken: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.IssueTokenRequest, _admin_service_pb2.IssueTokenResponse]  # type: ignore[assignment]
     """Issues a bearer token for a user or agent; the token is in this answer only."""
     ListTokens: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListTokensRequest, _admin_service_pb2.ListTokensResponse]  # type: ignore[assignment]
-    """Lists a principal's tokens (never the tokens themselves)."""
+    """Lists a principal's tokens and when each was last used (never the tokens
+    themselves).
+    """
     RevokeToken: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.RevokeTokenRequest, _admin_service_pb2.RevokeTokenResponse]  # type: ignore[assignment]
     """Revokes a token at once."""
     RotateToken: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.RotateTokenRequest, _admin_service_pb2.RotateTokenResponse]  # type: ignore[assignment]
@@ -165,6 +177,14 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         """Pages through projects, oldest first."""
 
     @_abc_1.abstractmethod
+    def GetProject(
+        self,
+        request: _admin_service_pb2.GetProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.GetProjectResponse, _abc.Awaitable[_admin_service_pb2.GetProjectResponse]]:
+        """Reads one project, active or disabled."""
+
+    @_abc_1.abstractmethod
     def DisableProject(
         self,
         request: _admin_service_pb2.DisableProjectRequest,
@@ -189,6 +209,14 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         """Pages through principals, oldest first."""
 
     @_abc_1.abstractmethod
+    def GetPrincipal(
+        self,
+        request: _admin_service_pb2.GetPrincipalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.GetPrincipalResponse, _abc.Awaitable[_admin_service_pb2.GetPrincipalResponse]]:
+        """Reads one principal (a user, agent or Worker), active or disabled."""
+
+    @_abc_1.abstractmethod
     def DisablePrincipal(
         self,
         request: _admin_service_pb2.DisablePrincipalRequest,
@@ -210,7 +238,9 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_service_pb2.ListTokensRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_service_pb2.ListTokensResponse, _abc.Awaitable[_admin_service_pb2.ListTokensResponse]]:
-        """Lists a principal's tokens (never the tokens themselves)."""
+        """Lists a principal's tokens and when each was last used (never the tokens
+        themselves).
+        """
 
     @_abc_1.abstractmethod
     def RevokeToken(

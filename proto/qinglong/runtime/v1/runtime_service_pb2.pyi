@@ -1406,6 +1406,66 @@ class ListProjectsResponse(_message.Message):
 Global___ListProjectsResponse: _TypeAlias = ListProjectsResponse  # noqa: Y015
 
 @_typing.final
+class GetProjectRequest(_message.Message):
+    """GetProjectRequest is the forwarded AdminService.GetProject call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.GetProjectRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.GetProjectRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectRequest: _TypeAlias = GetProjectRequest  # noqa: Y015
+
+@_typing.final
+class GetProjectResponse(_message.Message):
+    """GetProjectResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.GetProjectResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.GetProjectResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectResponse: _TypeAlias = GetProjectResponse  # noqa: Y015
+
+@_typing.final
 class DisableProjectRequest(_message.Message):
     """DisableProjectRequest is the forwarded AdminService.DisableProject call."""
 
@@ -1584,6 +1644,66 @@ class ListPrincipalsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListPrincipalsResponse: _TypeAlias = ListPrincipalsResponse  # noqa: Y015
+
+@_typing.final
+class GetPrincipalRequest(_message.Message):
+    """GetPrincipalRequest is the forwarded AdminService.GetPrincipal call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.GetPrincipalRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.GetPrincipalRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPrincipalRequest: _TypeAlias = GetPrincipalRequest  # noqa: Y015
+
+@_typing.final
+class GetPrincipalResponse(_message.Message):
+    """GetPrincipalResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.GetPrincipalResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.GetPrincipalResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPrincipalResponse: _TypeAlias = GetPrincipalResponse  # noqa: Y015
 
 @_typing.final
 class DisablePrincipalRequest(_message.Message):

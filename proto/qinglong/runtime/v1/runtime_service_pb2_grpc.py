@@ -205,6 +205,11 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsResponse.FromString,
                 _registered_method=True)
+        self.GetProject = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/GetProject',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetProjectRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetProjectResponse.FromString,
+                _registered_method=True)
         self.DisableProject = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/DisableProject',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableProjectRequest.SerializeToString,
@@ -219,6 +224,11 @@ class RuntimeServiceStub:
                 '/qinglong.runtime.v1.RuntimeService/ListPrincipals',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsResponse.FromString,
+                _registered_method=True)
+        self.GetPrincipal = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/GetPrincipal',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetPrincipalRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetPrincipalResponse.FromString,
                 _registered_method=True)
         self.DisablePrincipal = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/DisablePrincipal',
@@ -531,6 +541,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetProject(self, request, context):
+        """Forwarded AdminService.GetProject.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DisableProject(self, request, context):
         """Forwarded AdminService.DisableProject.
         """
@@ -547,6 +564,13 @@ class RuntimeServiceServicer:
 
     def ListPrincipals(self, request, context):
         """Forwarded AdminService.ListPrincipals.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPrincipal(self, request, context):
+        """Forwarded AdminService.GetPrincipal.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -813,6 +837,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListProjectsResponse.SerializeToString,
             ),
+            'GetProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProject,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetProjectRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetProjectResponse.SerializeToString,
+            ),
             'DisableProject': grpc.unary_unary_rpc_method_handler(
                     servicer.DisableProject,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.DisableProjectRequest.FromString,
@@ -827,6 +856,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.ListPrincipals,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsResponse.SerializeToString,
+            ),
+            'GetPrincipal': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPrincipal,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetPrincipalRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetPrincipalResponse.SerializeToString,
             ),
             'DisablePrincipal': grpc.unary_unary_rpc_method_handler(
                     servicer.DisablePrincipal,
@@ -1785,6 +1819,33 @@ class RuntimeService:
             _registered_method=True)
 
     @staticmethod
+    def GetProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/GetProject',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetProjectRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def DisableProject(request,
             target,
             options=(),
@@ -1855,6 +1916,33 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/ListPrincipals',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListPrincipalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPrincipal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/GetPrincipal',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetPrincipalRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.GetPrincipalResponse.FromString,
             options,
             channel_credentials,
             insecure,

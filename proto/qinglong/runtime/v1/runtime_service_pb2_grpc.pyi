@@ -110,12 +110,16 @@ class RuntimeServiceStub:
     """Forwarded AdminService.CreateProject."""
     ListProjects: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListProjectsRequest, _runtime_service_pb2.ListProjectsResponse]
     """Forwarded AdminService.ListProjects."""
+    GetProject: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetProjectRequest, _runtime_service_pb2.GetProjectResponse]
+    """Forwarded AdminService.GetProject."""
     DisableProject: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableProjectRequest, _runtime_service_pb2.DisableProjectResponse]
     """Forwarded AdminService.DisableProject."""
     CreatePrincipal: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CreatePrincipalRequest, _runtime_service_pb2.CreatePrincipalResponse]
     """Forwarded AdminService.CreatePrincipal."""
     ListPrincipals: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListPrincipalsRequest, _runtime_service_pb2.ListPrincipalsResponse]
     """Forwarded AdminService.ListPrincipals."""
+    GetPrincipal: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetPrincipalRequest, _runtime_service_pb2.GetPrincipalResponse]
+    """Forwarded AdminService.GetPrincipal."""
     DisablePrincipal: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.DisablePrincipalRequest, _runtime_service_pb2.DisablePrincipalResponse]
     """Forwarded AdminService.DisablePrincipal."""
     IssueToken: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.IssueTokenRequest, _runtime_service_pb2.IssueTokenResponse]
@@ -227,12 +231,16 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Forwarded AdminService.CreateProject."""
     ListProjects: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListProjectsRequest, _runtime_service_pb2.ListProjectsResponse]  # type: ignore[assignment]
     """Forwarded AdminService.ListProjects."""
+    GetProject: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetProjectRequest, _runtime_service_pb2.GetProjectResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.GetProject."""
     DisableProject: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.DisableProjectRequest, _runtime_service_pb2.DisableProjectResponse]  # type: ignore[assignment]
     """Forwarded AdminService.DisableProject."""
     CreatePrincipal: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CreatePrincipalRequest, _runtime_service_pb2.CreatePrincipalResponse]  # type: ignore[assignment]
     """Forwarded AdminService.CreatePrincipal."""
     ListPrincipals: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListPrincipalsRequest, _runtime_service_pb2.ListPrincipalsResponse]  # type: ignore[assignment]
     """Forwarded AdminService.ListPrincipals."""
+    GetPrincipal: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetPrincipalRequest, _runtime_service_pb2.GetPrincipalResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.GetPrincipal."""
     DisablePrincipal: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.DisablePrincipalRequest, _runtime_service_pb2.DisablePrincipalResponse]  # type: ignore[assignment]
     """Forwarded AdminService.DisablePrincipal."""
     IssueToken: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.IssueTokenRequest, _runtime_service_pb2.IssueTokenResponse]  # type: ignore[assignment]
@@ -535,6 +543,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         """Forwarded AdminService.ListProjects."""
 
     @_abc_1.abstractmethod
+    def GetProject(
+        self,
+        request: _runtime_service_pb2.GetProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.GetProjectResponse, _abc.Awaitable[_runtime_service_pb2.GetProjectResponse]]:
+        """Forwarded AdminService.GetProject."""
+
+    @_abc_1.abstractmethod
     def DisableProject(
         self,
         request: _runtime_service_pb2.DisableProjectRequest,
@@ -557,6 +573,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.ListPrincipalsResponse, _abc.Awaitable[_runtime_service_pb2.ListPrincipalsResponse]]:
         """Forwarded AdminService.ListPrincipals."""
+
+    @_abc_1.abstractmethod
+    def GetPrincipal(
+        self,
+        request: _runtime_service_pb2.GetPrincipalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.GetPrincipalResponse, _abc.Awaitable[_runtime_service_pb2.GetPrincipalResponse]]:
+        """Forwarded AdminService.GetPrincipal."""
 
     @_abc_1.abstractmethod
     def DisablePrincipal(

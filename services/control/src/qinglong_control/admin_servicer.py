@@ -79,6 +79,13 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         )
 
+    async def GetProject(self, request: rt.GetProjectRequest, context: Context) -> Any:
+        async with self._admin(request.caller) as conn:
+            row = await admin.get_project(conn, request.request.project_id)
+        return rt.GetProjectResponse(
+            response=admin_api.GetProjectResponse(project=admin_wire.project(row))
+        )
+
     async def DisableProject(self, request: rt.DisableProjectRequest, context: Context) -> Any:
         async with self._admin(request.caller) as conn:
             row = await admin.disable_project(conn, request.request.project_id)
@@ -117,6 +124,17 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
                 principals=[admin_wire.principal(row) for row in page.rows],
                 next_page_token=admin_wire.next_page_token(page, admin_wire.principal_key),
             )
+        )
+
+    async def GetPrincipal(self, request: rt.GetPrincipalRequest, context: Context) -> Any:
+        async with self._admin(request.caller) as conn:
+            row = await admin.get_principal(
+                conn,
+                uuid.UUID(request.request.principal_id),
+                tuple(admin_wire.KINDS.values()),  # what the wire shows (ListPrincipals)
+            )
+        return rt.GetPrincipalResponse(
+            response=admin_api.GetPrincipalResponse(principal=admin_wire.principal(row))
         )
 
     async def DisablePrincipal(self, request: rt.DisablePrincipalRequest, context: Context) -> Any:

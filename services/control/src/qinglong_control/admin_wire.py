@@ -149,6 +149,8 @@ def token(row: TokenRow) -> admin_pb2.OperatorToken:
     )
     if row.expires_at_ms is not None:
         message.expire_time.CopyFrom(wire.timestamp(row.expires_at_ms))
+    if row.last_used_at_ms is not None:
+        message.last_used_time.CopyFrom(wire.timestamp(row.last_used_at_ms))
     return message
 
 

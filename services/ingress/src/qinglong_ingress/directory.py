@@ -80,6 +80,8 @@ class OperatorRow:
     principal_id: uuid.UUID
     kind: str
     name: str
+    credential_id: uuid.UUID
+    """The credential that matched (a bearer token's id, or an operator certificate's)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ class AuditRecord:
     session_id: uuid.UUID | None = None
     request_id: str | None = None
     peer: str | None = None
+    credential_id: uuid.UUID | None = None
+    """The bearer token that authenticated the call (its id, never the token); None for
+    any other caller. A token's last use (ListTokens) is read from these rows."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,7 @@ def _audit_row(audit_id: uuid.UUID, entry: AuditEntry) -> dict[str, str | None]:
         "request_id": record.request_id,
         "peer": record.peer,
         "certificate_uri": None if entry.claim is None else entry.claim.certificate_uri,
+        "credential_id": None if record.credential_id is None else str(record.credential_id),
     }
 
 

@@ -384,6 +384,7 @@ def _record(call: Call, decision: Verdict | Refusal) -> AuditRecord:
         session_id=targets.session_id,
         request_id=targets.request_id,
         peer=call.context.peer()[:256],
+        credential_id=None if principal is None else principal.token_id,
     )
 
 

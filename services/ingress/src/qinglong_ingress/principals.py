@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -34,6 +35,9 @@ class Principal:
     credential: CredentialKind
     subject: str
     """The certificate's SAN URI, or `bearer` for a token (never the token)."""
+    token_id: uuid.UUID | None = None
+    """The id of the bearer token that authenticated the call (never the token), for its
+    audit row; None for any other credential."""
 
     @property
     def worker_id(self) -> str | None:

@@ -225,6 +225,7 @@ class Authentication:
                 row.name,
                 CredentialKind.BEARER_TOKEN,
                 "bearer",
+                token_id=row.credential_id,
             )
         for uri in uris:
             if uri.startswith(self._operator_prefix):

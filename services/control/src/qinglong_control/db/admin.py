@@ -71,6 +71,7 @@ _INSERT_PROJECT = SQL["admin.insert_project"]
 _LIST_PROJECTS = SQL["admin.list_projects"]
 _ARCHIVE_PROJECT = SQL["admin.archive_project"]
 _PRINCIPAL = SQL["admin.principal"]
+_PRINCIPAL_OF_KINDS = SQL["admin.principal_of_kinds"]
 _PRINCIPAL_BY_REQUEST = SQL["admin.principal_by_request"]
 _PRINCIPAL_BY_NAME = SQL["admin.principal_by_name"]
 _LOCK_PRINCIPAL = SQL["admin.lock_principal"]
@@ -181,6 +182,16 @@ async def list_projects(
     return _page(await cursor.fetchall(), limit)
 
 
+async def get_project(conn: AsyncConnection[Any], project_id: str) -> ProjectRow:
+    """The project, active or archived; PROJECT_NOT_FOUND naming ``project_id``."""
+    cursor = conn.cursor(row_factory=kwargs_row(ProjectRow))
+    await cursor.execute(_PROJECT, (project_id,))
+    project = await cursor.fetchone()
+    if project is None:
+        raise not_found("project", "project_id")
+    return project
+
+
 async def disable_project(conn: AsyncConnection[Any], project_id: str) -> ProjectRow:
     """Archive the project; its version advances, fencing what was admitted under it."""
     async with command_transaction(conn) as tx:
@@ -246,6 +257,19 @@ async def list_principals(
     cursor = conn.cursor(row_factory=kwargs_row(PrincipalRow))
     await cursor.execute(_LIST_PRINCIPALS, values)
     return _page(await cursor.fetchall(), limit)
+
+
+async def get_principal(
+    conn: AsyncConnection[Any], principal_id: uuid.UUID, kinds: tuple[str, ...]
+) -> PrincipalRow:
+    """The principal if it is of one of ``kinds`` (those the wire shows), active or
+    disabled; PRINCIPAL_NOT_FOUND naming ``principal_id`` otherwise."""
+    cursor = conn.cursor(row_factory=kwargs_row(PrincipalRow))
+    await cursor.execute(_PRINCIPAL_OF_KINDS, (principal_id, list(kinds)))
+    principal = await cursor.fetchone()
+    if principal is None:
+        raise not_found("principal", "principal_id")
+    return principal
 
 
 async def disable_principal(conn: AsyncConnection[Any], principal_id: uuid.UUID) -> PrincipalRow:

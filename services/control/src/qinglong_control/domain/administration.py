@@ -113,6 +113,9 @@ class TokenRow:
     status: str  # active | revoked
     created_at_ms: int
     expires_at_ms: int | None
+    last_used_at_ms: int | None = None
+    """Its newest audit row's time (a call it authenticated); None: never used, or that
+    row is past the audit's retention (migration 0022)."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,7 @@ def replay_or_new(by_request: Row | None, by_key: Row | None, what: str) -> Row 
 
 
 _NOT_FOUND: Final = {
+    "project": Reason.PROJECT_NOT_FOUND,
     "principal": Reason.PRINCIPAL_NOT_FOUND,
     "token": Reason.TOKEN_NOT_FOUND,
     "Worker": Reason.WORKER_NOT_FOUND,
@@ -231,8 +235,8 @@ _NOT_FOUND: Final = {
 
 
 def not_found(what: str, field_path: str) -> Refused:
-    """A principal, token, Worker or binding that does not exist (NOT_FOUND), naming the
-    request field that named it."""
+    """A project, principal, token, Worker or binding that does not exist (NOT_FOUND),
+    naming the request field that named it."""
     return Refused(_NOT_FOUND[what], f"no such {what}", field=field_path)
 
 

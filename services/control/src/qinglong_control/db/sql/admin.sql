@@ -47,6 +47,15 @@ SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
   FROM qinglong.principals p
  WHERE p.principal_id = %s
 
+-- name: principal_of_kinds
+-- GetPrincipal: a user, agent or Worker (service principals have no kind on the wire and
+-- are not shown, as in list_principals).
+SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
+       EXISTS (SELECT 1 FROM qinglong.cluster_admins c
+                WHERE c.principal_id = p.principal_id) AS cluster_admin
+  FROM qinglong.principals p
+ WHERE p.principal_id = %s AND p.kind = ANY(%s::text[])
+
 -- name: principal_by_request
 SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
        EXISTS (SELECT 1 FROM qinglong.cluster_admins c
@@ -109,31 +118,47 @@ SELECT p.principal_id, p.kind, p.name, p.status, p.created_at_ms,
 UPDATE qinglong.principals SET status = 'disabled' WHERE principal_id = %s AND status = 'active'
 
 -- name: token
-SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
-       created_at_ms, expires_at_ms
-  FROM qinglong.operator_credentials
- WHERE credential_id = %s AND kind = 'bearer_token'
+-- A token's last use is its newest audit row (migration 0022: ingress records the token
+-- that authenticated each call; it writes no identity table), read backwards from the
+-- partial index security_audit_by_credential; none once retention removed them all.
+SELECT c.credential_id AS token_id, c.principal_id, c.token_prefix AS prefix, c.status,
+       c.created_at_ms, c.expires_at_ms, u.last_used_at_ms
+  FROM qinglong.operator_credentials c
+ CROSS JOIN LATERAL (SELECT max(a.occurred_at_ms) AS last_used_at_ms
+                       FROM qinglong.security_audit a
+                      WHERE a.credential_id = c.credential_id) u
+ WHERE c.credential_id = %s AND c.kind = 'bearer_token'
 
 -- name: lock_token
--- Serialises the rotation and revocation of one token.
-SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
-       created_at_ms, expires_at_ms
-  FROM qinglong.operator_credentials
- WHERE credential_id = %s AND kind = 'bearer_token'
-   FOR NO KEY UPDATE
+-- Serialises the rotation and revocation of one token (only its row is locked; its last
+-- use is read as in `token`).
+SELECT c.credential_id AS token_id, c.principal_id, c.token_prefix AS prefix, c.status,
+       c.created_at_ms, c.expires_at_ms, u.last_used_at_ms
+  FROM qinglong.operator_credentials c
+ CROSS JOIN LATERAL (SELECT max(a.occurred_at_ms) AS last_used_at_ms
+                       FROM qinglong.security_audit a
+                      WHERE a.credential_id = c.credential_id) u
+ WHERE c.credential_id = %s AND c.kind = 'bearer_token'
+   FOR NO KEY UPDATE OF c
 
 -- name: token_by_issue_request
-SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
-       created_at_ms, expires_at_ms
-  FROM qinglong.operator_credentials
- WHERE principal_id = %s AND issue_request_id = %s AND replaces_credential_id IS NULL
+SELECT c.credential_id AS token_id, c.principal_id, c.token_prefix AS prefix, c.status,
+       c.created_at_ms, c.expires_at_ms, u.last_used_at_ms
+  FROM qinglong.operator_credentials c
+ CROSS JOIN LATERAL (SELECT max(a.occurred_at_ms) AS last_used_at_ms
+                       FROM qinglong.security_audit a
+                      WHERE a.credential_id = c.credential_id) u
+ WHERE c.principal_id = %s AND c.issue_request_id = %s AND c.replaces_credential_id IS NULL
 
 -- name: successor
 -- The token that replaced this one, with the request id that made it.
-SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
-       created_at_ms, expires_at_ms, issue_request_id
-  FROM qinglong.operator_credentials
- WHERE replaces_credential_id = %s
+SELECT c.credential_id AS token_id, c.principal_id, c.token_prefix AS prefix, c.status,
+       c.created_at_ms, c.expires_at_ms, u.last_used_at_ms, c.issue_request_id
+  FROM qinglong.operator_credentials c
+ CROSS JOIN LATERAL (SELECT max(a.occurred_at_ms) AS last_used_at_ms
+                       FROM qinglong.security_audit a
+                      WHERE a.credential_id = c.credential_id) u
+ WHERE c.replaces_credential_id = %s
 
 -- name: insert_token
 INSERT INTO qinglong.operator_credentials
@@ -145,13 +170,21 @@ RETURNING credential_id AS token_id, principal_id, token_prefix AS prefix, statu
           created_at_ms, expires_at_ms
 
 -- name: list_tokens
--- Newest first; the digests never leave the database.
-SELECT credential_id AS token_id, principal_id, token_prefix AS prefix, status,
-       created_at_ms, expires_at_ms
-  FROM qinglong.operator_credentials
- WHERE principal_id = %s AND kind = 'bearer_token'
- ORDER BY created_at_ms DESC, credential_id DESC
- LIMIT %s
+-- Newest first; the digests never leave the database. Each listed token's last use (as in
+-- `token`) is one backward read of the partial index: a LATERAL per token, after the
+-- limit.
+SELECT c.credential_id AS token_id, c.principal_id, c.token_prefix AS prefix, c.status,
+       c.created_at_ms, c.expires_at_ms, u.last_used_at_ms
+  FROM (SELECT credential_id, principal_id, token_prefix, status, created_at_ms,
+               expires_at_ms
+          FROM qinglong.operator_credentials
+         WHERE principal_id = %s AND kind = 'bearer_token'
+         ORDER BY created_at_ms DESC, credential_id DESC
+         LIMIT %s) c
+ CROSS JOIN LATERAL (SELECT max(a.occurred_at_ms) AS last_used_at_ms
+                       FROM qinglong.security_audit a
+                      WHERE a.credential_id = c.credential_id) u
+ ORDER BY c.created_at_ms DESC, c.credential_id DESC
 
 -- name: revoke_token
 UPDATE qinglong.operator_credentials SET status = 'revoked'
