@@ -84,6 +84,7 @@ from qinglong_control.db.start_facts import acknowledge_running, acknowledge_sta
 from qinglong_control.domain.fence import Fence
 from qinglong_control.reconciler import CycleReport, Reconciler, ReconcilerLimits
 from qinglong_protocol.bounds import MAX_CONCURRENT_ATTEMPTS_MAX
+from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 from qinglong_worker.settings import DEFAULT_LEASE_CONTROL_SECONDS, DEFAULT_TICK_SECONDS
 
@@ -603,8 +604,11 @@ async def measure_acks(
 # --- 2. the reconciler's cycle -----------------------------------------------------------------
 
 CYCLE = "Reconciler.cycle()"
-#: The session settings of the service's reconciler connection (db/pool.py).
-_RECONCILER_OPTIONS = " ".join(f"-c {k}={v}" for k, v in RECONCILER_SETTINGS.items())
+#: What the service's reconciler connection carries (db/pool.py): its session settings
+#: and the default storage bounds.
+_RECONCILER_CONNECTION: dict[str, Any] = StorageBounds().connection_kwargs(
+    "bench-reconciler", RECONCILER_SETTINGS
+)
 
 
 @dataclass
@@ -643,13 +647,13 @@ async def measure_cycles(
                 database.urls.runtime,
                 min_size=1,
                 max_size=1,
-                kwargs={"autocommit": True, "options": _RECONCILER_OPTIONS},
+                kwargs=_RECONCILER_CONNECTION,
                 open=False,
             )
             await pool.open(wait=True)
             stack.push_async_callback(pool.close)
             conn = await psycopg.AsyncConnection.connect(
-                database.urls.runtime, autocommit=True, options=_RECONCILER_OPTIONS
+                database.urls.runtime, **_RECONCILER_CONNECTION
             )
             await stack.enter_async_context(conn)
             cyclers[database.name] = Cycler(Reconciler(pool, limits), conn)

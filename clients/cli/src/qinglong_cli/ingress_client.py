@@ -41,7 +41,7 @@ from typing import Any, Final, Protocol, TextIO
 
 import grpc
 from google.protobuf.message import Message
-from qinglong_protocol.tls import TlsFiles
+from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from qinglong_cli.cli_errors import (
     EXIT_OK,
@@ -243,14 +243,13 @@ class OperatorContext:
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Mutual TLS: present our certificate, verify ingress's against the CA. An
         unreadable file is a ConfigurationError naming it and where it was named."""
-        pem = []
         for setting, path in (
             (CA_CERT, self.tls.ca_cert),
             (CERT, self.tls.cert),
             (KEY, self.tls.key),
         ):
             try:
-                pem.append(path.read_bytes())
+                path.open("rb").close()  # opened, not read: the reading is the helper's
             except OSError as error:
                 named_by = (
                     setting.names()
@@ -260,10 +259,7 @@ class OperatorContext:
                 raise ConfigurationError(
                     f"cannot read {setting.what} {path} ({named_by}): {error.strerror}"
                 ) from None
-        ca_cert, cert, key = pem
-        return grpc.ssl_channel_credentials(
-            root_certificates=ca_cert, private_key=key, certificate_chain=cert
-        )
+        return mutual_tls_channel_credentials(self.tls)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         # Read at call time and never printed.
