@@ -28,6 +28,7 @@ late -- its executor never runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -130,7 +131,7 @@ def test_kill_9_between_fork_and_identity_then_restart(
     assert_verdict(tally, problems)
 
 
-def test_a_launch_declared_never_started_cannot_start_late(tmp_path: Path) -> None:
+async def test_a_launch_declared_never_started_cannot_start_late(tmp_path: Path) -> None:
     """The fence: a restarted Worker settles a launch whose supervisor never reported as
     not started; a supervisor of that launch that starts afterwards must not run it."""
     exits, marker = tmp_path / "exits", tmp_path / "ran"
@@ -140,13 +141,13 @@ def test_a_launch_declared_never_started_cannot_start_late(tmp_path: Path) -> No
     verdict = resolve_launch(controller, key)
     assert verdict.state is LaunchState.NOT_STARTED
     with pytest.raises(FileExistsError):  # "error 17 LaunchFenced"
-        controller.spawn(
+        await controller.spawn_async(
             ["sh", "-c", f"touch {marker}"],
             timeout_ms=None,
             deadline_unix_ms=None,
             launch_key=key,
         )
-    time.sleep(0.3)  # an executor that had started would have left its marker by now
+    await asyncio.sleep(0.3)  # an executor that had started would have left its marker
     assert not marker.exists(), "a fenced launch still ran its executor"
     # The fence holds for every later reader, and a second settling agrees.
     assert resolve_launch(controller, key).state is LaunchState.NOT_STARTED

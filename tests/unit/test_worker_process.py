@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from qinglong_worker import process
@@ -38,23 +39,29 @@ from tests.support.polling import wait_until
 DEADLINE = 1_900_000_000_000
 
 
+def spawned(controller: ProcessController, argv: list[str], **options: Any) -> ProcessIdentity:
+    """Start ``argv`` through the Worker's own spawn (asynchronous), from a test that
+    runs no event loop."""
+    return asyncio.run(controller.spawn_async(argv, **options))
+
+
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[ProcessController]:
     processes = ProcessController(
         base_environment={"PATH": os.environ["PATH"], "QINGLONG_WORKER_TLS_KEY": "/secret"},
         status_dir=tmp_path / "exits",
     )
-    spawned: list[ProcessIdentity] = []
-    original = processes.spawn
+    started: list[ProcessIdentity] = []
+    original = processes.spawn_async
 
-    def tracking_spawn(*args: object, **kwargs: object) -> ProcessIdentity:
-        identity = original(*args, **kwargs)  # type: ignore[arg-type]
-        spawned.append(identity)
+    async def tracking_spawn(*args: object, **kwargs: object) -> ProcessIdentity:
+        identity = await original(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(identity)
         return identity
 
-    processes.spawn = tracking_spawn  # type: ignore[method-assign]
+    processes.spawn_async = tracking_spawn  # type: ignore[method-assign]
     yield processes
-    for identity in spawned:  # never leave a test process behind
+    for identity in started:  # never leave a test process behind
         if processes.poll(identity) is None:
             os.kill(identity.pid, signal.SIGKILL)
             _wait_for_exit(processes, identity)
@@ -107,7 +114,7 @@ def _alive(pid: int) -> bool:
 def test_identity_is_pid_plus_start_time_and_the_handle_is_bounded(
     controller: ProcessController,
 ) -> None:
-    identity = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    identity = spawned(controller, ["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
     fields = Path(f"/proc/{identity.pid}/stat").read_text().rsplit(")", 1)[1].split()
     assert identity.start_ticks == int(fields[22 - 3]) == read_start_ticks(identity.pid)
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -123,7 +130,7 @@ def test_identity_is_pid_plus_start_time_and_the_handle_is_bounded(
 
 
 def test_exit_status_is_reaped_without_blocking(controller: ProcessController) -> None:
-    identity = controller.spawn(["sh", "-c", "exit 3"], timeout_ms=None, deadline_unix_ms=None)
+    identity = spawned(controller, ["sh", "-c", "exit 3"], timeout_ms=None, deadline_unix_ms=None)
     started = time.monotonic()
     first = controller.poll(identity)
     assert time.monotonic() - started < 0.5  # poll never waits for the process
@@ -135,7 +142,8 @@ def test_exit_status_is_reaped_without_blocking(controller: ProcessController) -
 
 def test_argv_runs_without_a_shell(controller: ProcessController, tmp_path: Path) -> None:
     log = tmp_path / "out.log"
-    identity = controller.spawn(
+    identity = spawned(
+        controller,
         ["printf", "%s", "$(id); echo injected"],
         timeout_ms=None,
         deadline_unix_ms=None,
@@ -147,7 +155,7 @@ def test_argv_runs_without_a_shell(controller: ProcessController, tmp_path: Path
 
 
 async def test_stop_sends_term_to_the_verified_identity(controller: ProcessController) -> None:
-    identity = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    identity = await controller.spawn_async(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
     started = time.monotonic()
     assert await controller.stop(identity, grace_seconds=5.0) is StopResult.STOPPED
     assert time.monotonic() - started < 2.0, "TERM was enough; no wait for the grace"
@@ -160,7 +168,7 @@ async def test_stop_kills_a_process_that_ignores_term(
 ) -> None:
     ready = tmp_path / "ready"
     # An ignored signal stays ignored across exec: this `sleep` ignores SIGTERM.
-    identity = controller.spawn(
+    identity = await controller.spawn_async(
         ["sh", "-c", f"trap '' TERM; echo ready > {ready}; exec sleep 30"],
         timeout_ms=None,
         deadline_unix_ms=None,
@@ -177,7 +185,9 @@ async def test_stop_kills_a_process_that_ignores_term(
 async def test_stop_of_an_exited_process_reports_already_exited(
     controller: ProcessController,
 ) -> None:
-    identity = controller.spawn(["sh", "-c", "exit 3"], timeout_ms=None, deadline_unix_ms=None)
+    identity = await controller.spawn_async(
+        ["sh", "-c", "exit 3"], timeout_ms=None, deadline_unix_ms=None
+    )
     _wait_for_exit(controller, identity)
     assert await controller.stop(identity, grace_seconds=0.1) is StopResult.ALREADY_EXITED
     # A process that is not our child (e.g. started before a Worker restart) and is gone.
@@ -217,7 +227,8 @@ def test_executor_gets_timeout_and_deadline_and_not_the_workers_settings(
     controller: ProcessController, tmp_path: Path
 ) -> None:
     log = tmp_path / "env.log"
-    identity = controller.spawn(
+    identity = spawned(
+        controller,
         ["sh", "-c", f'echo "${TIMEOUT_ENV} ${DEADLINE_ENV} ${{QINGLONG_WORKER_TLS_KEY:-none}}"'],
         timeout_ms=60_000,
         deadline_unix_ms=DEADLINE,
@@ -226,7 +237,7 @@ def test_executor_gets_timeout_and_deadline_and_not_the_workers_settings(
     )
     assert _wait_for_exit(controller, identity) == ExitStatus(0, None)
     assert log.read_text().split() == ["60000", str(DEADLINE), "none"]
-    identity = controller.spawn(["sh", "-c", "exit 0"], timeout_ms=None, deadline_unix_ms=None)
+    identity = spawned(controller, ["sh", "-c", "exit 0"], timeout_ms=None, deadline_unix_ms=None)
     assert _wait_for_exit(controller, identity) == ExitStatus(0, None)
 
 
@@ -268,9 +279,9 @@ def test_a_one_sided_or_negative_plan_refuses_to_start(
     argv = ["sh", "-c", f"touch {marker}"]
     for timeout_ms, deadline in ((60_000, None), (None, DEADLINE), (-1, DEADLINE), (1, -1)):
         with pytest.raises(ExecutorRefused):
-            controller.spawn(argv, timeout_ms=timeout_ms, deadline_unix_ms=deadline)
+            spawned(controller, argv, timeout_ms=timeout_ms, deadline_unix_ms=deadline)
     with pytest.raises(ExecutorRefused):
-        controller.spawn([], timeout_ms=None, deadline_unix_ms=None)
+        spawned(controller, [], timeout_ms=None, deadline_unix_ms=None)
     time.sleep(0.1)
     assert not marker.exists(), "nothing was started"
 
@@ -279,11 +290,14 @@ def test_a_one_sided_or_negative_plan_refuses_to_start(
 
 #: A stand-in for a Worker process: it spawns one executor and waits to be killed.
 _WORKER_STAND_IN = """
+import asyncio
 import sys
 from pathlib import Path
 from qinglong_worker.process import ProcessController
 controller = ProcessController(status_dir=Path(sys.argv[1]))
-identity = controller.spawn(sys.argv[2:], timeout_ms=None, deadline_unix_ms=None)
+identity = asyncio.run(
+    controller.spawn_async(sys.argv[2:], timeout_ms=None, deadline_unix_ms=None)
+)
 print(identity.handle, flush=True)
 sys.stdin.read()
 """
@@ -373,7 +387,9 @@ async def test_term_reaches_each_process_of_the_group_once_and_kill_leaves_none(
 ) -> None:
     terms, ready = tmp_path / "terms", tmp_path / "ready"
     script = f"trap 'echo term >> {terms}' TERM; echo ready > {ready}; while :; do sleep 0.05; done"
-    identity = controller.spawn(["sh", "-c", script], timeout_ms=None, deadline_unix_ms=None)
+    identity = await controller.spawn_async(
+        ["sh", "-c", script], timeout_ms=None, deadline_unix_ms=None
+    )
     _wait_for_file(ready)
     assert len(_group_members(identity.pid)) >= 2, "the executor runs in the supervisor's group"
     # The script survives SIGTERM (its trap only notes it): SIGKILL ends it after the grace,
@@ -389,7 +405,7 @@ async def test_term_reaches_each_process_of_the_group_once_and_kill_leaves_none(
 def test_killing_the_supervisor_alone_takes_its_executor_with_it(
     controller: ProcessController,
 ) -> None:
-    identity = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    identity = spawned(controller, ["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
     deadline = time.monotonic() + 5
     while not (executors := _children_of(identity.pid)) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -406,18 +422,18 @@ def test_a_start_that_fails_is_reported_at_once_and_leaves_nothing(
     controller: ProcessController, tmp_path: Path
 ) -> None:
     with pytest.raises(FileNotFoundError):
-        controller.spawn(["/nonexistent/binary"], timeout_ms=None, deadline_unix_ms=None)
+        spawned(controller, ["/nonexistent/binary"], timeout_ms=None, deadline_unix_ms=None)
     not_executable = tmp_path / "script"
     not_executable.write_text("#!/bin/sh\n")
     with pytest.raises(PermissionError):
-        controller.spawn([str(not_executable)], timeout_ms=None, deadline_unix_ms=None)
+        spawned(controller, [str(not_executable)], timeout_ms=None, deadline_unix_ms=None)
     assert controller.known() == frozenset()
 
 
 async def test_stop_all_stops_every_remembered_identity(controller: ProcessController) -> None:
-    first = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
-    second = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
-    finished = controller.spawn(["true"], timeout_ms=None, deadline_unix_ms=None)
+    first = await controller.spawn_async(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    second = await controller.spawn_async(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    finished = await controller.spawn_async(["true"], timeout_ms=None, deadline_unix_ms=None)
     _wait_for_exit(controller, finished)
     results = await controller.stop_all(grace_seconds=2.0)
     assert results == {first: StopResult.STOPPED, second: StopResult.STOPPED}
@@ -476,7 +492,7 @@ def test_a_status_that_cannot_be_read_is_unobserved_not_a_kill(
     is unreadable, its SIGKILL says nothing of how the executor ended."""
     status_dir = controller.status_dir
     assert status_dir is not None
-    identity = controller.spawn(["sleep", "0.3"], timeout_ms=None, deadline_unix_ms=None)
+    identity = spawned(controller, ["sleep", "0.3"], timeout_ms=None, deadline_unix_ms=None)
     status_file = status_dir / status_file_name(identity.pid, identity.start_ticks)
     assert wait_until(status_file.exists, 10), "the supervisor wrote no status"
     status_file.write_text("{broken")
@@ -492,7 +508,7 @@ def test_what_an_executor_leaves_running_ends_with_it(
     ended: it goes with the supervisor's group, after the exit status is recorded."""
     left = tmp_path / "left.pid"
     script = f"sleep 300 & echo $! > {left}; exit 3"
-    identity = controller.spawn(["sh", "-c", script], timeout_ms=None, deadline_unix_ms=None)
+    identity = spawned(controller, ["sh", "-c", script], timeout_ms=None, deadline_unix_ms=None)
     assert _poll_until_ended(controller, identity) == ExitStatus(3, None)
     _wait_for_file(left)
     background = int(left.read_text())
@@ -506,7 +522,7 @@ async def test_an_identity_from_an_earlier_boot_names_nothing_now(
     whose executor happens to have the PID and start time of a process running now (a
     machine that boots the same way each time) must not take that process for it — it is
     never signalled, and the executor is known to have ended."""
-    identity = controller.spawn(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    identity = await controller.spawn_async(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
     assert identity.boot_id is not None
     earlier = ProcessIdentity(identity.pid, identity.start_ticks, BOOT_A)
     restarted = ProcessController()

@@ -43,7 +43,6 @@ import json
 import logging
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -320,41 +319,6 @@ class ProcessController:
         await self._end_group(child)
         raise start_error(answer)
 
-    def spawn(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout_ms: int | None,
-        deadline_unix_ms: int | None,
-        extra_environment: Mapping[str, str] | None = None,
-        log_path: Path | None = None,
-        launch_key: str | None = None,
-    ) -> ProcessIdentity:
-        """:meth:`spawn_async` for a caller without an event loop (a tool, a test): the
-        same start, the same answers, but it blocks the calling thread while it waits for
-        the supervisor. Never call it from the Worker's event loop."""
-        self._reap_strays()
-        child, ready_read = self._fork(
-            argv,
-            timeout_ms=timeout_ms,
-            deadline_unix_ms=deadline_unix_ms,
-            extra_environment=extra_environment,
-            log_path=log_path,
-            launch_key=launch_key,
-        )
-        try:
-            identity = ProcessIdentity(child.pid, read_start_ticks(child.pid), _this_boot())
-            answer = _read_ready(ready_read, _READY_TIMEOUT_SECONDS)
-        except BaseException:
-            self._end_group_blocking(child)
-            raise
-        finally:
-            os.close(ready_read)
-        if answer.startswith("ok "):
-            return self._spawned(identity, child)
-        self._end_group_blocking(child)
-        raise start_error(answer)
-
     def _fork(
         self,
         argv: Sequence[str],
@@ -433,13 +397,6 @@ class ProcessController:
                 self._stray(child)
                 return
             await asyncio.sleep(_POLL_SECONDS)
-
-    def _end_group_blocking(self, child: subprocess.Popen[bytes]) -> None:
-        _kill_group(child)
-        try:
-            child.wait(timeout=_REAP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self._stray(child)
 
     def _stray(self, child: subprocess.Popen[bytes]) -> None:
         """A killed supervisor that has not ended yet: reaped by a later spawn."""
@@ -652,27 +609,9 @@ def parse_status_document(raw: bytes, identity: ProcessIdentity) -> ExitStatus |
     return None
 
 
-def _read_ready(descriptor: int, timeout_seconds: float) -> str:
-    """The supervisor's one-line answer ('' if it ended without one); blocks."""
-    deadline = time.monotonic() + timeout_seconds
-    received = b""
-    while b"\n" not in received and len(received) < 256:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise OSError(errno.ETIMEDOUT, "the executor supervisor did not report its start")
-        readable, _, _ = select.select([descriptor], [], [], remaining)
-        if not readable:
-            continue
-        chunk = os.read(descriptor, 256)
-        if not chunk:
-            break
-        received += chunk
-    return received.decode("ascii", "replace").strip()
-
-
 async def _await_ready(descriptor: int, timeout_seconds: float) -> str:
-    """:func:`_read_ready` on the event loop: the loop reads the pipe when it is
-    readable, and runs everything else meanwhile."""
+    """The supervisor's one-line answer ('' if it ended without one), read by the event
+    loop when the pipe is readable: everything else runs meanwhile."""
     loop = asyncio.get_running_loop()
     os.set_blocking(descriptor, False)
     answered: asyncio.Future[None] = loop.create_future()
