@@ -13,8 +13,7 @@ signalled, and neither is anything under an identity of an earlier boot.
   refuse the start. It waits for the supervisor's answer (its interpreter's start and
   the launch claim's fsyncs: tens of milliseconds, up to :data:`_READY_TIMEOUT_SECONDS`
   on a slow disk) on the event loop, so lease control and the session's renewal go on
-  for every other Run meanwhile; :meth:`ProcessController.spawn` is the same for a
-  caller without an event loop (it blocks its thread).
+  for every other Run meanwhile.
 * A spawn with a launch key is claimed durably by its supervisor before the executor
   starts (:mod:`qinglong_worker.launch` settles it after a Worker crash).
 * The supervisor writes the executor's exit status durably into the status directory
