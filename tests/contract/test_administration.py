@@ -37,6 +37,7 @@ from qinglong_protocol.identities import worker_uri
 from qinglong_protocol.pooling import PoolSizing
 
 from tests.support.locks import until_waiting
+from tests.support.plans import scans_of
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, World
 
@@ -522,14 +523,6 @@ async def test_a_last_use_past_the_audits_retention_is_unset(
     assert after == {old.token_id: None, recent.token_id: before[recent.token_id]}
 
 
-def scans_of_audit(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every node of an EXPLAIN (FORMAT JSON) plan that reads ``qinglong.security_audit``."""
-    found = [node] if node.get("Relation Name") == "security_audit" else []
-    for child in node.get("Plans", []):
-        found += scans_of_audit(child)
-    return found
-
-
 async def test_listing_tokens_reads_only_their_own_audit_rows(
     conn: Conn, database: MigratedDatabase
 ) -> None:
@@ -558,7 +551,7 @@ async def test_listing_tokens_reads_only_their_own_audit_rows(
     cursor = await conn.execute(explain.encode(), (alice, 1000))
     row = await cursor.fetchone()
     assert row is not None
-    scans = scans_of_audit(row[0][0]["Plan"])
+    scans = scans_of(row[0][0]["Plan"], "security_audit")
     assert [node["Index Name"] for node in scans] == ["security_audit_by_credential"], scans
     assert [node["Actual Rows"] for node in scans] == [1]  # max() reads the newest entry
 

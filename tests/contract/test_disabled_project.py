@@ -5,7 +5,6 @@ once the project is inactive — which convergence and lease control then carry 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import psycopg
 from qinglong_control.db import placement
@@ -18,6 +17,7 @@ from qinglong_control.domain.capability import parse_digest
 from qinglong_control.domain.lease_control import LeaseAnswer
 from qinglong_control.domain.start_facts import RunningReport
 
+from tests.support.plans import pages_read, scans_of
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, World
 
@@ -73,14 +73,6 @@ async def test_a_disabled_projects_runs_are_stopped_and_none_starts(
     assert await cursor.fetchall() == [("reconciler", PROJECT_DISABLED.id)]
 
 
-def scans_of_runs(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every node of an EXPLAIN (FORMAT JSON) plan that reads ``qinglong.runs``."""
-    found = [node] if node.get("Relation Name") == "runs" else []
-    for child in node.get("Plans", []):
-        found += scans_of_runs(child)
-    return found
-
-
 async def test_the_sweep_reads_no_run_while_no_project_is_disabled(
     world: World, database: MigratedDatabase
 ) -> None:
@@ -95,7 +87,7 @@ async def test_the_sweep_reads_no_run_while_no_project_is_disabled(
         row = conn.execute(explain, {"limit": 128}).fetchone()
         conn.rollback()  # EXPLAIN ANALYZE ran the statement: its locks go now
     assert row is not None
-    scans = scans_of_runs(row[0][0]["Plan"])
+    scans = scans_of(row[0][0]["Plan"], "runs")
     assert scans, "the plan reads qinglong.runs somewhere"
-    pages = [node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in scans]
+    pages = [pages_read(node) for node in scans]
     assert pages == [0] * len(scans), f"pages of qinglong.runs or its indexes read: {pages}"

@@ -20,6 +20,7 @@ from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
 from qinglong_protocol.bounds import encode_lease_capability
 
+from tests.support.plans import rows_examined
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, World, enroll
 
@@ -121,16 +122,6 @@ async def test_a_worker_created_for_projects_and_projects_it_cannot_serve(
         await admin.get_worker(admin_conn, "ghost-1")
 
 
-def runs_examined(node: dict[str, Any]) -> int:
-    """How many rows of ``qinglong.runs`` the executed plan looked at (returned or filtered
-    out), over all its scans of that table."""
-    examined = 0
-    if node.get("Relation Name") == "runs":
-        per_loop = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-        examined += round(per_loop * node["Actual Loops"])
-    return examined + sum(runs_examined(child) for child in node.get("Plans", []))
-
-
 async def test_a_scoped_workers_pull_reads_only_its_projects_queues(
     world: World, admin_conn: Conn, database: MigratedDatabase
 ) -> None:
@@ -153,7 +144,7 @@ async def test_a_scoped_workers_pull_reads_only_its_projects_queues(
         row = conn.execute(explain, values).fetchone()
         conn.rollback()  # EXPLAIN ANALYZE locked the candidates
     assert row is not None
-    assert runs_examined(row[0][0]["Plan"]) == len(served), "only its project's queued Runs"
+    assert rows_examined(row[0][0]["Plan"], "runs") == len(served), "only its project's queued Runs"
     assert set(await pulled(world, session)) == set(served)
 
     both = await world.session("worker-b")
