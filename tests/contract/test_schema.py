@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -14,6 +16,8 @@ import pytest
 from psycopg import errors
 from qinglong_control.db.identities import enroll_operator_token, grant_cluster_admin
 from qinglong_control.db.migrate import (
+    LOCK_TIMEOUT_MS,
+    MIGRATION_LOCK_KEY,
     OUTSIDE_TRANSACTION,
     Migration,
     MigrationError,
@@ -106,10 +110,54 @@ def test_an_index_migration_that_stopped_half_way_is_run_again(
             "SELECT count(*) FROM public.qinglong_schema_migrations WHERE version = %s",
             (index.version,),
         ).fetchone() == (1,)
-        # The migrators' lock was given back: another migrator is not kept waiting.
-        assert conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-        ).fetchone() == (0,)
+
+
+def test_a_migrator_waits_for_the_one_that_holds_the_turn(database: MigratedDatabase) -> None:
+    """Migrators take turns (several pods may start the Job at once): one that finds the
+    lock held applies nothing until it is given back, then applies what is pending."""
+    shipped = load_migrations()
+    table = Migration(len(shipped) + 1, "after_the_turn", "CREATE TABLE qinglong.turn (v int);")
+    with psycopg.connect(database.urls.migration, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        waiting = ThreadPoolExecutor(1)
+        applied = waiting.submit(migrate, database.urls.migration, [*shipped, table])
+        time.sleep(1.0)
+        assert not applied.done(), "it went ahead while another migrator held the turn"
+        assert holder.execute("SELECT to_regclass('qinglong.turn')").fetchone() == (None,)
+        holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        assert applied.result(timeout=30) == [f"{table.version:04d}_after_the_turn"]
+        waiting.shutdown()
+
+
+def test_a_migration_waiting_for_a_lock_gives_way_and_tries_again(
+    database: MigratedDatabase,
+) -> None:
+    """A DDL statement queued behind a long transaction would make every write to its
+    table queue behind it: the migration waits LOCK_TIMEOUT_MS at most each time, rolls
+    back (the writers go on) and tries again, applying once the reader is gone."""
+    shipped = load_migrations()
+    alter = Migration(
+        len(shipped) + 1,
+        "alter_audit",
+        "ALTER TABLE qinglong.security_audit ADD COLUMN scratch int;",
+    )
+    with psycopg.connect(database.urls.migration) as reader:
+        reader.execute("SELECT count(*) FROM qinglong.security_audit")  # holds its lock
+        running = ThreadPoolExecutor(1)
+        applied = running.submit(migrate, database.urls.migration, [*shipped, alter])
+        time.sleep(LOCK_TIMEOUT_MS / 1000 * 2.5)  # more than two tries
+        assert not applied.done()
+        # Between tries nothing is queued: a write to the table goes through at once.
+        with psycopg.connect(database.urls.migration, autocommit=True) as writer:
+            writer.execute("SET statement_timeout = 3000")
+            writer.execute(
+                "INSERT INTO qinglong.security_audit (audit_id, principal_kind, principal_id,"
+                " operation, outcome) VALUES (gen_random_uuid(), 'anonymous', 'x', 'op',"
+                " 'admitted')"
+            )
+        reader.rollback()
+        assert applied.result(timeout=30) == [f"{alter.version:04d}_alter_audit"]
+        running.shutdown()
 
 
 def test_an_outside_transaction_migration_may_only_build_indexes() -> None:

@@ -382,7 +382,11 @@ async def test_a_project_and_a_principal_are_shown_by_get(cli: Cli) -> None:
     unnamed = await cli.admin("user", "get", "no-such-user")
     assert (unnamed.code, unnamed.out) == (1, "")
     assert "no user is named 'no-such-user'" in unnamed.err
-    assert "Traceback" not in missing.err + nobody.err + unnamed.err
+    # An id names any principal; `user get` shows only a user, as a name would.
+    not_a_user = await cli.admin("user", "get", bot["principalId"])
+    assert (not_a_user.code, not_a_user.out) == (1, "")
+    assert f"no user has the id {bot['principalId']}" in not_a_user.err
+    assert "Traceback" not in missing.err + nobody.err + unnamed.err + not_a_user.err
 
 
 async def test_token_list_shows_each_tokens_last_use(cli: Cli, tmp_path: Path) -> None:

@@ -291,6 +291,9 @@ async def _principal_get(admin: _Admin, args: argparse.Namespace) -> None:
     got = await admin.stub.GetPrincipal(
         admin_service_pb2.GetPrincipalRequest(principal_id=principal_id), **admin.call
     )
+    if got.principal.kind != _KINDS[args.kind]:
+        # An id names any principal; `user get` shows only a user, as a name would.
+        raise NotFoundError(f"no {args.kind} has the id {principal_id}")
     admin.printer.item(got.principal)
 
 

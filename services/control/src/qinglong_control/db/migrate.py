@@ -12,6 +12,10 @@ table with rows without stopping the writes of every command meanwhile. Such a f
 only `DROP INDEX CONCURRENTLY IF EXISTS` and `CREATE [UNIQUE] INDEX CONCURRENTLY`
 statements, each index dropped before it is built, so a migrator that stopped half-way
 (leaving an invalid index) is simply run again.
+
+A statement of a migration in a transaction waits for a lock at most LOCK_TIMEOUT_MS: a
+DDL statement queued behind a long transaction makes every write to its table queue
+behind it, so the migration rolls back, lets them through and tries again.
 """
 
 from __future__ import annotations
@@ -28,11 +32,19 @@ import psycopg
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 # An arbitrary constant that only QingLong migrators take (an advisory lock on a bigint).
-_MIGRATION_LOCK_KEY = 0x51_4C_4D_49_47  # "QLMIG"
+MIGRATION_LOCK_KEY = 0x51_4C_4D_49_47  # "QLMIG"
 #: How often a migrator waiting for another one tries the lock again. It waits between
 #: tries, not inside a statement: CREATE INDEX CONCURRENTLY waits for every statement
 #: that holds a snapshot, and a migrator blocked inside one would deadlock with it.
 _LOCK_RETRY_SECONDS = 0.2
+
+#: How long a migration's statement waits for a lock before the migration is rolled back
+#: and tried again, and how often. A DDL statement queued for its lock makes every command
+#: behind it queue too (an ALTER TABLE waiting on a long read of the audit would stop every
+#: call's audit row): a stall is cut short at this bound, however the database is used.
+LOCK_TIMEOUT_MS = 2_000
+LOCK_TRIES = 30
+_LOCK_RETRY_PAUSE_SECONDS = 1.0
 
 OUTSIDE_TRANSACTION = "-- qinglong: outside-transaction"
 _STATEMENT_END = re.compile(r";[ \t]*(?:\n|$)")
@@ -111,9 +123,7 @@ def migrate(migration_url: str, migrations: Sequence[Migration] | None = None) -
                 if _applied(conn, migration):
                     continue
                 if migration.in_transaction:
-                    with conn.transaction():
-                        conn.execute(migration.sql.encode())
-                        _record(conn, migration)
+                    _apply_in_transaction(conn, migration)
                 else:
                     for statement in migration.statements():
                         conn.execute(statement.encode())
@@ -121,14 +131,30 @@ def migrate(migration_url: str, migrations: Sequence[Migration] | None = None) -
                 applied_now.append(f"{migration.version:04d}_{migration.name}")
         finally:
             if not conn.closed and not conn.broken:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK_KEY,))
+                conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now
+
+
+def _apply_in_transaction(conn: psycopg.Connection, migration: Migration) -> None:
+    """The migration and its history row in one transaction whose statements wait at most
+    LOCK_TIMEOUT_MS for a lock; rolled back and tried again when one did not come."""
+    for attempt in range(1, LOCK_TRIES + 1):
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+                conn.execute(migration.sql.encode())
+                _record(conn, migration)
+            return
+        except psycopg.errors.LockNotAvailable:
+            if attempt == LOCK_TRIES:
+                raise
+            time.sleep(_LOCK_RETRY_PAUSE_SECONDS)
 
 
 def _take_turn(conn: psycopg.Connection) -> None:
     """The migrators' lock, for this session: tried, and waited for between tries."""
     while True:
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_MIGRATION_LOCK_KEY,)).fetchone()
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATION_LOCK_KEY,)).fetchone()
         if row is not None and row[0]:
             return
         time.sleep(_LOCK_RETRY_SECONDS)
