@@ -141,7 +141,7 @@ def _apply_in_transaction(conn: psycopg.Connection, migration: Migration) -> Non
     for attempt in range(1, LOCK_TRIES + 1):
         try:
             with conn.transaction():
-                conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (str(LOCK_TIMEOUT_MS),))
                 conn.execute(migration.sql.encode())
                 _record(conn, migration)
             return
