@@ -1006,6 +1006,7 @@ GRANT ALL ON FUNCTION qinglong.prune_security_audit(p_max_age_ms bigint, p_limit
 
 REVOKE ALL ON FUNCTION qinglong.schema_version() FROM PUBLIC;
 GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_runtime;
+GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_ingress;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.approval_requests TO qinglong_runtime;
 

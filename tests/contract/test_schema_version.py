@@ -15,6 +15,9 @@ from qinglong_control.db.bootstrap import create_database
 from qinglong_control.db.migrate import load_migrations
 from qinglong_control.db.roles import role_urls
 from qinglong_control.db.schema_version import SchemaBehind, require_schema
+from qinglong_ingress.schema import REQUIRED_SCHEMA
+from qinglong_ingress.schema import SchemaBehind as IngressSchemaBehind
+from qinglong_ingress.schema import require_schema as require_ingress_schema
 
 from tests.support.postgres import MigratedDatabase
 
@@ -36,10 +39,9 @@ async def test_control_reads_the_version_and_a_migrated_database_passes(
     database: MigratedDatabase,
 ) -> None:
     assert await required(database, database.urls.runtime) == NEWEST
-    # Only control asks; the other roles see nothing of the migration history.
-    for url in (database.urls.ingress, database.urls.admin):
-        with pytest.raises(errors.InsufficientPrivilege):
-            await required(database, url)
+    # Control and ingress ask; the admin role sees nothing of the migration history.
+    with pytest.raises(errors.InsufficientPrivilege):
+        await required(database, database.urls.admin)
 
 
 async def test_a_database_behind_the_build_is_refused_with_what_to_run(
@@ -94,4 +96,51 @@ def test_control_exits_at_start_up_on_a_database_behind_it(
     assert finished.returncode == 1, finished.stderr
     assert f"has migrations up to {NEWEST - 1:04d}" in finished.stderr
     assert f"this build needs {NEWEST:04d}" in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+async def test_ingress_reads_the_version_it_needs(database: MigratedDatabase) -> None:
+    """Ingress writes columns migrations added (the audit's credential_id): it refuses, at
+    start-up, a database without them, and serves a newer one (a rolling upgrade's old
+    replica)."""
+    assert REQUIRED_SCHEMA <= NEWEST, "ingress needs a migration control does not ship"
+    async with await psycopg.AsyncConnection.connect(
+        database.urls.ingress, autocommit=True
+    ) as conn:
+        assert await require_ingress_schema(conn) == NEWEST
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        conn.execute(
+            "DELETE FROM public.qinglong_schema_migrations WHERE version >= %s",
+            (REQUIRED_SCHEMA,),
+        )
+    async with await psycopg.AsyncConnection.connect(
+        database.urls.ingress, autocommit=True
+    ) as conn:
+        with pytest.raises(IngressSchemaBehind) as behind:
+            await require_ingress_schema(conn)
+    assert behind.value.applied == REQUIRED_SCHEMA - 1
+
+
+def test_ingress_exits_at_start_up_on_a_database_behind_it(
+    database: MigratedDatabase, tmp_path: Path
+) -> None:
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        conn.execute(
+            "DELETE FROM public.qinglong_schema_migrations WHERE version >= %s",
+            (REQUIRED_SCHEMA,),
+        )
+    ingress = Path(sys.executable).with_name("qinglong-ingress")
+    tls = [f"--tls-{part}={tmp_path / part}" for part in ("ca", "cert", "key")]
+    control = ["--control-address=127.0.0.1:9"]
+    control += [f"--control-tls-{part}={tmp_path / part}" for part in ("cert", "key")]
+    finished = subprocess.run(
+        [str(ingress), f"--database-url={database.urls.ingress}", *tls, *control],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert finished.returncode == 1, finished.stderr
+    assert f"has migrations up to {REQUIRED_SCHEMA - 1:04d}" in finished.stderr
+    assert f"this ingress needs {REQUIRED_SCHEMA:04d}" in finished.stderr
     assert "Traceback" not in finished.stderr

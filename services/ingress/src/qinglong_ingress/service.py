@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from qinglong_protocol.metrics import serve_metrics
+from qinglong_protocol.pooling import read_retrying
 from qinglong_protocol.probe import run_probe
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
@@ -21,6 +22,7 @@ from qinglong_ingress.gateway import Gateway
 from qinglong_ingress.handlers import public_handlers
 from qinglong_ingress.pool import open_ingress_pool
 from qinglong_ingress.routes import ENROLLMENT_ROUTES
+from qinglong_ingress.schema import SchemaBehind, require_schema
 from qinglong_ingress.server import create_enrollment_server, create_server, open_control_channel
 from qinglong_ingress.settings import (
     DEFAULT_LISTEN_ADDRESS,
@@ -48,6 +50,11 @@ async def serve(settings: IngressSettings) -> None:
 async def _serve(settings: IngressSettings, database_url: str) -> None:
     pool = await open_ingress_pool(database_url, sizing=settings.pool, bounds=settings.storage)
     try:
+        try:
+            applied = await read_retrying(pool, require_schema)
+        except SchemaBehind as behind:
+            raise SystemExit(f"qinglong-ingress: {behind}") from None
+        _log.info("database schema at migration %04d", applied)
         async with open_control_channel(settings.control) as control_channel:
             # One directory for both listeners: their audit rows share group commits.
             directory = Directory(pool, settings.storage.statement_timeout_ms / 1000)
