@@ -65,7 +65,8 @@ def test_comments_explain_but_never_reach_the_server() -> None:
 
 
 def test_ingress_statements_are_catalogued_and_used() -> None:
-    importlib.import_module("qinglong_ingress.directory")
+    for module in ("qinglong_ingress.directory", "qinglong_ingress.schema"):
+        importlib.import_module(module)
     from qinglong_ingress.sql import SQL as INGRESS_SQL
 
     assert set(INGRESS_SQL) >= {"directory.write_audits", "directory.role_binding"}
