@@ -4,6 +4,8 @@ command to run instead of failing call by call."""
 
 from __future__ import annotations
 
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +14,13 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 from qinglong_control.db.bootstrap import create_database
-from qinglong_control.db.migrate import load_migrations
+from qinglong_control.db.migrate import load_migrations, migrate
 from qinglong_control.db.roles import role_urls
 from qinglong_control.db.schema_version import SchemaBehind, require_schema
 from qinglong_ingress.schema import REQUIRED_SCHEMA
 from qinglong_ingress.schema import SchemaBehind as IngressSchemaBehind
 from qinglong_ingress.schema import require_schema as require_ingress_schema
+from qinglong_ingress.sql import SQL as INGRESS_SQL
 
 from tests.support.postgres import MigratedDatabase
 
@@ -144,3 +147,51 @@ def test_ingress_exits_at_start_up_on_a_database_behind_it(
     assert f"has migrations up to {REQUIRED_SCHEMA - 1:04d}" in finished.stderr
     assert f"this ingress needs {REQUIRED_SCHEMA:04d}" in finished.stderr
     assert "Traceback" not in finished.stderr
+
+
+async def test_ingress_cannot_read_the_version_without_its_grant(
+    database: MigratedDatabase,
+) -> None:
+    """A database from before 0024 (or a connection of another role) cannot say its
+    version to ingress: refused, saying both."""
+    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
+        conn.execute("REVOKE EXECUTE ON FUNCTION qinglong.schema_version() FROM qinglong_ingress")
+    async with await psycopg.AsyncConnection.connect(
+        database.urls.ingress, autocommit=True
+    ) as conn:
+        with pytest.raises(IngressSchemaBehind) as behind:
+            await require_ingress_schema(conn)
+    assert behind.value.applied is None
+    assert f"from before migration {REQUIRED_SCHEMA:04d}" in str(behind.value)
+    assert "not the qinglong_ingress role's" in str(behind.value)
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def test_every_ingress_statement_plans_on_the_schema_it_requires(
+    database: MigratedDatabase,
+) -> None:
+    """REQUIRED_SCHEMA is ingress's own promise: every statement it runs must plan, as its
+    role, on a database migrated only that far (a statement using a later migration's
+    column fails here until the constant is raised). Planned, not run: EXPLAIN, with NULL
+    for every parameter."""
+    name = f"{database.name}_at_required"
+    create_database(database.admin_url, name)
+    try:
+        urls = role_urls(database.admin_url, name)
+        migrate(urls.migration, load_migrations()[:REQUIRED_SCHEMA])
+        for module in ("qinglong_ingress.directory", "qinglong_ingress.schema"):
+            importlib.import_module(module)
+        with psycopg.connect(urls.ingress) as conn:
+            for statement_name in INGRESS_SQL:
+                text = INGRESS_SQL[statement_name]
+                named = set(_NAMED.findall(text))
+                params: dict[str, None] | tuple[None, ...] = (
+                    dict.fromkeys(named) if named else (None,) * text.count("%s")
+                )
+                conn.execute("EXPLAIN " + text, params)  # type: ignore[arg-type]
+                conn.rollback()
+    finally:
+        with psycopg.connect(database.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(name)))

@@ -25,11 +25,19 @@ class SchemaBehind(Exception):
     """The database lacks a migration this build of ingress needs."""
 
     def __init__(self, applied: int | None) -> None:
-        have = "has an older schema" if applied is None else f"has migrations up to {applied:04d}"
-        super().__init__(
-            f"the database {have}; this ingress needs {REQUIRED_SCHEMA:04d}:"
-            " run `qinglong-control migrate` (the migration role) first"
-        )
+        if applied is None:
+            super().__init__(
+                "cannot read the database's schema version: a database from before"
+                f" migration {REQUIRED_SCHEMA:04d} (run `qinglong-control migrate`, the"
+                " migration role, first), or a connection that is not the qinglong_ingress"
+                " role's"
+            )
+        else:
+            super().__init__(
+                f"the database has migrations up to {applied:04d}; this ingress needs"
+                f" {REQUIRED_SCHEMA:04d}: run `qinglong-control migrate` (the migration role)"
+                " first"
+            )
         self.applied = applied
 
 
