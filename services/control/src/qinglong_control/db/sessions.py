@@ -79,7 +79,7 @@ async def open_session(
             "session.by_request",
             _SESSION_BY_REQUEST,
             (command.worker_id, command.request_id),
-            kwargs_row(_Existing),
+            kwargs_row(_opened_before),
         )
         await tx.execute("lock.live_session", _LOCK_LIVE_SESSION, (command.worker_id,))
         last = await tx.execute(
@@ -91,7 +91,7 @@ async def open_session(
             raise Refused(Reason.SESSION_FENCED, "worker is not enrolled or is disabled")
         existing = await earlier.fetchone()
         if existing is not None:
-            check_open_replay(existing.opened_before, command.terms, now_ms)
+            check_open_replay(existing, command.terms, now_ms)
             return SessionView(
                 existing.session_id,
                 existing.generation,
@@ -165,22 +165,19 @@ async def fence_sessions(conn: AsyncConnection[Any], worker_id: str) -> None:
         await tx.execute("offers.withdraw", _WITHDRAW_OPEN_OFFERS, values)
 
 
-@dataclass(frozen=True)
-class _Existing:
-    session_id: uuid.UUID
-    generation: int
-    status: str
-    expires_at_ms: int
-    executor_types: list[str]
-    max_concurrency: int
-    agent_version: str
-
-    @property
-    def opened_before(self) -> OpenedBefore:
-        terms = SessionRequest(tuple(self.executor_types), self.max_concurrency, self.agent_version)
-        return OpenedBefore(
-            self.session_id, self.generation, self.status, self.expires_at_ms, terms
-        )
+def _opened_before(
+    *,
+    session_id: uuid.UUID,
+    generation: int,
+    status: str,
+    expires_at_ms: int,
+    executor_types: list[str],
+    max_concurrency: int,
+    agent_version: str,
+) -> OpenedBefore:
+    """A row of `session_by_request` as the domain compares it."""
+    terms = SessionRequest(tuple(executor_types), max_concurrency, agent_version)
+    return OpenedBefore(session_id, generation, status, expires_at_ms, terms)
 
 
 async def _lock_session(tx: CommandTx, claim: SessionClaim) -> tuple[SessionRow, int]:
