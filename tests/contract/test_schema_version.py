@@ -16,11 +16,11 @@ from psycopg import errors, sql
 from qinglong_control.db.bootstrap import create_database
 from qinglong_control.db.migrate import load_migrations, migrate
 from qinglong_control.db.roles import role_urls
-from qinglong_control.db.schema_version import SchemaBehind, require_schema
-from qinglong_ingress.schema import REQUIRED_SCHEMA
-from qinglong_ingress.schema import SchemaBehind as IngressSchemaBehind
-from qinglong_ingress.schema import require_schema as require_ingress_schema
+from qinglong_control.db.schema_version import require_control_schema
+from qinglong_ingress.schema import REQUIRED_SCHEMA, require_ingress_schema
 from qinglong_ingress.sql import SQL as INGRESS_SQL
+from qinglong_protocol.schema_version import SchemaBehind
+from qinglong_protocol.sql import SQL as SHARED_SQL
 
 from tests.support.postgres import MigratedDatabase
 
@@ -35,16 +35,24 @@ def forget_newest_migration(database: MigratedDatabase) -> None:
 
 async def required(database: MigratedDatabase, url: str) -> int:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        return await require_schema(conn)
+        return await require_control_schema(conn)
 
 
 async def test_control_reads_the_version_and_a_migrated_database_passes(
     database: MigratedDatabase,
 ) -> None:
     assert await required(database, database.urls.runtime) == NEWEST
-    # Control and ingress ask; the admin role sees nothing of the migration history.
-    with pytest.raises(errors.InsufficientPrivilege):
+    # Control and ingress ask; the admin role sees nothing of the migration history, and
+    # a control given its URL by mistake says so instead of failing on a privilege.
+    with (
+        psycopg.connect(database.urls.admin, autocommit=True) as conn,
+        pytest.raises(errors.InsufficientPrivilege),
+    ):
+        conn.execute("SELECT qinglong.schema_version()")
+    with pytest.raises(SchemaBehind) as behind:
         await required(database, database.urls.admin)
+    assert behind.value.applied is None
+    assert "or the connection is not control's role" in str(behind.value)
 
 
 async def test_a_database_behind_the_build_is_refused_with_what_to_run(
@@ -66,6 +74,7 @@ async def test_a_database_from_before_the_version_was_readable_is_refused(
         await required(database, database.urls.runtime)
     assert behind.value.applied is None
     assert "predates migration 0014" in str(behind.value)
+    assert "qinglong-control migrate" in str(behind.value)
 
 
 async def test_a_database_never_migrated_is_refused(database: MigratedDatabase) -> None:
@@ -76,7 +85,7 @@ async def test_a_database_never_migrated_is_refused(database: MigratedDatabase) 
         urls = role_urls(database.admin_url, name)
         async with await psycopg.AsyncConnection.connect(urls.runtime, autocommit=True) as conn:
             with pytest.raises(SchemaBehind) as behind:
-                await require_schema(conn)
+                await require_control_schema(conn)
         assert behind.value.applied is None
     finally:
         with psycopg.connect(database.admin_url, autocommit=True) as conn:
@@ -98,7 +107,7 @@ def test_control_exits_at_start_up_on_a_database_behind_it(
     )
     assert finished.returncode == 1, finished.stderr
     assert f"has migrations up to {NEWEST - 1:04d}" in finished.stderr
-    assert f"this build needs {NEWEST:04d}" in finished.stderr
+    assert f"this control needs {NEWEST:04d}" in finished.stderr
     assert "Traceback" not in finished.stderr
 
 
@@ -119,7 +128,7 @@ async def test_ingress_reads_the_version_it_needs(database: MigratedDatabase) ->
     async with await psycopg.AsyncConnection.connect(
         database.urls.ingress, autocommit=True
     ) as conn:
-        with pytest.raises(IngressSchemaBehind) as behind:
+        with pytest.raises(SchemaBehind) as behind:
             await require_ingress_schema(conn)
     assert behind.value.applied == REQUIRED_SCHEMA - 1
 
@@ -159,11 +168,11 @@ async def test_ingress_cannot_read_the_version_without_its_grant(
     async with await psycopg.AsyncConnection.connect(
         database.urls.ingress, autocommit=True
     ) as conn:
-        with pytest.raises(IngressSchemaBehind) as behind:
+        with pytest.raises(SchemaBehind) as behind:
             await require_ingress_schema(conn)
     assert behind.value.applied is None
-    assert f"from before migration {REQUIRED_SCHEMA:04d}" in str(behind.value)
-    assert "not the qinglong_ingress role's" in str(behind.value)
+    assert f"predates migration {REQUIRED_SCHEMA:04d}" in str(behind.value)
+    assert "or the connection is not ingress's role" in str(behind.value)
 
 
 _NAMED = re.compile(r"%\((\w+)\)s")
@@ -181,11 +190,11 @@ def test_every_ingress_statement_plans_on_the_schema_it_requires(
     try:
         urls = role_urls(database.admin_url, name)
         migrate(urls.migration, load_migrations()[:REQUIRED_SCHEMA])
-        for module in ("qinglong_ingress.directory", "qinglong_ingress.schema"):
+        for module in ("qinglong_ingress.directory", "qinglong_protocol.schema_version"):
             importlib.import_module(module)
+        statements = [*INGRESS_SQL.values(), *SHARED_SQL.values()]
         with psycopg.connect(urls.ingress) as conn:
-            for statement_name in INGRESS_SQL:
-                text = INGRESS_SQL[statement_name]
+            for text in statements:
                 named = set(_NAMED.findall(text))
                 params: dict[str, None] | tuple[None, ...] = (
                     dict.fromkeys(named) if named else (None,) * text.count("%s")

@@ -65,11 +65,19 @@ def test_comments_explain_but_never_reach_the_server() -> None:
 
 
 def test_ingress_statements_are_catalogued_and_used() -> None:
-    for module in ("qinglong_ingress.directory", "qinglong_ingress.schema"):
-        importlib.import_module(module)
+    importlib.import_module("qinglong_ingress.directory")
     from qinglong_ingress.sql import SQL as INGRESS_SQL
 
     assert set(INGRESS_SQL) >= {"directory.write_audits", "directory.role_binding"}
     assert INGRESS_SQL.unused() == set()
     source = Path(importlib.import_module("qinglong_ingress.directory").__file__ or "")
     assert not re.search(r'"""\s*(SELECT|INSERT)\b', source.read_text())
+
+
+def test_shared_statements_are_catalogued_and_used() -> None:
+    """Statements both services run live once, in qinglong_protocol's catalogue."""
+    importlib.import_module("qinglong_protocol.schema_version")
+    from qinglong_protocol.sql import SQL as SHARED_SQL
+
+    assert set(SHARED_SQL) == {"schema_version.applied"}
+    assert SHARED_SQL.unused() == set()

@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from qinglong_protocol.metrics import serve_metrics
 from qinglong_protocol.pooling import read_retrying
 from qinglong_protocol.probe import run_probe
+from qinglong_protocol.schema_version import SchemaBehind
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
 
@@ -28,7 +29,7 @@ from qinglong_control.db.pool import (
     open_reconciler_pool,
     open_runtime_pool,
 )
-from qinglong_control.db.schema_version import SchemaBehind, require_schema
+from qinglong_control.db.schema_version import require_control_schema
 from qinglong_control.issuing import IssuingAuthority
 from qinglong_control.metrics import RECONCILE_KINDS
 from qinglong_control.migrate_command import migrate_main
@@ -62,7 +63,7 @@ async def serve(settings: ControlSettings) -> None:
         )
         pools.push_async_callback(pool.close)
         try:
-            applied = await read_retrying(pool, require_schema)
+            applied = await read_retrying(pool, require_control_schema)
         except SchemaBehind as behind:
             raise SystemExit(f"qinglong-control: {behind}") from None
         _log.info("database schema at migration %04d", applied)

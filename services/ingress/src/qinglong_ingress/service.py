@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from qinglong_protocol.metrics import serve_metrics
 from qinglong_protocol.pooling import read_retrying
 from qinglong_protocol.probe import run_probe
+from qinglong_protocol.schema_version import SchemaBehind
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
 
@@ -22,7 +23,7 @@ from qinglong_ingress.gateway import Gateway
 from qinglong_ingress.handlers import public_handlers
 from qinglong_ingress.pool import open_ingress_pool
 from qinglong_ingress.routes import ENROLLMENT_ROUTES
-from qinglong_ingress.schema import SchemaBehind, require_schema
+from qinglong_ingress.schema import require_ingress_schema
 from qinglong_ingress.server import create_enrollment_server, create_server, open_control_channel
 from qinglong_ingress.settings import (
     DEFAULT_LISTEN_ADDRESS,
@@ -51,7 +52,7 @@ async def _serve(settings: IngressSettings, database_url: str) -> None:
     pool = await open_ingress_pool(database_url, sizing=settings.pool, bounds=settings.storage)
     try:
         try:
-            applied = await read_retrying(pool, require_schema)
+            applied = await read_retrying(pool, require_ingress_schema)
         except SchemaBehind as behind:
             raise SystemExit(f"qinglong-ingress: {behind}") from None
         _log.info("database schema at migration %04d", applied)
