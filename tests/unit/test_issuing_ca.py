@@ -3,6 +3,7 @@ certificate's identity, usage and lifetime are the CA's to decide. Real keys, a 
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from pathlib import Path
 
@@ -101,6 +102,25 @@ def test_bad_csrs_are_refused_by_field_without_their_content(
     der[-1] ^= 0x01
     tampered = x509.load_der_x509_csr(bytes(der)).public_bytes(serialization.Encoding.PEM).decode()
     assert "signed" in _refusal(authority, tampered).detail
+
+
+def test_a_csr_for_an_unknown_key_algorithm_is_refused_not_an_internal_error(
+    authority: IssuingAuthority,
+) -> None:
+    """A well-formed CSR whose key names an algorithm nobody knows: the library raises
+    UnsupportedAlgorithm (neither ValueError nor InvalidSignature); anyone reaching the
+    enrollment listener may send one, before any token is checked."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    der = x509.load_pem_x509_csr(csr_pem(key).encode()).public_bytes(serialization.Encoding.DER)
+    ec_public_key = bytes.fromhex("2a8648ce3d0201")  # id-ecPublicKey, 1.2.840.10045.2.1
+    assert der.count(ec_public_key) == 1
+    unknown = der.replace(ec_public_key, bytes.fromhex("2a8648ce3d027f"))  # 1.2.840.10045.2.127
+    pem = (
+        "-----BEGIN CERTIFICATE REQUEST-----\n"
+        + base64.encodebytes(unknown).decode("ascii")
+        + "-----END CERTIFICATE REQUEST-----\n"
+    )
+    assert "key type" in _refusal(authority, pem).detail
 
 
 def test_the_issuing_key_must_match_its_certificate(tmp_path: Path) -> None:

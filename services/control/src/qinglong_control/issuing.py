@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -151,6 +151,8 @@ def _verified_public_key(csr_pem: str) -> WorkerKey:
         key = csr.public_key()
     except (ValueError, UnicodeError, InvalidSignature):
         raise _bad_csr("is not a well-formed PEM certificate signing request") from None
+    except UnsupportedAlgorithm:  # a well-formed CSR for a key or signature nobody knows
+        raise _bad_csr("has a key type this CA does not issue for") from None
     if not signed:
         raise _bad_csr("is not signed by its own key")
     if isinstance(key, ec.EllipticCurvePublicKey):
