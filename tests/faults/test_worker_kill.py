@@ -67,6 +67,16 @@ KILL_POINTS: Final = (
         exit_code=3,
         executor_ends_while_down=True,
     ),
+    # A renewal control committed whose answer the Worker never kept, then the executor
+    # ends by itself: the ending is reported at the stale version, refused as fenced, and
+    # must be re-fenced by the renewal's replay (R-LC-8) rather than lose the Run.
+    KillPoint(
+        "renewal-committed-exit-0-while-down",
+        "ControlLease",
+        Phase.ANSWER,
+        exit_code=0,
+        executor_ends_while_down=True,
+    ),
     KillPoint("before-complete", "CompleteAttempt", Phase.REQUEST, exit_code=0),
     KillPoint("after-complete", "CompleteAttempt", Phase.ANSWER, exit_code=3),
 )

@@ -910,6 +910,63 @@ async def test_a_stop_the_control_plane_asked_for_keeps_its_own_reason(world: Wo
     assert request.stop_reason == lifecycle_pb2.CANCEL_REASON_UNSPECIFIED
 
 
+def _version_fenced(name: str) -> CallFailed:
+    return CallFailed(name, grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_LEASE_VERSION_FENCED)
+
+
+async def _ending_of(world: World, exit_code: int) -> tuple[str, Outcome]:
+    """Admit an executor that ends by itself with `exit_code`; reconcile until its
+    ending is reported (or the record settled otherwise)."""
+    offer_id = world.admit(["sh", "-c", f"exit {exit_code}"])
+    for _ in range(200):
+        outcome = await world.reconciler.reconcile(offer_id)
+        if outcome is not Outcome.RUNNING:
+            return offer_id, outcome
+        await asyncio.sleep(0.02)
+    raise AssertionError("the executor did not end")
+
+
+async def test_an_ending_refused_at_a_stale_version_is_refenced_by_the_renewals_replay(
+    world: World,
+) -> None:
+    """Control committed a renewal whose answer the Worker never kept (killed before
+    saving it, the call cancelled at shutdown): it is one version ahead when the executor
+    ends. The ending is refused as fenced; lease control at the stored version is that
+    renewal's replay (R-LC-8) and hands over the version; the ending is reported with it
+    and keeps the executor's own outcome."""
+    world.client.completion_refusals = [_version_fenced("CompleteAttempt")]
+    offer_id, outcome = await _ending_of(world, 3)
+    assert outcome is Outcome.COMPLETED
+    assert world.client.calls[-3:] == ["CompleteAttempt", "ControlLease", "CompleteAttempt"]
+    assert world.client.seen_versions[-3:] == [1, 1, 2]
+    request = world.client.completed
+    assert (request.outcome, request.exit_code) == (worker_pb2.ATTEMPT_OUTCOME_FAILED, 3)
+    assert _record_of(world, offer_id).state is RecordState.COMPLETION_ACKNOWLEDGED
+
+
+async def test_an_ending_refused_again_after_lease_control_is_lost_not_retried(
+    world: World,
+) -> None:
+    """Lease control asked once: refused too, the lease is lost (quarantined, no loop);
+    answered but the ending refused again, likewise."""
+    world.client.completion_refusals = [_version_fenced("CompleteAttempt")]
+
+    def fenced(request: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
+        raise _version_fenced("ControlLease")
+
+    world.client.control_answer = fenced
+    offer_id, outcome = await _ending_of(world, 0)
+    assert outcome is Outcome.LEASE_LOST
+    assert world.client.calls[-2:] == ["CompleteAttempt", "ControlLease"]
+    record = _record_of(world, offer_id)
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+
+    world.client.control_answer = world.client._renew
+    world.client.completion_refusals = [_version_fenced("CompleteAttempt")] * 2
+    assert (await _ending_of(world, 0))[1] is Outcome.LEASE_LOST
+    assert world.client.calls[-3:] == ["CompleteAttempt", "ControlLease", "CompleteAttempt"]
+
+
 async def test_a_refused_shutdown_report_learns_the_runs_own_intent(world: World) -> None:
     offer_id = world.admit(["sleep", "30"])
     await world.reconciler.reconcile(offer_id)

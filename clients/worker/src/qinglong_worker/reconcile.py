@@ -934,7 +934,13 @@ class Reconciler:
         identity = identity_of(record)
         return identity is not None and self._processes.poll(identity) is None
 
-    async def _complete(self, record: InboxRecord) -> Outcome | None:
+    async def _complete(self, record: InboxRecord, *, refenced: bool = False) -> Outcome | None:
+        """Report the ending. Refused at a stale lease version, it is sent once more after
+        lease control at the stored version: a renewal control committed but whose answer
+        was never kept (the Worker killed before saving it, a call cancelled at shutdown,
+        retries given up) left control one version ahead, and that renewal's replay
+        (R-LC-8) hands the version over without a second renewal. Anything else it
+        answers is final as usual."""
         outcome = record.completion_outcome or "failed"
         request = ws.CompleteAttemptRequest(
             fence=fence_of(record),
@@ -976,6 +982,8 @@ class Reconciler:
             if failure.reason in _COMPLETION_CONFLICTS:
                 self._quarantine(record, QuarantineReason.CONTROL_PLANE_TERMINAL, failure.label)
                 return Outcome.TERMINAL
+            if failure.reason == ErrorReason.ERROR_REASON_LEASE_VERSION_FENCED and not refenced:
+                return await self._complete_refenced(record, failure)
             self._quarantine(
                 record, QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED, failure.label
             )
@@ -997,6 +1005,30 @@ class Reconciler:
             lifecycle_pb2.RunState.Name(done.run_state),
         )
         return Outcome.COMPLETED
+
+    async def _complete_refenced(self, record: InboxRecord, refusal: CallFailed) -> Outcome | None:
+        """The ending was refused at the stored lease version: learn the present one from
+        lease control (the replay of a renewal whose answer was lost), then report again."""
+        log.info(
+            "offer %s: ending refused at lease version %s (%s); asking lease control",
+            record.offer_id,
+            record.lease_version,
+            refusal.label,
+        )
+        kept = await self._keep_lease(record)
+        if isinstance(kept, Outcome):
+            return kept  # fenced for good (lease lost) or terminal: settled there
+        if kept.lease_version == record.lease_version:
+            # No answer: the next pass asks again, while the local lease lasts.
+            if self.lease_lost_locally(record):
+                self._quarantine(
+                    record,
+                    QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+                    f"completion refused ({refusal.label}); local lease expired",
+                )
+                return Outcome.LEASE_LOST
+            return self._waiting(record, refusal)
+        return await self._complete(kept, refenced=True)
 
     async def _learn_stop_intent(self, record: InboxRecord, refusal: CallFailed) -> Outcome | None:
         """A shutdown stop was refused as a state conflict: ask lease control why."""
