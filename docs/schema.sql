@@ -815,6 +815,9 @@ ALTER TABLE ONLY qinglong.worker_identities
 ALTER TABLE ONLY qinglong.worker_identities
     ADD CONSTRAINT worker_identities_principal_id_key UNIQUE (principal_id);
 
+ALTER TABLE qinglong.worker_identities
+    ADD CONSTRAINT worker_identities_uri_names_the_worker CHECK (((certificate_uri ~ '^spiffe://[^/]+/worker/[a-z0-9][a-z0-9-]{0,62}$'::text) AND (split_part(certificate_uri, '/'::text, 5) = (worker_id)::text))) NOT VALID;
+
 ALTER TABLE qinglong.worker_join_tokens
     ADD CONSTRAINT worker_join_tokens_issue_request_id_shape CHECK ((issue_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)) NOT VALID;
 

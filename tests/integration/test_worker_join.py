@@ -286,6 +286,31 @@ async def test_a_bad_csr_spends_no_token(stack: Stack, tmp_path: Path) -> None:
     assert (await run_join(stack, token, tmp_path / "edge-10", tmp_path)).returncode == 0
 
 
+async def test_control_signs_only_its_own_name_for_a_worker(stack: Stack, tmp_path: Path) -> None:
+    """The CA also signs the services' certificates: the name it gives a Worker is this
+    deployment's URI for it, whatever the identity table says. The table cannot name a
+    service for a Worker (migration 0025), and a Worker enrolled under another trust
+    domain's URI is refused, its token spent, no certificate issued."""
+    token = await create_worker(stack, "edge-12")
+    with psycopg.connect(stack.database.urls.migration, autocommit=True) as conn:
+        for stolen in ("spiffe://qinglong.local/service/ingress", "spiffe://x/worker/edge-13"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(
+                    "UPDATE qinglong.worker_identities SET certificate_uri = %s"
+                    " WHERE worker_id = 'edge-12'",
+                    (stolen,),
+                )
+        conn.execute(
+            "UPDATE qinglong.worker_identities SET certificate_uri = %s"
+            " WHERE worker_id = 'edge-12'",
+            (worker_uri("elsewhere.example", "edge-12"),),
+        )
+    joined = await run_join(stack, token, tmp_path / "edge-12", tmp_path)
+    assert joined.returncode != 0
+    assert "UNAUTHENTICATED" in joined.stderr, joined.stderr
+    assert not (tmp_path / "edge-12" / "worker.json").exists()
+
+
 def test_the_public_listener_does_not_serve_enrollment() -> None:
     assert {r.service for r in ROUTES}.isdisjoint({r.service for r in ENROLLMENT_ROUTES})
     assert [r.name for r in ENROLLMENT_ROUTES] == ["JoinWorker"]

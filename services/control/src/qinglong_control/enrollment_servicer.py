@@ -9,11 +9,18 @@ commit is a certificate signed for the Worker the token names. A wrong, used or 
 token is one answer, UNAUTHENTICATED, without saying which. A renewal needs no token:
 the call comes over the Worker's present certificate, and the Worker must still be
 enrolled and active; the successor names the same Worker and lives as long.
+
+The certificate's name is this deployment's URI for the Worker, computed here from the
+trust domain and the worker id, never taken from the database's `certificate_uri` alone:
+the CA also signs the services' certificates, and a URI written into the table by other
+means than CreateWorker (the admin role's credentials, a bug) must not make it sign, say,
+ingress's service identity. A row whose URI disagrees is refused.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
 import grpc
@@ -22,6 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2
+from qinglong_protocol.identities import worker_uri
 
 from qinglong_control import wire
 from qinglong_control.db import enrollment
@@ -32,12 +40,16 @@ from qinglong_control.issuing import IssuedCertificate, IssuingAuthority, Worker
 Context = grpc.aio.ServicerContext[Any, Any]
 Pool = AsyncConnectionPool[AsyncConnection[Any]]
 rt = runtime_service_pb2
+_log = logging.getLogger(__name__)
 
 
 class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
-    def __init__(self, admin_pool: Pool | None, issuing: IssuingAuthority | None) -> None:
+    def __init__(
+        self, admin_pool: Pool | None, issuing: IssuingAuthority | None, trust_domain: str
+    ) -> None:
         self._enrollment_pool = admin_pool
         self._issuing = issuing
+        self._trust_domain = trust_domain
 
     async def JoinWorker(self, request: rt.JoinWorkerRequest, context: Context) -> Any:
         if request.caller.principal_kind != caller_pb2.PRINCIPAL_KIND_ANONYMOUS:
@@ -51,7 +63,7 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             enrolled = await enrollment.consume_join_token(conn, digest)
         if enrolled is None:
             raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the join token is not valid")
-        issued = _issue(issuing, key, enrolled)
+        issued = self._issue(issuing, key, enrolled)
         return rt.JoinWorkerResponse(
             response=enrollment_service_pb2.JoinWorkerResponse(
                 worker_id=enrolled.worker_id, **_certificate_fields(issuing, issued)
@@ -67,7 +79,7 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             enrolled = await enrollment.active_worker(conn, worker_id)
         if enrolled is None:
             raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the Worker is not enrolled")
-        issued = _issue(issuing, key, enrolled)
+        issued = self._issue(issuing, key, enrolled)
         return rt.RenewCertificateResponse(
             response=worker_service_pb2.RenewCertificateResponse(
                 **_certificate_fields(issuing, issued)
@@ -83,13 +95,20 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             )
         return self._enrollment_pool, self._issuing
 
-
-def _issue(
-    issuing: IssuingAuthority, key: WorkerKey, enrolled: enrollment.Enrollment
-) -> IssuedCertificate:
-    """A certificate for the Worker as the database names it, at DB time."""
-    now = dt.datetime.fromtimestamp(enrolled.now_ms / 1000, dt.UTC)
-    return issuing.issue_worker_certificate(key, enrolled.worker_id, enrolled.certificate_uri, now)
+    def _issue(
+        self, issuing: IssuingAuthority, key: WorkerKey, enrolled: enrollment.Enrollment
+    ) -> IssuedCertificate:
+        """A certificate naming this deployment's URI for the Worker, at DB time."""
+        uri = worker_uri(self._trust_domain, enrolled.worker_id)
+        if enrolled.certificate_uri != uri:
+            _log.warning(
+                "Worker %s is enrolled under another name than this deployment gives it;"
+                " no certificate issued (was the trust domain changed?)",
+                enrolled.worker_id,
+            )
+            raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the Worker is not enrolled")
+        now = dt.datetime.fromtimestamp(enrolled.now_ms / 1000, dt.UTC)
+        return issuing.issue_worker_certificate(key, enrolled.worker_id, uri, now)
 
 
 def _certificate_fields(issuing: IssuingAuthority, issued: IssuedCertificate) -> dict[str, Any]:

@@ -125,7 +125,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
         ``issuing`` the CA that signs joining Workers' certificates; ``output_store``
         where Run output is kept (default: the runtime role's tables)."""
         AdminMethods.__init__(self, pool, admin_pool, trust_domain)
-        EnrollmentMethods.__init__(self, admin_pool, issuing)
+        EnrollmentMethods.__init__(self, admin_pool, issuing, trust_domain)
         ApprovalMethods.__init__(self, pool, timings)
         OutputMethods.__init__(
             self, output_store or TableOutputStore(pool), output_retention or OutputRetention()
