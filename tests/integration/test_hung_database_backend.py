@@ -32,7 +32,7 @@ from qinglong_protocol.storage import StorageBounds
 
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import PROJECT, Stack, bearer, running_stack
-from tests.support.worker_steps import open_session
+from tests.support.worker_steps import open_session, session_request
 
 BOUNDS = StorageBounds(1.0)
 #: The statement bound, then psycopg's cancel (5 s) and its wait for the answer (5 s).
@@ -118,6 +118,43 @@ async def test_an_operator_call_is_answered_within_the_admission_budget(stack: S
     info = error_info_of(refused.value)
     assert info is not None
     assert info.reason == "STORAGE_UNAVAILABLE"
+
+
+async def test_a_worker_call_is_answered_within_controls_budget(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Control's command waits on its stopped backend: ingress forwarded it (its own
+    backend answers) and the Worker gets UNAVAILABLE from control after control's bound
+    (1 s), well inside a 4 s deadline — not DEADLINE_EXCEEDED after waiting for psycopg to
+    cancel the statement (R-ERR-2). The next calls are served once the backend answers."""
+    async with (
+        running_stack(
+            database_pg18,
+            tmp_path_factory.mktemp("pki"),
+            control_pool_size=1,
+            control_storage=BOUNDS,
+        ) as stack,
+        stack.channel(stack.worker_identity("worker-a")) as channel,
+    ):
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        await open_session(worker, "worker-a")
+        [stopped] = backends(stack.database, "qinglong_runtime")
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await worker.OpenSession(session_request("worker-a"), timeout=4)
+            answered_after = time.monotonic() - started
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        served = await open_session(worker, "worker-a")
+    print(f"stopped control backend: a Worker's call answered after {answered_after:.1f} s")
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value.details()
+    info = error_info_of(refused.value)
+    assert info is not None
+    assert info.reason == "STORAGE_UNAVAILABLE"
+    assert answered_after < 3.0
+    assert served.worker_generation >= 1
 
 
 async def test_a_stopped_backend_fails_one_reconcile_cycle_not_all(

@@ -167,19 +167,24 @@ async def running_stack(
     *,
     ingress_pool_size: int = 4,
     ingress_storage: StorageBounds | None = None,
+    control_pool_size: int = 4,
+    control_storage: StorageBounds | None = None,
     timings: Timings | None = None,
     enrollment_per_peer_per_minute: float = 600,
     control_via: Callable[[str], str] | None = None,
 ) -> AsyncIterator[Stack]:
     """The stack; ``extra_stages`` run after ingress's own admission stages (a new rule);
-    ``ingress_storage`` widens ingress's storage bound for a test that holds a lock. The
+    ``ingress_storage`` widens ingress's storage bound for a test that holds a lock
+    (``control_storage`` control's, which answers each command within it). The
     enrollment limit is generous (tests join many times from one host) unless a test of
     the limit itself lowers it. ``control_via`` maps control's address to the one ingress
     dials (a relay in between)."""
     pki = ensure_dev_pki(pki_dir)
     tokens = enroll_people(database, pki)
     counter = CallCounter()
-    runtime_pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(1, 4))
+    runtime_pool = await open_runtime_pool(
+        database.urls.runtime, sizing=PoolSizing(1, control_pool_size), bounds=control_storage
+    )
     admin_pool = await open_admin_pool(database.urls.admin)
     ingress_pool = await open_ingress_pool(
         database.urls.ingress, sizing=PoolSizing(1, ingress_pool_size), bounds=ingress_storage
@@ -189,6 +194,7 @@ async def running_stack(
             listen_address="127.0.0.1:0",
             tls=pki.control_server,
             allowed_caller_uris=frozenset({service_uri(pki.trust_domain, "ingress")}),
+            storage=control_storage or StorageBounds(),
         ),
         runtime_servicer=RuntimeServicer(
             runtime_pool,

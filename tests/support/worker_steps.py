@@ -21,16 +21,18 @@ async def queued_run(stack: Stack, operator: str = "alice") -> str:
         return await queued_run_through(channel, bearer(stack, operator), PROJECT)
 
 
-async def open_session(worker: worker_service_pb2_grpc.WorkerServiceStub, worker_id: str) -> Any:
-    return await worker.OpenSession(
-        ws.OpenSessionRequest(
-            request_id=uuid.uuid4().hex,
-            worker_id=worker_id,
-            executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-            max_concurrent_attempts=2,
-        ),
-        timeout=10,
+def session_request(worker_id: str) -> ws.OpenSessionRequest:
+    """A new session for ``worker_id`` (a fresh request id)."""
+    return ws.OpenSessionRequest(
+        request_id=uuid.uuid4().hex,
+        worker_id=worker_id,
+        executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+        max_concurrent_attempts=2,
     )
+
+
+async def open_session(worker: worker_service_pb2_grpc.WorkerServiceStub, worker_id: str) -> Any:
+    return await worker.OpenSession(session_request(worker_id), timeout=10)
 
 
 async def claimed_attempt(stack: Stack, worker: worker_service_pb2_grpc.WorkerServiceStub) -> Any:

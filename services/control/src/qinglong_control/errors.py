@@ -29,6 +29,7 @@ import psycopg
 from google.protobuf.message import Message
 from opentelemetry import metrics
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
+from qinglong_protocol.budget import settle_within
 from qinglong_protocol.errors import TypedStatus, abort_with, code_for, reason_name
 from qinglong_protocol.storage_errors import StorageFailure, Verdict, storage_answer
 
@@ -232,8 +233,9 @@ class ErrorInterceptor(WrappingInterceptor):
     status, and after the caller check, so only calls from ingress are measured.
     """
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, budget_seconds: float) -> None:
         self._prefix = f"/{service}/"
+        self._budget_seconds = budget_seconds
 
     def covers(self, method: str) -> bool:
         return method.startswith(self._prefix)
@@ -241,7 +243,7 @@ class ErrorInterceptor(WrappingInterceptor):
     def wrap(
         self, handler: grpc.RpcMethodHandler[Any, Any], method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        return _answering(handler, method.removeprefix(self._prefix))
+        return _answering(handler, method.removeprefix(self._prefix), self._budget_seconds)
 
 
 class _Call:
@@ -276,14 +278,24 @@ class _Call:
 
 
 def _answering(
-    handler: grpc.RpcMethodHandler[Any, Any], method: str
+    handler: grpc.RpcMethodHandler[Any, Any], method: str, budget_seconds: float
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """The same handler, its behaviour wrapped: every failure typed, every call timed."""
+    """The same handler, its behaviour wrapped: every failure typed, every call timed,
+    and a unary call answered within ``budget_seconds`` (the storage bound) whatever
+    PostgreSQL does (R-ERR-2): a command waiting longer on a hung or unreachable server
+    is answered STORAGE_UNAVAILABLE — an outcome the caller cannot know, which every
+    command's replay rule covers — and left to unwind on its own (`settle_within`). A
+    stream is bounded by its own reads."""
 
     async def unary(behaviour: Behaviour, request: Any, context: Context) -> Any:
         call = _Call(method)
         try:
-            return await resolved(behaviour(request, context))
+            try:
+                return await settle_within(budget_seconds, resolved(behaviour(request, context)))
+            except TimeoutError:
+                raise Refused(
+                    Reason.STORAGE_UNAVAILABLE, "storage unavailable: no answer within the bound"
+                ) from None
         except grpc.aio.AbortError:
             call.outcome = "aborted"
             raise

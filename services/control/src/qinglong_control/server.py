@@ -66,7 +66,7 @@ async def create_server(
         interceptors=[
             *server_interceptors(),
             AllowedCallerInterceptor(settings.allowed_caller_uris, _OPEN_TO_ANY_CLIENT),
-            ErrorInterceptor(RUNTIME_SERVICE_NAME),
+            ErrorInterceptor(RUNTIME_SERVICE_NAME, settings.storage.timeout_seconds),
             ContractBoundsInterceptor(RUNTIME_SERVICE),
             *interceptors,
         ],

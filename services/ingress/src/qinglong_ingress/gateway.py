@@ -37,6 +37,7 @@ from google.protobuf.message import Message
 from grpc_status import rpc_status
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2
+from qinglong_protocol.budget import settle_within
 from qinglong_protocol.errors import (
     APPROVAL_ID,
     TypedStatus,
@@ -54,7 +55,6 @@ from qinglong_protocol.telemetry import (
 )
 
 from qinglong_ingress.audit import AuditOutcome
-from qinglong_ingress.budget import settle_within
 from qinglong_ingress.directory import Audited, AuditEntry, AuditRecord, Directory, RoleBinding
 from qinglong_ingress.metrics import REFUSALS_NOT_AUDITED
 from qinglong_ingress.principals import CredentialKind, Principal, PrincipalKind

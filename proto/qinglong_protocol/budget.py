@@ -1,4 +1,6 @@
-"""A time budget that holds however the database behaves.
+"""A time budget that holds however the database behaves (SPEC R-ERR-2).
+
+Ingress bounds a call's admission with it, control each command.
 
 `asyncio.timeout` cancels the work and then waits for it to unwind. Work inside a psycopg
 statement answers a cancellation by asking the server to cancel the statement and
