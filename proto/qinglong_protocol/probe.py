@@ -30,7 +30,11 @@ def run_probe(
     parser = argparse.ArgumentParser(prog=f"{program} probe")
     listen = env.get(f"{env_prefix}LISTEN_ADDRESS", default_listen_address)
     port = listen.rsplit(":", 1)[-1]
-    parser.add_argument("--address", default=f"127.0.0.1:{port}")
+    parser.add_argument(
+        "--address",
+        action="append",
+        help=f"a listener to ask; repeat for several, all must serve [127.0.0.1:{port}]",
+    )
     parser.add_argument("--server-name", default="localhost")
     parser.add_argument("--service", default="")
     parser.add_argument("--timeout", type=float, default=2.0)
@@ -41,10 +45,13 @@ def run_probe(
     if not (args.tls_ca and args.tls_cert and args.tls_key):
         parser.error("the server's TLS files are required (the same variables as the server)")
     tls = TlsFiles(ca_cert=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key))
-    status = asyncio.run(
-        health_status(
-            args.address, tls, args.timeout, service=args.service, server_name=args.server_name
+    serving = True
+    for address in args.address or [f"127.0.0.1:{port}"]:
+        status = asyncio.run(
+            health_status(
+                address, tls, args.timeout, service=args.service, server_name=args.server_name
+            )
         )
-    )
-    print(f"{program} {args.address}: {status}")
-    return 0 if status == "SERVING" else 1
+        print(f"{program} {address}: {status}")
+        serving = serving and status == "SERVING"
+    return 0 if serving else 1

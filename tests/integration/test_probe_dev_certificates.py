@@ -14,12 +14,13 @@ from qinglong_protocol.tls import TlsFiles
 from tests.support.stack import Stack
 
 
-async def probe(service: str, address: str, tls: TlsFiles) -> tuple[int, str, str]:
+async def probe(service: str, address: str, tls: TlsFiles, *more: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         str(Path(sys.executable).with_name(f"qinglong-{service}")),
         "probe",
         "--address",
         address,
+        *(f"--address={other}" for other in more),
         "--tls-ca",
         str(tls.ca_cert),
         "--tls-cert",
@@ -45,3 +46,16 @@ async def test_a_probe_with_the_services_own_dev_certificate_reports_serving(
     code, out, err = await probe(service, address, tls)
     assert code == 0, err
     assert out.strip().endswith(": SERVING")
+
+
+async def test_the_enrollment_listener_serves_health_to_the_probe(stack: Stack) -> None:
+    """The Worker enrollment listener is a gRPC server of its own: it answers health
+    checks (SPEC B-OPS), and the probe asks every --address given, all must serve."""
+    tls = stack.pki.ingress_server
+    code, out, err = await probe("ingress", stack.enrollment_address, tls)
+    assert code == 0, err
+    assert out.strip().endswith(": SERVING")
+    closed = "127.0.0.1:9"  # nothing listens there
+    code, out, _ = await probe("ingress", stack.ingress_address, tls, closed)
+    assert code == 1
+    assert f"{stack.ingress_address}: SERVING" in out

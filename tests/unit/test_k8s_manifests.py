@@ -1201,6 +1201,17 @@ def test_deployments_are_highly_available_and_probed(name: str) -> None:
     assert budget.get("maxUnavailable") == 1 or budget.get("minAvailable") == 2
 
 
+def test_ingress_readiness_asks_both_of_its_grpc_listeners() -> None:
+    """The public listener and Worker enrollment each serve health (SPEC B-OPS): a pod
+    whose enrollment listener stopped serving is taken out of the Service too."""
+    [container] = _containers(_find("Deployment", INGRESS))
+    grpc_ports = {p["containerPort"] for p in container["ports"] if p["name"] != "metrics"}
+    assert len(grpc_ports) == 2
+    command = container["readinessProbe"]["exec"]["command"]
+    asked = {int(a.rsplit(":", 1)[1]) for a in command if a.startswith("--address=")}
+    assert asked == grpc_ports, command
+
+
 def test_one_image_runs_every_container() -> None:
     images = {container["image"] for w in _workloads() for container in _containers(w)}
     assert images == {"qinglong:dev"}

@@ -19,6 +19,7 @@ from qinglong.control.v1 import (
     run_service_pb2,
     task_service_pb2,
 )
+from qinglong.enrollment.v1 import enrollment_service_pb2
 from qinglong.worker.v1 import worker_service_pb2
 from qinglong_protocol import bounds
 from qinglong_protocol.keepalive import internal_channel_options
@@ -39,6 +40,9 @@ RUN_SERVICE_NAME: str = run_service_pb2.DESCRIPTOR.services_by_name["RunService"
 ADMIN_SERVICE_NAME: str = admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 APPROVAL_SERVICE_NAME: str = approval_service_pb2.DESCRIPTOR.services_by_name[
     "ApprovalService"
+].full_name
+ENROLLMENT_SERVICE_NAME: str = enrollment_service_pb2.DESCRIPTOR.services_by_name[
+    "EnrollmentService"
 ].full_name
 PUBLIC_SERVICE_NAMES = (
     WORKER_SERVICE_NAME,
@@ -64,16 +68,7 @@ async def create_server(
         options=[("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)],
     )
     server.add_generic_rpc_handlers(tuple(handlers))
-
-    health_servicer = health.aio.HealthServicer()
-    for service_name in ("", *PUBLIC_SERVICE_NAMES):
-        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-
-    reflection.enable_server_reflection(
-        (*PUBLIC_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-
+    await _serve_health_and_reflection(server, PUBLIC_SERVICE_NAMES)
     port = server.add_secure_port(
         settings.listen_address, mutual_tls_server_credentials(settings.tls)
     )
@@ -84,20 +79,33 @@ async def create_enrollment_server(
     address: str, tls: TlsFiles, handlers: Sequence[grpc.GenericRpcHandler]
 ) -> tuple[grpc.aio.Server, int]:
     """The Worker enrollment listener (R-ADM-2): the public server certificate, no client
-    certificate asked for (a joining machine has none yet), EnrollmentService only, and a
-    receive limit at its byte cap. TLS 1.3 is enforced by its admission stages, as on the
-    public listener. Bound, not started."""
+    certificate asked for (a joining machine has none yet), EnrollmentService only (with
+    health and reflection), and a receive limit at its byte cap. TLS 1.3 is enforced by
+    its admission stages, as on the public listener. Bound, not started."""
     server = grpc.aio.server(
         interceptors=server_interceptors(),
         options=[("grpc.max_receive_message_length", bounds.ENROLLMENT_REQUEST_MAX_BYTES)],
     )
     server.add_generic_rpc_handlers(tuple(handlers))
+    await _serve_health_and_reflection(server, (ENROLLMENT_SERVICE_NAME,))
     material = read_tls_material(tls)
     port = server.add_secure_port(
         address,
         grpc.ssl_server_credentials([(material.key, material.cert)], require_client_auth=False),
     )
     return server, port
+
+
+async def _serve_health_and_reflection(server: grpc.aio.Server, services: Sequence[str]) -> None:
+    """Health checking (each of ``services`` and the server as a whole) and server
+    reflection, on every listener (SPEC B-OPS): a probe can tell each one is serving."""
+    health_servicer = health.aio.HealthServicer()
+    for service_name in ("", *services):
+        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
 
 
 def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
