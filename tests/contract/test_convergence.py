@@ -18,7 +18,7 @@ from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_protocol.pooling import PoolSizing
 
 from tests.support.postgres import MigratedDatabase
-from tests.support.seed import FAR_FUTURE_MS, seed_claimed_attempt, seed_identity
+from tests.support.seed import FAR_FUTURE_MS, NOW_MS, seed_claimed_attempt, seed_identity
 from tests.support.world import World, enroll
 
 
@@ -109,6 +109,43 @@ async def test_active_lease_or_started_attempt_is_blocked_never_forged(
     assert (page.converged, page.blocked) == (0, 1)
     assert await state_of(world, active.run_id) == ("queued", None, "claimed")
     assert await reconciler_events(world, active.run_id) == []
+
+
+async def test_expiry_skips_a_lease_another_replica_holds_and_expires_the_rest(
+    database: MigratedDatabase,
+) -> None:
+    """Replicas share expiry (R-HA-1): a lease whose rows another transaction holds (a
+    replica expiring it, a command on it) is skipped, not waited for, and the next cycle
+    decides it; the rest of the page is expired meanwhile."""
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        for name in ("e", "f"):
+            seed_identity(admin, f"proj-{name}", f"worker-{name}")
+    with psycopg.connect(database.urls.runtime, autocommit=True) as runtime:
+        held, free = (
+            seed_claimed_attempt(
+                runtime, f"proj-{name}", f"worker-{name}", lease_expires_at_ms=NOW_MS + 1
+            )
+            for name in ("e", "f")
+        )
+    async with (
+        await psycopg.AsyncConnection.connect(database.urls.runtime) as other,
+        await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True) as conn,
+    ):
+        await other.execute(
+            "SELECT 1 FROM qinglong.run_leases WHERE attempt_id = %s FOR UPDATE",
+            (held.attempt_id,),
+        )
+        assert await asyncio.wait_for(expire_leases(conn, 128), 10) == 1
+        states = await conn.execute(
+            "SELECT attempt_id, status FROM qinglong.run_leases WHERE attempt_id = ANY(%s)",
+            ([held.attempt_id, free.attempt_id],),
+        )
+        assert dict(await states.fetchall()) == {
+            held.attempt_id: "leased",
+            free.attempt_id: "expired",
+        }
+        await other.rollback()
+        assert await expire_leases(conn, 128) == 1
 
 
 async def test_expiry_makes_the_attempt_and_run_lost_then_convergence_ends_the_run(

@@ -47,13 +47,17 @@ SELECT attempt_id FROM qinglong.run_leases
 SELECT pg_try_advisory_xact_lock(hashtextextended('qinglong.attempt:' || %s, 0))
 
 -- name: lock_for_expiry
+-- SKIP LOCKED: rows another transaction holds (a replica expiring the same lease, a
+-- command on it) are not waited for; the next cycle decides them. Replicas listing the
+-- same page so share it instead of queueing behind each other row by row (R-HA-1); it
+-- never waits, so it cannot break the lock order either.
 SELECT r.run_id, r.state AS run_state, r.event_sequence, r.cancel_reason,
        a.state AS attempt_state, l.status AS lease_status, l.expires_at_ms
   FROM qinglong.run_leases l
   JOIN qinglong.attempts a ON a.attempt_id = l.attempt_id
   JOIN qinglong.runs r ON r.run_id = l.run_id
  WHERE l.attempt_id = %s
-   FOR UPDATE OF r, a, l
+   FOR UPDATE OF r, a, l SKIP LOCKED
 
 -- name: attempt_lost
 UPDATE qinglong.attempts SET state = 'lost', finished_at_ms = %(now)s,
