@@ -4,18 +4,23 @@ once the project is inactive — which convergence and lease control then carry 
 
 from __future__ import annotations
 
+import secrets
 import uuid
 
 import psycopg
+import pytest
 from qinglong_control.db import placement
 from qinglong_control.db.cancellation import PROJECT_DISABLED, stop_runs_of_disabled_projects
 from qinglong_control.db.convergence import converge_page
 from qinglong_control.db.lease_control import control_lease
 from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import acknowledge_running, acknowledge_starting
-from qinglong_control.domain.capability import parse_digest
+from qinglong_control.domain.capability import digest_of_capability, parse_digest
+from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.lease_control import LeaseAnswer
+from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.start_facts import RunningReport
+from qinglong_protocol.bounds import encode_lease_capability
 
 from tests.support.plans import pages_read, scans_of
 from tests.support.postgres import MigratedDatabase
@@ -71,6 +76,40 @@ async def test_a_disabled_projects_runs_are_stopped_and_none_starts(
         (queued,),
     )
     assert await cursor.fetchall() == [("reconciler", PROJECT_DISABLED.id)]
+
+
+async def test_an_offer_made_before_the_project_was_disabled_cannot_be_claimed(
+    world: World, database: MigratedDatabase
+) -> None:
+    """The offer was placed while the project was active; the claim re-reads it under the
+    Run's lock: a disabled project's Run starts on no Worker, whatever it was offered."""
+    queued = await world.queued_run()
+    session = await world.session("worker-b")
+    [offer] = (await placement.pull_offers(world.conn, session, 8, world.timings)).offers
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        admin.execute(
+            "UPDATE qinglong.projects SET status = 'archived', version = version + 1"
+            " WHERE project_id = %s",
+            (PROJECT,),
+        )
+    capability = encode_lease_capability(secrets.token_bytes(32))
+    request = ClaimRequest(
+        session.worker_id,
+        session.session_id,
+        session.worker_generation,
+        offer.offer_id,
+        PROJECT,
+        queued,
+        digest_of_capability(capability),
+    )
+    with pytest.raises(Refused) as refused:
+        await placement.claim_offer(world.conn, request, world.timings)
+    assert refused.value.reason is Reason.OFFER_EXPIRED
+    assert await run_state(world, queued) == ("queued", None, None)
+    cursor = await world.conn.execute(
+        "SELECT count(*) FROM qinglong.attempts WHERE run_id = %s", (queued,)
+    )
+    assert await cursor.fetchone() == (0,)
 
 
 async def test_the_sweep_reads_no_run_while_no_project_is_disabled(

@@ -160,7 +160,7 @@ def test_ingress_and_control_answer_every_sqlstate_alike() -> None:
 
 
 #: The protocol modules of the `database` extra: only the services install and import them.
-_DATABASE_EXTRA_MODULES = {"pooling.py"}
+_DATABASE_EXTRA_MODULES = {"pooling.py", "schema_version.py"}
 
 
 def _imported_modules(path: Path) -> list[str]:

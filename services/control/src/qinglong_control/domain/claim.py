@@ -43,6 +43,8 @@ class ClaimedRunRow:
     cancel_requested_at_ms: int | None
     served: bool | None
     """Whether the claiming Worker serves the Run's project now."""
+    project_active: bool | None
+    """Whether the Run's project is still active (not disabled since the offer)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ def decide_claim(
     if not run.served:
         # Its projects changed since the offer was made: the offer is void.
         raise Refused(Reason.OFFER_EXPIRED, "the Worker no longer serves the offer's project")
+    if not run.project_active:
+        # Disabled since the offer was made: none of its Runs may start any more.
+        raise Refused(Reason.OFFER_EXPIRED, "the offer's project is disabled")
     if session.status != "online":
         raise Refused(Reason.SESSION_FENCED, "a draining session takes no new work")
     if run.state is not RunState.QUEUED or run.cancel_requested_at_ms is not None:

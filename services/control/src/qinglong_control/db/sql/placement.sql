@@ -129,11 +129,15 @@ SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revisio
 
 -- name: lock_claim_run
 -- served: whether the claiming Worker serves the Run's project now (its projects may have
--- changed since the offer was made; NULL when the Worker is unknown).
+-- changed since the offer was made; NULL when the Worker is unknown). project_active:
+-- whether the project is still active (it may have been disabled since; its Runs are
+-- stopped by the reconciler, and none may start meanwhile).
 SELECT r.run_id, r.project_id, r.state, r.attempt_count, r.event_sequence,
        r.cancel_requested_at_ms,
        (SELECT w.project_ids IS NULL OR r.project_id = ANY (w.project_ids)
-          FROM qinglong.worker_identities w WHERE w.worker_id = %(worker_id)s) AS served
+          FROM qinglong.worker_identities w WHERE w.worker_id = %(worker_id)s) AS served,
+       (SELECT p.status = 'active'
+          FROM qinglong.projects p WHERE p.project_id = r.project_id) AS project_active
   FROM qinglong.runs r WHERE r.run_id = %(run_id)s FOR UPDATE OF r
 
 -- name: lock_offer
