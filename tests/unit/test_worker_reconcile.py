@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import os
 import signal
 import sys
 import uuid
@@ -354,6 +355,72 @@ async def test_stop_requested_persists_the_new_version_before_stopping(world: Wo
         signal.SIGTERM,
         3,
     )
+
+
+def _stop_answer(request: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
+    return ws.ControlLeaseResponse(
+        stop_requested=worker_pb2.LeaseStopRequested(
+            lease_version=request.fence.expected_lease_version + 1,
+            lease_remaining=_duration(30_000),
+            cancel_reason=lifecycle_pb2.CANCEL_REASON_USER,
+        )
+    )
+
+
+async def _stop_answered_after(world: World, argv: list[str], meanwhile: Any) -> Outcome:
+    """Lease control answers `stop_requested` (user) only once `meanwhile` has run: the
+    executor may end by then, before the Worker signals anything."""
+    offer_id = world.admit(argv)
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    world.client.control_answer = _stop_answer
+    world.client.control_gate = asyncio.Event()
+    world.clock_offset_ms[0] += 11_000  # lease control is due
+    pass_ = asyncio.ensure_future(world.reconciler.reconcile(offer_id))
+    await meanwhile(_record_of(world, offer_id))
+    world.client.control_gate.set()
+    return await pass_
+
+
+async def test_an_executor_that_ended_while_the_stop_was_on_its_way_keeps_its_outcome(
+    world: World,
+) -> None:
+    """It exited 0 by itself while `stop_requested` travelled: nothing was signalled, so
+    it succeeded — not `cancelled` (control takes success as a fact whatever was asked)."""
+
+    async def let_it_exit(record: Any) -> None:
+        identity = identity_of(record)
+        assert identity is not None
+        for _ in range(200):
+            if world.processes.poll(identity) is not None:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the executor did not end")
+
+    outcome = await _stop_answered_after(world, ["sh", "-c", "sleep 0.3; exit 0"], let_it_exit)
+    assert outcome is Outcome.COMPLETED
+    request = world.client.completed
+    assert (request.outcome, request.exit_code) == (worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED, 0)
+
+
+async def test_an_executor_killed_by_a_signal_before_the_stop_is_reported_stopped(
+    world: World,
+) -> None:
+    """Found gone, but ended by a signal (here another's SIGKILL): not an outcome of its
+    own, so the stop the control plane asked for is what is reported."""
+
+    async def kill_it(record: Any) -> None:
+        identity = identity_of(record)
+        assert identity is not None
+        os.killpg(identity.pid, signal.SIGKILL)
+        for _ in range(200):
+            if world.processes.poll(identity) is not None:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the executor did not end")
+
+    outcome = await _stop_answered_after(world, ["sleep", "30"], kill_it)
+    assert outcome is Outcome.COMPLETED
+    assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_CANCELLED
 
 
 async def test_local_lease_expiry_stops_the_process_without_calling_control(

@@ -263,6 +263,8 @@ class ProcessController:
         self._known: set[ProcessIdentity] = set()
         # Identities whose group got SIGKILL from us: the executor died with them.
         self._killed: set[ProcessIdentity] = set()
+        # Identities this controller sent any stop signal (TERM or KILL).
+        self._signalled: set[ProcessIdentity] = set()
         # Supervisors killed after a failed start that did not end within the bound.
         self._strays: list[subprocess.Popen[bytes]] = []
 
@@ -505,6 +507,7 @@ class ProcessController:
         whole group first — while the leader is verified alive, the group id (its PID,
         as it leads its own session) is ours — and then to the pinned process.
         """
+        self._signalled.add(identity)
         if signal_number == signal.SIGKILL:
             self._killed.add(identity)
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -520,6 +523,11 @@ class ProcessController:
         except PermissionError:
             return StopResult.UNVERIFIED
         return None
+
+    def signalled(self, identity: ProcessIdentity) -> bool:
+        """Whether this controller ever sent ``identity`` a stop signal (in this process:
+        a Worker restarted since cannot tell)."""
+        return identity in self._signalled
 
     async def _wait_exit(self, identity: ProcessIdentity, seconds: float) -> bool:
         deadline = time.monotonic() + seconds

@@ -241,6 +241,20 @@ def activation_problem(timeout_ms: int | None, activation: worker_pb2.Activation
     return ""
 
 
+def _ended_by_itself(record: InboxRecord, status: ExitStatus, signalled: bool) -> bool:
+    """A process found already gone when its stop began: did it end on its own?
+
+    For the Worker's own shutdown, yes (it only stops what still runs). For a stop the
+    control plane asked for, when nothing was ever signalled to it by this Worker and it
+    ended with an exit code, not by a signal: an executor that finished while the stop
+    answer was on its way succeeded or failed by itself, and control takes that fact
+    whatever was asked. A Worker restarted after signalling a process that then handled
+    the signal and exited with a code cannot tell; it reports the exit code too."""
+    if record.stop_reason == LOCAL_SHUTDOWN:
+        return True
+    return not signalled and status.exit_code is not None and status.signal is None
+
+
 def completion_outcome(stop_reason: str | None, status: ExitStatus) -> str:
     """succeeded | failed | cancelled | timed_out, fixed when the exit is persisted.
 
@@ -798,7 +812,9 @@ class Reconciler:
         if stopped is StopResult.UNVERIFIED or status is None:
             log.warning("offer %s: stop not confirmed; will retry", record.offer_id)
             return Outcome.STOP_PENDING
-        if stopped is StopResult.ALREADY_EXITED and record.stop_reason == LOCAL_SHUTDOWN:
+        if stopped is StopResult.ALREADY_EXITED and _ended_by_itself(
+            record, status, self._processes.signalled(identity)
+        ):
             # It ended by itself before our signal: its own outcome stands.
             record = self._save(record, stop_reason=None)
         self._persist_exit(record, status)
