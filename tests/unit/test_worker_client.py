@@ -36,6 +36,7 @@ from qinglong_worker.client import (
     is_retryable,
     typed_reason,
 )
+from qinglong_worker.clock import boot_clock_seconds
 
 Action = Callable[[grpc.aio.ServicerContext[object, object]], Awaitable[None]]
 
@@ -204,7 +205,7 @@ class Rig:
         client = WorkerClient(
             ClientSettings(self.address, self.identity, call_timeout, policy or RetryPolicy()),
             sleep=clock.sleep,
-            monotonic=clock.monotonic,
+            clock=clock.monotonic,
             unit_random=dice,
         )
         self.clients.append(client)
@@ -479,3 +480,18 @@ async def test_cancelling_the_caller_ends_the_retries_at_once(rig: Rig) -> None:
         await call
     assert time.monotonic() - started < 0.5
     assert len(rig.server.requests) == 1
+
+
+async def test_the_retry_budget_runs_on_the_boot_clock(
+    identity: tuple[TlsFiles, TlsFiles],
+) -> None:
+    """The budgets handed in are what is left of a lease measured on the boot clock; the
+    loop must measure them on the same clock, which counts a suspend (CLOCK_MONOTONIC
+    does not, and a loop resumed after one would retry past the lease)."""
+    client = WorkerClient(ClientSettings("127.0.0.1:9", identity[1], 1.0, RetryPolicy()))
+    try:
+        assert client._clock is boot_clock_seconds
+        before = time.clock_gettime(time.CLOCK_BOOTTIME)
+        assert before <= boot_clock_seconds() <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    finally:
+        await client.close()

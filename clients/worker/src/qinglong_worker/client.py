@@ -59,6 +59,7 @@ from qinglong_protocol.keepalive import keepalive_options
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from qinglong_worker import metrics
+from qinglong_worker.clock import boot_clock_seconds
 
 log = logging.getLogger(__name__)
 
@@ -230,16 +231,19 @@ class WorkerClient:
         *,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boot_clock_seconds,
         unit_random: Callable[[], float] = random.random,
     ) -> None:
         """``interceptors``: e.g. the OpenTelemetry client span of
         :func:`qinglong_protocol.telemetry.client_interceptors` (method and status only,
-        never a message body). ``sleep``, ``monotonic`` and ``unit_random`` are the
-        retry's clock and dice, replaceable in tests."""
+        never a message body). ``sleep``, ``clock`` and ``unit_random`` are the retry's
+        pause, clock and dice, replaceable in tests. The clock is the boot clock, as the
+        lease budgets handed in are: it counts a suspend, so a retry loop resumed after
+        one gives up once the local lease is spent (each try's own gRPC deadline may
+        still run on after the resume, at most one try)."""
         self._settings = settings
         self._sleep = sleep
-        self._monotonic = monotonic
+        self._clock = clock
         self._random = unit_random
         self._interceptors = list(interceptors)
         self._channel = self._open(settings.tls)
@@ -350,10 +354,10 @@ class WorkerClient:
         DEADLINE_EXCEEDED, transient), so it never runs past the local lease."""
         policy = self._settings.retry
         budget = policy.default_budget_seconds if budget_seconds is None else budget_seconds
-        deadline = self._monotonic() + budget
+        deadline = self._clock() + budget
         tries = 0
         while True:
-            remaining = deadline - self._monotonic()
+            remaining = deadline - self._clock()
             if tries == 0 and remaining < policy.min_try_seconds:
                 if not last_word:
                     raise CallFailed(method, grpc.StatusCode.DEADLINE_EXCEEDED, None, tries=0)
@@ -388,7 +392,7 @@ class WorkerClient:
                 if not is_retryable(code, reason):
                     raise failure from None
                 pause = policy.delay(tries - 1, self._random())
-                if self._monotonic() + pause + policy.min_try_seconds > deadline:
+                if self._clock() + pause + policy.min_try_seconds > deadline:
                     raise failure from None
                 log.debug("%s: %s; try %d in %.2f s", method, failure.label, tries + 1, pause)
                 await self._sleep(pause)

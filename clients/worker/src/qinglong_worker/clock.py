@@ -48,6 +48,13 @@ def boot_clock_ms() -> int:
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1_000_000
 
 
+def boot_clock_seconds() -> float:
+    """Seconds since boot, suspend included: the clock of a lease-holding call's retry
+    budget (a budget measured on ``CLOCK_MONOTONIC`` would stand still while the machine
+    is suspended, and a retry loop resumed after it would outlive the lease)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 @functools.cache
 def this_boot() -> str | None:
     """The running boot's id (it cannot change while this process lives)."""
@@ -59,4 +66,11 @@ def boot_now() -> BootInstant:
     return BootInstant(this_boot(), boot_clock_ms())
 
 
-__all__ = ["BootInstant", "boot_clock_ms", "boot_now", "this_boot", "wall_clock_ms"]
+__all__ = [
+    "BootInstant",
+    "boot_clock_ms",
+    "boot_clock_seconds",
+    "boot_now",
+    "this_boot",
+    "wall_clock_ms",
+]
