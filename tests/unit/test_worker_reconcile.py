@@ -423,6 +423,31 @@ async def test_an_executor_killed_by_a_signal_before_the_stop_is_reported_stoppe
     assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_CANCELLED
 
 
+async def test_a_supervisor_slow_to_answer_is_settled_from_its_launch_claim(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor answers after the spawn's bound (its claim's fsyncs on a slow disk,
+    here a bound shorter than its start): the executor it started is not killed and
+    reported as a start that never happened; the launch claim settles the record, which
+    is adopted and runs to its own ending, once."""
+    monkeypatch.setattr(process, "_READY_TIMEOUT_SECONDS", 0.001)
+    offer_id = world.admit(["sh", "-c", "sleep 0.3; exit 0"])
+    outcomes = [await world.reconciler.reconcile(offer_id)]
+    assert outcomes[0] is Outcome.WAITING, "the spawn's answer did not come in time"
+    assert _record_of(world, offer_id).state is RecordState.LAUNCHING
+    for _ in range(200):
+        outcome = await world.reconciler.reconcile(offer_id)
+        outcomes.append(outcome)
+        if outcome is Outcome.COMPLETED:
+            break
+        await asyncio.sleep(0.02)
+    assert outcomes[-1] is Outcome.COMPLETED, outcomes
+    assert "ReportStartFailure" not in world.client.calls
+    assert world.client.calls.count("AcknowledgeRunning") == 1
+    request = world.client.completed
+    assert (request.outcome, request.exit_code) == (worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED, 0)
+
+
 async def test_local_lease_expiry_stops_the_process_without_calling_control(
     world: World,
 ) -> None:

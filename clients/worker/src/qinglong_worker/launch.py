@@ -21,6 +21,10 @@ in it:
 * no answer yet: ``pending`` while the supervisor lives (it answers within moments);
   once it is gone without answering nothing runs -- ``not_started``.
 
+The same settles a spawn whose supervisor was only slow to answer (its claim's fsyncs on
+a slow disk: ``LaunchUnanswered``), in the Worker that spawned it; that Worker does not
+claim the launch itself while its supervisor lives and has not claimed it yet.
+
 The key is derived from the offer and the Attempt, so it names one record's one spawn.
 A claim is removed once its record's identity is durable (or its start failure
 reported); a Worker's own "not started" claim is kept, because a supervisor forked just
@@ -73,6 +77,11 @@ def resolve_launch(processes: ProcessController, key: str) -> LaunchVerdict:
     if directory is None:
         return LaunchVerdict(LaunchState.NOT_STARTED)  # nothing can have been spawned
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    slow = processes.unanswered_supervisor(key)
+    if slow is not None and _read(processes, key) is None:
+        # This Worker's own supervisor, slow to answer but alive, has not claimed the
+        # launch yet: a claim of ours now would fence a start that is merely late.
+        return LaunchVerdict(LaunchState.PENDING, slow)
     if supervisor.claim_launch(str(directory), key, None):
         return LaunchVerdict(LaunchState.NOT_STARTED)
     document = _read(processes, key)

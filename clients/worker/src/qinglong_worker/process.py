@@ -81,6 +81,16 @@ class ExecutorRefused(ValueError):
     """The executor refuses to start (bad timing values or an invalid argv)."""
 
 
+class LaunchUnanswered(Exception):
+    """The supervisor of a claimed launch did not answer in time but lives: whether its
+    executor started is for the launch claim to say (:mod:`qinglong_worker.launch`),
+    not for a kill that could end an executor already running."""
+
+    def __init__(self, identity: ProcessIdentity) -> None:
+        super().__init__("the executor supervisor has not reported its start yet")
+        self.identity = identity
+
+
 class StopResult(StrEnum):
     STOPPED = "stopped"
     ALREADY_EXITED = "already_exited"
@@ -267,6 +277,9 @@ class ProcessController:
         self._signalled: set[ProcessIdentity] = set()
         # Supervisors killed after a failed start that did not end within the bound.
         self._strays: list[subprocess.Popen[bytes]] = []
+        # Supervisors that did not answer within the bound, by launch key: alive, they
+        # may still claim their launch (LaunchUnanswered).
+        self._unanswered: dict[str, ProcessIdentity] = {}
 
     @property
     def status_dir(self) -> Path | None:
@@ -285,7 +298,8 @@ class ProcessController:
         """Start ``argv`` under a supervisor in a new session; return the supervisor's
         identity. Raise ExecutorRefused, or an OSError (FileNotFoundError, …) when the
         executable could not be started, or ETIMEDOUT when the supervisor did not say
-        within :data:`_READY_TIMEOUT_SECONDS`.
+        within :data:`_READY_TIMEOUT_SECONDS` — :class:`LaunchUnanswered` instead when the
+        launch has a ``launch_key`` and its supervisor still lives (it is kept).
 
         ``launch_key``: the supervisor claims this launch durably before it starts the
         executor, so that a Worker restarted before it persisted the identity returned
@@ -310,6 +324,16 @@ class ProcessController:
             # Read while the child is unreaped: even if it already ended, /proc keeps it.
             identity = ProcessIdentity(child.pid, read_start_ticks(child.pid), _this_boot())
             answer = await _await_ready(ready_read, _READY_TIMEOUT_SECONDS)
+        except OSError as error:
+            if error.errno == errno.ETIMEDOUT and launch_key is not None and child.poll() is None:
+                # Slow, not failed (its claim's fsyncs on a slow disk): it may already
+                # run the executor. Killed now, that execution would be reported as a
+                # start that never happened; its launch claim settles it instead.
+                self._spawned(identity, child)
+                self._unanswered[launch_key] = identity
+                raise LaunchUnanswered(identity) from None
+            await self._end_group(child)
+            raise
         except BaseException:
             await self._end_group(child)
             raise
@@ -523,6 +547,15 @@ class ProcessController:
         except PermissionError:
             return StopResult.UNVERIFIED
         return None
+
+    def unanswered_supervisor(self, launch_key: str) -> ProcessIdentity | None:
+        """The live supervisor this controller spawned for ``launch_key`` that has not
+        answered yet (:class:`LaunchUnanswered`); None once it has ended (it is reaped)."""
+        identity = self._unanswered.get(launch_key)
+        if identity is not None and self.poll(identity) is not None:
+            del self._unanswered[launch_key]
+            return None
+        return identity
 
     def signalled(self, identity: ProcessIdentity) -> bool:
         """Whether this controller ever sent ``identity`` a stop signal (in this process:

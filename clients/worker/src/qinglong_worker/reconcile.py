@@ -91,6 +91,7 @@ from qinglong_worker.process import (
     UNOBSERVED_EXIT,
     ExecutorRefused,
     ExitStatus,
+    LaunchUnanswered,
     ProcessController,
     ProcessIdentity,
     StopResult,
@@ -633,6 +634,17 @@ class Reconciler:
                 log_path=self._log_path(record),
                 launch_key=_launch_key(record),
             )
+        except LaunchUnanswered:
+            # The record stays `launching`: each pass settles it from the launch claim
+            # (adopted once the supervisor says `ok`, a start failure if it never started
+            # the executor), as after a Worker restart.
+            log.warning(
+                "offer %s run %s: the executor's supervisor is slow to report its start;"
+                " settled from its launch claim",
+                record.offer_id,
+                record.run_id,
+            )
+            return Outcome.WAITING
         except (ExecutorRefused, OSError) as error:
             self._save(record, start_failure=_spawn_failure_summary(error))
             return None
