@@ -9,7 +9,7 @@ import uuid
 
 import psycopg
 import pytest
-from qinglong_control.db import placement
+from qinglong_control.db import placement, runs
 from qinglong_control.db.cancellation import PROJECT_DISABLED, stop_runs_of_disabled_projects
 from qinglong_control.db.convergence import converge_page
 from qinglong_control.db.lease_control import control_lease
@@ -24,7 +24,7 @@ from qinglong_protocol.bounds import encode_lease_capability
 
 from tests.support.plans import pages_read, scans_of
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import PROJECT, World
+from tests.support.world import OPERATOR, PROJECT, World
 
 REPORT = RunningReport("pid:4242;start:1700000000", None, 1, parse_digest("ab" * 32))
 
@@ -110,6 +110,37 @@ async def test_an_offer_made_before_the_project_was_disabled_cannot_be_claimed(
         "SELECT count(*) FROM qinglong.attempts WHERE run_id = %s", (queued,)
     )
     assert await cursor.fetchone() == (0,)
+
+
+async def test_a_disabled_project_takes_no_new_run_but_answers_a_retried_trigger(
+    world: World, database: MigratedDatabase
+) -> None:
+    """TriggerRun re-reads the project in its transaction: ingress admitted the call
+    while the project was active, and a disable that committed since refuses it. The
+    retry of a trigger that committed before still answers its Run."""
+    task = await world.task()
+    earlier = await runs.trigger_run(
+        world.conn, runs.TriggerRun(PROJECT, task, None, "trigger-1"), OPERATOR
+    )
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        admin.execute(
+            "UPDATE qinglong.projects SET status = 'archived', version = version + 1"
+            " WHERE project_id = %s",
+            (PROJECT,),
+        )
+    with pytest.raises(Refused) as refused:
+        await runs.trigger_run(
+            world.conn, runs.TriggerRun(PROJECT, task, None, "trigger-2"), OPERATOR
+        )
+    assert refused.value.reason is Reason.PROJECT_NOT_FOUND
+    again = await runs.trigger_run(
+        world.conn, runs.TriggerRun(PROJECT, task, None, "trigger-1"), OPERATOR
+    )
+    assert again.run_id == earlier.run_id
+    cursor = await world.conn.execute(
+        "SELECT count(*) FROM qinglong.runs WHERE project_id = %s", (PROJECT,)
+    )
+    assert await cursor.fetchone() == (1,)
 
 
 async def test_the_sweep_reads_no_run_while_no_project_is_disabled(

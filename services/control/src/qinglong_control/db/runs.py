@@ -64,6 +64,8 @@ _EXISTING_TRIGGER = SQL["runs.existing_trigger"]
 
 _PICK_REVISION = SQL["runs.pick_revision"]
 
+_ACTIVE_PROJECT = SQL["definitions.active_project"]
+
 _DB_NOW = SQL["clock.db_now"]
 
 _INSERT_RUN = SQL["runs.insert_run"]
@@ -80,9 +82,10 @@ class TriggerRun:
 
 
 async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Actor) -> RunView:
-    """Queue a Run of a pinned revision; a retried request returns the same Run, and one
-    that names another task, or another revision than the Run pinned, is REPLAY_MISMATCH
-    (a retry without a revision number matches whichever the first call pinned)."""
+    """Queue a Run of a pinned revision in an active project; a retried request returns
+    the same Run, and one that names another task, or another revision than the Run
+    pinned, is REPLAY_MISMATCH (a retry without a revision number matches whichever the
+    first call pinned)."""
     values: dict[str, object] = {
         "run_id": uuid.uuid4(),
         "project_id": command.project_id,
@@ -95,9 +98,11 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
         await tx.execute("lock.trigger", _LOCK_TRIGGER, values)
         existing = await tx.execute("run.existing", _EXISTING_TRIGGER, values)
         revision = await tx.execute("revision.pick", _PICK_REVISION, values)
+        project = await tx.execute("project.active", _ACTIVE_PROJECT, values)
         now = await tx.execute("db_now", _DB_NOW)
         earlier = await existing.fetchone()
         picked = await revision.fetchone()
+        active = await project.fetchone() is not None
         now_row = await now.fetchone()
         assert now_row is not None
         if earlier is not None:
@@ -108,6 +113,10 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
                 )
             values["run_id"] = run_id
         else:
+            if not active:
+                # Disabled (its Runs are being stopped): it starts no new one. A retry of
+                # an earlier trigger still answers that Run, above.
+                raise Refused(Reason.PROJECT_NOT_FOUND, "no such active project")
             if picked is None:
                 raise Refused(Reason.TASK_NOT_FOUND, "no such task")
             if picked[0] is None:
