@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,7 +15,8 @@ from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.db.start_facts import acknowledge_starting
 from qinglong_control.domain.convergence import derived_event_id
 from qinglong_control.domain.timings import Timings
-from qinglong_control.reconciler import Reconciler, ReconcilerLimits
+from qinglong_control.main import drive
+from qinglong_control.reconciler import Reconciler, ReconcilerLimits, ReconcilerStopped
 from qinglong_protocol.pooling import PoolSizing
 
 from tests.support.postgres import MigratedDatabase
@@ -196,6 +198,36 @@ async def test_cycles_are_paged_and_coalesced(world: World, runtime_pool: Any) -
     assert (first.converged, first.pages) == (4, 2)
     second = await reconciler.cycle()
     assert second.converged == 1
+
+
+async def test_a_stopped_reconciler_ends_its_cycle_and_starts_no_other(
+    world: World, runtime_pool: Any
+) -> None:
+    """Stop (§7.13): the service's cadence is cancelled while a cycle runs; the cycle
+    (shielded from its caller) is let finish before the pools close, and none starts
+    after it."""
+    runs = [await world.queued_run() for _ in range(6)]
+    for run_id in runs:
+        await intend(world, run_id)
+    reconciler = Reconciler(runtime_pool, ReconcilerLimits(page_size=1, max_pages=64))
+    cadence = asyncio.create_task(drive(reconciler, 0.001))
+    for _ in range(500):
+        if reconciler._running is not None:
+            break
+        await asyncio.sleep(0.001)
+    running = reconciler._running
+    assert running is not None, "no cycle started"
+    cadence.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await cadence
+    assert await reconciler.stop(30.0), "the cycle in flight did not finish"
+    assert running.done()
+    assert not running.cancelled()
+    ended = [await state_of(world, run_id) for run_id in runs]
+    await asyncio.sleep(0.1)
+    assert [await state_of(world, run_id) for run_id in runs] == ended, "work after stop"
+    with pytest.raises(ReconcilerStopped):
+        await reconciler.cycle()
 
 
 async def test_replicas_share_candidates_without_double_work(

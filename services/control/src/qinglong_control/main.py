@@ -114,6 +114,7 @@ async def _serve(
     await server.start()
     announce_listening(SERVICE, port, settings.listen_address)
     cadence = None
+    reconciler = None
     if reconcile_pool is not None:
         reconciler = Reconciler(
             reconcile_pool,
@@ -130,10 +131,14 @@ async def _serve(
         )
     await wait_for_stop_signal()
     _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
-    if cadence is not None:
+    if cadence is not None and reconciler is not None:
         cadence.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await cadence
+        # The cycle in flight ends before its pool closes (a shielded cycle outlives the
+        # cadence's cancellation).
+        if not await reconciler.stop(settings.shutdown_grace_seconds):
+            _log.warning("the reconcile cycle in flight was cancelled at shutdown")
     await server.stop(settings.shutdown_grace_seconds)
 
 

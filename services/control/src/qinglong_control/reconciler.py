@@ -77,6 +77,10 @@ def _candidates(page: Any) -> int:
 PAGE_TIMEOUT_STATEMENTS = 6
 
 
+class ReconcilerStopped(RuntimeError):
+    """The reconciler was stopped (the service is shutting down)."""
+
+
 class Reconciler:
     def __init__(
         self,
@@ -101,11 +105,34 @@ class Reconciler:
         self._output = output_store or TableOutputStore(pool)
         self._audit_retention = audit_retention or AuditRetention()
         self._running: asyncio.Task[CycleReport] | None = None
+        self._stopped = False
 
     async def cycle(self) -> CycleReport:
+        """One cycle; a caller that comes while one runs waits for that one (coalesced).
+        Cancelling a caller does not cancel the cycle (other callers may wait for it):
+        :meth:`stop` ends the reconciler."""
+        if self._stopped:
+            raise ReconcilerStopped
         if self._running is None or self._running.done():
             self._running = asyncio.create_task(self._cycle())
         return await asyncio.shield(self._running)
+
+    async def stop(self, timeout_seconds: float) -> bool:
+        """No cycle starts any more; the one in flight may finish within
+        ``timeout_seconds`` (each of its steps is its own short transactions, so it
+        ends between two of them), else it is cancelled. True if it finished (or none
+        ran). Before the service closes the pools the cycle works on."""
+        self._stopped = True
+        running = self._running
+        if running is None or running.done():
+            return True
+        done, _ = await asyncio.wait({running}, timeout=timeout_seconds)
+        if not done:
+            running.cancel()
+            await asyncio.wait({running})
+        if not running.cancelled():
+            running.exception()  # retrieved: a failed last cycle was logged by its caller
+        return bool(done)
 
     async def _cycle(self) -> CycleReport:
         started = time.perf_counter()
