@@ -1015,7 +1015,9 @@ GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.approval_requests TO qinglong_runti
 
 GRANT SELECT ON TABLE qinglong.principals TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.principals TO qinglong_ingress;
-GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.principals TO qinglong_admin;
+GRANT SELECT,INSERT ON TABLE qinglong.principals TO qinglong_admin;
+
+GRANT UPDATE(status) ON TABLE qinglong.principals TO qinglong_admin;
 
 GRANT SELECT ON TABLE qinglong.approval_projection TO qinglong_runtime;
 
@@ -1026,21 +1028,37 @@ GRANT SELECT,INSERT,DELETE ON TABLE qinglong.attempt_output_chunks TO qinglong_r
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.attempts TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.attempts TO qinglong_admin;
 
-GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.cluster_admins TO qinglong_admin;
+GRANT SELECT,INSERT ON TABLE qinglong.cluster_admins TO qinglong_admin;
 GRANT SELECT ON TABLE qinglong.cluster_admins TO qinglong_ingress;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.offers TO qinglong_runtime;
 
 GRANT SELECT ON TABLE qinglong.operator_credentials TO qinglong_ingress;
-GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.operator_credentials TO qinglong_admin;
+GRANT SELECT,INSERT ON TABLE qinglong.operator_credentials TO qinglong_admin;
+
+GRANT UPDATE(status) ON TABLE qinglong.operator_credentials TO qinglong_admin;
+
+GRANT UPDATE(expires_at_ms) ON TABLE qinglong.operator_credentials TO qinglong_admin;
 
 GRANT SELECT ON TABLE qinglong.projects TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.projects TO qinglong_ingress;
-GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.projects TO qinglong_admin;
+GRANT SELECT,INSERT ON TABLE qinglong.projects TO qinglong_admin;
+
+GRANT UPDATE(status) ON TABLE qinglong.projects TO qinglong_admin;
+
+GRANT UPDATE(version) ON TABLE qinglong.projects TO qinglong_admin;
 
 GRANT SELECT ON TABLE qinglong.role_bindings TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.role_bindings TO qinglong_ingress;
-GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.role_bindings TO qinglong_admin;
+GRANT SELECT,INSERT ON TABLE qinglong.role_bindings TO qinglong_admin;
+
+GRANT UPDATE(role) ON TABLE qinglong.role_bindings TO qinglong_admin;
+
+GRANT UPDATE(status) ON TABLE qinglong.role_bindings TO qinglong_admin;
+
+GRANT UPDATE(version) ON TABLE qinglong.role_bindings TO qinglong_admin;
+
+GRANT UPDATE(updated_at_ms) ON TABLE qinglong.role_bindings TO qinglong_admin;
 
 GRANT SELECT,INSERT ON TABLE qinglong.run_events TO qinglong_runtime;
 
@@ -1084,9 +1102,15 @@ GRANT SELECT,INSERT ON TABLE qinglong.tasks TO qinglong_runtime;
 
 GRANT SELECT ON TABLE qinglong.worker_identities TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.worker_identities TO qinglong_ingress;
-GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_identities TO qinglong_admin;
+GRANT SELECT,INSERT ON TABLE qinglong.worker_identities TO qinglong_admin;
 
-GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
+GRANT UPDATE(status) ON TABLE qinglong.worker_identities TO qinglong_admin;
+
+GRANT UPDATE(project_ids) ON TABLE qinglong.worker_identities TO qinglong_admin;
+
+GRANT SELECT,INSERT ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
+
+GRANT UPDATE(used_at_ms) ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_sessions TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.worker_sessions TO qinglong_admin;

@@ -44,6 +44,9 @@ from tests.support.world import PROJECT, World
 Conn = psycopg.AsyncConnection[Any]
 HOUR_MS = 3_600_000
 
+#: The URI a Worker named worker-x is enrolled under, in trust domain "t".
+X_URI = worker_uri("t", "worker-x")
+
 
 @pytest.fixture
 async def conn(database: MigratedDatabase) -> AsyncIterator[Conn]:
@@ -218,7 +221,7 @@ async def test_disable_principal(conn: Conn) -> None:
     assert await admin.disable_principal(conn, alice) == disabled
     unknown = await refused(admin.disable_principal(conn, uuid.uuid4()))
     assert (unknown.reason, unknown.field) == (Reason.PRINCIPAL_NOT_FOUND, "principal_id")
-    enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    enrolled = await admin.create_worker(conn, "w-1", "worker-x", X_URI, None)
     worker = await refused(admin.disable_principal(conn, enrolled.worker.principal_id))
     assert (worker.reason, worker.field) == (Reason.FIELD_INVALID, "principal_id")
 
@@ -241,7 +244,7 @@ async def test_get_principal_reads_users_agents_and_workers(
     assert await admin.get_principal(conn, bot.principal_id, shown) == bot
     await admin.disable_principal(conn, bot.principal_id)
     assert (await admin.get_principal(conn, bot.principal_id, shown)).status == "disabled"
-    enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    enrolled = await admin.create_worker(conn, "w-1", "worker-x", X_URI, None)
     worker = await admin.get_principal(conn, enrolled.worker.principal_id, shown)
     assert (worker.kind, worker.name, worker.cluster_admin) == ("worker", "worker-x", False)
     listed = await admin.list_principals(conn, kinds=shown, limit=50, after=None)
@@ -355,7 +358,7 @@ async def test_issue_token_shows_the_secret_once(conn: Conn) -> None:
 
 
 async def test_tokens_are_for_active_users_and_agents_only(conn: Conn) -> None:
-    enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    enrolled = await admin.create_worker(conn, "w-1", "worker-x", X_URI, None)
     worker = await refused(admin.issue_token(conn, enrolled.worker.principal_id, "i-1", None))
     assert (worker.reason, worker.field) == (Reason.FIELD_INVALID, "principal_id")
     unknown = await refused(admin.issue_token(conn, uuid.uuid4(), "i-1", None))
@@ -452,7 +455,7 @@ async def test_a_tokens_last_use_is_the_newest_call_ingress_audited_for_it(
     alice = await user(conn, "alice")
     used = await admin.issue_token(conn, alice, "issue-1", None)
     idle = await admin.issue_token(conn, alice, "issue-2", None)
-    enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    enrolled = await admin.create_worker(conn, "w-1", "worker-x", X_URI, None)
     pool = await open_ingress_pool(database.urls.ingress, sizing=PoolSizing(1, 1))
     try:
         directory = Directory(pool)
@@ -467,7 +470,7 @@ async def test_a_tokens_last_use_is_the_newest_call_ingress_audited_for_it(
             directory,
             None,
             "WorkerService/OpenSession",
-            WorkerClaim("spiffe://t/worker/x"),
+            WorkerClaim(X_URI),
             token_id,  # were ingress to hand a Worker's call one, it is not written
         )
     finally:
@@ -584,7 +587,7 @@ async def test_role_bindings_need_a_project_and_an_operator(conn: Conn) -> None:
     assert project.reason is Reason.PROJECT_NOT_FOUND
     principal = await refused(admin.grant_role(conn, "proj-x", uuid.uuid4(), "owner"))
     assert (principal.reason, principal.field) == (Reason.PRINCIPAL_NOT_FOUND, "principal_id")
-    enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    enrolled = await admin.create_worker(conn, "w-1", "worker-x", X_URI, None)
     worker = await refused(admin.grant_role(conn, "proj-x", enrolled.worker.principal_id, "owner"))
     assert worker.field == "principal_id"
     unbound = await refused(admin.revoke_role(conn, "proj-x", alice))
@@ -674,7 +677,9 @@ async def test_create_worker_enrolls_it_with_a_one_time_join_token(conn: Conn) -
 
 
 async def test_a_worker_enrolled_by_tooling_is_taken_too(conn: Conn, world: World) -> None:
-    taken = await refused(admin.create_worker(conn, "w-1", "worker-a", "spiffe://t/x", None))
+    taken = await refused(
+        admin.create_worker(conn, "w-1", "worker-a", worker_uri("t", "worker-a"), None)
+    )
     assert taken.reason is Reason.ALREADY_EXISTS
 
 
@@ -797,7 +802,7 @@ async def test_issue_join_token_replaces_the_workers_join_token(conn: Conn) -> N
 
 
 async def test_issue_join_token_needs_an_enrolled_active_worker(conn: Conn) -> None:
-    created = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    created = await admin.create_worker(conn, "w-1", "worker-x", X_URI, None)
     issued = await admin.issue_join_token(conn, "worker-x", "j-1", None)
     unknown = await refused(admin.issue_join_token(conn, "worker-none", "j-1", None))
     assert (unknown.reason, unknown.field) == (Reason.WORKER_NOT_FOUND, "worker_id")
@@ -818,7 +823,7 @@ async def test_concurrent_join_token_issues_leave_one_live_token(
 ) -> None:
     """Issues racing each other queue on the Worker's row: each ends the one before it, so
     one token is left that joins, whichever came last; retries of one request issue once."""
-    await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    await admin.create_worker(conn, "w-1", "worker-x", X_URI, None)
     others = [
         await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True)
         for _ in range(6)
@@ -944,7 +949,7 @@ async def test_no_secret_in_any_row_log_event_or_error(
     issued = await admin.issue_token(conn, alice, "issue-1", 600)
     rotated = await admin.rotate_token(conn, issued.token.token_id, "rot-1", 60)
     bootstrapped = await admin.bootstrap_admin(conn, "admin")
-    enrolled = await admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None)
+    enrolled = await admin.create_worker(conn, "w-1", "worker-x", X_URI, None)
     rejoin = await admin.issue_join_token(conn, "worker-x", "j-1", None)
     assert bootstrapped is not None
     secrets += [issued.secret, rotated.issued.secret, bootstrapped.secret, enrolled.join_token]
@@ -953,13 +958,13 @@ async def test_no_secret_in_any_row_log_event_or_error(
     for command in (
         admin.issue_token(conn, alice, "issue-1", 600),
         admin.rotate_token(conn, issued.token.token_id, "rot-1", 60),
-        admin.create_worker(conn, "w-1", "worker-x", "spiffe://t/worker/x", None),
+        admin.create_worker(conn, "w-1", "worker-x", X_URI, None),
         admin.issue_join_token(conn, "worker-x", "j-1", None),
     ):
         seen.append(await command)  # replays
     for failing in (
         admin.rotate_token(conn, issued.token.token_id, "rot-2", 60),
-        admin.create_worker(conn, "w-2", "worker-x", "spiffe://t/worker/x", None),
+        admin.create_worker(conn, "w-2", "worker-x", X_URI, None),
     ):
         seen.append(await refused(failing))
     await world.claimed("worker-a")  # Events exist to be scanned

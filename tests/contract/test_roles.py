@@ -67,7 +67,8 @@ EXPECTED_TABLE_PRIVILEGES: dict[str, dict[str, set[str]]] = {
         "cluster_admins": {"SELECT"},
     },
     "qinglong_admin": {
-        **{table: {"SELECT", "INSERT", "UPDATE"} for table in IDENTITY_TABLES},
+        # UPDATE only of the columns administration changes (migration 0026): below.
+        **{table: {"SELECT", "INSERT"} for table in IDENTITY_TABLES},
         "worker_sessions": {"SELECT"},
         "attempts": {"SELECT"},
         "security_audit": {"SELECT"},
@@ -167,11 +168,6 @@ def test_admin_role_writes_every_identity_table(database: MigratedDatabase) -> N
             (principal,),
         ),
         ("INSERT INTO qinglong.cluster_admins (principal_id) VALUES (%s)", (principal,)),
-        (
-            "UPDATE qinglong.cluster_admins SET granted_at_ms = granted_at_ms"
-            " WHERE principal_id = %s",
-            (principal,),
-        ),
         (
             "INSERT INTO qinglong.operator_credentials (credential_id, principal_id, kind,"
             " token_digest) VALUES (%s, %s, 'bearer_token', repeat('a', 64))",
@@ -338,7 +334,41 @@ EXPECTED_COLUMN_ONLY_GRANTS: dict[tuple[str, str, str], str] = {
         "audit_id principal_kind principal_id operation outcome reason project_id run_id"
         " worker_id session_id request_id peer credential_id"
     ),
+    # The admin role changes only what administration decides (migration 0026).
+    ("qinglong_admin", "projects", "UPDATE"): "status version",
+    ("qinglong_admin", "principals", "UPDATE"): "status",
+    ("qinglong_admin", "operator_credentials", "UPDATE"): "status expires_at_ms",
+    ("qinglong_admin", "role_bindings", "UPDATE"): "role status version updated_at_ms",
+    ("qinglong_admin", "worker_identities", "UPDATE"): "status project_ids",
+    ("qinglong_admin", "worker_join_tokens", "UPDATE"): "used_at_ms",
 }
+
+
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [
+        ("worker_identities", "certificate_uri"),
+        ("worker_identities", "principal_id"),
+        ("principals", "kind"),
+        ("principals", "name"),
+        ("operator_credentials", "token_digest"),
+        ("operator_credentials", "principal_id"),
+        ("cluster_admins", "principal_id"),
+        ("worker_join_tokens", "expires_at_ms"),
+        ("projects", "display_name"),
+    ],
+)
+def test_admin_role_cannot_rewrite_what_administration_never_changes(
+    database: MigratedDatabase, table: str, column: str
+) -> None:
+    """A Worker's certificate name, who a principal is, a token's digest, who is a
+    cluster admin: the admin role's credentials cannot rewrite them (0026)."""
+    name, target = sql.Identifier("qinglong", table), sql.Identifier(column)
+    with (
+        psycopg.connect(database.urls.admin, autocommit=True) as conn,
+        pytest.raises(errors.InsufficientPrivilege),
+    ):
+        conn.execute(sql.SQL("UPDATE {} SET {} = {}").format(name, target, target))
 
 
 def test_column_grants_match_catalog(database: MigratedDatabase) -> None:
