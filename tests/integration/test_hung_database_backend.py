@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator
 import grpc
 import psycopg
 import pytest
+from qinglong.control.v1 import run_service_pb2 as rs
+from qinglong.control.v1 import run_service_pb2_grpc, task_service_pb2_grpc
 from qinglong.control.v1 import task_service_pb2 as ts
-from qinglong.control.v1 import task_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2_grpc
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
@@ -32,7 +33,7 @@ from qinglong_protocol.storage import StorageBounds
 
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import PROJECT, Stack, bearer, running_stack
-from tests.support.worker_steps import open_session, session_request
+from tests.support.worker_steps import open_session, queued_run, session_request
 
 BOUNDS = StorageBounds(1.0)
 #: The statement bound, then psycopg's cancel (5 s) and its wait for the answer (5 s).
@@ -155,6 +156,37 @@ async def test_a_worker_call_is_answered_within_controls_budget(
     assert info.reason == "STORAGE_UNAVAILABLE"
     assert answered_after < 3.0
     assert served.worker_generation >= 1
+
+
+async def test_a_slow_operator_command_is_not_cut_at_the_storage_bound(
+    database_pg18: MigratedDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Control's budget leaves a healthy but slow command alone: a cancellation waits on a
+    Run another transaction holds for longer than the storage bound (1 s) and is answered
+    once the lock is free — an operator's command gets the statement bound (5 s)."""
+    async with (
+        running_stack(
+            database_pg18, tmp_path_factory.mktemp("pki"), control_storage=BOUNDS
+        ) as stack,
+        stack.channel(stack.operator_identity("ops")) as channel,
+    ):
+        run_id = await queued_run(stack)
+        async with await psycopg.AsyncConnection.connect(stack.database.urls.migration) as held:
+            await held.execute(
+                "SELECT 1 FROM qinglong.runs WHERE run_id = %s FOR UPDATE", (run_id,)
+            )
+            cancel = asyncio.ensure_future(
+                run_service_pb2_grpc.RunServiceStub(channel).CancelRun(
+                    rs.CancelRunRequest(project_id=PROJECT, run_id=run_id, mutation_id="c-1"),
+                    metadata=bearer(stack, "alice"),
+                    timeout=10,
+                )
+            )
+            await asyncio.sleep(2.5)  # past the storage bound, within the statement bound
+            assert not cancel.done()
+            await held.rollback()
+        answered = await cancel
+    assert answered.outcome == rs.CANCEL_RUN_OUTCOME_ACCEPTED
 
 
 async def test_a_stopped_backend_fails_one_reconcile_cycle_not_all(

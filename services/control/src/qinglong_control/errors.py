@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 import grpc
@@ -233,9 +233,9 @@ class ErrorInterceptor(WrappingInterceptor):
     status, and after the caller check, so only calls from ingress are measured.
     """
 
-    def __init__(self, service: str, budget_seconds: float) -> None:
+    def __init__(self, service: str, budget_of: Callable[[str], float | None]) -> None:
         self._prefix = f"/{service}/"
-        self._budget_seconds = budget_seconds
+        self._budget_of = budget_of
 
     def covers(self, method: str) -> bool:
         return method.startswith(self._prefix)
@@ -243,7 +243,8 @@ class ErrorInterceptor(WrappingInterceptor):
     def wrap(
         self, handler: grpc.RpcMethodHandler[Any, Any], method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        return _answering(handler, method.removeprefix(self._prefix), self._budget_seconds)
+        name = method.removeprefix(self._prefix)
+        return _answering(handler, name, self._budget_of(name))
 
 
 class _Call:
@@ -278,12 +279,12 @@ class _Call:
 
 
 def _answering(
-    handler: grpc.RpcMethodHandler[Any, Any], method: str, budget_seconds: float
+    handler: grpc.RpcMethodHandler[Any, Any], method: str, budget_seconds: float | None
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """The same handler, its behaviour wrapped: every failure typed, every call timed,
-    and a unary call answered within ``budget_seconds`` (the storage bound) whatever
-    PostgreSQL does (R-ERR-2): a command waiting longer on a hung or unreachable server
-    is answered STORAGE_UNAVAILABLE — an outcome the caller cannot know, which every
+    and a unary call answered within ``budget_seconds`` (`answer_budget`; None: no
+    bound of its own) whatever PostgreSQL does (R-ERR-2): a command waiting longer is
+    answered STORAGE_UNAVAILABLE — an outcome its caller cannot know, which the
     command's replay rule covers — and left to unwind on its own (`settle_within`). A
     stream is bounded by its own reads."""
 
@@ -291,7 +292,10 @@ def _answering(
         call = _Call(method)
         try:
             try:
-                return await settle_within(budget_seconds, resolved(behaviour(request, context)))
+                answer = resolved(behaviour(request, context))
+                if budget_seconds is None:
+                    return await answer
+                return await settle_within(budget_seconds, answer)
             except TimeoutError:
                 raise Refused(
                     Reason.STORAGE_UNAVAILABLE, "storage unavailable: no answer within the bound"

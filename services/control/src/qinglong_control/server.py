@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import grpc
@@ -25,6 +26,7 @@ from qinglong_protocol.keepalive import internal_server_options
 from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import mutual_tls_server_credentials, peer_uris
 
+from qinglong_control.answer_budget import answer_budget
 from qinglong_control.contract_bounds import ContractBoundsInterceptor
 from qinglong_control.errors import ErrorInterceptor
 from qinglong_control.settings import ControlSettings
@@ -66,7 +68,9 @@ async def create_server(
         interceptors=[
             *server_interceptors(),
             AllowedCallerInterceptor(settings.allowed_caller_uris, _OPEN_TO_ANY_CLIENT),
-            ErrorInterceptor(RUNTIME_SERVICE_NAME, settings.storage.timeout_seconds),
+            ErrorInterceptor(
+                RUNTIME_SERVICE_NAME, partial(answer_budget, storage=settings.storage)
+            ),
             ContractBoundsInterceptor(RUNTIME_SERVICE),
             *interceptors,
         ],
