@@ -230,6 +230,26 @@ async def test_a_stopped_reconciler_ends_its_cycle_and_starts_no_other(
         await reconciler.cycle()
 
 
+async def test_a_cycle_that_does_not_end_within_the_grace_is_cancelled(
+    world: World, runtime_pool: Any, database: MigratedDatabase
+) -> None:
+    """Shutdown is bounded: a cycle stuck behind a lock is cancelled once the grace is
+    spent, and stop() returns within it plus the short unwinding allowance."""
+    reconciler = Reconciler(runtime_pool, ReconcilerLimits())
+    async with await psycopg.AsyncConnection.connect(database.urls.migration) as blocker:
+        await blocker.execute("LOCK TABLE qinglong.run_leases IN ACCESS EXCLUSIVE MODE")
+        cycle = asyncio.ensure_future(reconciler.cycle())
+        await asyncio.sleep(0.2)
+        assert not cycle.done(), "the cycle waits behind the lock"
+        started = asyncio.get_running_loop().time()
+        assert not await reconciler.stop(0.5)
+        took = asyncio.get_running_loop().time() - started
+        await blocker.rollback()
+    assert took < 3.0, took
+    with pytest.raises(asyncio.CancelledError):
+        await cycle
+
+
 async def test_replicas_share_candidates_without_double_work(
     world: World, database: MigratedDatabase
 ) -> None:

@@ -131,15 +131,21 @@ async def _serve(
         )
     await wait_for_stop_signal()
     _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
+    grace = settings.shutdown_grace_seconds
+    stopping = [server.stop(grace)]
     if cadence is not None and reconciler is not None:
         cadence.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await cadence
         # The cycle in flight ends before its pool closes (a shielded cycle outlives the
-        # cadence's cancellation).
-        if not await reconciler.stop(settings.shutdown_grace_seconds):
-            _log.warning("the reconcile cycle in flight was cancelled at shutdown")
-    await server.stop(settings.shutdown_grace_seconds)
+        # cadence's cancellation), within the same grace as the calls in flight.
+        stopping.append(_stop_reconciler(reconciler, grace))
+    await asyncio.gather(*stopping)
+
+
+async def _stop_reconciler(reconciler: Reconciler, grace: float) -> None:
+    if not await reconciler.stop(grace):
+        _log.warning("the reconcile cycle in flight was cancelled at shutdown")
 
 
 async def drive(reconciler: Reconciler, interval_seconds: float) -> None:

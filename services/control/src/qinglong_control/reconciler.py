@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -77,6 +77,10 @@ def _candidates(page: Any) -> int:
 PAGE_TIMEOUT_STATEMENTS = 6
 
 
+#: How long a cycle cancelled at shutdown may take to unwind before the pools close.
+_CANCEL_WAIT_SECONDS: Final = 1.0
+
+
 class ReconcilerStopped(RuntimeError):
     """The reconciler was stopped (the service is shutting down)."""
 
@@ -119,9 +123,10 @@ class Reconciler:
 
     async def stop(self, timeout_seconds: float) -> bool:
         """No cycle starts any more; the one in flight may finish within
-        ``timeout_seconds`` (each of its steps is its own short transactions, so it
-        ends between two of them), else it is cancelled. True if it finished (or none
-        ran). Before the service closes the pools the cycle works on."""
+        ``timeout_seconds``, else it is cancelled (its pages are short transactions:
+        what it committed stays, the next replica's cycle does the rest) and given
+        :data:`_CANCEL_WAIT_SECONDS` to unwind. True if it finished (or none ran). Called
+        before the service closes the pools the cycle works on."""
         self._stopped = True
         running = self._running
         if running is None or running.done():
@@ -129,8 +134,8 @@ class Reconciler:
         done, _ = await asyncio.wait({running}, timeout=timeout_seconds)
         if not done:
             running.cancel()
-            await asyncio.wait({running})
-        if not running.cancelled():
+            await asyncio.wait({running}, timeout=_CANCEL_WAIT_SECONDS)
+        if running.done() and not running.cancelled():
             running.exception()  # retrieved: a failed last cycle was logged by its caller
         return bool(done)
 
