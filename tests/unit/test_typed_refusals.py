@@ -282,6 +282,14 @@ def test_an_invalid_request_without_a_field_names_its_message() -> None:
             [],
         ),
         (
+            # A Worker identity written before migration 0025 that does not name its
+            # Worker: it changes no more, and says why, not INTERNAL.
+            database_error(psycopg.errors.CheckViolation, "worker_identities_uri_names_the_worker"),
+            grpc.StatusCode.ABORTED,
+            "STATE_CONFLICT",
+            [],
+        ),
+        (
             database_error(psycopg.errors.ForeignKeyViolation, "tasks_project_id_fkey"),
             grpc.StatusCode.NOT_FOUND,
             "PROJECT_NOT_FOUND",
@@ -322,6 +330,7 @@ def test_an_invalid_request_without_a_field_names_its_message() -> None:
         "bound",
         "state guard",
         "idempotency key",
+        "misnamed worker",
         "missing parent",
         "data error",
         "outage",
@@ -347,6 +356,7 @@ def test_every_mapped_constraint_exists_in_the_schema() -> None:
         | set(errors._CONFLICT_CONSTRAINTS)
         | set(errors._TAKEN_CONSTRAINTS)
         | set(errors._MISSING_PARENT)
+        | {errors.MISNAMED_WORKER}
     )
     missing = sorted(name for name in names if name not in schema)
     assert missing == []

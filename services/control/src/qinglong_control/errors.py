@@ -135,6 +135,9 @@ _TAKEN_CONSTRAINTS: Final = frozenset(
     }
 )
 
+#: A Worker identity whose certificate URI does not name it (migration 0025's CHECK).
+MISNAMED_WORKER: Final = "worker_identities_uri_names_the_worker"
+
 #: A parent row that is not there (any more).
 _MISSING_PARENT: Final[Mapping[str, Reason]] = {
     "tasks_project_id_fkey": Reason.PROJECT_NOT_FOUND,
@@ -195,6 +198,15 @@ def _constraint_refusal(constraint: str) -> Refused | None:
     missing = _MISSING_PARENT.get(constraint)
     if missing is not None:
         return Refused(missing, "a row this request refers to does not exist")
+    if constraint == MISNAMED_WORKER:
+        # A row written before migration 0025 that names another identity: never by
+        # QingLong (CreateWorker computes the name). It changes no more until an operator
+        # corrects or removes it with the migration role.
+        _log.error("a Worker identity's certificate URI does not name it; fix it first")
+        return Refused(
+            Reason.STATE_CONFLICT,
+            "the Worker's enrolled certificate name is not its own; an operator must fix it",
+        )
     return None
 
 
