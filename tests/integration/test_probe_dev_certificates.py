@@ -8,7 +8,10 @@ import asyncio
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from qinglong_protocol.tls import TlsFiles
 
 from tests.support.stack import Stack
@@ -50,7 +53,8 @@ async def test_a_probe_with_the_services_own_dev_certificate_reports_serving(
 
 async def test_the_enrollment_listener_serves_health_to_the_probe(stack: Stack) -> None:
     """The Worker enrollment listener is a gRPC server of its own: it answers health
-    checks (SPEC B-OPS), and the probe asks every --address given, all must serve."""
+    checks (SPEC B-OPS), and the probe asks every --address given, all must serve. It is
+    anonymous and outside admission, so it holds no stream open: no Watch, no reflection."""
     tls = stack.pki.ingress_server
     code, out, err = await probe("ingress", stack.enrollment_address, tls)
     assert code == 0, err
@@ -59,3 +63,20 @@ async def test_the_enrollment_listener_serves_health_to_the_probe(stack: Stack) 
     code, out, _ = await probe("ingress", stack.ingress_address, tls, closed)
     assert code == 1
     assert f"{stack.ingress_address}: SERVING" in out
+
+    credentials = grpc.ssl_channel_credentials(root_certificates=stack.pki.ca_cert.read_bytes())
+    async with grpc.aio.secure_channel(stack.enrollment_address, credentials) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        checked = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert checked.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as watch:
+            async for _ in health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=5):
+                pass
+        assert watch.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as listing:
+            async for _ in reflect.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+            ):
+                pass
+        assert listing.value.code() == grpc.StatusCode.UNIMPLEMENTED

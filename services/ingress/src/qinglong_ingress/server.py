@@ -9,6 +9,7 @@ qinglong_control: ingress reaches the runtime only over gRPC (SPEC R-ROLE-2).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -68,7 +69,16 @@ async def create_server(
         options=[("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)],
     )
     server.add_generic_rpc_handlers(tuple(handlers))
-    await _serve_health_and_reflection(server, PUBLIC_SERVICE_NAMES)
+
+    health_servicer = health.aio.HealthServicer()
+    for service_name in ("", *PUBLIC_SERVICE_NAMES):
+        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+
+    reflection.enable_server_reflection(
+        (*PUBLIC_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+
     port = server.add_secure_port(
         settings.listen_address, mutual_tls_server_credentials(settings.tls)
     )
@@ -79,15 +89,22 @@ async def create_enrollment_server(
     address: str, tls: TlsFiles, handlers: Sequence[grpc.GenericRpcHandler]
 ) -> tuple[grpc.aio.Server, int]:
     """The Worker enrollment listener (R-ADM-2): the public server certificate, no client
-    certificate asked for (a joining machine has none yet), EnrollmentService only (with
-    health and reflection), and a receive limit at its byte cap. TLS 1.3 is enforced by
+    certificate asked for (a joining machine has none yet), EnrollmentService only (and
+    health's Check), and a receive limit at its byte cap. TLS 1.3 is enforced by
     its admission stages, as on the public listener. Bound, not started."""
     server = grpc.aio.server(
         interceptors=server_interceptors(),
         options=[("grpc.max_receive_message_length", bounds.ENROLLMENT_REQUEST_MAX_BYTES)],
     )
     server.add_generic_rpc_handlers(tuple(handlers))
-    await _serve_health_and_reflection(server, (ENROLLMENT_SERVICE_NAME,))
+    # Anyone may reach this listener, without a certificate and outside the admission
+    # stages (rate limit, audit) that JoinWorker passes: it holds no stream open for
+    # them. Health answers Check (the probe's call) but not Watch, and there is no
+    # reflection here (the mutual-TLS listener has it).
+    health_servicer = _CheckOnlyHealth()
+    for service_name in ("", ENROLLMENT_SERVICE_NAME):
+        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     material = read_tls_material(tls)
     port = server.add_secure_port(
         address,
@@ -96,16 +113,11 @@ async def create_enrollment_server(
     return server, port
 
 
-async def _serve_health_and_reflection(server: grpc.aio.Server, services: Sequence[str]) -> None:
-    """Health checking (each of ``services`` and the server as a whole) and server
-    reflection, on every listener (SPEC B-OPS): a probe can tell each one is serving."""
-    health_servicer = health.aio.HealthServicer()
-    for service_name in ("", *services):
-        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+class _CheckOnlyHealth(health.aio.HealthServicer):  # type: ignore[misc]  # untyped base
+    """Health for an anonymous listener: Check, and no Watch stream to hold open."""
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not served here")
 
 
 def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
