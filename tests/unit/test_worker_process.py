@@ -651,3 +651,17 @@ async def test_a_cancelled_spawn_leaves_nothing_running(
     await asyncio.sleep(SLOW_START_SECONDS)
     assert not marker.exists(), "no executor ever started"
     assert controller.known() == frozenset()
+
+
+async def test_a_stopped_process_is_remembered_as_signalled_until_released(
+    controller: ProcessController,
+) -> None:
+    """The Worker tells a stop it sent from an exit of the process's own by this memory
+    (reconcile._ended_by_itself); released with the process, it does not grow for ever."""
+    identity = await controller.spawn_async(["sleep", "30"], timeout_ms=None, deadline_unix_ms=None)
+    assert not controller.signalled(identity)
+    assert await controller.stop(identity, grace_seconds=2.0) is StopResult.STOPPED
+    assert controller.signalled(identity)
+    assert controller.poll(identity) == ExitStatus(None, signal.SIGTERM)
+    controller.release(identity)
+    assert not controller.signalled(identity)

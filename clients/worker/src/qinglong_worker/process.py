@@ -462,6 +462,9 @@ class ProcessController:
         self._children.pop(identity, None)
         self._known.discard(identity)
         self._killed.discard(identity)
+        self._signalled.discard(identity)
+        for key in [k for k, slow in self._unanswered.items() if slow == identity]:
+            del self._unanswered[key]
         path = self._status_path(identity)
         if path is not None and self._read_status(identity) is not None:
             # Only its own: after a reboot, another boot's supervisor may have the same
