@@ -992,14 +992,7 @@ class Reconciler:
             )
         except CallFailed as failure:
             if failure.transient:
-                if self.lease_lost_locally(record):
-                    self._quarantine(
-                        record,
-                        QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
-                        f"completion not delivered ({failure.label}); local lease expired",
-                    )
-                    return Outcome.LEASE_LOST
-                return self._waiting(record, failure)
+                return self._ending_waits(record, failure, "completion not delivered")
             if (
                 failure.reason == ErrorReason.ERROR_REASON_STATE_CONFLICT
                 and record.stop_reason == LOCAL_SHUTDOWN
@@ -1047,16 +1040,20 @@ class Reconciler:
         if isinstance(kept, Outcome):
             return kept  # fenced for good (lease lost) or terminal: settled there
         if kept.lease_version == record.lease_version:
-            # No answer: the next pass asks again, while the local lease lasts.
-            if self.lease_lost_locally(record):
-                self._quarantine(
-                    record,
-                    QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
-                    f"completion refused ({refusal.label}); local lease expired",
-                )
-                return Outcome.LEASE_LOST
-            return self._waiting(record, refusal)
+            return self._ending_waits(record, refusal, "completion refused")  # no answer
         return await self._complete(kept, refenced=True)
+
+    def _ending_waits(self, record: InboxRecord, failure: CallFailed, what: str) -> Outcome:
+        """An ending not taken yet: the next pass tries again while the local lease
+        lasts; past it, the lease is lost."""
+        if self.lease_lost_locally(record):
+            self._quarantine(
+                record,
+                QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+                f"{what} ({failure.label}); local lease expired",
+            )
+            return Outcome.LEASE_LOST
+        return self._waiting(record, failure)
 
     async def _learn_stop_intent(self, record: InboxRecord, refusal: CallFailed) -> Outcome | None:
         """A shutdown stop was refused as a state conflict: ask lease control why."""
