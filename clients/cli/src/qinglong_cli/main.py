@@ -81,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
         "--replicas",
         type=_replicas,
         default=1,
-        help="control and ingress processes each (ingress replica i on its own port, "
-        "forwarding to control replica i; all listed in stack.json)",
+        help="control and ingress processes each (each ingress replica on its own port, "
+        "forwarding to every control replica, round robin; all listed in stack.json)",
     )
     up.add_argument(
         "--standby",
