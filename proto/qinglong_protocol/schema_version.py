@@ -10,14 +10,18 @@ call, wherever it uses what a missing migration creates.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg import AsyncConnection, errors
 from psycopg.rows import scalar_row
 
+from qinglong_protocol.pooling import Pool, read_retrying
 from qinglong_protocol.sql import SQL
 
 _APPLIED = SQL["schema_version.applied"]
+_log = logging.getLogger(__name__)
 
 
 class SchemaBehind(Exception):
@@ -58,4 +62,17 @@ async def require_schema(
     applied = await applied_version(conn)
     if applied is None or applied < required:
         raise SchemaBehind(service, applied, required, readable_since)
+    return applied
+
+
+async def schema_or_exit(
+    pool: Pool, check: Callable[[AsyncConnection[Any]], Awaitable[int]], program: str
+) -> int:
+    """A service's start-up: ``check`` (its `require_schema`) on a pooled connection; a
+    database behind it ends the process with the command to run, not a traceback."""
+    try:
+        applied = await read_retrying(pool, check)
+    except SchemaBehind as behind:
+        raise SystemExit(f"{program}: {behind}") from None
+    _log.info("database schema at migration %04d", applied)
     return applied

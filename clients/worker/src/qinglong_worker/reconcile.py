@@ -862,9 +862,10 @@ class Reconciler:
         return await self._complete(record)
 
     async def _keep_lease(self, record: InboxRecord) -> InboxRecord | Outcome:
-        """Lease control for an exited executor whose output is still being shipped: a
-        new version is persisted; a stop asked for now changes nothing (the process has
-        already ended with its own outcome); terminal closes the record."""
+        """Lease control for an exited executor — while its output is still being
+        shipped, or to learn the version its ending was refused for: a new version is
+        persisted; a stop asked for now changes nothing (the process has already ended
+        with its own outcome); terminal closes the record."""
         sent = self._sent()
         try:
             answer = await self._client.control_lease(

@@ -17,9 +17,8 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from qinglong_protocol.metrics import serve_metrics
-from qinglong_protocol.pooling import read_retrying
 from qinglong_protocol.probe import run_probe
-from qinglong_protocol.schema_version import SchemaBehind
+from qinglong_protocol.schema_version import schema_or_exit
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
 
@@ -62,11 +61,7 @@ async def serve(settings: ControlSettings) -> None:
             settings.database_url, sizing=settings.pool, bounds=settings.storage
         )
         pools.push_async_callback(pool.close)
-        try:
-            applied = await read_retrying(pool, require_control_schema)
-        except SchemaBehind as behind:
-            raise SystemExit(f"qinglong-control: {behind}") from None
-        _log.info("database schema at migration %04d", applied)
+        await schema_or_exit(pool, require_control_schema, "qinglong-control")
         admin_pool = None
         if settings.admin_database_url is None:
             _log.warning("no --admin-database-url: AdminService calls are answered UNAVAILABLE")

@@ -12,9 +12,8 @@ import sys
 from collections.abc import Sequence
 
 from qinglong_protocol.metrics import serve_metrics
-from qinglong_protocol.pooling import read_retrying
 from qinglong_protocol.probe import run_probe
-from qinglong_protocol.schema_version import SchemaBehind
+from qinglong_protocol.schema_version import schema_or_exit
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
 
@@ -51,11 +50,7 @@ async def serve(settings: IngressSettings) -> None:
 async def _serve(settings: IngressSettings, database_url: str) -> None:
     pool = await open_ingress_pool(database_url, sizing=settings.pool, bounds=settings.storage)
     try:
-        try:
-            applied = await read_retrying(pool, require_ingress_schema)
-        except SchemaBehind as behind:
-            raise SystemExit(f"qinglong-ingress: {behind}") from None
-        _log.info("database schema at migration %04d", applied)
+        await schema_or_exit(pool, require_ingress_schema, "qinglong-ingress")
         async with open_control_channel(settings.control) as control_channel:
             # One directory for both listeners: their audit rows share group commits.
             directory = Directory(pool, settings.storage.statement_timeout_ms / 1000)
