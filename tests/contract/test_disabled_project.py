@@ -4,7 +4,6 @@ once the project is inactive — which convergence and lease control then carry 
 
 from __future__ import annotations
 
-import secrets
 import uuid
 
 import psycopg
@@ -15,16 +14,14 @@ from qinglong_control.db.convergence import converge_page
 from qinglong_control.db.lease_control import control_lease
 from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import acknowledge_running, acknowledge_starting
-from qinglong_control.domain.capability import digest_of_capability, parse_digest
-from qinglong_control.domain.claim import ClaimRequest
+from qinglong_control.domain.capability import parse_digest
 from qinglong_control.domain.lease_control import LeaseAnswer
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.start_facts import RunningReport
-from qinglong_protocol.bounds import encode_lease_capability
 
 from tests.support.plans import pages_read, scans_of
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import OPERATOR, PROJECT, World
+from tests.support.world import OPERATOR, PROJECT, World, fresh_claim
 
 REPORT = RunningReport("pid:4242;start:1700000000", None, 1, parse_digest("ab" * 32))
 
@@ -39,6 +36,16 @@ async def run_state(world: World, run_id: uuid.UUID) -> tuple[str, str | None, s
     return str(row[0]), row[1], row[2]
 
 
+def disable_project(database: MigratedDatabase) -> None:
+    """What DisableProject writes (db/admin.disable_project)."""
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        admin.execute(
+            "UPDATE qinglong.projects SET status = 'archived', version = version + 1"
+            " WHERE project_id = %s",
+            (PROJECT,),
+        )
+
+
 async def test_a_disabled_projects_runs_are_stopped_and_none_starts(
     world: World, database: MigratedDatabase
 ) -> None:
@@ -46,13 +53,7 @@ async def test_a_disabled_projects_runs_are_stopped_and_none_starts(
     await acknowledge_starting(world.conn, running.fence)
     await acknowledge_running(world.conn, running.fence, REPORT)
     queued = await world.queued_run()
-    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
-        # What DisableProject writes (db/admin.disable_project).
-        admin.execute(
-            "UPDATE qinglong.projects SET status = 'archived', version = version + 1"
-            " WHERE project_id = %s",
-            (PROJECT,),
-        )
+    disable_project(database)
     session = await world.session("worker-b")
     offered = await placement.pull_offers(world.conn, session, 8, world.timings)
     assert [offer.run_id for offer in offered.offers] == [], "a disabled project's Run started"
@@ -86,22 +87,8 @@ async def test_an_offer_made_before_the_project_was_disabled_cannot_be_claimed(
     queued = await world.queued_run()
     session = await world.session("worker-b")
     [offer] = (await placement.pull_offers(world.conn, session, 8, world.timings)).offers
-    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
-        admin.execute(
-            "UPDATE qinglong.projects SET status = 'archived', version = version + 1"
-            " WHERE project_id = %s",
-            (PROJECT,),
-        )
-    capability = encode_lease_capability(secrets.token_bytes(32))
-    request = ClaimRequest(
-        session.worker_id,
-        session.session_id,
-        session.worker_generation,
-        offer.offer_id,
-        PROJECT,
-        queued,
-        digest_of_capability(capability),
-    )
+    disable_project(database)
+    request, _ = fresh_claim(session, offer.offer_id, queued)
     with pytest.raises(Refused) as refused:
         await placement.claim_offer(world.conn, request, world.timings)
     assert refused.value.reason is Reason.OFFER_EXPIRED
@@ -122,12 +109,7 @@ async def test_a_disabled_project_takes_no_new_run_but_answers_a_retried_trigger
     earlier = await runs.trigger_run(
         world.conn, runs.TriggerRun(PROJECT, task, None, "trigger-1"), OPERATOR
     )
-    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
-        admin.execute(
-            "UPDATE qinglong.projects SET status = 'archived', version = version + 1"
-            " WHERE project_id = %s",
-            (PROJECT,),
-        )
+    disable_project(database)
     with pytest.raises(Refused) as refused:
         await runs.trigger_run(
             world.conn, runs.TriggerRun(PROJECT, task, None, "trigger-2"), OPERATOR

@@ -4,7 +4,6 @@ command to run instead of failing call by call."""
 
 from __future__ import annotations
 
-import importlib
 import re
 import subprocess
 import sys
@@ -27,10 +26,29 @@ from tests.support.postgres import MigratedDatabase
 NEWEST = load_migrations()[-1].version
 
 
-def forget_newest_migration(database: MigratedDatabase) -> None:
-    """As if the newest migration had not run yet (its objects stay; only the record goes)."""
+def forget_migrations_from(database: MigratedDatabase, version: int) -> None:
+    """As if migrations from ``version`` on had not run yet (their objects stay; only the
+    records go)."""
     with psycopg.connect(database.urls.migration, autocommit=True) as conn:
-        conn.execute("DELETE FROM public.qinglong_schema_migrations WHERE version = %s", (NEWEST,))
+        conn.execute(
+            "DELETE FROM public.qinglong_schema_migrations WHERE version >= %s", (version,)
+        )
+
+
+def forget_newest_migration(database: MigratedDatabase) -> None:
+    forget_migrations_from(database, NEWEST)
+
+
+def refused_start_up(service: str, *arguments: str) -> str:
+    """Start the real ``qinglong-<service>``, which must exit 1 at start-up, without a
+    traceback; its standard error."""
+    program = Path(sys.executable).with_name(f"qinglong-{service}")
+    finished = subprocess.run(
+        [str(program), *arguments], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert finished.returncode == 1, finished.stderr
+    assert "Traceback" not in finished.stderr
+    return finished.stderr
 
 
 async def required(database: MigratedDatabase, url: str) -> int:
@@ -96,19 +114,10 @@ def test_control_exits_at_start_up_on_a_database_behind_it(
     database: MigratedDatabase, tmp_path: Path
 ) -> None:
     forget_newest_migration(database)
-    control = Path(sys.executable).with_name("qinglong-control")
     tls = [f"--tls-{part}={tmp_path / part}" for part in ("ca", "cert", "key")]
-    finished = subprocess.run(
-        [str(control), f"--database-url={database.urls.runtime}", *tls],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert finished.returncode == 1, finished.stderr
-    assert f"has migrations up to {NEWEST - 1:04d}" in finished.stderr
-    assert f"this control needs {NEWEST:04d}" in finished.stderr
-    assert "Traceback" not in finished.stderr
+    stderr = refused_start_up("control", f"--database-url={database.urls.runtime}", *tls)
+    assert f"has migrations up to {NEWEST - 1:04d}" in stderr
+    assert f"this control needs {NEWEST:04d}" in stderr
 
 
 async def test_ingress_reads_the_version_it_needs(database: MigratedDatabase) -> None:
@@ -120,11 +129,7 @@ async def test_ingress_reads_the_version_it_needs(database: MigratedDatabase) ->
         database.urls.ingress, autocommit=True
     ) as conn:
         assert await require_ingress_schema(conn) == NEWEST
-    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
-        conn.execute(
-            "DELETE FROM public.qinglong_schema_migrations WHERE version >= %s",
-            (REQUIRED_SCHEMA,),
-        )
+    forget_migrations_from(database, REQUIRED_SCHEMA)
     async with await psycopg.AsyncConnection.connect(
         database.urls.ingress, autocommit=True
     ) as conn:
@@ -136,26 +141,13 @@ async def test_ingress_reads_the_version_it_needs(database: MigratedDatabase) ->
 def test_ingress_exits_at_start_up_on_a_database_behind_it(
     database: MigratedDatabase, tmp_path: Path
 ) -> None:
-    with psycopg.connect(database.urls.migration, autocommit=True) as conn:
-        conn.execute(
-            "DELETE FROM public.qinglong_schema_migrations WHERE version >= %s",
-            (REQUIRED_SCHEMA,),
-        )
-    ingress = Path(sys.executable).with_name("qinglong-ingress")
+    forget_migrations_from(database, REQUIRED_SCHEMA)
     tls = [f"--tls-{part}={tmp_path / part}" for part in ("ca", "cert", "key")]
     control = ["--control-address=127.0.0.1:9"]
     control += [f"--control-tls-{part}={tmp_path / part}" for part in ("cert", "key")]
-    finished = subprocess.run(
-        [str(ingress), f"--database-url={database.urls.ingress}", *tls, *control],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert finished.returncode == 1, finished.stderr
-    assert f"has migrations up to {REQUIRED_SCHEMA - 1:04d}" in finished.stderr
-    assert f"this ingress needs {REQUIRED_SCHEMA:04d}" in finished.stderr
-    assert "Traceback" not in finished.stderr
+    stderr = refused_start_up("ingress", f"--database-url={database.urls.ingress}", *tls, *control)
+    assert f"has migrations up to {REQUIRED_SCHEMA - 1:04d}" in stderr
+    assert f"this ingress needs {REQUIRED_SCHEMA:04d}" in stderr
 
 
 async def test_ingress_cannot_read_the_version_without_its_grant(
@@ -190,8 +182,6 @@ def test_every_ingress_statement_plans_on_the_schema_it_requires(
     try:
         urls = role_urls(database.admin_url, name)
         migrate(urls.migration, load_migrations()[:REQUIRED_SCHEMA])
-        for module in ("qinglong_ingress.directory", "qinglong_protocol.schema_version"):
-            importlib.import_module(module)
         statements = [*INGRESS_SQL.values(), *SHARED_SQL.values()]
         with psycopg.connect(urls.ingress) as conn:
             for text in statements:

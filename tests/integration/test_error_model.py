@@ -29,7 +29,6 @@ from qinglong.control.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from qinglong.rpc.v1 import execution_pb2
 from qinglong.runtime.v1 import caller_pb2, runtime_service_pb2, runtime_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong_cli.pki import ensure_dev_pki, ensure_operator_identity, service_uri
@@ -47,6 +46,7 @@ from qinglong_protocol.tls import mutual_tls_channel_credentials
 from tests.support.calls import failure, queued_run, stream_failure
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import PROJECT, Stack, running_stack
+from tests.support.worker_steps import session_request
 
 ws = worker_service_pb2
 
@@ -59,15 +59,6 @@ def assert_no_driver_text(error: grpc.aio.AioRpcError) -> None:
 
 def bearer(tokens: dict[str, str], name: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {tokens[name]}"),)
-
-
-def open_session(worker_id: str) -> ws.OpenSessionRequest:
-    return ws.OpenSessionRequest(
-        request_id=uuid.uuid4().hex,
-        worker_id=worker_id,
-        executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-        max_concurrent_attempts=1,
-    )
 
 
 async def cancelled_while_blocked(
@@ -108,7 +99,7 @@ async def test_an_outage_during_admission_is_unavailable_and_audited(stack: Stac
         refused = await cancelled_while_blocked(
             stack.database,
             "worker_identities",
-            lambda: worker.OpenSession(open_session("worker-a")),
+            lambda: worker.OpenSession(session_request("worker-a")),
             application="qinglong-ingress",
         )
     assert refused.code() == grpc.StatusCode.UNAVAILABLE
@@ -126,7 +117,7 @@ async def test_a_storage_fault_during_admission_is_internal_and_audited(stack: S
         admin.execute("REVOKE SELECT ON qinglong.worker_identities FROM qinglong_ingress")
     async with stack.channel(stack.worker_identity("worker-a")) as channel:
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        refused = await failure(worker.OpenSession(open_session("worker-a")))
+        refused = await failure(worker.OpenSession(session_request("worker-a")))
     assert refused.code() == grpc.StatusCode.INTERNAL
     assert error_reason_of(refused) == "INTERNAL"
     assert_no_driver_text(refused)
@@ -155,7 +146,7 @@ async def test_no_audit_means_no_forwarding(stack: Stack) -> None:
         # call meets it in its one statement, and again when its refusal is audited alone.
         with psycopg.connect(stack.database.urls.migration, autocommit=True) as admin:
             admin.execute("REVOKE INSERT ON qinglong.security_audit FROM qinglong_ingress")
-        revoked = await failure(worker.OpenSession(open_session("worker-a")))
+        revoked = await failure(worker.OpenSession(session_request("worker-a")))
     assert cancelled.code() == grpc.StatusCode.UNAVAILABLE
     assert error_reason_of(cancelled) == "AUDIT_UNAVAILABLE"
     assert revoked.code() == grpc.StatusCode.INTERNAL

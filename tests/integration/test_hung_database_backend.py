@@ -13,10 +13,12 @@ ingress's admission budget, not after psycopg's own cancellation of the statemen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any
 
 import grpc
 import psycopg
@@ -62,13 +64,36 @@ def backends(database: MigratedDatabase, role: str) -> list[int]:
     return [pid for (pid,) in rows]
 
 
+@contextlib.contextmanager
+def stopped_backend(database: MigratedDatabase, role: str) -> Iterator[int]:
+    """The role's one backend, stopped (SIGSTOP: it answers nothing while its kernel still
+    acknowledges) until the block ends; its pid."""
+    [stopped] = backends(database, role)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        yield stopped
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+
+
+async def answered_unavailable(call: Awaitable[Any]) -> float:
+    """``call`` must fail UNAVAILABLE / STORAGE_UNAVAILABLE; the seconds it took."""
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call
+    answered_after = time.monotonic() - started
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value.details()
+    info = error_info_of(refused.value)
+    assert info is not None
+    assert info.reason == "STORAGE_UNAVAILABLE"
+    return answered_after
+
+
 async def test_a_stopped_backend_frees_the_audit_writer(stack: Stack) -> None:
     async with stack.channel(stack.worker_identity("worker-a")) as channel:
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
         await open_session(worker, "worker-a")
-        [stopped] = backends(stack.database, "qinglong_ingress")
-        os.kill(stopped, signal.SIGSTOP)
-        try:
+        with stopped_backend(stack.database, "qinglong_ingress") as stopped:
             started = time.monotonic()
             failed: list[str] = []
             while True:
@@ -84,8 +109,6 @@ async def test_a_stopped_backend_frees_the_audit_writer(stack: Stack) -> None:
             recovered_after = time.monotonic() - started
             async with stack.ingress_pool.connection() as conn:
                 serving = conn.info.backend_pid
-        finally:
-            os.kill(stopped, signal.SIGCONT)
     print(
         f"stopped ingress backend: {len(failed)} calls failed "
         f"({', '.join(sorted(set(failed)))}), served again after {recovered_after:.1f} s "
@@ -105,20 +128,11 @@ async def test_an_operator_call_is_answered_within_the_admission_budget(stack: S
         tasks = task_service_pb2_grpc.TaskServiceStub(channel)
         request = ts.ListTasksRequest(project_id=PROJECT)
         await tasks.ListTasks(request, metadata=bearer(stack, "alice"), timeout=10)
-        [stopped] = backends(stack.database, "qinglong_ingress")
-        os.kill(stopped, signal.SIGSTOP)
-        try:
-            started = time.monotonic()
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await tasks.ListTasks(request, metadata=bearer(stack, "alice"), timeout=4)
-            answered_after = time.monotonic() - started
-        finally:
-            os.kill(stopped, signal.SIGCONT)
+        with stopped_backend(stack.database, "qinglong_ingress"):
+            answered_after = await answered_unavailable(
+                tasks.ListTasks(request, metadata=bearer(stack, "alice"), timeout=4)
+            )
     print(f"stopped ingress backend: an operator's call answered after {answered_after:.1f} s")
-    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value.details()
-    info = error_info_of(refused.value)
-    assert info is not None
-    assert info.reason == "STORAGE_UNAVAILABLE"
 
 
 async def test_a_worker_call_is_answered_within_controls_budget(
@@ -139,21 +153,12 @@ async def test_a_worker_call_is_answered_within_controls_budget(
     ):
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
         await open_session(worker, "worker-a")
-        [stopped] = backends(stack.database, "qinglong_runtime")
-        os.kill(stopped, signal.SIGSTOP)
-        try:
-            started = time.monotonic()
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await worker.OpenSession(session_request("worker-a"), timeout=4)
-            answered_after = time.monotonic() - started
-        finally:
-            os.kill(stopped, signal.SIGCONT)
+        with stopped_backend(stack.database, "qinglong_runtime"):
+            answered_after = await answered_unavailable(
+                worker.OpenSession(session_request("worker-a"), timeout=4)
+            )
         served = await open_session(worker, "worker-a")
     print(f"stopped control backend: a Worker's call answered after {answered_after:.1f} s")
-    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value.details()
-    info = error_info_of(refused.value)
-    assert info is not None
-    assert info.reason == "STORAGE_UNAVAILABLE"
     assert answered_after < 3.0
     assert served.worker_generation >= 1
 
@@ -200,9 +205,7 @@ async def test_a_stopped_backend_fails_one_reconcile_cycle_not_all(
     )
     try:
         await reconciler.cycle()
-        [stopped] = backends(database_pg18, "qinglong_runtime")
-        os.kill(stopped, signal.SIGSTOP)
-        try:
+        with stopped_backend(database_pg18, "qinglong_runtime") as stopped:
             started = time.monotonic()
             with pytest.raises(TimeoutError):
                 # The outer bound only ends the test: the cycle must end by itself sooner.
@@ -211,8 +214,6 @@ async def test_a_stopped_backend_fails_one_reconcile_cycle_not_all(
             report = await asyncio.wait_for(reconciler.cycle(), RECOVERY_BOUND_SECONDS)
             async with pool.connection() as conn:
                 serving = conn.info.backend_pid
-        finally:
-            os.kill(stopped, signal.SIGCONT)
     finally:
         await pool.close()
     print(f"stopped runtime backend: one cycle failed after {failed_after:.1f} s, the next ran")

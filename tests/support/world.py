@@ -111,20 +111,8 @@ class World:
         worker_id = session.worker_id
         offers = await placement.pull_offers(self.conn, session, 8, self.timings)
         offer = next(o for o in offers.offers if o.run_id == run_id)
-        capability = encode_lease_capability(secrets.token_bytes(32))
-        claimed = await placement.claim_offer(
-            self.conn,
-            ClaimRequest(
-                worker_id,
-                session.session_id,
-                session.worker_generation,
-                offer.offer_id,
-                PROJECT,
-                run_id,
-                digest_of_capability(capability),
-            ),
-            self.timings,
-        )
+        request, capability = fresh_claim(session, offer.offer_id, run_id)
+        claimed = await placement.claim_offer(self.conn, request, self.timings)
         fence = Fence(
             worker_id=worker_id,
             session_id=session.session_id,
@@ -142,3 +130,21 @@ class World:
 
 def with_version(fence: Fence, version: int) -> Fence:
     return replace(fence, expected_lease_version=version)
+
+
+def fresh_claim(
+    session: SessionClaim, offer_id: uuid.UUID, run_id: uuid.UUID
+) -> tuple[ClaimRequest, str]:
+    """A claim of ``offer_id`` (of Run ``run_id`` in PROJECT) on ``session`` with a new
+    lease capability; the request and the capability."""
+    capability = encode_lease_capability(secrets.token_bytes(32))
+    request = ClaimRequest(
+        session.worker_id,
+        session.session_id,
+        session.worker_generation,
+        offer_id,
+        PROJECT,
+        run_id,
+        digest_of_capability(capability),
+    )
+    return request, capability
