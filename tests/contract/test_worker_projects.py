@@ -5,7 +5,6 @@ placement and the claim read it."""
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,15 +13,12 @@ import psycopg
 import pytest
 from qinglong_control.db import admin, placement
 from qinglong_control.db.sql import SQL
-from qinglong_control.domain.capability import digest_of_capability
-from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
-from qinglong_protocol.bounds import encode_lease_capability
 
 from tests.support.plans import rows_examined
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import PROJECT, World, enroll
+from tests.support.world import PROJECT, World, enroll, fresh_claim
 
 OTHER = "proj-b"
 Conn = psycopg.AsyncConnection[Any]
@@ -47,16 +43,7 @@ async def pulled(world: World, session: SessionClaim) -> dict[uuid.UUID, uuid.UU
 async def claim(
     world: World, session: SessionClaim, project: str, run_id: uuid.UUID, offer_id: uuid.UUID
 ) -> placement.Claimed:
-    capability = encode_lease_capability(secrets.token_bytes(32))
-    request = ClaimRequest(
-        session.worker_id,
-        session.session_id,
-        session.worker_generation,
-        offer_id,
-        project,
-        run_id,
-        digest_of_capability(capability),
-    )
+    request, _ = fresh_claim(session, offer_id, run_id, project)
     return await placement.claim_offer(world.conn, request, world.timings)
 
 

@@ -133,17 +133,17 @@ def with_version(fence: Fence, version: int) -> Fence:
 
 
 def fresh_claim(
-    session: SessionClaim, offer_id: uuid.UUID, run_id: uuid.UUID
+    session: SessionClaim, offer_id: uuid.UUID, run_id: uuid.UUID, project: str = PROJECT
 ) -> tuple[ClaimRequest, str]:
-    """A claim of ``offer_id`` (of Run ``run_id`` in PROJECT) on ``session`` with a new
-    lease capability; the request and the capability."""
+    """A claim of ``offer_id`` (of Run ``run_id`` in ``project``) on ``session`` with a
+    new lease capability; the request and the capability."""
     capability = encode_lease_capability(secrets.token_bytes(32))
     request = ClaimRequest(
         session.worker_id,
         session.session_id,
         session.worker_generation,
         offer_id,
-        PROJECT,
+        project,
         run_id,
         digest_of_capability(capability),
     )
