@@ -83,13 +83,40 @@ def pytest_terminal_summary(
         terminalreporter.write_line(("ok   " if tally.clean else "FAIL ") + tally.row())
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # "No skipped tests in CI": a skip means something was not proven, so the run fails.
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
-    if skipped and exitstatus == 0:
+class _NothingUnproven:
+    """"No skipped tests in CI": a skip, an expected failure (xfail, strict or not) or an
+    unexpected pass each mean that something was not proven, so the run fails. Counted
+    from each report, not from the terminal reporter's tallies (absent under
+    `-p no:terminal`)."""
+
+    def __init__(self) -> None:
+        self.unproven: list[str] = []
+
+    def _note(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        if hasattr(report, "wasxfail"):
+            self.unproven.append(f"xfail: {report.nodeid}")
+        elif report.skipped:
+            self.unproven.append(f"skipped: {report.nodeid}")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._note(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._note(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not self.unproven or exitstatus != 0:
+            return
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(
-                f"FAILED: {len(skipped)} test(s) skipped; skips are not allowed.", red=True
+                f"FAILED: {len(self.unproven)} test(s) skipped or xfail; neither is allowed.",
+                red=True,
             )
+            for line in self.unproven:
+                reporter.write_line(f"  {line}", red=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_NothingUnproven(), "qinglong-nothing-unproven")
