@@ -84,7 +84,7 @@ def pytest_terminal_summary(
 
 
 class _NothingUnproven:
-    """"No skipped tests in CI": a skip, an expected failure (xfail, strict or not) or an
+    """No skipped tests in CI: a skip, an expected failure (xfail, strict or not) or an
     unexpected pass each mean that something was not proven, so the run fails. Counted
     from each report, not from the terminal reporter's tallies (absent under
     `-p no:terminal`)."""
