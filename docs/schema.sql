@@ -993,9 +993,13 @@ GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_runtime;
 GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_ingress;
 GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_admin;
 
+REVOKE ALL ON FUNCTION qinglong.enforce_approval_decided_once() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION qinglong.enforce_attempt_transition() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION qinglong.enforce_event_sequence() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION qinglong.enforce_join_token_single_use() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION qinglong.enforce_lease_progress() FROM PUBLIC;
 
@@ -1122,3 +1126,5 @@ GRANT SELECT(worker_id) ON TABLE qinglong.worker_sessions TO qinglong_ingress;
 GRANT SELECT(generation) ON TABLE qinglong.worker_sessions TO qinglong_ingress;
 
 GRANT SELECT(status) ON TABLE qinglong.worker_sessions TO qinglong_ingress;
+
+ALTER DEFAULT PRIVILEGES FOR ROLE qinglong_migration REVOKE ALL ON FUNCTIONS FROM PUBLIC;

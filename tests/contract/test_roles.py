@@ -421,6 +421,60 @@ def test_privilege_matrix_matches_catalog(database: MigratedDatabase) -> None:
     assert all(r[1:] == (False, False, False, False) for r in roles)
 
 
+#: Who may call each function of the schema besides its owner (the migration role). As with
+#: tables, anything not listed is denied — PUBLIC included — and the test compares the
+#: catalog against this: EXECUTE on a SECURITY DEFINER function would reach past every
+#: table privilege above.
+EXPECTED_FUNCTION_CALLERS: dict[str, set[str]] = {
+    "db_now_ms": {"qinglong_runtime", "qinglong_ingress", "qinglong_admin"},
+    "lock_authority": {"qinglong_runtime"},
+    "prune_security_audit": {"qinglong_runtime"},
+    "schema_version": {"qinglong_runtime", "qinglong_ingress"},
+}
+#: The functions that run with their owner's rights; each is closed to all but its callers.
+SECURITY_DEFINER_FUNCTIONS = {"prune_security_audit", "schema_version"}
+CALLERS = ("qinglong_runtime", "qinglong_ingress", "qinglong_admin", "public")
+
+
+def _callers(conn: psycopg.Connection[tuple[object, ...]], function: int) -> set[str]:
+    return {
+        role
+        for role in CALLERS
+        if conn.execute(
+            "SELECT has_function_privilege(%s, %s::oid, 'EXECUTE')", (role, function)
+        ).fetchone()
+        == (True,)
+    }
+
+
+def test_function_callers_match_catalog(database: MigratedDatabase) -> None:
+    with psycopg.connect(database.urls.migration) as conn:
+        functions = conn.execute(
+            "SELECT p.oid, p.proname, p.prosecdef FROM pg_proc p"
+            "  JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = 'qinglong' ORDER BY p.proname"
+        ).fetchall()
+        assert {"db_now_ms", "lock_authority", "enforce_run_transition"} <= {
+            name for _, name, _ in functions
+        }
+        for oid, name, _ in functions:
+            assert _callers(conn, oid) == EXPECTED_FUNCTION_CALLERS.get(name, set()), name
+    assert {name for _, name, definer in functions if definer} == SECURITY_DEFINER_FUNCTIONS
+
+
+def test_a_function_a_later_migration_makes_starts_closed(database: MigratedDatabase) -> None:
+    with psycopg.connect(database.urls.migration) as conn:
+        made = conn.execute(
+            "CREATE FUNCTION qinglong.added_later() RETURNS int"
+            " LANGUAGE sql SECURITY DEFINER AS 'SELECT 1'"
+        )
+        assert made.statusmessage == "CREATE FUNCTION"
+        oid = conn.execute("SELECT 'qinglong.added_later()'::regprocedure::oid").fetchone()
+        assert oid is not None
+        assert _callers(conn, oid[0]) == set()
+        conn.rollback()
+
+
 def test_public_has_no_access(database: MigratedDatabase) -> None:
     stranger = f"stranger_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database.admin_url, autocommit=True) as admin:
