@@ -137,7 +137,7 @@ async def test_expiry_skips_a_lease_another_replica_holds_and_expires_the_rest(
             "SELECT 1 FROM qinglong.run_leases WHERE attempt_id = %s FOR UPDATE",
             (held.attempt_id,),
         )
-        assert await asyncio.wait_for(expire_leases(conn, 128), 10) == 1
+        assert (await asyncio.wait_for(expire_leases(conn, 128), 10)).expired == 1
         states = await conn.execute(
             "SELECT attempt_id, status FROM qinglong.run_leases WHERE attempt_id = ANY(%s)",
             ([held.attempt_id, free.attempt_id],),
@@ -147,7 +147,41 @@ async def test_expiry_skips_a_lease_another_replica_holds_and_expires_the_rest(
             free.attempt_id: "expired",
         }
         await other.rollback()
-        assert await expire_leases(conn, 128) == 1
+        assert (await expire_leases(conn, 128)).expired == 1
+
+
+async def test_a_cycle_pages_on_past_leases_another_replica_holds(
+    database: MigratedDatabase, runtime_pool: Any
+) -> None:
+    """Replicas list the same oldest expired leases and each expires those the others have
+    not taken: a page a replica only partly expired itself is still a full page, and its
+    cycle goes on to the next (R-HA-1). Here the oldest lease is held by another
+    transaction (another replica's, or a command's) all cycle long."""
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        for i in range(10):
+            seed_identity(admin, f"proj-p{i}", f"worker-p{i}")
+    with psycopg.connect(database.urls.runtime, autocommit=True) as runtime:
+        leases = [
+            seed_claimed_attempt(
+                runtime, f"proj-p{i}", f"worker-p{i}", lease_expires_at_ms=NOW_MS + i
+            ).attempt_id
+            for i in range(10)
+        ]
+    async with await psycopg.AsyncConnection.connect(database.urls.runtime) as other:
+        await other.execute(
+            "SELECT 1 FROM qinglong.run_leases WHERE attempt_id = %s FOR UPDATE", (leases[0],)
+        )
+        reconciler = Reconciler(runtime_pool, ReconcilerLimits(page_size=4, max_pages=64))
+        report = await asyncio.wait_for(reconciler.cycle(), 30)
+        assert report.expired == 9  # three pages of three, then the held one alone
+        states = await other.execute(
+            "SELECT count(*) FILTER (WHERE status = 'leased') FROM qinglong.run_leases"
+            " WHERE attempt_id = ANY(%s)",
+            (leases,),
+        )
+        assert await states.fetchone() == (1,)
+        await other.rollback()
+    assert (await reconciler.cycle()).expired == 1
 
 
 async def test_expiry_makes_the_attempt_and_run_lost_then_convergence_ends_the_run(
@@ -160,13 +194,13 @@ async def test_expiry_makes_the_attempt_and_run_lost_then_convergence_ends_the_r
         work = await world.claimed()
         await acknowledge_starting(conn, work.fence)
         await asyncio.sleep(1.2)
-        assert await expire_leases(conn, 128) == 1
+        assert (await expire_leases(conn, 128)).expired == 1
         assert await state_of(world, work.fence.run_id) == ("lost", None, "lost")
         assert [t for _, t, _ in await reconciler_events(world, work.fence.run_id)] == [
             "attempt.lost",
             "run.lost",
         ]
-        assert await expire_leases(conn, 128) == 0  # nothing twice
+        assert (await expire_leases(conn, 128)).expired == 0  # nothing twice
         # lost is not terminal: a cancel intent now converges it, with only the Run Event.
         await intend(world, work.fence.run_id)
         await converge_page(conn, 128)

@@ -87,7 +87,7 @@ async def expire_lease_now(world: World, work: ClaimedWork) -> int:
     )
     row = await cursor.fetchone()
     assert row is not None
-    assert await expire_leases(world.conn, 128) == 1
+    assert (await expire_leases(world.conn, 128)).expired == 1
     return int(row[0])
 
 

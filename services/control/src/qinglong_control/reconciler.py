@@ -22,7 +22,7 @@ from qinglong_control import metrics as prometheus
 from qinglong_control.db.approvals import expire_page as expire_approvals
 from qinglong_control.db.audit_retention import prune_audit
 from qinglong_control.db.cancellation import stop_runs_of_disabled_projects
-from qinglong_control.db.convergence import converge_page, expire_leases
+from qinglong_control.db.convergence import ExpiryPage, converge_page, expire_leases
 from qinglong_control.db.output import OutputStore, TableOutputStore
 from qinglong_control.db.retries import retry_page
 from qinglong_control.domain.audit_retention import AuditRetention
@@ -70,6 +70,13 @@ class Step(Generic[Page]):
 
 def _candidates(page: Any) -> int:
     return int(page.candidates)
+
+
+def _listed(page: ExpiryPage) -> int:
+    # What the page listed, not what this replica expired: with replicas expiring the
+    # same oldest leases side by side, each expires part of every page, and counting only
+    # its own part ended every replica's cycle after one page (R-HA-1).
+    return page.listed
 
 
 #: A page of work may hold many short transactions one after another (lease expiry: one
@@ -158,7 +165,7 @@ class Reconciler:
         times each one from this list too)."""
         size = self._limits.page_size
         return [
-            Step("expire_leases", lambda: expire_leases(conn, size), int),
+            Step("expire_leases", lambda: expire_leases(conn, size), _listed),
             # Before convergence, so that it ends the queued ones in the same cycle.
             Step("stop_disabled", lambda: stop_runs_of_disabled_projects(conn, size), int),
             Step("converge", lambda: converge_page(conn, size), _candidates),
@@ -196,7 +203,7 @@ class Reconciler:
         done[output.name] = await self._pages(output)
         converged, retried = done["converge"], done["retry"]
         return CycleReport(
-            expired=sum(done["expire_leases"]),
+            expired=sum(page.expired for page in done["expire_leases"]),
             converged=sum(page.converged for page in converged),
             blocked=sum(page.blocked for page in converged),
             pages=len(converged),

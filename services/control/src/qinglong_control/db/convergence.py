@@ -4,8 +4,10 @@ Convergence locks candidate Runs with FOR UPDATE SKIP LOCKED, so any number of c
 replicas share the work with no claim table: a Run locked by one is skipped by the
 others. Lock order is Run, then Attempt, then Lease — the relative order every fenced
 command uses — and convergence never waits for an advisory lock, so it cannot deadlock
-with an ACK. Expiry re-locks each expired lease in the full fenced order, one Attempt per
-transaction, skipping an Attempt whose advisory lock is held (a command is deciding it).
+with an ACK. Expiry lists the oldest expired leases and locks each again on its own, one
+Attempt per transaction: its advisory lock without waiting, then its Run, Attempt and
+Lease with SKIP LOCKED (a command or another replica is deciding it; the next page or
+cycle sees the outcome). It never waits, so it cannot break the lock order either.
 """
 
 from __future__ import annotations
@@ -165,13 +167,23 @@ class _Expiring:
     expires_at_ms: int
 
 
-async def expire_leases(conn: AsyncConnection[Any], limit: int) -> int:
+@dataclass(frozen=True)
+class ExpiryPage:
+    listed: int
+    """Leases the page found past their expiry. A full page means there may be more,
+    however many of these this replica expired itself: replicas list the same oldest
+    leases, and each expires those the others have not taken yet."""
+    expired: int
+
+
+async def expire_leases(conn: AsyncConnection[Any], limit: int) -> ExpiryPage:
     """Expire at most `limit` leases past their expiry, one Attempt per transaction."""
     cursor = await conn.execute(_EXPIRED_LEASES, (limit,))
+    listed = await cursor.fetchall()
     expired = 0
-    for (attempt_id,) in await cursor.fetchall():
+    for (attempt_id,) in listed:
         expired += await _expire_one(conn, attempt_id)
-    return expired
+    return ExpiryPage(len(listed), expired)
 
 
 async def _expire_one(conn: AsyncConnection[Any], attempt_id: uuid.UUID) -> int:
