@@ -30,7 +30,7 @@ from qinglong_control.domain.start_facts import RunningReport
 from qinglong_control.domain.states import RunState
 from qinglong_control.domain.timings import Timings
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
-from qinglong_protocol.pooling import PoolSizing
+from qinglong_protocol.pooling import PoolSizing, default_max_size
 
 from tests.support import timelines
 from tests.support.postgres import MigratedDatabase
@@ -503,3 +503,35 @@ async def test_concurrent_cancellations_answer_one_accepted_and_the_rest_already
         await pool.close()
     assert sorted(o.value for o in outcomes) == ["accepted"] + ["already_requested"] * 7
     assert (await event_types(world, work.fence.run_id)).count("run.cancel_requested") == 1
+
+
+async def test_cancellations_of_many_runs_at_once_are_all_accepted(
+    database: MigratedDatabase, world: World
+) -> None:
+    """Serializable cancels of different Runs touch the same index pages (the Events', the
+    Runs'), which PostgreSQL may take for a conflict: however many collide, each retries
+    until it is answered (R-CAN-6), never UNAVAILABLE. As many at once as two control
+    replicas' largest default pools hold."""
+    callers = 2 * default_max_size(cores=1024)
+    with psycopg.connect(database.urls.migration, autocommit=True) as admin:
+        alice = enroll_operator_token(admin, "alice", "user", digest("qlo1_alice"))
+        bind_role(admin, PROJECT, alice, "operator")
+    runs = [await world.queued_run() for _ in range(callers)]
+    snapshot = BindingSnapshot(project_version=1, binding_version=1, role="operator")
+    pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(callers, callers))
+
+    async def cancel(run_id: uuid.UUID) -> CancelOutcome:
+        async with pool.connection() as conn:
+            request = CancelRequest(
+                PROJECT, run_id, "bulk", Actor("user", str(alice)), alice, snapshot
+            )
+            return await cancel_run(conn, request)
+
+    try:
+        await pool.wait()
+        outcomes = await asyncio.gather(*(cancel(run_id) for run_id in runs))
+    finally:
+        await pool.close()
+    assert {o.value for o in outcomes} == {"accepted"}
+    for run_id in runs:
+        assert (await event_types(world, run_id)).count("run.cancel_requested") == 1

@@ -146,7 +146,15 @@ async def command_transaction(
 
 
 #: Attempts of one serializable command when concurrent ones collide (SQLSTATE 40001/40P01).
-SERIALIZATION_ATTEMPTS = 8
+#: Not only commands on one Run collide: PostgreSQL tracks what a serializable
+#: transaction read by index page, so cancels of different Runs whose Events share a page
+#: count as conflicts too — with 64 at once, some met one eight times running.
+SERIALIZATION_ATTEMPTS = 32
+#: The first retry waits up to this long, each next one up to twice as long as the last,
+#: at most SERIALIZATION_BACKOFF_CAP_SECONDS: colliding transactions spread out instead
+#: of meeting again (about 3 s of waiting in all, within an operator command's budget).
+SERIALIZATION_BACKOFF_SECONDS = 0.005
+SERIALIZATION_BACKOFF_CAP_SECONDS = 0.1
 
 Result = TypeVar("Result")
 
@@ -161,6 +169,9 @@ async def retrying_serialization(once: Callable[[], Awaitable[Result]]) -> Resul
         except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
             if attempt == SERIALIZATION_ATTEMPTS:
                 raise
-            # Spread the retries so that the colliding transactions do not meet again.
-            await asyncio.sleep(random.uniform(0, 0.005 * attempt))  # noqa: S311 - jitter
+            ceiling = min(
+                SERIALIZATION_BACKOFF_CAP_SECONDS,
+                SERIALIZATION_BACKOFF_SECONDS * 2 ** (attempt - 1),
+            )
+            await asyncio.sleep(random.uniform(0, ceiling))  # noqa: S311 - jitter
     raise AssertionError("unreachable")
