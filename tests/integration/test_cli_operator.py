@@ -8,11 +8,14 @@ import asyncio
 import json
 import os
 import pty
+import re
 from pathlib import Path
 
 import psycopg
+from qinglong_protocol.identities import operator_uri
 
 from tests.support.cli import QINGLONG, qinglong
+from tests.support.lossy_proxy import FaultSchedule, LossyProxy, lose_answers
 from tests.support.stack import Stack
 
 
@@ -117,10 +120,10 @@ async def test_stack_file_problems_are_one_line_with_exit_2(tmp_path: Path) -> N
     assert "Traceback" not in absent.err + broken.err
 
 
-def moved_stack(stack_file: Path, tmp_path: Path) -> Path:
-    """The same identity, pointed at an address where nothing listens."""
+def moved_stack(stack_file: Path, tmp_path: Path, address: str = "127.0.0.1:1") -> Path:
+    """The same identity, pointed at another address (by default, where nothing listens)."""
     document = json.loads(stack_file.read_text())
-    document["ingress"]["address"] = "127.0.0.1:1"
+    document["ingress"]["address"] = address
     moved = tmp_path / "moved.json"
     moved.write_text(json.dumps(document))
     return moved
@@ -255,3 +258,78 @@ async def test_an_agents_cancel_is_approved_from_the_cli(
     assert (agent.code, agent.out) == (1, "")
     assert agent.err.startswith("error: PERMISSION_DENIED PERMISSION_DENIED")
     assert "Traceback" not in agent.err
+
+
+def runs_of(stack: Stack, task_id: str) -> list[str]:
+    with psycopg.connect(stack.database.urls.migration) as conn:
+        return [
+            str(row[0])
+            for row in conn.execute(
+                "SELECT run_id FROM qinglong.runs WHERE task_id = %s", (task_id,)
+            )
+        ]
+
+
+async def test_a_trigger_whose_answer_was_lost_is_retried_by_its_request_id(
+    stack: Stack, stack_file: Path, tmp_path: Path
+) -> None:
+    """A real lost answer: a proxy between the CLI and ingress throws TriggerRun's answer
+    away after control committed the Run. The CLI names the request id; the same command
+    with it answers that Run and makes no second one."""
+    created = await qinglong("task", "create", "--stack", str(stack_file), "--name", "once",
+                             "--", "true")  # fmt: skip
+    task_id = json.loads(created.out)["taskId"]
+    schedule = FaultSchedule([lose_answers("TriggerRun", 1)])
+    with LossyProxy(
+        upstream_address=stack.ingress_address,
+        upstream_identity=stack.operator_identity("carol"),
+        server_identity=stack.pki.ingress_server,
+        allowed_peer_uri=operator_uri(stack.pki.trust_domain, "carol"),
+        schedule=schedule,
+    ) as proxy:
+        through_proxy = moved_stack(stack_file, tmp_path, proxy.address)
+        lost = await qinglong("run", "trigger", "--task", task_id, "--stack", str(through_proxy))
+    assert schedule.faults["TriggerRun"] == 1  # the answer really was lost
+    assert (lost.code, lost.out) == (3, "")
+    hint = re.search(r"--request-id (\S+) answers what it did", lost.err)
+    assert hint is not None, lost.err
+    committed = runs_of(stack, task_id)
+    assert len(committed) == 1  # control had made the Run
+
+    again = await qinglong("run", "trigger", "--task", task_id, "--stack", str(stack_file),
+                           "--request-id", hint.group(1))  # fmt: skip
+    assert (again.code, again.err) == (0, "")
+    assert json.loads(again.out)["runId"] == committed[0]
+    fresh = await qinglong("run", "trigger", "--task", task_id, "--stack", str(stack_file))
+    duplicates = len(runs_of(stack, task_id)) - 2
+    print(f"lost TriggerRun answers 1, retried by request id 1, duplicate Runs {duplicates}")
+    assert json.loads(fresh.out)["runId"] != committed[0]
+    assert duplicates == 0
+
+
+async def test_creates_repeat_their_answer_for_the_same_request_id(stack_file: Path) -> None:
+    stack_flag = ("--stack", str(stack_file))
+    create = ("task", "create", *stack_flag, "--name", "keyed", "--request-id", "create-1")
+    first, second = [json.loads((await qinglong(*create, "--", "true")).out) for _ in range(2)]
+    assert first == second
+    task_id = first["taskId"]
+    revise = ("task", "revise", task_id, *stack_flag, "--request-id", "revise-1", "--", "false")
+    revised = [json.loads((await qinglong(*revise)).out) for _ in range(2)]
+    assert revised[0] == revised[1]
+    assert revised[0]["revisionNumber"] == 2
+    changed = await qinglong("task", "revise", task_id, *stack_flag, "--request-id", "revise-1",
+                             "--", "echo", "other")  # fmt: skip
+    assert changed.code == 1
+    assert changed.err.startswith("error: ABORTED REPLAY_MISMATCH")
+
+
+async def test_retry_settings_without_max_attempts_are_refused_not_dropped(
+    stack: Stack, stack_file: Path
+) -> None:
+    refused = await qinglong(
+        "task", "create", "--stack", str(stack_file), "--name", "dropped",
+        "--retry-on", "failed", "--retry-backoff-ms", "5000", "--", "false",
+    )  # fmt: skip
+    assert (refused.code, refused.out) == (2, "")
+    assert refused.err.startswith("error: --retry-backoff-ms, --retry-on need --max-attempts")
+    assert "dropped" not in task_names(stack)

@@ -33,15 +33,17 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from qinglong.admin.v1 import admin_pb2, admin_service_pb2, admin_service_pb2_grpc
 from qinglong_protocol.files import atomic_write
 
-from qinglong_cli.cli_errors import ConfigurationError, NotFoundError
+from qinglong_cli.cli_errors import ConfigurationError, NotFoundError, sent_once
 from qinglong_cli.ingress_client import (
     ADMIN_TOKEN,
     PagedRequest,
     Session,
     add_connection_flags,
     add_paging_flags,
+    add_request_id_flag,
     pages,
     print_pages,
+    request_id_of,
     run_through_ingress,
 )
 from qinglong_cli.output import Printer, enum_names
@@ -166,10 +168,6 @@ def _kind_names(kinds: Collection[_Kind]) -> str:
     return " or ".join(sorted(_kind_name(kind) for kind in kinds))
 
 
-def _request_id(args: argparse.Namespace) -> str:
-    return args.request_id or uuid.uuid4().hex
-
-
 def _moment(text: str) -> Timestamp:
     """`--since`/`--until`: an RFC 3339 time (UTC if it names no offset) or an age (`15m`)."""
     age = _AGE.fullmatch(text)
@@ -202,7 +200,10 @@ def _one_call(
     make, printing the `answer` field of the response."""
 
     async def handler(admin: _Admin, args: argparse.Namespace) -> None:
-        response = await getattr(admin.stub, method)(request(args), **admin.call)
+        sent = request(args)
+        call = getattr(admin.stub, method)(sent, **admin.call)
+        request_id = getattr(sent, "request_id", "")
+        response = await (sent_once(call, request_id) if request_id else call)
         admin.printer.item(getattr(response, answer))
 
     return handler
@@ -211,7 +212,7 @@ def _one_call(
 _project_create = _one_call(
     "CreateProject",
     lambda args: admin_service_pb2.CreateProjectRequest(
-        request_id=_request_id(args),
+        request_id=request_id_of(args),
         project_id=args.project_id,
         display_name=args.display_name or args.project_id,
     ),
@@ -230,7 +231,7 @@ _project_disable = _one_call(
 _principal_create = _one_call(
     "CreatePrincipal",
     lambda args: admin_service_pb2.CreatePrincipalRequest(
-        request_id=_request_id(args),
+        request_id=request_id_of(args),
         kind=_KINDS[args.kind],
         name=args.name,
         cluster_admin=args.cluster_admin,
@@ -317,11 +318,11 @@ def _check_save(path: Path | None) -> None:
 async def _token_issue(admin: _Admin, args: argparse.Namespace) -> None:
     _check_save(args.save)
     request = admin_service_pb2.IssueTokenRequest(
-        request_id=_request_id(args), principal_id=await admin.principal_id(args.principal)
+        request_id=request_id_of(args), principal_id=await admin.principal_id(args.principal)
     )
     if args.ttl is not None:
         request.ttl_seconds = args.ttl
-    issued = await admin.stub.IssueToken(request, **admin.call)
+    issued = await sent_once(admin.stub.IssueToken(request, **admin.call), request.request_id)
     admin.show_secret(issued, "token", "token", request.request_id, args.save)
 
 
@@ -337,9 +338,9 @@ async def _token_list(admin: _Admin, args: argparse.Namespace) -> None:
 async def _token_rotate(admin: _Admin, args: argparse.Namespace) -> None:
     _check_save(args.save)
     request = admin_service_pb2.RotateTokenRequest(
-        request_id=_request_id(args), token_id=args.token_id, overlap_seconds=args.overlap
+        request_id=request_id_of(args), token_id=args.token_id, overlap_seconds=args.overlap
     )
-    rotated = await admin.stub.RotateToken(request, **admin.call)
+    rotated = await sent_once(admin.stub.RotateToken(request, **admin.call), request.request_id)
     admin.show_secret(rotated, "token", "token", request.request_id, args.save)
 
 
@@ -375,21 +376,21 @@ async def _role_list(admin: _Admin, args: argparse.Namespace) -> None:
 
 async def _worker_create(admin: _Admin, args: argparse.Namespace) -> None:
     request = admin_service_pb2.CreateWorkerRequest(
-        request_id=_request_id(args), worker_id=args.worker_id, project_ids=args.projects
+        request_id=request_id_of(args), worker_id=args.worker_id, project_ids=args.projects
     )
     if args.join_token_ttl is not None:
         request.join_token_ttl_seconds = args.join_token_ttl
-    created = await admin.stub.CreateWorker(request, **admin.call)
+    created = await sent_once(admin.stub.CreateWorker(request, **admin.call), request.request_id)
     admin.show_secret(created, "join_token", "join token", request.request_id)
 
 
 async def _worker_join_token(admin: _Admin, args: argparse.Namespace) -> None:
     request = admin_service_pb2.IssueJoinTokenRequest(
-        request_id=_request_id(args), worker_id=args.worker_id
+        request_id=request_id_of(args), worker_id=args.worker_id
     )
     if args.ttl is not None:
         request.ttl_seconds = args.ttl
-    issued = await admin.stub.IssueJoinToken(request, **admin.call)
+    issued = await sent_once(admin.stub.IssueJoinToken(request, **admin.call), request.request_id)
     # Printed as CreateWorker's answer, which has the very same fields (and a table).
     shown = admin_service_pb2.CreateWorkerResponse(
         worker=issued.worker,
@@ -476,17 +477,11 @@ def _group(parent: Any, name: str, help_text: str) -> Any:
     return parent.add_parser(name, help=help_text).add_subparsers(dest="action", required=True)
 
 
-def _add_request_id(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--request-id", help="idempotency key, to retry a create (default: a fresh one)"
-    )
-
-
 def _add_project_commands(group: Any, command: _Command) -> None:
     create = command(group, "create", "create a project", _project_create)
     create.add_argument("project_id")
     create.add_argument("--display-name", help="human-readable name (default: the id)")
-    _add_request_id(create)
+    add_request_id_flag(create)
     add_paging_flags(
         command(group, "list", "list projects, oldest first", _project_list), "projects"
     )
@@ -506,7 +501,7 @@ def _add_principal_commands(group: Any, command: _Command, kind: str) -> None:
     else:
         # An agent is never a cluster admin (control refuses it: docs/approvals.md).
         create.set_defaults(cluster_admin=False)
-    _add_request_id(create)
+    add_request_id_flag(create)
     listing = command(group, "list", f"list {kind}s, oldest first", _principal_list)
     add_paging_flags(listing, f"{kind}s")
     get = command(group, "get", f"show a {kind}", _principal_get)
@@ -524,7 +519,7 @@ def _add_token_commands(group: Any, command: _Command) -> None:
     issue.add_argument("principal", metavar="PRINCIPAL", help="user or agent: name or id")
     issue.add_argument("--ttl", type=int, help="lifetime in seconds (default: no expiry)")
     _add_save(issue)
-    _add_request_id(issue)
+    add_request_id_flag(issue)
     listing = command(
         group, "list", "list a principal's tokens, newest first, with their last use", _token_list
     )
@@ -539,7 +534,7 @@ def _add_token_commands(group: Any, command: _Command) -> None:
         help="seconds the old token keeps working (default 0: it stops now)",
     )
     _add_save(rotate)
-    _add_request_id(rotate)
+    add_request_id_flag(rotate)
 
 
 def _add_save(parser: argparse.ArgumentParser) -> None:
@@ -570,7 +565,7 @@ def _add_worker_create(group: Any, command: _Command) -> None:
         "--join-token-ttl", type=int, help="seconds the join token is valid (default 3600)"
     )
     _add_project_flag(create, " (default: every project)")
-    _add_request_id(create)
+    add_request_id_flag(create)
 
 
 def _add_worker_join_token(group: Any, command: _Command) -> None:
@@ -582,7 +577,7 @@ def _add_worker_join_token(group: Any, command: _Command) -> None:
     )
     issue.add_argument("worker_id", metavar="NAME")
     issue.add_argument("--ttl", type=int, help="seconds the join token is valid (default 3600)")
-    _add_request_id(issue)
+    add_request_id_flag(issue)
 
 
 def _add_project_flag(parser: Any, default: str = "") -> None:

@@ -13,7 +13,8 @@ of its BadRequest. Exit codes:
 
 from __future__ import annotations
 
-from typing import Final, TextIO
+from collections.abc import Awaitable
+from typing import Final, TextIO, TypeVar
 
 import grpc
 from qinglong_protocol.errors import error_reason_of, field_violations_of
@@ -24,6 +25,39 @@ EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = 3
 
 _UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+Answer = TypeVar("Answer")
+
+
+class UnknownOutcome(Exception):
+    """A create whose answer never came (UNAVAILABLE, DEADLINE_EXCEEDED): it may have been
+    done. Sent again with the same request id, it answers what it did, and does it at most
+    once (AIP-155) — so the error names that id."""
+
+    def __init__(self, error: grpc.aio.AioRpcError, request_id: str) -> None:
+        super().__init__(request_id)
+        self.error = error
+        self.request_id = request_id
+
+
+async def sent_once(call: Awaitable[Answer], request_id: str) -> Answer:
+    """Await a create that carries ``request_id``; an unknown outcome names the id."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as error:
+        if error.code() in _UNREACHABLE:
+            raise UnknownOutcome(error, request_id) from error
+        raise
+
+
+def report_unknown_outcome(unknown: UnknownOutcome, err: TextIO) -> int:
+    code = report_rpc_error(unknown.error, err)
+    print(
+        f"  (it may have been done: the same command with --request-id {unknown.request_id}"
+        " answers what it did, and does it at most once)",
+        file=err,
+    )
+    return code
 
 
 class ConfigurationError(Exception):

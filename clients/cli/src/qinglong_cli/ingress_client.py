@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import sys
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,9 +48,11 @@ from qinglong_cli.cli_errors import (
     EXIT_OK,
     ConfigurationError,
     NotFoundError,
+    UnknownOutcome,
     report_configuration_error,
     report_not_found,
     report_rpc_error,
+    report_unknown_outcome,
 )
 from qinglong_cli.output import OutputFormat, Printer
 
@@ -439,11 +442,30 @@ async def run_through_ingress(
     except NotFoundError as error:
         printer.close()
         return report_not_found(error, err)
+    except UnknownOutcome as unknown:
+        printer.close()
+        return report_unknown_outcome(unknown, err)
     except grpc.aio.AioRpcError as error:
         printer.close()
         return report_rpc_error(error, err)
     printer.close()
     return EXIT_OK
+
+
+# --- creates ----------------------------------------------------------------------------------
+
+
+def add_request_id_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--request-id",
+        help="idempotency key: the same command with the same key is done at most once and"
+        " answers as the first time (default: a fresh one, named if the answer is lost)",
+    )
+
+
+def request_id_of(args: argparse.Namespace) -> str:
+    """The create's AIP-155 request id: the user's ``--request-id``, or a fresh one."""
+    return str(args.request_id or uuid.uuid4().hex)
 
 
 # --- pages ----------------------------------------------------------------------------------

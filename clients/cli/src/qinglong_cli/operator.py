@@ -24,11 +24,14 @@ from qinglong.control.v1 import (
 )
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 
+from qinglong_cli.cli_errors import ConfigurationError, sent_once
 from qinglong_cli.ingress_client import (
     OPERATOR_TOKEN,
     Session,
     add_operator_flags,
+    add_request_id_flag,
     print_pages,
+    request_id_of,
     run_through_ingress,
 )
 from qinglong_cli.output import enum_names
@@ -40,6 +43,10 @@ _RETRYABLE = {
     "failed": execution_pb2.RETRYABLE_OUTCOME_FAILED,
     "start-failed": execution_pb2.RETRYABLE_OUTCOME_START_FAILED,
 }
+#: A retry policy's delays when `--max-attempts` is given without them.
+_DEFAULT_BACKOFF_MS = 1_000
+_DEFAULT_MAX_BACKOFF_MS = 60_000
+_DEFAULT_MULTIPLIER_PERCENT = 200
 #: `run list --state` names: the Run states (lower case, as `run get` shows them).
 _RUN_STATES = enum_names(lifecycle_pb2.RunState, "RUN_STATE_")
 
@@ -58,20 +65,18 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         parser.add_argument(
             "--retry-backoff-ms",
             type=int,
-            default=1_000,
-            help="delay before the second attempt (default 1000)",
+            help=f"delay before the second attempt (default {_DEFAULT_BACKOFF_MS})",
         )
         parser.add_argument(
             "--retry-max-backoff-ms",
             type=int,
-            default=60_000,
-            help="upper bound of the delay (default 60000)",
+            help=f"upper bound of the delay (default {_DEFAULT_MAX_BACKOFF_MS})",
         )
         parser.add_argument(
             "--retry-multiplier-percent",
             type=int,
-            default=200,
-            help="growth of the delay per attempt in percent (default 200: doubles)",
+            help="growth of the delay per attempt in percent"
+            f" (default {_DEFAULT_MULTIPLIER_PERCENT}: doubles)",
         )
         parser.add_argument(
             "--retry-on",
@@ -81,6 +86,7 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
             help="also retry these endings (lost attempts always retry); repeatable",
         )
         parser.add_argument("argv", nargs="+", help="the command, after --")
+        add_request_id_flag(parser)
 
     task = commands.add_parser("task", help="create, read and list tasks").add_subparsers(
         dest="action", required=True
@@ -107,6 +113,7 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
     trigger = run.add_parser("trigger", help="queue a run of a task's latest revision")
     common(trigger)
     trigger.add_argument("--task", required=True, help="task id")
+    add_request_id_flag(trigger)
     for name, help_text in (
         ("get", "show a run"),
         ("events", "list a run's events"),
@@ -151,17 +158,38 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
     )
     if args.timeout_ms is not None:
         plan.timeout_ms = args.timeout_ms
-    if args.max_attempts is not None:
-        plan.retry_policy.CopyFrom(
-            execution_pb2.RetryPolicy(
-                max_attempts=args.max_attempts,
-                initial_backoff_ms=args.retry_backoff_ms,
-                max_backoff_ms=max(args.retry_max_backoff_ms, args.retry_backoff_ms),
-                backoff_multiplier_percent=args.retry_multiplier_percent,
-                retry_on=sorted({_RETRYABLE[name] for name in args.retry_on}),
-            )
+    retry_flags = [
+        flag
+        for flag, value in (
+            ("--retry-backoff-ms", args.retry_backoff_ms),
+            ("--retry-max-backoff-ms", args.retry_max_backoff_ms),
+            ("--retry-multiplier-percent", args.retry_multiplier_percent),
+            ("--retry-on", args.retry_on),
         )
+        if value
+    ]
+    if args.max_attempts is None:
+        if retry_flags:  # a policy the user described must not be dropped unseen
+            raise ConfigurationError(f"{', '.join(retry_flags)} need --max-attempts")
+        return plan
+    backoff = _or_default(args.retry_backoff_ms, _DEFAULT_BACKOFF_MS)
+    max_backoff = _or_default(args.retry_max_backoff_ms, _DEFAULT_MAX_BACKOFF_MS)
+    plan.retry_policy.CopyFrom(
+        execution_pb2.RetryPolicy(
+            max_attempts=args.max_attempts,
+            initial_backoff_ms=backoff,
+            max_backoff_ms=max(max_backoff, backoff),
+            backoff_multiplier_percent=_or_default(
+                args.retry_multiplier_percent, _DEFAULT_MULTIPLIER_PERCENT
+            ),
+            retry_on=sorted({_RETRYABLE[name] for name in args.retry_on}),
+        )
+    )
     return plan
+
+
+def _or_default(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 async def _dispatch(args: argparse.Namespace, session: Session) -> None:
@@ -173,25 +201,33 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
     project = session.project_id
     if args.command == "task" and args.action == "create":
         # One call: the task and its first revision commit together or not at all.
-        created = await tasks.CreateTask(
-            task_service_pb2.CreateTaskRequest(
-                project_id=project,
-                request_id=uuid.uuid4().hex,
-                display_name=args.name,
-                first_revision_plan=_plan(args),
+        request_id = request_id_of(args)
+        created = await sent_once(
+            tasks.CreateTask(
+                task_service_pb2.CreateTaskRequest(
+                    project_id=project,
+                    request_id=request_id,
+                    display_name=args.name,
+                    first_revision_plan=_plan(args),
+                ),
+                **call,
             ),
-            **call,
+            request_id,
         )
         printer.item(created.first_revision)
     elif args.command == "task" and args.action == "revise":
-        revision = await tasks.CreateTaskRevision(
-            task_service_pb2.CreateTaskRevisionRequest(
-                project_id=project,
-                task_id=args.task_id,
-                request_id=uuid.uuid4().hex,
-                plan=_plan(args),
+        request_id = request_id_of(args)
+        revision = await sent_once(
+            tasks.CreateTaskRevision(
+                task_service_pb2.CreateTaskRevisionRequest(
+                    project_id=project,
+                    task_id=args.task_id,
+                    request_id=request_id,
+                    plan=_plan(args),
+                ),
+                **call,
             ),
-            **call,
+            request_id,
         )
         printer.item(revision.revision)
     elif args.command == "task" and args.action == "get":
@@ -211,11 +247,15 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
             follow=False,
         )
     elif args.action == "trigger":
-        triggered = await runs.TriggerRun(
-            run_service_pb2.TriggerRunRequest(
-                project_id=project, task_id=args.task, request_id=uuid.uuid4().hex
+        request_id = request_id_of(args)
+        triggered = await sent_once(
+            runs.TriggerRun(
+                run_service_pb2.TriggerRunRequest(
+                    project_id=project, task_id=args.task, request_id=request_id
+                ),
+                **call,
             ),
-            **call,
+            request_id,
         )
         printer.item(triggered.run)
     elif args.action == "get":
