@@ -189,3 +189,19 @@ async def test_a_decided_request_never_changes_again(
             with pytest.raises(psycopg.errors.CheckViolation) as refused:
                 owner.execute(statement.encode(), (approval_id,))
             assert refused.value.diag.constraint_name == "approval_requests_final"
+
+
+async def test_a_full_last_page_of_approvals_hands_out_no_token(
+    world: World, people: dict[str, uuid.UUID]
+) -> None:
+    """As ListRuns and ListTasks: the last page's token is empty even when the page is
+    full (the contract), and a full page that is not the last leads to the rest."""
+    held_ids = [(await held(world, people))[1] for _ in range(3)]
+    whole = await approvals.list_approvals(world.conn, PROJECT, limit=3)
+    assert (len(whole.approvals), whole.next_cursor) == (3, None)
+    first = await approvals.list_approvals(world.conn, PROJECT, limit=2)
+    assert first.next_cursor is not None
+    rest = await approvals.list_approvals(world.conn, PROJECT, limit=2, before=first.next_cursor)
+    assert rest.next_cursor is None
+    listed = [a.approval_id for a in first.approvals + rest.approvals]
+    assert sorted(listed) == sorted(held_ids)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TypeVar, cast
 
 from qinglong_protocol import bounds
 
@@ -21,6 +21,25 @@ from qinglong_control.domain.refusals import Reason, Refused
 
 #: Turns one part's text back into its value, or raises ValueError.
 Part = Callable[[str], object]
+
+Row = TypeVar("Row")
+Key = TypeVar("Key")
+
+
+def read_limit(page_size: int) -> int:
+    """A list reads one row more than a page: whether it came says whether another page
+    follows, so the last page's token is empty, as the contracts say (and a full last
+    page does not hand out a token that leads to nothing)."""
+    return page_size + 1
+
+
+def keyset_page(
+    rows: Sequence[Row], page_size: int, key: Callable[[Row], Key]
+) -> tuple[list[Row], Key | None]:
+    """``rows`` read with :func:`read_limit`: the page, and the key of its last row when
+    another page follows (None on the last page)."""
+    page = list(rows[:page_size])
+    return page, key(page[-1]) if len(rows) > page_size and page else None
 
 
 def epoch_ms(text: str) -> int:

@@ -53,6 +53,7 @@ from qinglong_control.domain.administration import (
     successor_expiry,
 )
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.paging import read_limit
 
 PROJECT_LOCK = "qinglong.project:"
 """Advisory-lock namespace of a project: binding and project changes take it exclusively,
@@ -175,7 +176,7 @@ async def list_projects(
     values = {
         "after_created": None if after is None else after[0],
         "after_id": None if after is None else after[1],
-        "limit": limit + 1,
+        "limit": read_limit(limit),
     }
     cursor = conn.cursor(row_factory=kwargs_row(ProjectRow))
     await cursor.execute(_LIST_PROJECTS, values)
@@ -252,7 +253,7 @@ async def list_principals(
         "kinds": list(kinds),
         "after_created": None if after is None else after[0],
         "after_id": None if after is None else after[1],
-        "limit": limit + 1,
+        "limit": read_limit(limit),
     }
     cursor = conn.cursor(row_factory=kwargs_row(PrincipalRow))
     await cursor.execute(_LIST_PRINCIPALS, values)
@@ -606,7 +607,7 @@ async def list_workers(
     conn: AsyncConnection[Any], *, limit: int, after: str | None
 ) -> Page[WorkerRow]:
     cursor = conn.cursor(row_factory=kwargs_row(_worker))
-    await cursor.execute(_FLEET, _fleet_values(after=after, limit=limit + 1))
+    await cursor.execute(_FLEET, _fleet_values(after=after, limit=read_limit(limit)))
     return _page(await cursor.fetchall(), limit)
 
 
@@ -719,7 +720,7 @@ async def list_audit(
         "end_ms": where.end_ms,
         "before_at": None if before is None else before[0],
         "before_id": None if before is None else before[1],
-        "limit": limit + 1,
+        "limit": read_limit(limit),
     }
     cursor = conn.cursor(row_factory=kwargs_row(AuditRow))
     # Planned with its values (as runs.list_runs): a filter by principal then reads
@@ -742,7 +743,8 @@ def _new_principal(kind: str, name: str, request_id: str | None, now_ms: int) ->
 
 
 def _page(rows: list[Row], limit: int) -> Page[Row]:
-    """Lists read one row more than a page: whether it came says whether a next page does."""
+    """Rows read with paging.read_limit: whether the extra one came says whether a next
+    page does."""
     return Page(rows[:limit], len(rows) > limit)
 
 

@@ -34,6 +34,7 @@ from qinglong_control.domain.approvals import (
 )
 from qinglong_control.domain.cancellation import BindingSnapshot, PolicyNow
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.paging import keyset_page, read_limit
 
 _LOCK_PROJECT_SHARED = SQL["cancellation.lock_project_shared"]
 _POLICY_NOW = SQL["cancellation.policy_now"]
@@ -351,12 +352,15 @@ async def list_approvals(
             "states": list(states),
             "before_requested": None if before is None else before[0],
             "before_approval": None if before is None else before[1],
-            "limit": limit,
+            "limit": read_limit(limit),
         },
     )
-    found = list(await cursor.fetchall())
-    last = found[-1] if len(found) == limit else None
-    return ApprovalPage(found, None if last is None else (last.requested_at_ms, last.approval_id))
+    page, last = keyset_page(await cursor.fetchall(), limit, _approval_key)
+    return ApprovalPage(page, last)
+
+
+def _approval_key(approval: ApprovalView) -> tuple[int, uuid.UUID]:
+    return approval.requested_at_ms, approval.approval_id
 
 
 # --- shared ---------------------------------------------------------------------------

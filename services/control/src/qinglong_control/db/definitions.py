@@ -15,6 +15,7 @@ from qinglong_control.db.retry_policy import retry_on_names, retry_policy_of
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.retry import NO_RETRY, RetryPolicy
+from qinglong_control.paging import keyset_page, read_limit
 
 
 @dataclass(frozen=True)
@@ -241,14 +242,15 @@ async def list_tasks(
             "project_id": project_id,
             "before_created": None if before is None else before[0],
             "before_task": None if before is None else before[1],
-            "limit": limit + 1,  # one more than a page: is there a next one?
+            "limit": read_limit(limit),
         },
     )
-    tasks = list(await cursor.fetchall())
-    if len(tasks) <= limit:  # the last page: its token is empty, as the contract says
-        return TaskPage(tasks, None)
-    page = tasks[:limit]
-    return TaskPage(page, (page[-1].created_at_ms, page[-1].task_id))
+    page, last = keyset_page(await cursor.fetchall(), limit, _task_key)
+    return TaskPage(page, last)
+
+
+def _task_key(task: TaskView) -> tuple[int, uuid.UUID]:
+    return task.created_at_ms, task.task_id
 
 
 async def create_revision(

@@ -13,6 +13,7 @@ from qinglong_control.db.command_tx import command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.paging import keyset_page, read_limit
 
 
 @dataclass(frozen=True)
@@ -169,18 +170,19 @@ async def list_runs(
             "states": list(states),
             "before_created": None if before is None else before[0],
             "before_run": None if before is None else before[1],
-            "limit": limit + 1,  # one more than a page: is there a next one?
+            "limit": read_limit(limit),
         },
         # Planned with its values each time, never as a prepared generic plan: only then
         # can the planner drop the filters not given and read the index of the one that
         # is (migration 0020) instead of the whole project's history.
         prepare=False,
     )
-    runs = list(await cursor.fetchall())
-    if len(runs) <= limit:  # the last page: its token is empty, as the contract says
-        return RunPage(runs, None)
-    page = runs[:limit]
-    return RunPage(page, (page[-1].created_at_ms, page[-1].run_id))
+    page, last = keyset_page(await cursor.fetchall(), limit, _run_key)
+    return RunPage(page, last)
+
+
+def _run_key(run: RunView) -> tuple[int, uuid.UUID]:
+    return run.created_at_ms, run.run_id
 
 
 async def list_events(
