@@ -48,13 +48,13 @@ THREE_TRIES = RetryPolicy(
 
 async def run_row(world: World, run_id: uuid.UUID) -> dict[str, Any]:
     cursor = await world.conn.execute(
-        "SELECT state, error_code, attempt_count, retry_at_ms, event_sequence, finished_at_ms"
-        " FROM qinglong.runs WHERE run_id = %s",
+        "SELECT state, error_code, attempt_count, retry_at_ms, event_sequence, finished_at_ms,"
+        " deadline_at_ms FROM qinglong.runs WHERE run_id = %s",
         (run_id,),
     )
     row = await cursor.fetchone()
     assert row is not None
-    names = ("state", "error_code", "attempts", "retry_at", "sequence", "finished_at")
+    names = ("state", "error_code", "attempts", "retry_at", "sequence", "finished_at", "deadline")
     return dict(zip(names, row, strict=True))
 
 
@@ -198,8 +198,17 @@ async def test_lost_run_waits_a_lease_lifetime_then_is_queued_for_attempt_two(
     assert (await retry_page(world.conn, 128, world.timings)).requeued == 1
     row = await run_row(world, run_id)
     assert (row["state"], row["retry_at"]) == ("queued", None)
+    first_deadline = (await run_row(world, run_id))["deadline"]
+    assert first_deadline is not None
     second = await world.claim(run_id, work.session)
+    # The Run shows its newest Attempt's deadline: none until that one starts.
+    assert (await run_row(world, run_id))["deadline"] is None
     await running(world, second)
+    started = await world.conn.execute(
+        "SELECT deadline_at_ms FROM qinglong.attempts WHERE attempt_id = %s",
+        (second.fence.attempt_id,),
+    )
+    assert (await run_row(world, run_id))["deadline"] == (await started.fetchone() or [0])[0]
     done = await complete_attempt(world.conn, second.fence, finished("succeeded", 0))
     assert done.run_state is RunState.SUCCEEDED
     assert [a[:4] for a in await attempts(world, run_id)] == [

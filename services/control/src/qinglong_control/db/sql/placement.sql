@@ -161,9 +161,11 @@ UPDATE qinglong.offers SET state = 'claimed', claimed_at_ms = %(now)s
  WHERE offer_id = %(offer_id)s
 
 -- name: run_dispatching
+-- The Run's deadline is its newest Attempt's: a new Attempt has none until it starts (an
+-- earlier Attempt's, long past, would read as an overdue Run).
 UPDATE qinglong.runs
    SET state = 'dispatching', attempt_count = %(attempt_number)s, version = version + 1,
-       updated_at_ms = %(now)s
+       deadline_at_ms = NULL, updated_at_ms = %(now)s
  WHERE run_id = %(run_id)s
 
 -- name: insert_attempt
