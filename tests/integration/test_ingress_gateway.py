@@ -25,7 +25,8 @@ from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 
-from tests.support.calls import failure
+from tests.support.calls import failure, stream_failure
+from tests.support.polling import settled
 from tests.support.stack import PROJECT, Stack, bearer
 from tests.support.worker_steps import claimed_attempt, open_session, queued_run, running_attempt
 
@@ -361,7 +362,8 @@ async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) ->
                     seen.append(item.event.type)
 
             reader = asyncio.ensure_future(read_all())
-            await asyncio.sleep(0.5)  # the watcher is live before the Run ends
+            # The watcher has read the history, so what follows reaches it live.
+            assert await settled(lambda: len(seen) == 6, 10)
             await worker.CompleteAttempt(
                 ws.CompleteAttemptRequest(
                     fence=fence,
@@ -381,6 +383,26 @@ async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) ->
         "attempt.succeeded",
         "run.succeeded",
     ]
+
+
+async def test_a_watch_after_an_event_not_yet_numbered_is_refused(stack: Stack) -> None:
+    """Events are numbered 1, 2, …: a watch after a number the Run has not reached would
+    see no Event, and so not the Run's end either, until the stream's lifetime."""
+    run_id = await queued_run(stack)
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        runs = run_service_pb2_grpc.RunServiceStub(channel)
+        refused = await stream_failure(
+            runs.WatchRunEvents(
+                run_service_pb2.WatchRunEventsRequest(
+                    project_id=PROJECT, run_id=run_id, after_sequence=1_000
+                ),
+                metadata=bearer(stack, "vera"),
+                timeout=10,
+            )
+        )
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason_of(refused) == "FIELD_INVALID"
+    assert [field for field, _ in field_violations_of(refused)] == ["after_sequence"]
 
 
 async def test_a_workers_trace_continues_through_ingress_to_control(stack: Stack) -> None:

@@ -327,7 +327,9 @@ class WatchRunEventsRequest(_message.Message):
     run_id: _builtins.str
     """The Run."""
     after_sequence: _builtins.int
-    """Stream Events with sequence > after_sequence (history first, then live)."""
+    """Stream Events with sequence > after_sequence (history first, then live).
+    Beyond the Run's event_sequence (a number no Event has yet) is FIELD_INVALID.
+    """
     def __init__(
         self,
         *,

@@ -499,6 +499,14 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
                     events, run = await runs.list_events(
                         conn, project_id, run_id, after_sequence=after, limit=bounds.PAGE_SIZE_MAX
                     )
+                    if after > run.event_sequence:
+                        # No Event is numbered there yet, so the Run's end (read only when
+                        # an Event comes) would go unseen until the stream's lifetime.
+                        raise Refused(
+                            Reason.FIELD_INVALID,
+                            "after_sequence is beyond the Run's newest Event",
+                            field="after_sequence",
+                        )
                 else:
                     # A Run ends with an Event: with none new, it has not ended since the
                     # last read, so an idle poll is one statement.
