@@ -16,7 +16,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol.tls import TlsFiles
-from qinglong_worker import renewal
 from qinglong_worker.client import CallFailed
 from qinglong_worker.join import join, new_private_key, private_key_pem
 from qinglong_worker.renewal import CertificateRenewer
@@ -186,22 +185,23 @@ def test_joining_again_never_touches_a_working_identity(tmp_path: Path) -> None:
 
 
 async def test_a_renewal_whose_files_cannot_all_be_written_leaves_no_key(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    """The key is written, the certificate is not (a full disk, say): the key goes."""
+    """The new key and certificate are written, the CA bundle cannot be (a real failure
+    of the file system: its path is a directory now, which no file replaces — root or
+    not): the unnamed key and certificate go, the identity in use stays."""
     identity = identity_due_now(tmp_path)
     before = identity.read_text()
-
-    def full_disk(path: Path, data: bytes | str) -> None:
-        raise OSError(28, "No space left on device", str(path))
-
-    monkeypatch.setattr(renewal, "write_public", full_disk)
+    ca_bundle = tmp_path / "ca.crt"
+    ca_bundle.unlink()
+    ca_bundle.mkdir()
     client = SwitchFails((tmp_path / "worker.crt").read_text())
     renewer = CertificateRenewer(client, identity, "edge-1", clock=lambda: NOW)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(IsADirectoryError):
         await renewer.renew_if_due()
     assert identity.read_text() == before
     assert names_in(tmp_path) == ["ca.crt", "worker.crt", "worker.json", "worker.key"]
+    assert list(ca_bundle.iterdir()) == []  # nor a temporary file left in its place
 
 
 def test_a_start_removes_the_keys_a_crash_in_a_renewal_left(tmp_path: Path) -> None:
