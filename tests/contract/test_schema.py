@@ -26,6 +26,7 @@ from qinglong_control.db.migrate import (
 )
 from qinglong_control.db.schema_dump import dump_schema
 
+from tests.support.polling import wait_until
 from tests.support.postgres import MigratedDatabase
 from tests.support.seed import NOW_MS, SeededAttempt, digest, seed_claimed_attempt, seed_identity
 
@@ -112,6 +113,15 @@ def test_an_index_migration_that_stopped_half_way_is_run_again(
         ).fetchone() == (1,)
 
 
+def _tried_the_turn(observer: psycopg.Connection[tuple[object, ...]]) -> int:
+    """Other sessions whose last statement asked for the migrators' turn."""
+    row = observer.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        " AND query LIKE 'SELECT pg_try_advisory_lock(%%'"
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
 def test_a_migrator_waits_for_the_one_that_holds_the_turn(database: MigratedDatabase) -> None:
     """Migrators take turns (several pods may start the Job at once): one that finds the
     lock held applies nothing until it is given back, then applies what is pending."""
@@ -121,7 +131,9 @@ def test_a_migrator_waits_for_the_one_that_holds_the_turn(database: MigratedData
         holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
         waiting = ThreadPoolExecutor(1)
         applied = waiting.submit(migrate, database.urls.migration, [*shipped, table])
-        time.sleep(1.0)
+        tried = wait_until(lambda: _tried_the_turn(holder) >= 1, 30, interval=0.02)
+        assert tried, "the second migrator never asked for the turn"
+        time.sleep(0.5)  # a few more tries (every 0.2 s), each finding the turn taken
         assert not applied.done(), "it went ahead while another migrator held the turn"
         assert holder.execute("SELECT to_regclass('qinglong.turn')").fetchone() == (None,)
         holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

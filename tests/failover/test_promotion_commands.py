@@ -211,7 +211,8 @@ def test_every_command_replays_after_promotion(
         calls += 2
         if not wait_until_terminal(stack.migration_url, [probe], CONVERGE_SECONDS):
             problems.append("the reconciler did not converge a Run on the new primary")
-        wait_until(lambda: _reconciled(log, log_offset)[1] >= 1, CONVERGE_SECONDS)
+        if not wait_until(lambda: _reconciled(log, log_offset)[1] >= 1, CONVERGE_SECONDS):
+            problems.append("control's log never reported the probe's convergence")
         time.sleep(1.5)  # three more cycles, for anything else they might converge
         expired, converged = _reconciled(log, log_offset)
         if (expired, converged) != (0, 1):

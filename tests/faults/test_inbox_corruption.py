@@ -60,8 +60,10 @@ def test_a_corrupt_inbox_stops_the_worker_and_its_executor(
         RUNNING_SECONDS,
     )
     assert started, "the executor never started:\n" + worker.log_tail()
-    # Let the Worker persist `running_acknowledged` and renew a few times first.
-    wait_until(lambda: rig.schedule.calls["ControlLease"] >= 2, RUNNING_SECONDS)
+    # Let the Worker persist `running_acknowledged` and renew a few times first: the
+    # scenario is a corrupt inbox under a running Attempt, not one still starting.
+    if not wait_until(lambda: rig.schedule.calls["ControlLease"] >= 2, RUNNING_SECONDS):
+        problems.append("the Worker never renewed the running Attempt's lease twice")
     log_before = len(worker.log_text())
     corrupted = _corrupt_inbox(rig.inbox)
 

@@ -10,6 +10,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import psycopg
 import pytest
 from qinglong_control.db.pool import PoolSizing, open_runtime_pool
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
@@ -96,7 +97,20 @@ async def test_run_watch_outlives_the_lifetime_of_a_stream(
     watch, first = await watching(run_id, stack_file)
     await asyncio.sleep(5.0)  # three streams' lifetimes with nothing to say
     assert watch.returncode is None, "the watch ended with its first stream"
+    # Each stream is a call ingress audited: the watch really opened the next ones.
+    assert watch_streams(stack, run_id) >= 3
     await cancelled(stack, stack_file, run_id)
     rest, err = await asyncio.wait_for(watch.communicate(), WATCH_SECONDS)
     events_of(first + rest)
     assert (watch.returncode, err.decode()) == (0, "")
+
+
+def watch_streams(stack: Stack, run_id: str) -> int:
+    with psycopg.connect(stack.database.urls.migration) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM qinglong.security_audit"
+            " WHERE run_id = %s AND operation LIKE %s AND outcome = 'admitted'",
+            (run_id, "%/WatchRunEvents"),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

@@ -129,12 +129,16 @@ def test_identity_is_pid_plus_start_time_and_the_handle_is_bounded(
     assert controller.poll(identity) is None
 
 
-def test_exit_status_is_reaped_without_blocking(controller: ProcessController) -> None:
-    identity = spawned(controller, ["sh", "-c", "exit 3"], timeout_ms=None, deadline_unix_ms=None)
-    started = time.monotonic()
-    first = controller.poll(identity)
-    assert time.monotonic() - started < 0.5  # poll never waits for the process
-    assert first in (None, ExitStatus(3, None))
+def test_exit_status_is_reaped_without_blocking(
+    controller: ProcessController, tmp_path: Path
+) -> None:
+    # It ends only once told to (a file appears): a poll that waited for it would never
+    # come back to tell it.
+    go = tmp_path / "go"
+    script = f'while [ ! -e "{go}" ]; do sleep 0.01; done; exit 3'
+    identity = spawned(controller, ["sh", "-c", script], timeout_ms=None, deadline_unix_ms=None)
+    assert controller.poll(identity) is None
+    go.touch()
     assert _wait_for_exit(controller, identity) == ExitStatus(3, None)
     assert not _exists(identity.pid), "reaped, not a zombie"
     controller.release(identity)

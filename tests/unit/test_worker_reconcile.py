@@ -1096,8 +1096,7 @@ async def test_a_renewal_clears_a_shutdown_stop_that_never_happened(world: World
     renewed = world.inbox.get(offer_id)
     assert renewed is not None
     assert renewed.stop_reason is None
-    await asyncio.sleep(0.5)
-    assert await world.reconciler.reconcile(offer_id) is Outcome.COMPLETED
+    await _until_completed(world.reconciler, offer_id)  # it ends by itself
     assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
 
 
@@ -1112,7 +1111,7 @@ async def test_drain_lets_a_short_attempt_finish_and_pulls_nothing(world: World)
     await _until(lambda: _state(world, offer_id) is RecordState.RUNNING_ACKNOWLEDGED)
     started = asyncio.get_running_loop().time()
     signals.signal()
-    await asyncio.sleep(0.05)  # the loop takes the signal (a tick in progress is cancelled)
+    await _until(lambda: session.drained == 1)  # the loop took the signal: draining now
     pulls = world.client.calls.count("PullOffers")
     world.client.offers = [world.offer(["sleep", "30"])]  # work that comes too late
     await asyncio.wait_for(running, 5)
