@@ -40,6 +40,7 @@ from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from tests.support import timelines
+from tests.support.polling import wait_until
 
 QINGLONG = Path(sys.executable).with_name("qinglong")
 QINGLONG_WORKER = Path(sys.executable).with_name("qinglong-worker")
@@ -608,10 +609,22 @@ def test_a_signal_while_the_worker_starts_is_an_orderly_shutdown(
     """SIGTERM while the daemon still imports and opens its inbox: exit 0, no traceback
     (it drains an empty Worker)."""
     worker = Worker(dev_stack.path, tmp_path / "worker" / "inbox.db")
-    time.sleep(0.15)  # the interpreter runs; grpc is still being imported
+    # As soon as the daemon catches SIGTERM (before that the default action would end it,
+    # which is no daemon's doing): on a loaded machine that can take well over 0.1 s.
+    assert wait_until(lambda: _catches(worker.process.pid, signal.SIGTERM), 30, interval=0.005)
     assert worker.process.poll() is None
     worker.process.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.log.read_text()
     log = worker.log.read_text()
     assert "Traceback" not in log
     assert "SIGTERM received: drain" in log
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
