@@ -195,6 +195,12 @@ async def test_pool_fails_fast_without_a_primary_and_follows_the_promotion(pair:
             except (PoolTimeout, psycopg.OperationalError):
                 assert time.monotonic() < deadline, "the pool never reached the new primary"
         assert row is not None
+        found = row[1] or []
+        print(
+            f"\nno primary: refused after {waited:.1f} s; after the promotion the committed"
+            f" row was found {found.count(42)} time(s) (lost {1 - min(1, found.count(42))},"
+            f" duplicated {max(0, len(found) - 1)})"
+        )
         assert row[0] is False
         assert row[1] == [42]
         assert conn.info.host == str(pair.standby.socket_dir)
