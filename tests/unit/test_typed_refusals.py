@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import uuid
 from pathlib import Path
 from typing import Any, Final
@@ -358,7 +359,9 @@ def test_every_mapped_constraint_exists_in_the_schema() -> None:
         | set(errors._MISSING_PARENT)
         | {errors.MISNAMED_WORKER}
     )
-    missing = sorted(name for name in names if name not in schema)
+    # A whole name: one that is only the start of another (runs_x of runs_x_check) is not
+    # in the schema.
+    missing = sorted(name for name in names if not re.search(rf"\b{re.escape(name)}\b", schema))
     assert missing == []
 
 
