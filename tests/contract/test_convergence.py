@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 from qinglong_control.db.convergence import converge_page, expire_leases
 from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.db.start_facts import acknowledge_starting
@@ -304,3 +305,27 @@ async def test_replicas_share_candidates_without_double_work(
     assert sum(p.converged for p in pages) == 12
     for run_id in runs:
         assert len(await reconciler_events(world, run_id)) == 1
+
+
+def step_failures(step: str) -> float:
+    sampled = REGISTRY.get_sample_value(
+        "qinglong_control_reconcile_step_failures_total", {"step": step}
+    )
+    return sampled or 0.0
+
+
+async def test_a_step_that_fails_on_its_own_does_not_stop_the_cycle(
+    world: World, database: MigratedDatabase, runtime_pool: Any
+) -> None:
+    """A step failing for a reason of its own (here a real one: a privilege the disabled-
+    project sweep needs is gone) is counted, and the steps after it still run; it is no
+    outage, which would end the cycle (test_hung_database_backend.py)."""
+    run_id = await world.queued_run()
+    await intend(world, run_id)
+    with psycopg.connect(database.urls.migration, autocommit=True) as owner:
+        owner.execute("REVOKE SELECT ON qinglong.projects FROM qinglong_runtime")
+    before = step_failures("stop_disabled")
+    report = await Reconciler(runtime_pool, ReconcilerLimits()).cycle()
+    assert step_failures("stop_disabled") == before + 1
+    assert report.converged == 1  # convergence runs after the failed sweep
+    assert (await state_of(world, run_id))[0] == "cancelled"

@@ -30,6 +30,12 @@ RECONCILE_CYCLE_DURATION: Final = Histogram(
     ["outcome"],
     buckets=LATENCY_BUCKETS,
 )
+RECONCILE_STEP_FAILURES: Final = Counter(
+    "qinglong_control_reconcile_step_failures",
+    "Reconcile steps that failed for a reason of their own (not an unreachable database),"
+    " by step; the cycle's other steps still ran",
+    ["step"],
+)
 RECONCILE_WORK: Final = Histogram(
     "qinglong_control_reconcile_work",
     "Items one reconcile cycle handled, by kind (expired leases, converged or blocked runs,"

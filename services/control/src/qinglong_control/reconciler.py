@@ -10,13 +10,16 @@ coalesced: a caller that arrives while a cycle runs waits for that cycle's repor
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Generic, TypeVar
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
+from qinglong_protocol.storage_errors import Verdict, classify
 
 from qinglong_control import metrics as prometheus
 from qinglong_control.db.approvals import expire_page as expire_approvals
@@ -78,6 +81,8 @@ def _listed(page: ExpiryPage) -> int:
     # its own part ended every replica's cycle after one page (R-HA-1).
     return page.listed
 
+
+_log = logging.getLogger(__name__)
 
 #: A page of work may hold many short transactions one after another (lease expiry: one
 #: per lease), so it may take this many statement bounds before it counts as hung.
@@ -149,13 +154,14 @@ class Reconciler:
     async def _cycle(self) -> CycleReport:
         started = time.perf_counter()
         try:
-            report = await self._work()
+            report, failed = await self._work()
         except Exception:
             prometheus.RECONCILE_CYCLE_DURATION.labels("error").observe(
                 time.perf_counter() - started
             )
             raise
-        prometheus.RECONCILE_CYCLE_DURATION.labels("ok").observe(time.perf_counter() - started)
+        outcome = "error" if failed else "ok"
+        prometheus.RECONCILE_CYCLE_DURATION.labels(outcome).observe(time.perf_counter() - started)
         for kind, count in asdict(report).items():
             prometheus.RECONCILE_WORK.labels(kind).observe(count)
         return report
@@ -196,13 +202,30 @@ class Reconciler:
                 break
         return pages
 
-    async def _work(self) -> CycleReport:
+    async def _step(self, step: Step[Page], failed: list[str]) -> list[Page]:
+        """``step``'s pages. A step that fails for a reason of its own (a row it cannot
+        handle, a privilege gone, a bug) is logged and counted, and the cycle's other
+        steps still run: one stuck step must not stop expiry, convergence or retention
+        on every replica for good. An unreachable or hung database ends the cycle (the
+        next one tries every step again)."""
+        try:
+            return await self._pages(step)
+        except Exception as error:
+            if _database_unreachable(error):
+                raise
+            _log.error("reconcile step %s failed; the cycle goes on", step.name, exc_info=error)
+            prometheus.RECONCILE_STEP_FAILURES.labels(step.name).inc()
+            failed.append(step.name)
+            return []
+
+    async def _work(self) -> tuple[CycleReport, list[str]]:
+        failed: list[str] = []
         async with self._pool.connection() as conn:
-            done = {step.name: await self._pages(step) for step in self.steps(conn)}
+            done = {step.name: await self._step(step, failed) for step in self.steps(conn)}
         output = self.output_step()
-        done[output.name] = await self._pages(output)
+        done[output.name] = await self._step(output, failed)
         converged, retried = done["converge"], done["retry"]
-        return CycleReport(
+        report = CycleReport(
             expired=sum(page.expired for page in done["expire_leases"]),
             converged=sum(page.converged for page in converged),
             blocked=sum(page.blocked for page in converged),
@@ -215,3 +238,15 @@ class Reconciler:
             audit_rows_removed=sum(done["prune_audit"]),
             disabled_projects_runs_stopped=sum(done["stop_disabled"]),
         )
+        return report, failed
+
+
+def _database_unreachable(error: Exception) -> bool:
+    """A page that outlived its bound (a hung server), or a failure the storage rule
+    calls transient (a lost connection, a pool timeout, a server shutting down)."""
+    if isinstance(error, TimeoutError):
+        return True
+    if not isinstance(error, psycopg.Error):
+        return False
+    verdict = classify(error.sqlstate, operational=isinstance(error, psycopg.OperationalError))
+    return verdict is Verdict.UNAVAILABLE
