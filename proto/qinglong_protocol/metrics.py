@@ -38,9 +38,11 @@ from prometheus_client.registry import Collector
 
 _log = logging.getLogger(__name__)
 
-#: Every label a QingLong metric may carry (``le``: a histogram bucket's bound); the
-#: tests check each scrape against it.
-LABELS: Final = frozenset({"method", "outcome", "reason", "pool", "phase", "kind", "state", "le"})
+#: Every label a QingLong metric may carry (``le``: a histogram bucket's bound; ``step``:
+#: one of the reconcile cycle's steps); the tests check each scrape against it.
+LABELS: Final = frozenset(
+    {"method", "outcome", "reason", "pool", "phase", "kind", "state", "step", "le"}
+)
 
 #: Seconds, for gRPC calls and commits: half a millisecond (a warm loopback call) up to
 #: half a minute (a forwarded call's default deadline).

@@ -25,7 +25,7 @@ from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 
-from tests.support.calls import failure, stream_failure
+from tests.support.calls import failure
 from tests.support.polling import settled
 from tests.support.stack import PROJECT, Stack, bearer
 from tests.support.worker_steps import claimed_attempt, open_session, queued_run, running_attempt
@@ -385,24 +385,45 @@ async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) ->
     ]
 
 
-async def test_a_watch_after_an_event_not_yet_numbered_is_refused(stack: Stack) -> None:
-    """Events are numbered 1, 2, …: a watch after a number the Run has not reached would
-    see no Event, and so not the Run's end either, until the stream's lifetime."""
-    run_id = await queued_run(stack)
-    async with stack.channel(stack.operator_identity("ops")) as channel:
-        runs = run_service_pb2_grpc.RunServiceStub(channel)
-        refused = await stream_failure(
-            runs.WatchRunEvents(
+async def test_a_watch_after_an_event_not_yet_numbered_still_ends_with_the_run(
+    stack: Stack,
+) -> None:
+    """Events are numbered 1, 2, …: a watch after a number the Run has not reached sees
+    none, and so no Event of the Run's end either; it still ends when the Run does, not
+    after the stream's lifetime (30 s)."""
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        fence = await running_attempt(stack, worker)
+        async with stack.channel(stack.operator_identity("ops")) as operator_channel:
+            runs = run_service_pb2_grpc.RunServiceStub(operator_channel)
+            watch = runs.WatchRunEvents(
                 run_service_pb2.WatchRunEventsRequest(
-                    project_id=PROJECT, run_id=run_id, after_sequence=1_000
+                    project_id=PROJECT, run_id=fence.run_id, after_sequence=1_000
                 ),
                 metadata=bearer(stack, "vera"),
-                timeout=10,
+                timeout=25,
             )
-        )
-    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error_reason_of(refused) == "FIELD_INVALID"
-    assert [field for field, _ in field_violations_of(refused)] == ["after_sequence"]
+            seen: list[str] = []
+
+            async def read_all() -> None:
+                async for item in watch:
+                    seen.append(item.event.type)
+
+            reader = asyncio.ensure_future(read_all())
+            # The Run must end after the watch first read it (ending before, it would be
+            # seen at once): the call reached control, whose first read follows at once.
+            assert await settled(lambda: "WatchRunEvents" in stack.control_calls.methods, 10)
+            await asyncio.sleep(0.5)
+            await worker.CompleteAttempt(
+                ws.CompleteAttemptRequest(
+                    fence=fence,
+                    callback_sequence=1,
+                    outcome=worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED,
+                    exit_code=0,
+                )
+            )
+            await asyncio.wait_for(reader, timeout=10)  # ended, not cut at its deadline
+    assert seen == []
 
 
 async def test_a_workers_trace_continues_through_ingress_to_control(stack: Stack) -> None:

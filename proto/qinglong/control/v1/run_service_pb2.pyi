@@ -328,7 +328,7 @@ class WatchRunEventsRequest(_message.Message):
     """The Run."""
     after_sequence: _builtins.int
     """Stream Events with sequence > after_sequence (history first, then live).
-    Beyond the Run's event_sequence (a number no Event has yet) is FIELD_INVALID.
+    Past the Run's newest Event, the stream still ends when the Run does.
     """
     def __init__(
         self,

@@ -499,21 +499,15 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
                     events, run = await runs.list_events(
                         conn, project_id, run_id, after_sequence=after, limit=bounds.PAGE_SIZE_MAX
                     )
-                    if after > run.event_sequence:
-                        # No Event is numbered there yet, so the Run's end (read only when
-                        # an Event comes) would go unseen until the stream's lifetime.
-                        raise Refused(
-                            Reason.FIELD_INVALID,
-                            "after_sequence is beyond the Run's newest Event",
-                            field="after_sequence",
-                        )
                 else:
                     # A Run ends with an Event: with none new, it has not ended since the
-                    # last read, so an idle poll is one statement.
+                    # last read, so an idle poll is one statement — unless the caller asked
+                    # for Events after a number the Run had not reached, whose end brings
+                    # no Event it will see.
                     events = await runs.events_after(
                         conn, project_id, run_id, after_sequence=after, limit=bounds.PAGE_SIZE_MAX
                     )
-                    if events:
+                    if events or after > run.event_sequence:
                         run = await runs.get_run(conn, project_id, run_id)
             for event in events:
                 yield rt.WatchRunEventsResponse(
