@@ -69,6 +69,31 @@ async def test_a_retry_that_adds_a_plan_to_a_planless_create_is_a_mismatch(
     assert refused.value.reason is Reason.REPLAY_MISMATCH
 
 
+@pytest.mark.parametrize("first_plan", [PLAN, None], ids=["with a plan", "without"])
+async def test_a_revision_under_the_tasks_own_request_id_is_a_mismatch(
+    world: World, first_plan: definitions.RevisionPlan | None
+) -> None:
+    """CreateTask's request id names the task and its first revision: CreateTaskRevision
+    under it is another request. It used to answer revision 1 unchanged (with a plan), or
+    make revision 1 and so turn CreateTask's own retry into a mismatch (without)."""
+    task = await definitions.create_task(
+        world.conn, PROJECT, "t", {}, "create-8", OPERATOR.id, first_plan
+    )
+    with pytest.raises(Refused) as refused:
+        await definitions.create_revision(
+            world.conn, definitions.NewRevision.of(PROJECT, task.task_id, "create-8", PLAN),
+            OPERATOR.id,
+        )  # fmt: skip
+    assert refused.value.reason is Reason.REPLAY_MISMATCH
+    again = await definitions.create_task(
+        world.conn, PROJECT, "t", {}, "create-8", OPERATOR.id, first_plan
+    )
+    assert (again.task_id, again.latest_revision_number) == (
+        task.task_id,
+        task.latest_revision_number,
+    )
+
+
 async def test_a_retry_that_asks_for_something_else_is_a_mismatch(world: World) -> None:
     # AIP-155: a request id names one request; another body under it is refused and
     # changes nothing, where it used to answer with what the first call made.

@@ -72,6 +72,7 @@ _LIST_TASKS = SQL["definitions.list_tasks"]
 _LOCK_TASK = SQL["definitions.lock_task"]
 
 _EXISTING_REVISION = SQL["definitions.existing_revision"]
+_CREATED_THE_TASK = SQL["definitions.created_the_task"]
 
 _INSERT_REVISION = SQL["definitions.insert_revision"]
 
@@ -263,6 +264,9 @@ async def create_revision(
         existing = await tx.execute(
             "revision.existing", _EXISTING_REVISION, values, kwargs_row(_revision_view)
         )
+        task_made = await tx.execute("task.created_by_request", _CREATED_THE_TASK, values)
+        if await task_made.fetchone() is not None:
+            raise Refused(Reason.REPLAY_MISMATCH, "request_id was used to create the task")
         earlier = await existing.fetchone()
         if earlier is not None:
             if earlier.plan != RevisionPlan.of(revision):

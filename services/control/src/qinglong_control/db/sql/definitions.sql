@@ -51,6 +51,13 @@ SELECT revision_id, task_id, project_id, revision_number, executor_type, command
  WHERE project_id = %(project_id)s AND task_id = %(task_id)s
    AND create_request_id = %(request_id)s
 
+-- name: created_the_task
+-- CreateTask's request id names its task and that task's first revision: a
+-- CreateTaskRevision under the same id is another request reusing it.
+SELECT 1 FROM qinglong.tasks
+ WHERE project_id = %(project_id)s AND task_id = %(task_id)s
+   AND create_request_id = %(request_id)s
+
 -- name: insert_revision
 INSERT INTO qinglong.task_revisions
        (revision_id, project_id, task_id, revision_number, executor_type, command, timeout_ms,
