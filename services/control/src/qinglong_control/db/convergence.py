@@ -21,7 +21,6 @@ from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.command_tx import CommandTx, command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
-from qinglong_control.db.lease_control import write_timeout_intent
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.convergence import (
     Convergence,
@@ -164,7 +163,6 @@ class _Expiring:
     event_sequence: int
     cancel_reason: str | None
     attempt_state: str
-    deadline_at_ms: int | None
     lease_status: str
     expires_at_ms: int
 
@@ -202,25 +200,10 @@ async def _expire_one(conn: AsyncConnection[Any], attempt_id: uuid.UUID) -> int:
         if row is None or row.lease_status != "leased" or row.expires_at_ms > now_ms:
             return 0  # renewed or ended since it was listed
         plan = plan_expiry(
-            RunState(row.run_state),
-            AttemptState(row.attempt_state),
-            row.cancel_reason,
-            row.deadline_at_ms,
-            row.expires_at_ms,
+            RunState(row.run_state), AttemptState(row.attempt_state), row.cancel_reason
         )
         values = {"attempt_id": attempt_id, "run_id": row.run_id, "now": now_ms}
         await tx.execute("lease.expire", _EXPIRE_LEASE, values)
-        event_sequence = row.event_sequence
-        if plan.timed_out:
-            await write_timeout_intent(
-                tx,
-                row.run_id,
-                attempt_id,
-                event_sequence,
-                now_ms,
-                event_id=derived_event_id("qinglong.expiry.timeout", attempt_id, row.expires_at_ms),
-            )
-            event_sequence += 1
         events: list[NewEvent] = []
         if plan.attempt_lost:
             await tx.execute("attempt.lost", _ATTEMPT_LOST, values)
@@ -245,7 +228,7 @@ async def _expire_one(conn: AsyncConnection[Any], attempt_id: uuid.UUID) -> int:
                 )
             )
         if events or run_state.value != row.run_state:
-            await append_events(tx, row.run_id, event_sequence, EXPIRY, now_ms, events)
+            await append_events(tx, row.run_id, row.event_sequence, EXPIRY, now_ms, events)
             await tx.execute(
                 "run.after_expiry",
                 _RUN_AFTER_EXPIRY,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -58,34 +57,22 @@ async def control_lease(
         await tx.execute("lease.renew", _RENEW_LEASE, values)
         await tx.execute("attempt.lease_version", _PROJECT_LEASE_VERSION, values)
         if decision.writes_timeout_intent:
-            await write_timeout_intent(
-                tx, fence.run_id, fence.attempt_id, present.run.event_sequence, present.now_ms
+            await append_events(
+                tx,
+                fence.run_id,
+                present.run.event_sequence,
+                Actor("system", "deadline"),
+                present.now_ms,
+                [
+                    NewEvent(
+                        "run.cancel_requested",
+                        fence.attempt_id,
+                        {"reason": "timeout", "requested_at_ms": present.now_ms},
+                    )
+                ],
             )
+            await tx.execute("run.timeout_intent", _TIMEOUT_INTENT, values)
         return decision
-
-
-#: Who turns a passed deadline into the Run's intent.
-DEADLINE = Actor("system", "deadline")
-
-
-async def write_timeout_intent(
-    tx: CommandTx,
-    run_id: uuid.UUID,
-    attempt_id: uuid.UUID,
-    event_sequence: int,
-    now_ms: int,
-    event_id: uuid.UUID | None = None,
-) -> None:
-    """R-LC-6: the deadline passed with no intent; the timeout becomes a durable intent and
-    one `run.cancel_requested` Event (the Run's sequence is then `event_sequence + 1`)."""
-    requested = NewEvent(
-        "run.cancel_requested",
-        attempt_id,
-        {"reason": "timeout", "requested_at_ms": now_ms},
-        event_id=event_id,
-    )
-    await append_events(tx, run_id, event_sequence, DEADLINE, now_ms, [requested])
-    await tx.execute("run.timeout_intent", _TIMEOUT_INTENT, {"run_id": run_id, "now": now_ms})
 
 
 async def complete_attempt(

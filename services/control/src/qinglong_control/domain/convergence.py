@@ -94,17 +94,10 @@ class ExpiryPlan:
     """The Attempt ends `lost`; False leaves a `claimed` Attempt for convergence."""
     run_state: RunState | None
     """Where the Run goes; None when it already moved on (only the Attempt's fact is new)."""
-    timed_out: bool = False
-    """The Attempt's deadline came while its lease still held: the timeout becomes the
-    Run's intent, as a renewal then would have made it (R-LC-6)."""
 
 
 def plan_expiry(
-    run_state: RunState,
-    attempt_state: AttemptState,
-    cancel_reason: str | None,
-    deadline_at_ms: int | None = None,
-    lease_expires_at_ms: int = 0,
+    run_state: RunState, attempt_state: AttemptState, cancel_reason: str | None
 ) -> ExpiryPlan:
     """What an expired lease changes (B-EXP, R-RETRY-1).
 
@@ -112,12 +105,6 @@ def plan_expiry(
     a cancel intent the Attempt ends `lost`; with one it stays `claimed` without an active
     lease, and convergence ends Attempt and Run with their own Events (R-CONV-2). A
     `starting`/`running` Attempt may have an executor: it is `lost`, and so is its Run.
-
-    If that Attempt's deadline came before its lease ran out, the Run's time was up while
-    the control plane still held it: the timeout is written as its intent, and
-    convergence ends it `timed_out` rather than a retry starting it again with a fresh
-    deadline. Whether its Worker renewed once more after the deadline (R-LC-6) or
-    vanished just before no longer decides how the Run ends.
     """
     live_run = run_state in (RunState.DISPATCHING, RunState.RUNNING)
     if attempt_state is AttemptState.CLAIMED:
@@ -125,12 +112,4 @@ def plan_expiry(
             attempt_lost=cancel_reason is None,
             run_state=RunState.QUEUED if run_state is RunState.DISPATCHING else None,
         )
-    timed_out = (
-        live_run
-        and cancel_reason is None
-        and deadline_at_ms is not None
-        and deadline_at_ms <= lease_expires_at_ms
-    )
-    return ExpiryPlan(
-        attempt_lost=True, run_state=RunState.LOST if live_run else None, timed_out=timed_out
-    )
+    return ExpiryPlan(attempt_lost=True, run_state=RunState.LOST if live_run else None)

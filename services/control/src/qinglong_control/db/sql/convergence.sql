@@ -52,7 +52,7 @@ SELECT pg_try_advisory_xact_lock(hashtextextended('qinglong.attempt:' || %s, 0))
 -- same page so share it instead of queueing behind each other row by row (R-HA-1); it
 -- never waits, so it cannot break the lock order either.
 SELECT r.run_id, r.state AS run_state, r.event_sequence, r.cancel_reason,
-       a.state AS attempt_state, a.deadline_at_ms, l.status AS lease_status, l.expires_at_ms
+       a.state AS attempt_state, l.status AS lease_status, l.expires_at_ms
   FROM qinglong.run_leases l
   JOIN qinglong.attempts a ON a.attempt_id = l.attempt_id
   JOIN qinglong.runs r ON r.run_id = l.run_id
