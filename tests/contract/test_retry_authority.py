@@ -494,26 +494,29 @@ async def test_cancellations_of_many_runs_at_once_are_all_accepted(
     Runs'), which PostgreSQL may take for a conflict: however many collide, each retries
     until it is answered (R-CAN-6), never UNAVAILABLE. As many at once as two control
     replicas' largest default pools hold."""
-    callers = 2 * default_max_size(cores=1024)
+    size = default_max_size(cores=1024)
     with psycopg.connect(database.urls.migration, autocommit=True) as admin:
         alice = enroll_operator_token(admin, "alice", "user", digest("qlo1_alice"))
         bind_role(admin, PROJECT, alice, "operator")
-    runs = [await world.queued_run() for _ in range(callers)]
+    runs = [await world.queued_run() for _ in range(2 * size)]
     snapshot = BindingSnapshot(project_version=1, binding_version=1, role="operator")
-    pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(callers, callers))
+    replicas = [
+        await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(size, size))
+        for _ in range(2)
+    ]
 
-    async def cancel(run_id: uuid.UUID) -> CancelOutcome:
-        async with pool.connection() as conn:
-            request = CancelRequest(
-                PROJECT, run_id, "bulk", Actor("user", str(alice)), alice, snapshot
-            )
-            return await cancel_run(conn, request)
+    async def cancel(index: int, run_id: uuid.UUID) -> CancelOutcome:
+        request = CancelRequest(PROJECT, run_id, "bulk", Actor("user", str(alice)), alice, snapshot)
+        # As the servicer does: a connection of the replica's pool per try.
+        return await cancel_run(replicas[index % 2], request)
 
     try:
-        await pool.wait()
-        outcomes = await asyncio.gather(*(cancel(run_id) for run_id in runs))
+        for pool in replicas:
+            await pool.wait()
+        outcomes = await asyncio.gather(*(cancel(i, run_id) for i, run_id in enumerate(runs)))
     finally:
-        await pool.close()
+        for pool in replicas:
+            await pool.close()
     assert {o.value for o in outcomes} == {"accepted"}
     for run_id in runs:
         assert (await event_types(world, run_id)).count("run.cancel_requested") == 1

@@ -131,10 +131,11 @@ class ApprovalMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             snapshot=wire.binding_snapshot(caller, public.project_id),
             note=public.note or None,
         )
+        # A connection per try: none is held while a serialization retry waits.
+        decided = await approvals.decide(self._approval_pool, command, HELD_MUTATIONS)
+        if decided.expired:
+            raise expired_refusal()
         async with self._approval_pool.connection() as conn:
-            decided = await approvals.decide(conn, command, HELD_MUTATIONS)
-            if decided.expired:
-                raise expired_refusal()
             return await approvals.get_approval(conn, command.project_id, command.approval_id)
 
 

@@ -446,8 +446,9 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             principal_id=wire.caller_principal_id(request.caller),
             snapshot=wire.binding_snapshot(request.caller, project_id),
         )
+        # A connection per try: none is held while a serialization retry waits.
+        outcome = await cancellation.cancel_run(self._pool, cancel)
         async with self._pool.connection() as conn:
-            outcome = await cancellation.cancel_run(conn, cancel)
             view = await runs.get_run(conn, project_id, cancel.run_id)
         return rt.CancelRunResponse(
             response=run_service_pb2.CancelRunResponse(

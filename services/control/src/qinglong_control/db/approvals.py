@@ -21,7 +21,12 @@ from psycopg.rows import kwargs_row, scalar_row
 
 from qinglong_control.db.admin import PROJECT_LOCK
 from qinglong_control.db.cancellation import LockedRun
-from qinglong_control.db.command_tx import CommandTx, command_transaction, retrying_serialization
+from qinglong_control.db.command_tx import (
+    CommandTx,
+    ConnectionSource,
+    command_transaction,
+    retrying_serialization,
+)
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.approvals import (
@@ -187,13 +192,13 @@ async def hold(
 
 
 async def decide(
-    conn: AsyncConnection[Any],
+    source: ConnectionSource,
     command: DecideApproval,
     mutations: Mapping[str, HeldMutation],
 ) -> Decided:
     """Approve or deny, retrying a serialization conflict a bounded number of times: the
     retry re-reads everything, so a second concurrent decision meets the first's result."""
-    return await retrying_serialization(lambda: _decide_once(conn, command, mutations))
+    return await retrying_serialization(source, lambda conn: _decide_once(conn, command, mutations))
 
 
 async def _decide_once(

@@ -19,6 +19,7 @@ from psycopg.rows import kwargs_row, scalar_row
 from qinglong_control.db.admin import PROJECT_LOCK
 from qinglong_control.db.command_tx import (
     CommandTx,
+    ConnectionSource,
     command_transaction,
     retrying_serialization,
 )
@@ -79,10 +80,10 @@ class CancelRequest:
     snapshot: BindingSnapshot
 
 
-async def cancel_run(conn: AsyncConnection[Any], request: CancelRequest) -> CancelOutcome:
+async def cancel_run(source: ConnectionSource, request: CancelRequest) -> CancelOutcome:
     """Record the intent, retrying a serialization conflict a bounded number of times
     (R-CAN-6): the first commit answers `accepted`, every other `already_requested`."""
-    return await retrying_serialization(lambda: _cancel_once(conn, request))
+    return await retrying_serialization(source, lambda conn: _cancel_once(conn, request))
 
 
 async def _cancel_once(conn: AsyncConnection[Any], request: CancelRequest) -> CancelOutcome:

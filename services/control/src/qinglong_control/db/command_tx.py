@@ -23,6 +23,7 @@ import psycopg
 from opentelemetry import trace
 from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg.rows import AsyncRowFactory
+from psycopg_pool import AsyncConnectionPool
 
 Row = TypeVar("Row")
 
@@ -159,13 +160,31 @@ SERIALIZATION_BACKOFF_CAP_SECONDS = 0.1
 Result = TypeVar("Result")
 
 
-async def retrying_serialization(once: Callable[[], Awaitable[Result]]) -> Result:
+#: Where a retried command gets its connection: a pool (one connection per try, given back
+#: before a retry waits, so a storm of colliding commands does not hold the pool while it
+#: sleeps), or one connection for every try.
+ConnectionSource = AsyncConnection[Any] | AsyncConnectionPool[AsyncConnection[Any]]
+
+
+@asynccontextmanager
+async def _connection_of(source: ConnectionSource) -> AsyncIterator[AsyncConnection[Any]]:
+    if isinstance(source, AsyncConnection):
+        yield source
+        return
+    async with source.connection() as conn:
+        yield conn
+
+
+async def retrying_serialization(
+    source: ConnectionSource, once: Callable[[AsyncConnection[Any]], Awaitable[Result]]
+) -> Result:
     """Run a serializable command, retrying a serialization conflict or deadlock a bounded
     number of times (R-CAN-6): each retry re-reads everything, so it answers as what the
     world then is."""
     for attempt in range(1, SERIALIZATION_ATTEMPTS + 1):
         try:
-            return await once()
+            async with _connection_of(source) as conn:
+                return await once(conn)
         except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
             if attempt == SERIALIZATION_ATTEMPTS:
                 raise
