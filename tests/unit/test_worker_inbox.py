@@ -299,6 +299,57 @@ def test_verify_notices_a_replaced_or_removed_file(inbox_path: Path, tmp_path: P
         inbox.close()
 
 
+#: A Worker process: opens the inbox, writes, verifies it (as every tick does), lets a
+#: reader in another process open and close the database (an operator's sqlite3, a backup),
+#: writes on, and is killed with SIGKILL.
+_WORKER_THEN_KILLED = """
+import dataclasses, os, signal, sqlite3, subprocess, sys
+from pathlib import Path
+from qinglong_worker.inbox import Inbox, RecordState
+from tests.unit.test_worker_inbox import _record
+
+path = Path(sys.argv[1])
+inbox = Inbox.open(path)
+first = _record("first")
+inbox.admit(first)
+inbox.verify()
+reader = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+          "c.execute('SELECT count(*) FROM offers').fetchone(); c.close()")
+subprocess.run([sys.executable, "-c", reader, str(path)], check=True)
+inbox.admit(_record("second"))
+stored = inbox.get("first")
+inbox.compare_and_set(stored, dataclasses.replace(stored, state=RecordState.CLAIMED,
+                      attempt_id="attempt-1", lease_generation=1, lease_version=1))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_what_the_worker_wrote_survives_kill_9_after_a_reader_came_and_went(
+    inbox_path: Path,
+) -> None:
+    """The inbox holds no descriptor it closes again while SQLite's connection is open: a
+    close would drop SQLite's locks, and a reader closing its own connection would then
+    delete the WAL the Worker still writes to, losing every later write at a crash."""
+    repository = Path(__file__).resolve().parents[2]
+    killed = subprocess.run(
+        [sys.executable, "-c", _WORKER_THEN_KILLED, str(inbox_path)],
+        cwd=repository,
+        env={**os.environ, "PYTHONPATH": str(repository)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert killed.returncode == -9, killed.stderr
+    inbox = Inbox.open(inbox_path)
+    try:
+        kept = {record.offer_id: record.state for record in inbox.records()}
+    finally:
+        inbox.close()
+    lost = {"first": RecordState.CLAIMED, "second": RecordState.CLAIMING}.items() - kept.items()
+    print(f"kill -9 after a reader came and went: writes lost {len(lost)}")
+    assert kept == {"first": RecordState.CLAIMED, "second": RecordState.CLAIMING}
+
+
 def test_a_statement_sqlite_refuses_is_an_unreadable_inbox(inbox_path: Path) -> None:
     inbox = Inbox.open(inbox_path)
     try:

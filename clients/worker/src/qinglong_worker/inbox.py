@@ -494,8 +494,15 @@ class Inbox:
         self.path = path
         self._db = connection
         self._lock_descriptor = lock_descriptor
-        # The file this connection uses: verify() notices when the path names another.
-        status = os.stat(path)
+        # The file this connection uses, held open as long as the inbox is: verify() reads
+        # it through this descriptor and never opens the file again. Closing any other
+        # descriptor of the database file would drop every POSIX lock this process holds
+        # on it — SQLite's own among them — and then a reader elsewhere (an operator's
+        # sqlite3, a backup) closing its connection would take itself for the last one
+        # and delete the WAL this connection still writes: what it wrote next would be
+        # lost at a crash.
+        self._file = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        status = os.fstat(self._file)
         self._file_id = (status.st_dev, status.st_ino)
 
     @classmethod
@@ -554,8 +561,7 @@ class Inbox:
         this inbox opened (not removed, replaced, truncated or overwritten)."""
         try:
             status = os.stat(self.path)
-            with open(self.path, "rb") as file:
-                header = file.read(len(_SQLITE_HEADER))
+            header = os.pread(self._file, len(_SQLITE_HEADER), 0)
         except OSError as error:
             raise InboxUnreadable(self.path, error.strerror or type(error).__name__) from None
         if (status.st_dev, status.st_ino) != self._file_id:
@@ -567,6 +573,7 @@ class Inbox:
         try:
             self._db.close()
         finally:
+            os.close(self._file)  # after the connection: its locks are let go with it
             os.close(self._lock_descriptor)
 
     # --- records --------------------------------------------------------------------
