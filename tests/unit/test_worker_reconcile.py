@@ -375,7 +375,11 @@ async def _stop_answered_after(world: World, argv: list[str], meanwhile: Any) ->
     world.client.control_answer = _stop_answer
     world.client.control_gate = asyncio.Event()
     world.clock_offset_ms[0] += 11_000  # lease control is due
+    asked = world.client.calls.count("ControlLease")
     pass_ = asyncio.ensure_future(world.reconciler.reconcile(offer_id))
+    # The pass is waiting for the answer: what `meanwhile` does happens while it travels,
+    # not before the pass looked at the executor (which would be an ending of its own).
+    await _until(lambda: world.client.calls.count("ControlLease") > asked)
     await meanwhile(_record_of(world, offer_id))
     world.client.control_gate.set()
     return await pass_
