@@ -25,10 +25,11 @@ from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
 from qinglong_protocol.errors import EXPECTED_OFFSET
-from qinglong_worker import process
+from qinglong_worker import process, supervisor
 from qinglong_worker.client import CallFailed
 from qinglong_worker.clock import BootInstant, boot_now
 from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
+from qinglong_worker.launch import launch_key
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
 from qinglong_worker.output import CALL_BUDGET_SECONDS, CHUNKS_PER_PASS
 from qinglong_worker.process import ExitStatus, ProcessController, StopResult
@@ -448,6 +449,41 @@ async def test_a_supervisor_slow_to_answer_is_settled_from_its_launch_claim(
     assert outcomes[-1] is Outcome.COMPLETED, outcomes
     assert "ReportStartFailure" not in world.client.calls
     assert world.client.calls.count("AcknowledgeRunning") == 1
+    request = world.client.completed
+    assert (request.outcome, request.exit_code) == (worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED, 0)
+
+
+async def test_a_launch_claim_that_cannot_be_read_leaves_the_launch_undecided(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Worker restarted while a record was `launching` finds the supervisor's claim but
+    cannot read it (here for real: a directory stands at its path, EISDIR; in life too
+    many open files or an I/O error). Its executor may run, so the launch is not taken
+    as never started — no start failure is reported — until the claim can be read; then
+    the executor is adopted and runs to its own ending, once."""
+    monkeypatch.setattr(process, "_READY_TIMEOUT_SECONDS", 0.001)
+    offer_id = world.admit(["sh", "-c", "sleep 0.5; exit 0"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.WAITING
+    record = _record_of(world, offer_id)
+    key = launch_key(record.offer_id, record.attempt_id or "")
+    assert world.processes.status_dir == tmp_path / "exits"  # shared with the restart
+    claim = world.processes.status_dir / supervisor.launch_file_name(key)
+    await _until(lambda: claim.exists() and b'"ok ' in claim.read_bytes())
+    restarted = _restarted(world, tmp_path)  # not the supervisor's parent: no spawn answer
+    aside = claim.with_name(claim.name + ".aside")
+    claim.rename(aside)
+    claim.mkdir()
+    for _ in range(3):
+        assert await restarted.reconciler.reconcile(offer_id) is Outcome.WAITING
+    assert _record_of(world, offer_id).state is RecordState.LAUNCHING
+    assert "ReportStartFailure" not in world.client.calls
+    claim.rmdir()
+    aside.rename(claim)
+    for _ in range(200):
+        if await restarted.reconciler.reconcile(offer_id) is Outcome.COMPLETED:
+            break
+        await asyncio.sleep(0.02)
+    assert "ReportStartFailure" not in world.client.calls
     request = world.client.completed
     assert (request.outcome, request.exit_code) == (worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED, 0)
 

@@ -72,7 +72,8 @@ def launch_key(offer_id: str, attempt_id: str) -> str:
 
 
 def resolve_launch(processes: ProcessController, key: str) -> LaunchVerdict:
-    """Settle the launch ``key`` from a Worker that did not see its spawn answer."""
+    """Settle the launch ``key`` from a Worker that did not see its spawn answer. Raises
+    OSError when the claim exists but cannot be read now: the launch stays undecided."""
     directory = processes.status_dir
     if directory is None:
         return LaunchVerdict(LaunchState.NOT_STARTED)  # nothing can have been spawned
@@ -116,7 +117,11 @@ def forget_launch(processes: ProcessController, key: str) -> None:
     Best effort: a claim left behind is a few bytes, and harmless."""
     if processes.status_dir is None:
         return
-    document = _read(processes, key)
+    try:
+        document = _read(processes, key)
+    except OSError as error:
+        log.warning("launch claim %s not read, so not removed: %s", key, error.strerror)
+        return
     if document is None or document.get("supervisor") is None:
         return
     try:
@@ -133,12 +138,15 @@ def _read(processes: ProcessController, key: str) -> dict[str, Any] | None:
     path = processes.status_dir / supervisor.launch_file_name(key)
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        try:
-            raw = os.read(descriptor, _MAX_DOCUMENT_BYTES)
-        finally:
-            os.close(descriptor)
-    except OSError:
-        return None  # absent (or unreadable): it names no supervisor we could adopt
+    except FileNotFoundError:
+        return None  # absent: it names no supervisor we could adopt
+    # Any other failure to read it (too many open files, an I/O error) is raised: a claim
+    # that exists but could not be read may name a supervisor whose executor runs, so
+    # the launch stays undecided until it can be read — never "not started".
+    try:
+        raw = os.read(descriptor, _MAX_DOCUMENT_BYTES)
+    finally:
+        os.close(descriptor)
     try:
         document: Any = json.loads(raw)
     except ValueError:
