@@ -603,11 +603,18 @@ async def test_an_unconfirmable_stop_is_quarantined_unverified(world: World) -> 
     record = world.inbox.get(offer_id)
     assert record is not None
     assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
-    # A process that may still run keeps the Worker from taking new work.
+    # A process that may still run keeps the Worker from taking new work...
     lifecycle = _lifecycle(world, max_concurrency=4)
     world.client.offers = [world.offer(["sleep", "30"])]
     assert (await lifecycle.tick()).pull == "an unverified process is still alive"
+    # ...and each tick tries again to stop it: its lease is gone, and the Run may start
+    # elsewhere. Once the stop can be done, it is, and work is taken again.
     world.processes.refuse_signals = False
+    identity = identity_of(record)
+    assert identity is not None
+    assert world.processes.poll(identity) is None, "still running before the next tick"
+    assert (await lifecycle.tick()).pull != "an unverified process is still alive"
+    assert world.processes.poll(identity) is not None
 
 
 async def test_terminal_stops_the_exact_process_and_quarantines(world: World) -> None:

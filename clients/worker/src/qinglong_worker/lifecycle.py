@@ -211,6 +211,7 @@ class Lifecycle:
             raise self._reconciler.fatal
         session = await self._session_within(self._settings.reconcile_wait_seconds)
         started = asyncio.get_running_loop().time()
+        await self._stop_unverified()
         supervised = await self._supervise()
         left = self._settings.reconcile_wait_seconds - (asyncio.get_running_loop().time() - started)
         await self._ship_closed(max(_CLOSED_SHIPPING_MIN_WAIT_SECONDS, left))
@@ -433,6 +434,24 @@ class Lifecycle:
 
     def _room(self) -> int:
         return self._settings.max_concurrency - self._inbox.count(OPEN_STATES)
+
+    async def _stop_unverified(self) -> None:
+        """Stop again, every tick, each executor whose stop could not be confirmed when its
+        lease was lost or its Run ended (a transient failure to pin or read the process):
+        its lease is gone, so the control plane may start the Run elsewhere, and it must
+        not run on. The TERM grace was spent on the first try: SIGKILL at once."""
+        for record in self._inbox.quarantined(
+            QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
+        ):
+            identity = identity_of(record)
+            if identity is None or self._processes.poll(identity) is not None:
+                continue
+            stopped = await self._processes.stop(identity, grace_seconds=0.0)
+            log.warning(
+                "offer %s: its executor outlived its lease; stopped again: %s",
+                record.offer_id,
+                stopped,
+            )
 
     def _unverified_process_alive(self) -> bool:
         for record in self._inbox.quarantined(
