@@ -34,6 +34,7 @@ from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings,
 from qinglong_worker.output import CALL_BUDGET_SECONDS, CHUNKS_PER_PASS
 from qinglong_worker.process import ExitStatus, ProcessController, StopResult
 from qinglong_worker.reconcile import (
+    LEASE_GONE_STOP_GRACE_SECONDS,
     LOCAL_SHUTDOWN,
     Mode,
     Outcome,
@@ -232,12 +233,14 @@ class RecordingProcesses(ProcessController):
         self.inbox = inbox
         self.versions_at_stop: list[int | None] = []
         self.reasons_at_stop: list[str | None] = []
+        self.graces: list[float] = []
         self.refuse_signals = False
 
     async def stop(self, identity: Any, **kwargs: Any) -> StopResult:
         records = [r for r in self.inbox.records() if identity_of(r) == identity]
         self.versions_at_stop.extend(r.lease_version for r in records)
         self.reasons_at_stop.extend(r.stop_reason for r in records)
+        self.graces.append(kwargs.get("grace_seconds", 5.0))
         if self.refuse_signals:
             return StopResult.UNVERIFIED
         return await super().stop(identity, **kwargs)
@@ -486,6 +489,33 @@ async def test_a_launch_claim_that_cannot_be_read_leaves_the_launch_undecided(
     assert "ReportStartFailure" not in world.client.calls
     request = world.client.completed
     assert (request.outcome, request.exit_code) == (worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED, 0)
+
+
+async def test_a_stop_without_a_lease_does_not_wait_out_a_long_stop_grace(
+    world: World, tmp_path: Path
+) -> None:
+    """A fleet's long --stop-grace-seconds is for stops asked while the lease is kept.
+    Once the lease is lost the control plane may start the Run elsewhere after its
+    --worker-stop-ms: an executor that ignores SIGTERM is killed after the capped grace."""
+    patient = dataclasses.replace(
+        world,
+        reconciler=Reconciler(
+            inbox=world.inbox,
+            client=world.client,  # type: ignore[arg-type]
+            processes=world.processes,
+            lease_clock=_lease_clock(world.clock_offset_ms),
+            stop_grace_seconds=600.0,
+            log_dir=tmp_path,
+        ),
+    )
+    offer_id = patient.admit(["sh", "-c", "trap '' TERM; sleep 60"])
+    assert await patient.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    patient.clock_offset_ms[0] = 31_000  # the local lease ran out
+    assert await patient.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    assert world.processes.graces == [LEASE_GONE_STOP_GRACE_SECONDS]
+    record = _record_of(world, offer_id)
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+    assert record.exit_signal == signal.SIGKILL  # it ignored SIGTERM; the grace ran out
 
 
 async def test_local_lease_expiry_stops_the_process_without_calling_control(

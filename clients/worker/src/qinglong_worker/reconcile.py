@@ -99,6 +99,11 @@ from qinglong_worker.process import (
 
 log = logging.getLogger(__name__)
 
+#: The longest SIGTERM grace of an executor whose lease is gone: a long
+#: ``--stop-grace-seconds`` is for stops the control plane asked for while the lease is
+#: kept; without one, the stop must fit in control's ``--worker-stop-ms`` (20 s by
+#: default, with this grace, the tick and the kill in it).
+LEASE_GONE_STOP_GRACE_SECONDS: Final = 5.0
 #: The callback sequence `running` stores; completion presents it.
 FIRST_CALLBACK_SEQUENCE: Final = 1
 #: Passes of one reconcile before it yields to the next tick (a start takes four).
@@ -1140,10 +1145,15 @@ class Reconciler:
         return Outcome.LEASE_LOST
 
     async def _stop_exact(self, record: InboxRecord) -> tuple[StopResult, ExitStatus | None]:
+        """Stop an executor that holds no lease any more (lost, or its Run ended): its
+        TERM grace is at most :data:`LEASE_GONE_STOP_GRACE_SECONDS`, whatever
+        ``--stop-grace-seconds`` says, so it is gone before the control plane may start the
+        Run again elsewhere (control's ``--worker-stop-ms`` counts on that)."""
         identity = identity_of(record)
         if identity is None:
             return StopResult.ALREADY_EXITED, None
-        stopped = await self._processes.stop(identity, grace_seconds=self._grace)
+        grace = min(self._grace, LEASE_GONE_STOP_GRACE_SECONDS)
+        stopped = await self._processes.stop(identity, grace_seconds=grace)
         status = self._processes.poll(identity)
         return stopped, status
 

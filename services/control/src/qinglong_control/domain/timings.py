@@ -33,7 +33,9 @@ class Timings:
     #: then SIGKILL) and the kill itself — about 14 s with the Worker's defaults. A lost
     #: Attempt's successor is due no earlier than this, nor than a lease lifetime, after
     #: the lease expired (R-RETRY-2), so the two never run at once however short the
-    #: lease. Raise it with the fleet's `--stop-grace-seconds`.
+    #: lease. A Worker caps the SIGTERM grace of an executor whose lease is gone at 5 s
+    #: (qinglong_worker.reconcile.LEASE_GONE_STOP_GRACE_SECONDS), whatever its
+    #: `--stop-grace-seconds`: raise this only for a slower tick or kill.
     worker_stop_ms: int = 20_000
 
     def __post_init__(self) -> None:
