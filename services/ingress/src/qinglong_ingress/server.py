@@ -32,6 +32,7 @@ from qinglong_protocol.tls import (
     read_tls_material,
 )
 
+from qinglong_ingress.listener_limits import ENROLLMENT_LIMITS, PUBLIC_LIMITS, ListenerLimits
 from qinglong_ingress.settings import ControlChannelSettings, IngressSettings
 from qinglong_ingress.validation import MAX_RECEIVE_MESSAGE_BYTES
 
@@ -55,7 +56,9 @@ PUBLIC_SERVICE_NAMES = (
 
 
 async def create_server(
-    settings: IngressSettings, handlers: Sequence[grpc.GenericRpcHandler] = ()
+    settings: IngressSettings,
+    handlers: Sequence[grpc.GenericRpcHandler] = (),
+    limits: ListenerLimits = PUBLIC_LIMITS,
 ) -> tuple[grpc.aio.Server, int]:
     """Assemble the server and bind `settings.listen_address`; return it (not started) and
     the bound port.
@@ -66,7 +69,11 @@ async def create_server(
     """
     server = grpc.aio.server(
         interceptors=server_interceptors(),
-        options=[("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)],
+        options=[
+            ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+            *limits.server_options(),
+        ],
+        maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )
     server.add_generic_rpc_handlers(tuple(handlers))
 
@@ -86,7 +93,10 @@ async def create_server(
 
 
 async def create_enrollment_server(
-    address: str, tls: TlsFiles, handlers: Sequence[grpc.GenericRpcHandler]
+    address: str,
+    tls: TlsFiles,
+    handlers: Sequence[grpc.GenericRpcHandler],
+    limits: ListenerLimits = ENROLLMENT_LIMITS,
 ) -> tuple[grpc.aio.Server, int]:
     """The Worker enrollment listener (R-ADM-2): the public server certificate, no client
     certificate asked for (a joining machine has none yet), EnrollmentService only (and
@@ -94,7 +104,11 @@ async def create_enrollment_server(
     its admission stages, as on the public listener. Bound, not started."""
     server = grpc.aio.server(
         interceptors=server_interceptors(),
-        options=[("grpc.max_receive_message_length", bounds.ENROLLMENT_REQUEST_MAX_BYTES)],
+        options=[
+            ("grpc.max_receive_message_length", bounds.ENROLLMENT_REQUEST_MAX_BYTES),
+            *limits.server_options(),
+        ],
+        maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
     )
     server.add_generic_rpc_handlers(tuple(handlers))
     # Anyone may reach this listener, without a certificate and outside the admission
