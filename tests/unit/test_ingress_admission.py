@@ -180,6 +180,31 @@ async def test_rate_limit_per_peer_host_and_in_total_and_refills_with_time() -> 
     assert code_for(_E.ERROR_REASON_RATE_LIMITED) == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+async def test_ipv6_peers_share_their_networks_share() -> None:
+    """An IPv6 subscriber holds a whole network of addresses: a fresh bucket per address
+    would let it make (and have audited) as many attempts as it has addresses."""
+    now = [1000.0]
+    limit = RateLimit(per_peer_per_minute=2, total_per_minute=1_000, clock=lambda: now[0])
+
+    async def admitted(peer: str) -> bool:
+        try:
+            await limit.check(_Peer(peer))  # type: ignore[arg-type]
+        except Refusal:
+            return False
+        return True
+
+    same_network = [f"ipv6:[2001:db8:1:{n:x}::{n}]:4000" for n in range(0x10, 0x20)]
+    results = [await admitted(peer) for peer in same_network]
+    assert results.count(True) == 2, "16 addresses of one /56: one share"
+    assert await admitted("ipv6:[2001:db8:2::1]:4000"), "another network has its own"
+    # An IPv4 address written as IPv6 counts as that IPv4 host.
+    assert [await admitted(p) for p in ("ipv4:10.0.0.9:1", "ipv6:[::ffff:10.0.0.9]:2")] == [
+        True,
+        True,
+    ]
+    assert not await admitted("ipv6:[::ffff:10.0.0.9]:3")
+
+
 async def test_a_peers_rate_limited_refusals_are_audited_once_a_minute() -> None:
     now = [1000.0]
     limit = RateLimit(per_peer_per_minute=1, total_per_minute=100, clock=lambda: now[0])

@@ -34,6 +34,7 @@ stage neither times, audits nor catches anything itself.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 import uuid
 from collections import OrderedDict
@@ -397,8 +398,26 @@ class _Bucket:
         return True
 
 
+#: An IPv6 peer is counted by its network of this prefix: one subscriber commonly holds a
+#: /56 (or more), and a bucket per address would give it one per address it cares to use.
+IPV6_PEER_PREFIX: Final = 56
+
+
 def _peer_host(peer: str) -> str:
-    """``ipv4:10.0.0.7:51234`` -> ``ipv4:10.0.0.7``; one bucket per host, not per port."""
+    """The rate limit's key of a peer: ``ipv4:10.0.0.7:51234`` -> ``ipv4:10.0.0.7`` (one
+    bucket per host, not per port); ``ipv6:[2001:db8:1:2::7]:51234`` ->
+    ``ipv6:2001:db8:1::/56`` (one per network an attacker could fill with addresses); an
+    IPv4 address in IPv6 form counts as that IPv4 host."""
+    if peer.startswith("ipv6:[") and "]" in peer:
+        text = peer[len("ipv6:[") : peer.index("]")]
+        try:
+            address = ipaddress.IPv6Address(text.split("%", 1)[0])
+        except ValueError:
+            return peer
+        if address.ipv4_mapped is not None:
+            return f"ipv4:{address.ipv4_mapped}"
+        network = ipaddress.IPv6Network((address, IPV6_PEER_PREFIX), strict=False)
+        return f"ipv6:{network}"
     return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
 
 
