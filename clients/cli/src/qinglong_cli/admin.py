@@ -48,6 +48,12 @@ from qinglong_cli.ingress_client import (
 )
 from qinglong_cli.output import Printer, enum_names
 
+#: What to do when a token's answer was lost: a repeat would show no secret.
+_WHEN_AN_ISSUE_IS_LOST = (
+    "list the principal's tokens (qinglong admin token list NAME), revoke any you cannot"
+    " use and issue another"
+)
+_WHEN_A_JOIN_IS_LOST = "issue the Worker a new join token (qinglong admin worker join-token NAME)"
 #: The top-level commands this module runs.
 ADMIN_COMMANDS = frozenset({"admin", "worker"})
 
@@ -322,7 +328,11 @@ async def _token_issue(admin: _Admin, args: argparse.Namespace) -> None:
     )
     if args.ttl is not None:
         request.ttl_seconds = args.ttl
-    issued = await sent_once(admin.stub.IssueToken(request, **admin.call), request.request_id)
+    issued = await sent_once(
+        admin.stub.IssueToken(request, **admin.call),
+        request.request_id,
+        secret_hint=_WHEN_AN_ISSUE_IS_LOST,
+    )
     admin.show_secret(issued, "token", "token", request.request_id, args.save)
 
 
@@ -340,7 +350,11 @@ async def _token_rotate(admin: _Admin, args: argparse.Namespace) -> None:
     request = admin_service_pb2.RotateTokenRequest(
         request_id=request_id_of(args), token_id=args.token_id, overlap_seconds=args.overlap
     )
-    rotated = await sent_once(admin.stub.RotateToken(request, **admin.call), request.request_id)
+    rotated = await sent_once(
+        admin.stub.RotateToken(request, **admin.call),
+        request.request_id,
+        secret_hint=_WHEN_AN_ISSUE_IS_LOST,
+    )
     admin.show_secret(rotated, "token", "token", request.request_id, args.save)
 
 
@@ -380,7 +394,11 @@ async def _worker_create(admin: _Admin, args: argparse.Namespace) -> None:
     )
     if args.join_token_ttl is not None:
         request.join_token_ttl_seconds = args.join_token_ttl
-    created = await sent_once(admin.stub.CreateWorker(request, **admin.call), request.request_id)
+    created = await sent_once(
+        admin.stub.CreateWorker(request, **admin.call),
+        request.request_id,
+        secret_hint=_WHEN_A_JOIN_IS_LOST,
+    )
     admin.show_secret(created, "join_token", "join token", request.request_id)
 
 
@@ -390,7 +408,11 @@ async def _worker_join_token(admin: _Admin, args: argparse.Namespace) -> None:
     )
     if args.ttl is not None:
         request.ttl_seconds = args.ttl
-    issued = await sent_once(admin.stub.IssueJoinToken(request, **admin.call), request.request_id)
+    issued = await sent_once(
+        admin.stub.IssueJoinToken(request, **admin.call),
+        request.request_id,
+        secret_hint=_WHEN_A_JOIN_IS_LOST,
+    )
     # Printed as CreateWorker's answer, which has the very same fields (and a table).
     shown = admin_service_pb2.CreateWorkerResponse(
         worker=issued.worker,

@@ -34,24 +34,38 @@ class UnknownOutcome(Exception):
     done. Sent again with the same request id, it answers what it did, and does it at most
     once (AIP-155) — so the error names that id."""
 
-    def __init__(self, error: grpc.aio.AioRpcError, request_id: str) -> None:
+    def __init__(
+        self, error: grpc.aio.AioRpcError, request_id: str, secret_hint: str | None = None
+    ) -> None:
         super().__init__(request_id)
         self.error = error
         self.request_id = request_id
+        self.secret_hint = secret_hint
 
 
-async def sent_once(call: Awaitable[Answer], request_id: str) -> Answer:
-    """Await a create that carries ``request_id``; an unknown outcome names the id."""
+async def sent_once(
+    call: Awaitable[Answer], request_id: str, *, secret_hint: str | None = None
+) -> Answer:
+    """Await a create that carries ``request_id``; an unknown outcome names the id. A
+    create that hands out a secret shows it only in its first answer, which a repeat
+    cannot show again: ``secret_hint`` says what to do instead."""
     try:
         return await call
     except grpc.aio.AioRpcError as error:
         if error.code() in _UNREACHABLE:
-            raise UnknownOutcome(error, request_id) from error
+            raise UnknownOutcome(error, request_id, secret_hint) from error
         raise
 
 
 def report_unknown_outcome(unknown: UnknownOutcome, err: TextIO) -> int:
     code = report_rpc_error(unknown.error, err)
+    if unknown.secret_hint is not None:
+        print(
+            "  (it may have been done, and its secret is shown only in the answer that was"
+            f" lost: {unknown.secret_hint})",
+            file=err,
+        )
+        return code
     print(
         f"  (it may have been done: the same command with --request-id {unknown.request_id}"
         " answers what it did, and does it at most once)",

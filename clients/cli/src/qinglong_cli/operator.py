@@ -164,9 +164,9 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
             ("--retry-backoff-ms", args.retry_backoff_ms),
             ("--retry-max-backoff-ms", args.retry_max_backoff_ms),
             ("--retry-multiplier-percent", args.retry_multiplier_percent),
-            ("--retry-on", args.retry_on),
+            ("--retry-on", args.retry_on or None),
         )
-        if value
+        if value is not None
     ]
     if args.max_attempts is None:
         if retry_flags:  # a policy the user described must not be dropped unseen
