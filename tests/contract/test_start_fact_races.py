@@ -623,7 +623,7 @@ async def test_the_cancel_command_racing_a_start_failure_tells_one_story(
 ) -> None:
     """cancel_run (serializable, retried) against report_start_failure, both orders, many
     times: the intent counts exactly when the cancel committed first; Attempt, Run, Lease
-    and a gapless Event sequence agree either way, and each side wins sometimes."""
+    and a gapless Event sequence agree whichever side wins (the tally is printed)."""
     (other,) = await connect(1)
     seen: Counter[str] = Counter()
     for iteration in range(12):

@@ -207,7 +207,9 @@ class Reconciler:
         handle, a privilege gone, a bug) is logged and counted, and the cycle's other
         steps still run: one stuck step must not stop expiry, convergence or retention
         on every replica for good. An unreachable or hung database ends the cycle (the
-        next one tries every step again)."""
+        next one tries every step again) — and so does a step whose page outlives its
+        bound or hits the statement timeout, which look the same from here. A failed
+        step's report counts none of its pages, committed ones included."""
         try:
             return await self._pages(step)
         except Exception as error:
