@@ -11,6 +11,7 @@ import asyncio
 import logging
 import secrets
 import uuid
+from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
@@ -344,16 +345,23 @@ async def test_user_cancel_reaches_the_running_worker_at_its_next_lease_call(
     assert done.error_code == "EXECUTION_CANCELLED"
 
 
-async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) -> None:
+async def watched_to_its_end(
+    stack: Stack, before_the_end: Callable[[list[str]], Awaitable[None]], after_sequence: int = 0
+) -> list[str]:
+    """An operator's watch of a running Run from ``after_sequence``; once
+    ``before_the_end(seen so far)`` returns, the Run succeeds. The Event types the watch
+    saw, after it ended by itself."""
     async with stack.channel(stack.worker_identity("worker-a")) as channel:
         worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
         fence = await running_attempt(stack, worker)
         async with stack.channel(stack.operator_identity("ops")) as operator_channel:
             runs = run_service_pb2_grpc.RunServiceStub(operator_channel)
             watch = runs.WatchRunEvents(
-                run_service_pb2.WatchRunEventsRequest(project_id=PROJECT, run_id=fence.run_id),
+                run_service_pb2.WatchRunEventsRequest(
+                    project_id=PROJECT, run_id=fence.run_id, after_sequence=after_sequence
+                ),
                 metadata=bearer(stack, "vera"),
-                timeout=20,
+                timeout=25,
             )
             seen: list[str] = []
 
@@ -362,8 +370,7 @@ async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) ->
                     seen.append(item.event.type)
 
             reader = asyncio.ensure_future(read_all())
-            # The watcher has read the history, so what follows reaches it live.
-            assert await settled(lambda: len(seen) == 6, 10)
+            await before_the_end(seen)
             await worker.CompleteAttempt(
                 ws.CompleteAttemptRequest(
                     fence=fence,
@@ -372,8 +379,16 @@ async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) ->
                     exit_code=0,
                 )
             )
-            await asyncio.wait_for(reader, timeout=15)
-    assert seen == [
+            await asyncio.wait_for(reader, timeout=10)  # ended, not cut at its deadline
+    return seen
+
+
+async def test_operator_watches_a_run_live_until_it_is_terminal(stack: Stack) -> None:
+    async def history_read(seen: list[str]) -> None:
+        # The watcher has read the history, so what follows reaches it live.
+        assert await settled(lambda: len(seen) == 6, 10)
+
+    assert await watched_to_its_end(stack, history_read) == [
         "run.queued",
         "attempt.claimed",
         "run.dispatching",
@@ -391,39 +406,14 @@ async def test_a_watch_after_an_event_not_yet_numbered_still_ends_with_the_run(
     """Events are numbered 1, 2, …: a watch after a number the Run has not reached sees
     none, and so no Event of the Run's end either; it still ends when the Run does, not
     after the stream's lifetime (30 s)."""
-    async with stack.channel(stack.worker_identity("worker-a")) as channel:
-        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        fence = await running_attempt(stack, worker)
-        async with stack.channel(stack.operator_identity("ops")) as operator_channel:
-            runs = run_service_pb2_grpc.RunServiceStub(operator_channel)
-            watch = runs.WatchRunEvents(
-                run_service_pb2.WatchRunEventsRequest(
-                    project_id=PROJECT, run_id=fence.run_id, after_sequence=1_000
-                ),
-                metadata=bearer(stack, "vera"),
-                timeout=25,
-            )
-            seen: list[str] = []
 
-            async def read_all() -> None:
-                async for item in watch:
-                    seen.append(item.event.type)
+    async def first_read(seen: list[str]) -> None:
+        # The Run must end after the watch first read it (ending before, it would be
+        # seen at once): the call reached control, whose first read follows at once.
+        assert await settled(lambda: "WatchRunEvents" in stack.control_calls.methods, 10)
+        await asyncio.sleep(0.5)
 
-            reader = asyncio.ensure_future(read_all())
-            # The Run must end after the watch first read it (ending before, it would be
-            # seen at once): the call reached control, whose first read follows at once.
-            assert await settled(lambda: "WatchRunEvents" in stack.control_calls.methods, 10)
-            await asyncio.sleep(0.5)
-            await worker.CompleteAttempt(
-                ws.CompleteAttemptRequest(
-                    fence=fence,
-                    callback_sequence=1,
-                    outcome=worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED,
-                    exit_code=0,
-                )
-            )
-            await asyncio.wait_for(reader, timeout=10)  # ended, not cut at its deadline
-    assert seen == []
+    assert await watched_to_its_end(stack, first_read, after_sequence=1_000) == []
 
 
 async def test_a_workers_trace_continues_through_ingress_to_control(stack: Stack) -> None:
