@@ -75,6 +75,9 @@ from qinglong_worker.session import ActiveSession, SessionKeeper
 
 log = logging.getLogger(__name__)
 
+#: How long a tick waits for an executor it stops again (see Lifecycle._stop_unverified).
+_RESTOP_KILL_WAIT_SECONDS = 1.0
+
 SUPERVISE_LIMIT_MAX: Final = 64
 #: Closed records whose remaining output one tick ships (a bounded pass each).
 CLOSED_SHIPPING_PER_TICK: Final = 2
@@ -439,14 +442,18 @@ class Lifecycle:
         """Stop again, every tick, each executor whose stop could not be confirmed when its
         lease was lost or its Run ended (a transient failure to pin or read the process):
         its lease is gone, so the control plane may start the Run elsewhere, and it must
-        not run on. The TERM grace was spent on the first try: SIGKILL at once."""
+        not run on. The TERM grace was spent on the first try: SIGKILL at once, and wait
+        for it only briefly (the next tick tries again; a process that cannot be killed
+        must not hold up the other records' lease control)."""
         for record in self._inbox.quarantined(
             QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
         ):
             identity = identity_of(record)
             if identity is None or self._processes.poll(identity) is not None:
                 continue
-            stopped = await self._processes.stop(identity, grace_seconds=0.0)
+            stopped = await self._processes.stop(
+                identity, grace_seconds=0.0, kill_wait_seconds=_RESTOP_KILL_WAIT_SECONDS
+            )
             log.warning(
                 "offer %s: its executor outlived its lease; stopped again: %s",
                 record.offer_id,
