@@ -78,17 +78,26 @@ async def event_types(world: World, run_id: uuid.UUID) -> list[str]:
     return [event_type for _, event_type in rows]
 
 
-async def expire_lease_now(world: World, work: ClaimedWork) -> int:
-    """Move the lease's expiry into the past (DB time) and let expiry find it."""
+async def lease_ran_out(
+    world: World, work: ClaimedWork, *, renewed_ms_ago: int = 1, expired_ms_ago: int = 1
+) -> int:
+    """Move the lease's last renewal and its expiry into the past (DB time); its expiry."""
     cursor = await world.conn.execute(
-        "UPDATE qinglong.run_leases SET renewed_at_ms = qinglong.db_now_ms() - 1,"
-        " expires_at_ms = qinglong.db_now_ms() - 1 WHERE attempt_id = %s RETURNING expires_at_ms",
-        (work.fence.attempt_id,),
+        "UPDATE qinglong.run_leases SET renewed_at_ms = qinglong.db_now_ms() - %s,"
+        " expires_at_ms = qinglong.db_now_ms() - %s WHERE attempt_id = %s"
+        " RETURNING expires_at_ms",
+        (renewed_ms_ago, expired_ms_ago, work.fence.attempt_id),
     )
     row = await cursor.fetchone()
     assert row is not None
-    assert (await expire_leases(world.conn, 128)).expired == 1
     return int(row[0])
+
+
+async def expire_lease_now(world: World, work: ClaimedWork) -> int:
+    """Move the lease's expiry into the past (DB time) and let expiry find it."""
+    expired_at = await lease_ran_out(world, work)
+    assert (await expire_leases(world.conn, 128)).expired == 1
+    return expired_at
 
 
 async def make_retry_due(world: World, run_id: uuid.UUID) -> None:
@@ -351,11 +360,7 @@ async def test_one_cycle_expires_then_schedules_the_retry(
 ) -> None:
     work = await world.claimed(retry_policy=THREE_TRIES)
     await running(world, work)
-    await world.conn.execute(
-        "UPDATE qinglong.run_leases SET renewed_at_ms = qinglong.db_now_ms() - 1,"
-        " expires_at_ms = qinglong.db_now_ms() - 1 WHERE attempt_id = %s",
-        (work.fence.attempt_id,),
-    )
+    await lease_ran_out(world, work)
     pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(1, 2))
     try:
         report = await Reconciler(pool, ReconcilerLimits(), world.timings).cycle()
@@ -381,11 +386,7 @@ async def test_a_lost_attempt_is_retried_though_its_deadline_came_before_its_lea
         " WHERE attempt_id = %s",
         (work.fence.attempt_id,),
     )
-    await world.conn.execute(
-        "UPDATE qinglong.run_leases SET renewed_at_ms = qinglong.db_now_ms() - 100,"
-        " expires_at_ms = qinglong.db_now_ms() - 1 WHERE attempt_id = %s",
-        (work.fence.attempt_id,),
-    )
+    await lease_ran_out(world, work, renewed_ms_ago=100)
     assert (await expire_leases(world.conn, 128)).expired == 1
     assert (await retry_page(world.conn, 128, world.timings)).scheduled == 1
     row = await run_row(world, work.fence.run_id)

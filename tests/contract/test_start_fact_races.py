@@ -12,8 +12,8 @@ import asyncio
 import secrets
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -38,6 +38,7 @@ from qinglong_control.domain.start_facts import (
     RunningDecision,
     RunningOutcome,
     RunningReport,
+    StartFailureDecision,
     StartingDecision,
     StartingOutcome,
 )
@@ -57,6 +58,7 @@ TERMINAL = {
 }
 
 Conn = psycopg.AsyncConnection[Any]
+Answer = TypeVar("Answer")
 
 PULL_ROUNDS = 3
 
@@ -329,6 +331,23 @@ async def test_start_failure_committed_first_keeps_failed(
     assert_terminal(await outcome(world.conn, work), None, 2)
 
 
+async def raced_with_a_start_failure(
+    world: World, intent: Callable[[ClaimedWork], Awaitable[Answer]], first: int
+) -> tuple[ClaimedWork, Answer, StartFailureDecision]:
+    """A fresh `starting` Attempt whose start failure races ``intent`` on another
+    connection; the one handed to gather first alternates with ``first`` (0 or 1). The
+    work, what ``intent`` answered, and the start failure's decision."""
+    work = await world.claimed()
+    await acknowledge_starting(world.conn, work.fence)
+    asked = intent(work)
+    failure = report_start_failure(world.conn, work.fence, "boom")
+    if first:
+        answered, decision = await asyncio.gather(asked, failure)
+    else:
+        decision, answered = await asyncio.gather(failure, asked)
+    return work, answered, decision
+
+
 @pytest.mark.parametrize("reason", ["user", "timeout"])
 async def test_intent_racing_start_failure_never_mixes_outcomes(
     world: World, connect: Any, reason: str
@@ -337,14 +356,9 @@ async def test_intent_racing_start_failure_never_mixes_outcomes(
     (canceller,) = await connect(1)
     seen: Counter[str] = Counter()
     for iteration in range(10):
-        work = await world.claimed()
-        await acknowledge_starting(world.conn, work.fence)
-        cancel = request_cancel(canceller, work, reason)
-        failure = report_start_failure(world.conn, work.fence, "boom")
-        if iteration % 2:
-            recorded, decision = await asyncio.gather(cancel, failure)
-        else:
-            decision, recorded = await asyncio.gather(failure, cancel)
+        work, recorded, decision = await raced_with_a_start_failure(
+            world, lambda work: request_cancel(canceller, work, reason), first=iteration % 2
+        )
         facts = await outcome(world.conn, work)
         # The intent counts if and only if it committed before the start failure.
         winner = reason if recorded else None
@@ -627,14 +641,9 @@ async def test_the_cancel_command_racing_a_start_failure_tells_one_story(
     (other,) = await connect(1)
     seen: Counter[str] = Counter()
     for iteration in range(12):
-        work = await world.claimed()
-        await acknowledge_starting(world.conn, work.fence)
-        cancel = cancel_run(other, canceller(work.fence.run_id))
-        failure = report_start_failure(world.conn, work.fence, "boom")
-        if iteration % 2:
-            answered, decision = await asyncio.gather(cancel, failure)
-        else:
-            decision, answered = await asyncio.gather(failure, cancel)
+        work, answered, decision = await raced_with_a_start_failure(
+            world, lambda work: cancel_run(other, canceller(work.fence.run_id)), iteration % 2
+        )
         facts = await outcome(world.conn, work)
         won = answered is CancelOutcome.ACCEPTED
         assert answered in (CancelOutcome.ACCEPTED, CancelOutcome.ALREADY_TERMINAL)
