@@ -398,11 +398,7 @@ async def test_an_executor_that_ended_while_the_stop_was_on_its_way_keeps_its_ou
     async def let_it_exit(record: Any) -> None:
         identity = identity_of(record)
         assert identity is not None
-        for _ in range(200):
-            if world.processes.poll(identity) is not None:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("the executor did not end")
+        await _until(lambda: world.processes.poll(identity) is not None)
 
     outcome = await _stop_answered_after(world, ["sh", "-c", "sleep 0.3; exit 0"], let_it_exit)
     assert outcome is Outcome.COMPLETED
@@ -420,11 +416,7 @@ async def test_an_executor_killed_by_a_signal_before_the_stop_is_reported_stoppe
         identity = identity_of(record)
         assert identity is not None
         os.killpg(identity.pid, signal.SIGKILL)
-        for _ in range(200):
-            if world.processes.poll(identity) is not None:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("the executor did not end")
+        await _until(lambda: world.processes.poll(identity) is not None)
 
     outcome = await _stop_answered_after(world, ["sleep", "30"], kill_it)
     assert outcome is Outcome.COMPLETED
@@ -443,13 +435,7 @@ async def test_a_supervisor_slow_to_answer_is_settled_from_its_launch_claim(
     outcomes = [await world.reconciler.reconcile(offer_id)]
     assert outcomes[0] is Outcome.WAITING, "the spawn's answer did not come in time"
     assert _record_of(world, offer_id).state is RecordState.LAUNCHING
-    for _ in range(200):
-        outcome = await world.reconciler.reconcile(offer_id)
-        outcomes.append(outcome)
-        if outcome is Outcome.COMPLETED:
-            break
-        await asyncio.sleep(0.02)
-    assert outcomes[-1] is Outcome.COMPLETED, outcomes
+    outcomes += await _reconciled_until(world.reconciler, offer_id, Outcome.COMPLETED.__eq__)
     assert "ReportStartFailure" not in world.client.calls
     assert world.client.calls.count("AcknowledgeRunning") == 1
     request = world.client.completed
@@ -482,10 +468,7 @@ async def test_a_launch_claim_that_cannot_be_read_leaves_the_launch_undecided(
     assert "ReportStartFailure" not in world.client.calls
     claim.rmdir()
     aside.rename(claim)
-    for _ in range(200):
-        if await restarted.reconciler.reconcile(offer_id) is Outcome.COMPLETED:
-            break
-        await asyncio.sleep(0.02)
+    await _until_completed(restarted.reconciler, offer_id)
     assert "ReportStartFailure" not in world.client.calls
     request = world.client.completed
     assert (request.outcome, request.exit_code) == (worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED, 0)
@@ -600,12 +583,12 @@ async def test_a_running_record_of_a_schema_4_inbox_counts_as_lost(world: World)
     world.client.completion_refusals = [
         CallFailed("CompleteAttempt", grpc.StatusCode.UNAVAILABLE, None, tries=3)
     ]
-    for _ in range(100):
-        if _record_of(world, ended_id).state is RecordState.EXITED:
-            break
-        assert await world.reconciler.reconcile(ended_id) in (Outcome.RUNNING, Outcome.WAITING)
-        await asyncio.sleep(0.02)
-    assert _record_of(world, ended_id).state is RecordState.EXITED, "its report is owed"
+    outcomes = await _reconciled_until(
+        world.reconciler,
+        ended_id,
+        lambda _: _record_of(world, ended_id).state is RecordState.EXITED,  # its report is owed
+    )
+    assert set(outcomes) <= {Outcome.RUNNING, Outcome.WAITING}, outcomes
     calls = list(world.client.calls)
     world.inbox._db.execute(
         "UPDATE offers SET lease_observed_boot_ms = NULL, lease_observed_boot_id = NULL"
@@ -957,11 +940,7 @@ def _slow_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: f
 
 async def _launching(world: World, offer_id: str) -> None:
     """Wait until the record is ``launching``: its spawn is under way."""
-    for _ in range(500):
-        if _record_of(world, offer_id).state is RecordState.LAUNCHING:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never seen launching: {_record_of(world, offer_id).state}")
+    await _until(lambda: _record_of(world, offer_id).state is RecordState.LAUNCHING)
 
 
 async def test_other_runs_lease_control_goes_on_while_a_supervisor_is_slow_to_start(
@@ -1023,12 +1002,7 @@ async def test_a_restarted_worker_reports_the_exit_status_the_supervisor_kept(
         processes=ProcessController(status_dir=tmp_path / "exits"),
         log_dir=tmp_path,
     )
-    for _ in range(200):
-        outcome = await restarted.reconcile(offer_id)
-        if outcome is Outcome.COMPLETED:
-            break
-        await asyncio.sleep(0.02)
-    assert outcome is Outcome.COMPLETED
+    await _until_completed(restarted, offer_id)
     assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_FAILED
     assert world.client.completed.exit_code == 3
     assert world.processes.poll(identity) is not None  # reap the first's child
@@ -1087,12 +1061,8 @@ async def _ending_of(world: World, exit_code: int) -> tuple[str, Outcome]:
     """Admit an executor that ends by itself with `exit_code`; reconcile until its
     ending is reported (or the record settled otherwise)."""
     offer_id = world.admit(["sh", "-c", f"exit {exit_code}"])
-    for _ in range(200):
-        outcome = await world.reconciler.reconcile(offer_id)
-        if outcome is not Outcome.RUNNING:
-            return offer_id, outcome
-        await asyncio.sleep(0.02)
-    raise AssertionError("the executor did not end")
+    outcomes = await _reconciled_until(world.reconciler, offer_id, Outcome.RUNNING.__ne__)
+    return offer_id, outcomes[-1]
 
 
 async def test_an_ending_refused_at_a_stale_version_is_refenced_by_the_renewals_replay(
@@ -1294,11 +1264,35 @@ def _state(world: World, offer_id: str) -> RecordState | None:
     return None if record is None else record.state
 
 
-async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+# A liveness bound, not a timing claim: passes run executors (new interpreters) and ship
+# their output, which on a loaded 2-core machine can take seconds; counting passes
+# instead (each quick or slow by the machine's load) made the tests flaky under load.
+_LIVENESS_SECONDS = 60.0
+
+
+async def _until(condition: Callable[[], bool], seconds: float = _LIVENESS_SECONDS) -> None:
     deadline = asyncio.get_running_loop().time() + seconds
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+async def _reconciled_until(
+    reconciler: Reconciler, offer_id: str, settled: Callable[[Outcome], bool]
+) -> list[Outcome]:
+    """Reconcile `offer_id` pass after pass until an outcome is `settled`; every
+    outcome seen, in order."""
+    deadline = asyncio.get_running_loop().time() + _LIVENESS_SECONDS
+    outcomes = [await reconciler.reconcile(offer_id)]
+    while not settled(outcomes[-1]):
+        assert asyncio.get_running_loop().time() < deadline, f"never settled: {outcomes[-5:]}"
+        await asyncio.sleep(0.02)
+        outcomes.append(await reconciler.reconcile(offer_id))
+    return outcomes
+
+
+async def _until_completed(reconciler: Reconciler, offer_id: str) -> None:
+    await _reconciled_until(reconciler, offer_id, Outcome.COMPLETED.__eq__)
 
 
 # --- output (R-OPS-1) ---------------------------------------------------------------------
@@ -1319,14 +1313,6 @@ def _printing(size: int, *, linger: float = 0.0, delay: float = 0.0) -> list[str
 
 def _printed(size: int) -> bytes:
     return b"".join(f"{n:09d} ".encode() + b"o" * 89 + b"\n" for n in range(size // 100))
-
-
-async def _until_completed(reconciler: Reconciler, offer_id: str) -> None:
-    for _ in range(500):
-        if await reconciler.reconcile(offer_id) is Outcome.COMPLETED:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("never completed")
 
 
 async def test_output_is_shipped_whole_before_completion_and_named_by_running(
@@ -1358,11 +1344,10 @@ async def test_shipping_resumes_from_the_inbox_and_resends_harmlessly(
     size = (CHUNKS_PER_PASS + 4) * bounds.OUTPUT_CHUNK_MAX_BYTES // 100 * 100
     world.client.lose_append_answers = {3}  # stored, but the Worker never learns it
     offer_id = world.admit(_printing(size))
-    record = world.inbox.get(offer_id)
-    for _ in range(500):  # until the chunk whose answer was lost has been sent again
+    deadline = asyncio.get_running_loop().time() + _LIVENESS_SECONDS
+    while len(world.client.appended) <= 3:  # until the chunk whose answer was lost went again
+        assert asyncio.get_running_loop().time() < deadline, "the lost chunk was never re-sent"
         await world.reconciler.reconcile(offer_id)
-        if len(world.client.appended) > 3:
-            break
         await asyncio.sleep(0.02)
     record = world.inbox.get(offer_id)
     assert record is not None
