@@ -35,9 +35,16 @@ class OperatorClient:
     def close(self) -> None:
         self.channel.close()
 
-    def trigger(self, command: list[str], *, name: str = "fault") -> str:
-        """A new Task with one revision running `command` (no timeout, no retry policy:
-        exactly one Attempt may start), and one Run of it. Returns the run id."""
+    def trigger(
+        self,
+        command: list[str],
+        *,
+        name: str = "fault",
+        retry: execution_pb2.RetryPolicy | None = None,
+    ) -> str:
+        """A new Task with one revision running `command` (no timeout; without `retry`,
+        no retry policy: exactly one Attempt may start), and one Run of it. Returns the
+        run id."""
         task = self.tasks.CreateTask(
             task_service_pb2.CreateTaskRequest(
                 project_id=self.project_id, request_id=uuid.uuid4().hex, display_name=name
@@ -51,7 +58,9 @@ class OperatorClient:
                 task_id=task.task.task_id,
                 request_id=uuid.uuid4().hex,
                 plan=execution_pb2.ExecutionPlan(
-                    executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER, command=command
+                    executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER,
+                    command=command,
+                    retry_policy=retry,
                 ),
             ),
             metadata=self.metadata,

@@ -76,6 +76,7 @@ class ScriptedClient:
         self.calls: list[str] = []
         self.budgets: list[tuple[str, float | None]] = []
         self.lease_version = 1
+        self.lease_ms = 30_000  # what a claim and a renewal leave of the lease
         self.last_words: list[bool] = []  # ControlLease asked after an ending (one try)
         self.activation: worker_pb2.ActivationSnapshot = _activation(60_000)
         self.starting_outcome: worker_pb2.StartingOutcome.ValueType = (
@@ -145,7 +146,7 @@ class ScriptedClient:
         self.lease_version = request.fence.expected_lease_version + 1
         return ws.ControlLeaseResponse(
             renewed=worker_pb2.LeaseRenewed(
-                lease_version=self.lease_version, lease_remaining=_duration(30_000)
+                lease_version=self.lease_version, lease_remaining=_duration(self.lease_ms)
             )
         )
 
@@ -165,7 +166,7 @@ class ScriptedClient:
             attempt_id=str(uuid.uuid4()),
             lease_generation=1,
             lease_version=1,
-            lease_remaining=_duration(30_000),
+            lease_remaining=_duration(self.lease_ms),
             spec=worker_pb2.ExecutionSpec(plan=self.plans[request.offer_id]),
         )
 
@@ -1737,3 +1738,95 @@ async def test_a_pull_waits_no_longer_than_a_tick_does(world: World) -> None:
     lifecycle = _lifecycle(world, max_concurrency=1, reconcile_wait_seconds=1.5)
     await lifecycle.tick()
     assert dict(world.client.budgets)["PullOffers"] == 1.5
+
+
+# --- the supervisor's lease watch (the Worker's side) ---------------------------------------
+
+
+def _lease_file(world: World, record: Any) -> Path:
+    directory = world.processes.status_dir
+    assert directory is not None
+    return directory / supervisor.lease_file_name(launch_key(record.offer_id, record.attempt_id))
+
+
+def _written_deadline(world: World, record: Any) -> int | None:
+    return supervisor.read_lease_deadline(
+        str(_lease_file(world, record).parent),
+        launch_key(record.offer_id, record.attempt_id),
+        record.lease_observed_boot_id,
+    )
+
+
+def _estimate(record: Any) -> int:
+    return int(record.lease_observed_boot_ms + record.lease_remaining_ms)
+
+
+async def test_the_supervisor_is_handed_each_lease_the_worker_persists(world: World) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    started = _record_of(world, offer_id)
+    assert _written_deadline(world, started) == _estimate(started), "the claim's lease"
+    world.clock_offset_ms[0] += 20_000  # lease control falls due
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    renewed = _record_of(world, offer_id)
+    assert renewed.lease_version > started.lease_version
+    assert _written_deadline(world, renewed) == _estimate(renewed) > _estimate(started)
+
+
+async def test_a_record_that_never_started_its_executor_leaves_no_lease_file(
+    world: World,
+) -> None:
+    world.client.starting_outcome = worker_pb2.STARTING_OUTCOME_ALREADY_RUNNING
+    offer_id = world.admit(["sleep", "30"])
+    written_at_starting: list[bool] = []
+    acknowledge_starting = world.client.acknowledge_starting
+
+    async def starting(request: Any, **options: Any) -> Any:
+        written_at_starting.append(_lease_file(world, _record_of(world, offer_id)).exists())
+        return await acknowledge_starting(request, **options)
+
+    world.client.acknowledge_starting = starting  # type: ignore[method-assign]
+    assert await world.reconciler.reconcile(offer_id) is Outcome.TERMINAL
+    record = _record_of(world, offer_id)
+    assert record.quarantine_reason is QuarantineReason.RUNNING_ELSEWHERE
+    assert written_at_starting == [True], "written at the claim, before any supervisor"
+    assert not _lease_file(world, record).exists(), "removed when the record closed"
+
+
+async def test_an_executor_not_confirmed_stopped_keeps_its_lease_file_for_its_supervisor(
+    world: World,
+) -> None:
+    offer_id = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    world.processes.refuse_signals = True
+    world.clock_offset_ms[0] += 60_000  # the local lease ran out
+    assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    record = _record_of(world, offer_id)
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
+    assert _lease_file(world, record).exists(), "its supervisor stops what the Worker could not"
+    world.processes.refuse_signals = False
+
+
+async def test_an_executor_its_supervisor_stopped_at_the_lease_is_lost_not_ended(
+    world: World,
+) -> None:
+    """The Worker was away while the lease ran out: the supervisor stopped the executor
+    (SIGTERM). That is no ending of the executor's own, and nobody asked for it: the
+    record closes as lease lost, and no CompleteAttempt reports a signal as `failed`."""
+    world.client.lease_ms = 1_500
+    offer_id = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    identity = identity_of(_record_of(world, offer_id))
+    assert identity is not None
+    status_dir = world.processes.status_dir
+    assert status_dir is not None
+    status_file = status_dir / supervisor.status_file_name(identity.pid, identity.start_ticks)
+    await _until(status_file.exists)  # no reconcile meanwhile: the Worker is away
+    await world.reconciler.reconcile(offer_id)
+    record = _record_of(world, offer_id)
+    assert (record.state, record.quarantine_reason) == (
+        RecordState.QUARANTINED,
+        QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+    )
+    assert record.exit_signal == signal.SIGTERM
+    assert "CompleteAttempt" not in world.client.calls

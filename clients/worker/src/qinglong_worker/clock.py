@@ -43,9 +43,9 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def boot_clock_ms() -> int:
-    """Milliseconds since boot, suspend included; never steps."""
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1_000_000
+#: Milliseconds since boot, suspend included; never steps (the supervisor's lease watch
+#: reads the same clock).
+boot_clock_ms = supervisor.boot_clock_ms
 
 
 def boot_clock_seconds() -> float:

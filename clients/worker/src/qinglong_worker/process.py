@@ -140,6 +140,9 @@ class ExitStatus:
 
     exit_code: int | None
     signal: int | None
+    lease_ran_out: bool = False
+    """The supervisor stopped the executor itself: the lease the Worker last wrote for it
+    had run out (see :mod:`qinglong_worker.supervisor`, the lease watch)."""
 
     @property
     def observed(self) -> bool:
@@ -362,7 +365,7 @@ class ProcessController:
             self._base, extra_environment or {}, timing_environment(timeout_ms, deadline_unix_ms)
         )
         check_timing_environment(environment)
-        status_dir = self._ensure_status_dir()
+        status_dir = self.ensure_status_dir()
         output: IO[bytes] | int = subprocess.DEVNULL
         if log_path is not None:
             descriptor = os.open(
@@ -627,7 +630,9 @@ class ProcessController:
             log.warning("exit status of %s is malformed; treated as unobserved", identity.handle)
         return status
 
-    def _ensure_status_dir(self) -> Path:
+    def ensure_status_dir(self) -> Path:
+        """The status directory, made if need be (supervisors' statuses, launch claims and
+        lease files)."""
         if self._status_dir is None:
             raise RuntimeError("this ProcessController has no status directory to spawn with")
         self._status_dir.mkdir(parents=True, exist_ok=True, mode=_STATUS_DIRECTORY_MODE)
@@ -645,10 +650,13 @@ def parse_status_document(raw: bytes, identity: ProcessIdentity) -> ExitStatus |
     if document.get("version") != supervisor.STATUS_VERSION or not identity.named_by(document):
         return None
     exit_code, signal_number = document.get("exit_code"), document.get("signal")
+    lease_ran_out = document.get("lease_ran_out", False)
+    if not isinstance(lease_ran_out, bool):
+        return None
     if isinstance(exit_code, int) and signal_number is None and 0 <= exit_code <= 255:
-        return ExitStatus(exit_code, None)
+        return ExitStatus(exit_code, None, lease_ran_out)
     if exit_code is None and isinstance(signal_number, int) and 1 <= signal_number <= 64:
-        return ExitStatus(None, signal_number)
+        return ExitStatus(None, signal_number, lease_ran_out)
     return None
 
 

@@ -74,6 +74,7 @@ from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
 
+from qinglong_worker import local_lease, supervisor
 from qinglong_worker.client import CallFailed, WorkerClient
 from qinglong_worker.clock import BootInstant, boot_now, wall_clock_ms
 from qinglong_worker.inbox import (
@@ -102,8 +103,9 @@ log = logging.getLogger(__name__)
 #: The longest SIGTERM grace of an executor whose lease is gone: a long
 #: ``--stop-grace-seconds`` is for stops the control plane asked for while the lease is
 #: kept; without one, the stop must fit in control's ``--worker-stop-ms`` (20 s by
-#: default, with this grace, the tick and the kill in it).
-LEASE_GONE_STOP_GRACE_SECONDS: Final = 5.0
+#: default, with this grace, the tick and the kill in it). The supervisor's own stop at
+#: the lease's end uses the same.
+LEASE_GONE_STOP_GRACE_SECONDS: Final = supervisor.LEASE_GONE_STOP_GRACE_SECONDS
 #: The callback sequence `running` stores; completion presents it.
 FIRST_CALLBACK_SEQUENCE: Final = 1
 #: Passes of one reconcile before it yields to the next tick (a start takes four).
@@ -1169,6 +1171,17 @@ class Reconciler:
     # --- persistence ----------------------------------------------------------------------
 
     def _persist_exit(self, record: InboxRecord, status: ExitStatus) -> InboxRecord:
+        if status.lease_ran_out and record.stop_reason in (None, LOCAL_SHUTDOWN):
+            # Its supervisor stopped it when the lease written for it ran out (this
+            # Worker was down, or too late to renew): not the executor's own ending, and
+            # no stop anyone asked for. The lease is lost (R-W-2 step 3); control expires
+            # it and the Run is retried or ends lost.
+            return self._quarantine(
+                record,
+                QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+                "stopped by its supervisor: the local lease ran out",
+                status=status,
+            )
         outcome = completion_outcome(record.stop_reason, status)
         written = self._save(
             record,
@@ -1214,6 +1227,7 @@ class Reconciler:
     def _save(self, record: InboxRecord, **changes: Any) -> InboxRecord:
         updated = dataclasses.replace(record, updated_unix_ms=self._wall_clock(), **changes)
         written = self._inbox.compare_and_set(record, updated)
+        local_lease.follow(self._processes, record, written)
         if written.state is not record.state and record.state in _CLAIMED_LAUNCH:
             # The identity (or the start failure) is durable in the inbox now.
             forget_launch(self._processes, _launch_key(record))

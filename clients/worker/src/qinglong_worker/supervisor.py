@@ -33,6 +33,21 @@ The supervisor is not tied to the Worker's lifetime: it is not in the Worker's p
 group and holds no parent-death signal, so it survives a Worker crash and a restarted
 Worker reads the status it left.
 
+The lease watch (with ``--launch KEY``). Outliving the Worker must not mean outliving the
+lease: a Worker that never comes back (a crash loop, an inbox moved away, a daemon
+disabled) would leave the executor running while the control plane expires the lease and
+starts the Run again elsewhere. The Worker writes each lease answer it persists to
+``<status dir>/lease-<KEY>.json`` as the boot-clock instant at which its local estimate
+runs out (see :mod:`qinglong_worker.local_lease`). While the executor runs, the
+supervisor sleeps on the executor's pidfd until that instant (at most
+:data:`LEASE_LOOK_SECONDS` at a time: a sleep does not count a suspend, and a file may
+be written late) and reads the file again; once the instant has passed with nothing
+newer written, it stops the executor itself, as the Worker would (R-W-2 step 3): SIGTERM
+to the group, :data:`LEASE_GONE_STOP_GRACE_SECONDS`, then SIGKILL to the executor, and
+records ``lease_ran_out`` in the status, so that a Worker reading it reports a lost lease,
+never the stop as the executor's own ending. No file (a Worker of an earlier version),
+or a kernel without ``pidfd_open``: the executor is waited for as before.
+
 The launch claim (``--launch KEY``). The Worker learns the supervisor's identity only
 from step 3, so a Worker killed between forking the supervisor and persisting that
 identity would come back knowing nothing of an executor that runs. Therefore, before
@@ -59,6 +74,7 @@ import errno
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -69,6 +85,15 @@ from typing import Final
 
 STATUS_VERSION: Final = 1
 LAUNCH_VERSION: Final = 1
+LEASE_VERSION: Final = 1
+#: The longest TERM grace of an executor whose lease is gone, for the supervisor's own
+#: stop and the Worker's: a stop without a lease must fit in the control plane's
+#: ``--worker-stop-ms`` (20 s by default) before the Run may start elsewhere.
+LEASE_GONE_STOP_GRACE_SECONDS: Final = 5.0
+#: The longest the lease watch sleeps between two reads of the lease file: a sleep does
+#: not count time the machine was suspended (the lease does), so a resumed supervisor is
+#: at most this late; and a file written after a look is seen within it.
+LEASE_LOOK_SECONDS: Final = 10.0
 #: A launch key: hex, as :func:`qinglong_worker.launch.launch_key` makes it (never a path).
 LAUNCH_KEY: Final = re.compile(r"\A[0-9a-f]{32}\Z")
 #: The answer ``error 17 LaunchFenced`` (EEXIST): a restarted Worker already declared
@@ -94,6 +119,46 @@ def launch_file_name(key: str) -> str:
     if LAUNCH_KEY.match(key) is None:
         raise ValueError("not a launch key")
     return f"launch-{key}.json"
+
+
+def lease_file_name(key: str) -> str:
+    """Where the Worker writes the lease estimate of one launch (shared with the Worker)."""
+    if LAUNCH_KEY.match(key) is None:
+        raise ValueError("not a launch key")
+    return f"lease-{key}.json"
+
+
+def lease_document(expires_boot_ms: int, boot: str | None) -> dict[str, object]:
+    """The local lease estimate: when it runs out on the boot clock of ``boot``."""
+    return {"version": LEASE_VERSION, "boot": boot, "expires_boot_ms": expires_boot_ms}
+
+
+def publish_lease(directory: str, key: str, expires_boot_ms: int, boot: str | None) -> None:
+    """Replace the lease file at once (temp file and rename, not fsynced: its only
+    reader, the supervisor, ends with the machine, and what a crashed Worker wrote stays
+    in the page cache)."""
+    _publish(directory, lease_file_name(key), lease_document(expires_boot_ms, boot), durable=False)
+
+
+def read_lease_deadline(directory: str, key: str, boot: str | None) -> int | None:
+    """When the lease written for ``key`` runs out on this boot's clock (0: already, as
+    for an estimate made in another boot); None when there is no well-formed file."""
+    try:
+        with open(os.path.join(directory, lease_file_name(key)), "rb") as source:
+            document = json.loads(source.read(4096))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict) or document.get("version") != LEASE_VERSION:
+        return None
+    expires = document.get("expires_boot_ms")
+    if not isinstance(expires, int) or isinstance(expires, bool):
+        return None
+    return expires if document.get("boot") == boot else 0
+
+
+def boot_clock_ms() -> int:
+    """Milliseconds since boot, suspend included; never steps (``CLOCK_BOOTTIME``)."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1_000_000
 
 
 def launch_document(
@@ -162,13 +227,18 @@ def handle_of(pid: int, start_ticks: int, boot: str | None) -> str:
 
 
 def _forward(signal_number: int, _frame: FrameType | None) -> None:
+    """A signal the supervisor received: noted, and sent to every other member."""
+    _received.append(signal_number)
+    _signal_the_others(signal_number)
+
+
+def _signal_the_others(signal_number: int) -> None:
     """Send the signal once to every other member of the group.
 
     Ignoring it for the moment of the ``killpg`` discards the copy addressed to
     ourselves (an ignored signal is dropped when generated); the handler is restored
     right after, so a later signal is forwarded again.
     """
-    _received.append(signal_number)
     signal.signal(signal_number, signal.SIG_IGN)
     try:
         with contextlib.suppress(OSError):
@@ -190,11 +260,17 @@ def _executor_preexec(libc: ctypes.CDLL | None, supervisor_pid: int) -> None:
 
 
 def _publish(
-    directory: str, name: str, document: dict[str, object], *, exclusive: bool = False
+    directory: str,
+    name: str,
+    document: dict[str, object],
+    *,
+    exclusive: bool = False,
+    durable: bool = True,
 ) -> bool:
     """Temp file, fsync, then rename (replace) or link (``exclusive``: only if ``name``
     does not exist yet), fsync of the directory: the document is there whole or not at
-    all. False only when ``exclusive`` found ``name`` taken."""
+    all (``durable`` False: the same without the fsyncs, whole but not crash-proof).
+    False only when ``exclusive`` found ``name`` taken."""
     payload = json.dumps(document, sort_keys=True).encode()
     # The pid and a nonce: the supervisor and a restarted Worker may race for one name.
     temporary = os.path.join(directory, f".{name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
@@ -203,7 +279,8 @@ def _publish(
     )
     try:
         os.write(descriptor, payload)
-        os.fsync(descriptor)
+        if durable:
+            os.fsync(descriptor)
     finally:
         os.close(descriptor)
     published = True
@@ -219,6 +296,8 @@ def _publish(
         if exclusive:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
+    if not durable:
+        return published
     directory_descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(directory_descriptor)
@@ -330,7 +409,7 @@ def run(argv: Sequence[str]) -> int:
         return EXIT_NOT_STARTED
     for early in dict.fromkeys(_received):
         _forward(early, None)
-    code = executor.wait()
+    code, lease_ran_out = _wait(executor, status_dir, launch, boot)
     document: dict[str, object] = {
         "version": STATUS_VERSION,
         "supervisor": handle,
@@ -339,6 +418,7 @@ def run(argv: Sequence[str]) -> int:
         "exit_code": code if code >= 0 else None,
         "signal": -code if code < 0 else None,
         "finished_unix_ms": time.time_ns() // 1_000_000,
+        "lease_ran_out": lease_ran_out,
     }
     try:
         _publish(status_dir, status_file_name(own_pid, own_start), document)
@@ -346,8 +426,53 @@ def run(argv: Sequence[str]) -> int:
         # Goes to the offer's log file; the Worker then sees no status (unobserved).
         sys.stderr.write(f"qinglong supervisor: exit status not recorded ({error.strerror})\n")
         return EXIT_STATUS_UNWRITTEN
+    if launch is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(status_dir, lease_file_name(launch)))  # of no use now
     os.killpg(os.getpgrp(), signal.SIGKILL)  # step 5: what the executor left, and us
     raise AssertionError("unreachable: the SIGKILL of our own group ended this process")
+
+
+def _wait(
+    executor: subprocess.Popen[bytes], status_dir: str, launch: str | None, boot: str | None
+) -> tuple[int, bool]:
+    """Wait for the executor, watching its lease; its return code and whether the
+    supervisor stopped it because the lease ran out (see the lease watch above)."""
+    pidfd = None
+    if launch is not None:
+        with contextlib.suppress(AttributeError, OSError):  # before Linux 5.3: no watch
+            pidfd = os.pidfd_open(executor.pid)
+    if launch is None or pidfd is None:
+        return executor.wait(), False
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        lease_ran_out = False
+        kill_at: int | None = None
+        look_ms = int(LEASE_LOOK_SECONDS * 1000)
+        while True:
+            now = boot_clock_ms()
+            wait_ms: int | None
+            if kill_at is not None:  # stopping: TERM was sent
+                if now >= kill_at:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(executor.pid, signal.SIGKILL)  # the rest: step 5
+                    wait_ms = None
+                else:
+                    wait_ms = kill_at - now
+            else:
+                deadline = read_lease_deadline(status_dir, launch, boot)
+                if deadline is not None and now >= deadline:
+                    lease_ran_out = True
+                    _signal_the_others(signal.SIGTERM)
+                    kill_at = now + int(LEASE_GONE_STOP_GRACE_SECONDS * 1000)
+                    wait_ms = kill_at - now
+                else:
+                    wait_ms = look_ms if deadline is None else min(deadline - now, look_ms)
+            if poller.poll(wait_ms):
+                return executor.wait(), lease_ran_out
+    finally:
+        os.close(pidfd)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ class Timings:
     #: Attempt's successor is due no earlier than this, nor than a lease lifetime, after
     #: the lease expired (R-RETRY-2), so the two never run at once however short the
     #: lease. A Worker caps the SIGTERM grace of an executor whose lease is gone at 5 s
-    #: (qinglong_worker.reconcile.LEASE_GONE_STOP_GRACE_SECONDS), whatever its
-    #: `--stop-grace-seconds`: raise this only for a slower tick or kill.
+    #: (qinglong_worker.supervisor.LEASE_GONE_STOP_GRACE_SECONDS), whatever its
+    #: `--stop-grace-seconds`: raise this only for a slower tick or kill. A Worker that
+    #: is gone is covered too: the executor's supervisor stops it when the lease runs out
+    #: (at most 10 s late after a suspend) with the same grace.
     worker_stop_ms: int = 20_000
 
     def __post_init__(self) -> None:

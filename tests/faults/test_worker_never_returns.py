@@ -1,0 +1,141 @@
+"""A Worker killed with kill -9 that never comes back: its executor must not run on
+beside the retry the control plane starts elsewhere (nothing runs twice).
+
+Real processes only: `qinglong up` with a short lease (4 s) and a short Worker stop bound
+(8 s, so a lost Attempt's retry is due 8 s after its lease expired), a `qinglong-worker
+run` behind the lossy proxy, and the Run's executors as real processes that mark when
+they start. The proxy kills the first Worker as it sends its second ControlLease; that
+Worker is never started again. A second Worker — another inbox on another volume, the
+same identity — takes the retry. The first executor's supervisor, left alone with no
+Worker, must stop it when the lease it was last given runs out, before the retry starts.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+from qinglong.rpc.v1 import execution_pb2
+from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS, ENV_TIMINGS_MS
+
+from tests.support.devstack_process import DevStack, dev_stack
+from tests.support.executor_marks import is_alive
+from tests.support.fault_rig import FaultRig
+from tests.support.fault_tally import Expected, Tally
+from tests.support.lossy_proxy import Phase, act_at
+from tests.support.worker_process import WorkerProcess
+
+LEASE_TTL_MS: Final = 4_000
+WORKER_STOP_MS: Final = 8_000
+KILL_SECONDS: Final = 30.0
+#: Liveness: the retry is due about 4 + 1 + 8 s after the kill; the second run takes 1 s.
+CONVERGE_SECONDS: Final = 60.0
+POLL_SECONDS: Final = 0.05
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    """This module's own stack: a lease of a few seconds, a Worker stop bound of 8."""
+    root = Path(tempfile.mkdtemp(prefix="qinglong-faults-"))
+    environment = {
+        ENV_RECONCILE_INTERVAL_SECONDS: "1",
+        ENV_TIMINGS_MS["lease_ttl_ms"]: str(LEASE_TTL_MS),
+        ENV_TIMINGS_MS["worker_stop_ms"]: str(WORKER_STOP_MS),
+    }
+    try:
+        with dev_stack(root / "stack", environment=environment) as up:
+            yield up
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def first_runs_long_then_retries_end(marks: Path) -> list[str]:
+    """The first execution of a Run sleeps for ten minutes; any later one ends at once."""
+    target = shlex.quote(str(marks))
+    ids = '"$QINGLONG_RUN_ID" "${QINGLONG_ATTEMPT_ID:-none}" "$$"'
+    script = (
+        f'if grep -q "^start $QINGLONG_RUN_ID " {target} 2>/dev/null;'
+        " then seconds=1; else seconds=600; fi; "
+        f"echo start {ids} >> {target}; "
+        'sleep "$seconds"; '
+        f"echo end {ids} 0 >> {target}"
+    )
+    return ["sh", "-c", script]
+
+
+def test_the_executor_of_a_worker_that_never_returns_ends_before_its_retry_starts(
+    rig: FaultRig, report_tally: Callable[[Tally], None]
+) -> None:
+    first = rig.worker(max_concurrency=1)
+    killed = threading.Event()
+
+    def kill() -> None:
+        first.kill9()
+        killed.set()
+
+    rig.schedule.add(act_at("ControlLease", Phase.REQUEST, kill, call=2))
+    retry = execution_pb2.RetryPolicy(
+        max_attempts=2, initial_backoff_ms=1, max_backoff_ms=1, backoff_multiplier_percent=100
+    )
+    run_id = rig.operator.trigger(
+        first_runs_long_then_retries_end(rig.marks), name="never-returns", retry=retry
+    )
+    rig.expected.append(
+        Expected(run_id, "succeeded", exit_code=0, max_started=2, label="never returns")
+    )
+    first.start()
+
+    problems: list[str] = []
+    first_ended_after = second_started_after = None
+    second = WorkerProcess(
+        rig.stack, rig.directory / "second" / "inbox.db", address=rig.proxy.address
+    )
+    rig.workers.append(second)
+    if not killed.wait(KILL_SECONDS):
+        problems.append("the first Worker never reached its second ControlLease")
+    elif first.wait() is None:
+        problems.append("the first Worker survived kill -9")
+    elif not rig.read_marks().of(run_id):
+        problems.append("the first executor had not started when its Worker was killed")
+    else:
+        killed_at = time.monotonic()
+        [execution] = rig.read_marks().of(run_id)
+        second.start()  # the first Worker is never started again
+        deadline = killed_at + CONVERGE_SECONDS
+        while time.monotonic() < deadline and second_started_after is None:
+            now = time.monotonic() - killed_at
+            if first_ended_after is None and not is_alive(execution.pid):
+                first_ended_after = now
+            if len(rig.read_marks().of(run_id)) > 1:
+                second_started_after = now
+            time.sleep(POLL_SECONDS)
+        if second_started_after is None:
+            problems.append("the retry never started on the second Worker")
+        if first_ended_after is None:
+            problems.append("the first executor ran on with no Worker and no lease")
+        elif second_started_after is not None and first_ended_after >= second_started_after:
+            problems.append("the first executor still ran when the retry started")
+        if not rig.wait_terminal(CONVERGE_SECONDS):
+            problems.append("the Run was not terminal after the retry")
+    status = second.stop()
+
+    def seconds(value: float | None) -> str:
+        return "never" if value is None else f"{value:.1f} s"
+
+    overlapping = first_ended_after is None or (
+        second_started_after is not None and first_ended_after >= second_started_after
+    )
+    line = (
+        f"worker never returns: first executor ended {seconds(first_ended_after)} after the"
+        f" kill, the retry started {seconds(second_started_after)} after it; executions"
+        f" {len(rig.read_marks().of(run_id))}, overlapping executions {int(overlapping)}"
+    )
+    tally = rig.noted_tally("kill -9, never restarted", line, report_tally, extra_faults=0)
+    rig.assert_restarted_worker_verdict(tally, problems, second, status)
