@@ -422,8 +422,9 @@ def _reopened_at_schema(inbox: Inbox, version: int) -> Inbox:
     inbox.close()
     path = inbox.path
     with sqlite3.connect(path) as old:
-        old.execute("ALTER TABLE offers DROP COLUMN lease_observed_boot_id")
-        old.execute("ALTER TABLE offers DROP COLUMN lease_observed_boot_ms")
+        if version <= 4:
+            old.execute("ALTER TABLE offers DROP COLUMN lease_observed_boot_id")
+            old.execute("ALTER TABLE offers DROP COLUMN lease_observed_boot_ms")
         if version <= 3:
             old.execute("ALTER TABLE offers DROP COLUMN executor_boot_id")
         if version <= 2:
@@ -504,6 +505,23 @@ def test_an_inbox_of_schema_3_gains_the_executors_boot(inbox_path: Path) -> None
             inbox.compare_and_set(started, dataclasses.replace(started, executor_boot_id=None))
     finally:
         inbox.close()
+
+
+def test_an_inbox_of_schema_5_is_read_unchanged_and_marked_6(
+    inbox_path: Path,
+) -> None:
+    """Schema 6 changes no table (its executors' supervisors watch lease files): a schema-5
+    record is read unchanged, and the file then says 6, which a schema-5 Worker refuses."""
+    inbox = Inbox.open(inbox_path)
+    record = _record()
+    inbox.admit(record)
+    inbox = _reopened_at_schema(inbox, 5)
+    try:
+        assert inbox.get(record.offer_id) == record
+    finally:
+        inbox.close()
+    with sqlite3.connect(inbox_path) as reopened:
+        assert reopened.execute("PRAGMA user_version").fetchone() == (6,) == (SCHEMA_VERSION,)
 
 
 def test_an_inbox_of_schema_4_counts_its_wall_clock_leases_as_lost(inbox_path: Path) -> None:

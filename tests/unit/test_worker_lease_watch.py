@@ -82,6 +82,32 @@ def _spawn_then_lose_the_worker(status_dir: Path, argv: list[str]) -> ProcessIde
     return ProcessIdentity.from_handle(handle)
 
 
+def _spawn_with_time_left(
+    status_dir: Path, argv: list[str], ready: Path | None = None
+) -> tuple[ProcessIdentity, float]:
+    """Spawn under a lease that still has at least a second left once the executor runs
+    (and has written `ready`, if given); the lease's end, on the monotonic clock.
+
+    How long a spawn takes is the machine's to decide (over 2 s on a loaded 2-core
+    machine): a lease the spawn outlasted is retried twice as long, rather than the test
+    asserting about an executor already stopped."""
+    seconds = 2.0
+    while True:
+        ends_at = time.monotonic() + seconds
+        _lease_for(status_dir, seconds)
+        identity = _spawn_then_lose_the_worker(status_dir, argv)
+        if ready is not None:
+            assert wait_until(ready.exists, ENDED_SECONDS, interval=0.02), "never ready"
+        if ends_at - time.monotonic() >= 1.0:
+            return identity, ends_at
+        assert seconds < 60, "the spawn never fit in a minute's lease"
+        os.killpg(identity.pid, signal.SIGKILL)
+        _ended(identity, status_dir)
+        if ready is not None:
+            ready.unlink()
+        seconds *= 2
+
+
 def _ended(identity: ProcessIdentity, status_dir: Path) -> tuple[ExitStatus, float]:
     """How the executor ended, seen by a restarted Worker, and when (monotonic)."""
     restarted = ProcessController(status_dir=status_dir)
@@ -125,29 +151,37 @@ def test_the_executor_of_a_worker_that_never_returns_is_stopped_when_its_lease_r
 
 
 def test_a_lease_written_again_keeps_the_executor_running(status_dir: Path) -> None:
-    began = time.monotonic()
-    _lease_for(status_dir, 2.0)
-    identity = _spawn_then_lose_the_worker(status_dir, ["sleep", "300"])
+    identity, first_ends_at = _spawn_with_time_left(status_dir, ["sleep", "300"])
     renewed = time.monotonic()
-    _lease_for(status_dir, 4.0)  # a renewal, as a live Worker writes it
+    renewal_seconds = first_ends_at - renewed + 2.0
+    _lease_for(status_dir, renewal_seconds)  # a renewal, as a live Worker writes it
     restarted = ProcessController(status_dir=status_dir)
-    time.sleep(max(0.0, began + 2.5 - time.monotonic()))  # past the first lease
+    time.sleep(max(0.0, first_ends_at + 0.5 - time.monotonic()))  # past the first lease
     assert restarted.poll(identity) is None, "stopped although the lease was renewed"
     status, ended_at = _ended(identity, status_dir)
     assert status.lease_ran_out, "the renewed lease is watched too"
-    assert ended_at - renewed >= 4.0, "stopped before the renewed lease ran out"
+    assert ended_at - renewed >= renewal_seconds, "stopped before the renewed lease ran out"
+
+
+def test_a_lease_file_that_went_away_keeps_the_last_lease_read(status_dir: Path) -> None:
+    """Only a file never seen means "no watch" (an earlier Worker's supervisor): one that
+    is removed or moved away later still ends the executor when the lease it said ends."""
+    identity, ends_at = _spawn_with_time_left(status_dir, ["sleep", "300"])
+    (status_dir / supervisor.lease_file_name(KEY)).unlink()
+    status, ended_at = _ended(identity, status_dir)
+    assert status == ExitStatus(None, signal.SIGTERM, lease_ran_out=True)
+    assert ended_at >= ends_at
 
 
 def test_an_executor_that_ignores_term_is_killed_after_the_lease_gone_grace(
     status_dir: Path,
 ) -> None:
-    # Time for the shell to set its trap before the TERM comes.
-    _lease_for(status_dir, 2.0)
-    began = time.monotonic()
-    identity = _spawn_then_lose_the_worker(status_dir, ["sh", "-c", "trap '' TERM; sleep 300"])
+    ready = status_dir.parent / "trapped"
+    script = f"trap '' TERM; touch {ready}; sleep 300"
+    identity, ends_at = _spawn_with_time_left(status_dir, ["sh", "-c", script], ready)
     status, ended_at = _ended(identity, status_dir)
     assert status == ExitStatus(None, signal.SIGKILL, lease_ran_out=True)
-    assert ended_at - began >= 2.0 + supervisor.LEASE_GONE_STOP_GRACE_SECONDS, "no TERM grace"
+    assert ended_at - ends_at >= supervisor.LEASE_GONE_STOP_GRACE_SECONDS, "no TERM grace"
     assert _group_members(identity.pid) == [], "its sleep (TERM ignored) ended with the group"
 
 

@@ -40,7 +40,7 @@ from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
 from qinglong_worker.clock import BootInstant
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 #: What each older schema version lacks, added in place when a Worker opens its inbox.
 #: An older Worker refuses a newer inbox ("unsupported inbox schema version"): there is
 #: no downgrade.
@@ -57,6 +57,11 @@ _UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
         "ALTER TABLE offers ADD COLUMN lease_observed_boot_ms INTEGER",
         "ALTER TABLE offers ADD COLUMN lease_observed_boot_id TEXT",
     ),
+    # Schema 6 changes no table: its executors' supervisors watch the lease files the
+    # Worker writes (`qinglong_worker.local_lease`). A Worker of schema 5 writes none, so
+    # they would stop its healthy executors at the last lease written, and it would
+    # report that stop as the executor's ending: it must refuse this inbox.
+    5: (),
 }
 #: A schema-1 inbox predates output shipping: its closed records promised none, so their
 #: files (if any) are not shipped now. (A schema-2 record closed with output left

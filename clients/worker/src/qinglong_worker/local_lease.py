@@ -15,10 +15,12 @@ one step 3 decides by — is also written where the supervisor looks
   a record closed with its executor unverified keeps the file, whose instant has passed:
   the supervisor stops what the Worker could not.
 
-Both are best effort: a file that could not be written makes the supervisor stop its
-executor at the previous instant, which the Worker then reads as a lost lease — never a
-Run running on without one. They cost a small write per renewal, with no fsync: the only
-reader dies with the machine.
+Both are best effort. A renewal that could not be written makes the supervisor stop its
+executor at the previous instant, which the Worker then reads as a lost lease; if even
+the claim's could not be written, the supervisor has no instant until a renewal writes
+one (and a Worker that never returns leaves it unwatched, as before the watch existed).
+They cost a small write per renewal, with no fsync: the only reader dies with the
+machine.
 """
 
 from __future__ import annotations

@@ -39,14 +39,16 @@ disabled) would leave the executor running while the control plane expires the l
 starts the Run again elsewhere. The Worker writes each lease answer it persists to
 ``<status dir>/lease-<KEY>.json`` as the boot-clock instant at which its local estimate
 runs out (see :mod:`qinglong_worker.local_lease`). While the executor runs, the
-supervisor sleeps on the executor's pidfd until that instant (at most
-:data:`LEASE_LOOK_SECONDS` at a time: a sleep does not count a suspend, and a file may
-be written late) and reads the file again; once the instant has passed with nothing
-newer written, it stops the executor itself, as the Worker would (R-W-2 step 3): SIGTERM
-to the group, :data:`LEASE_GONE_STOP_GRACE_SECONDS`, then SIGKILL to the executor, and
-records ``lease_ran_out`` in the status, so that a Worker reading it reports a lost lease,
-never the stop as the executor's own ending. No file (a Worker of an earlier version),
-or a kernel without ``pidfd_open``: the executor is waited for as before.
+supervisor sleeps until that instant — in ``sigtimedwait`` for SIGCHLD, so the
+executor's end wakes it at once — at most :data:`LEASE_LOOK_SECONDS` at a time (a sleep
+does not count a suspend, and a file may be rewritten), and reads the file again; once
+the instant has passed with nothing newer written, it stops the executor itself, as the
+Worker would (R-W-2 step 3): SIGTERM to the group, :data:`LEASE_GONE_STOP_GRACE_SECONDS`,
+then SIGKILL to the executor, and records ``lease_ran_out`` in the status, so that a
+Worker reading it reports a lost lease, never the stop as the executor's own ending. A
+file that goes away or cannot be read keeps the last instant read from it; only a file
+never seen at all (a Worker of an earlier version) means no watch: the executor is then
+waited for as before.
 
 The launch claim (``--launch KEY``). The Worker learns the supervisor's identity only
 from step 3, so a Worker killed between forking the supervisor and persisting that
@@ -74,7 +76,6 @@ import errno
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -278,9 +279,14 @@ def _publish(
         temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
     )
     try:
-        os.write(descriptor, payload)
+        if os.write(descriptor, payload) != len(payload):
+            raise OSError(errno.ENOSPC, "short write")
         if durable:
             os.fsync(descriptor)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)  # a lease file is written often: leave no debris
+        raise
     finally:
         os.close(descriptor)
     published = True
@@ -438,41 +444,33 @@ def _wait(
 ) -> tuple[int, bool]:
     """Wait for the executor, watching its lease; its return code and whether the
     supervisor stopped it because the lease ran out (see the lease watch above)."""
-    pidfd = None
-    if launch is not None:
-        with contextlib.suppress(AttributeError, OSError):  # before Linux 5.3: no watch
-            pidfd = os.pidfd_open(executor.pid)
-    if launch is None or pidfd is None:
+    if launch is None:
         return executor.wait(), False
-    try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        lease_ran_out = False
-        kill_at: int | None = None
-        look_ms = int(LEASE_LOOK_SECONDS * 1000)
-        while True:
-            now = boot_clock_ms()
-            wait_ms: int | None
-            if kill_at is not None:  # stopping: TERM was sent
-                if now >= kill_at:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(executor.pid, signal.SIGKILL)  # the rest: step 5
-                    wait_ms = None
-                else:
-                    wait_ms = kill_at - now
+    # SIGCHLD, the executor's end, stays pending while blocked, for sigtimedwait. Blocked
+    # only now: the executor was forked with the mask as it was, and keeps it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    deadline: int | None = None
+    kill_at: int | None = None
+    while executor.poll() is None:
+        now = boot_clock_ms()
+        if kill_at is not None:  # stopping: TERM was sent
+            if now >= kill_at:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(executor.pid, signal.SIGKILL)  # the rest of the group: step 5
+            wait_ms = max(kill_at - now, 0) or int(LEASE_LOOK_SECONDS * 1000)
+        else:
+            written = read_lease_deadline(status_dir, launch, boot)
+            # A file gone or unreadable keeps the last instant read from it.
+            deadline = deadline if written is None else written
+            if deadline is not None and now >= deadline:
+                _signal_the_others(signal.SIGTERM)
+                kill_at = now + int(LEASE_GONE_STOP_GRACE_SECONDS * 1000)
+                wait_ms = kill_at - now
             else:
-                deadline = read_lease_deadline(status_dir, launch, boot)
-                if deadline is not None and now >= deadline:
-                    lease_ran_out = True
-                    _signal_the_others(signal.SIGTERM)
-                    kill_at = now + int(LEASE_GONE_STOP_GRACE_SECONDS * 1000)
-                    wait_ms = kill_at - now
-                else:
-                    wait_ms = look_ms if deadline is None else min(deadline - now, look_ms)
-            if poller.poll(wait_ms):
-                return executor.wait(), lease_ran_out
-    finally:
-        os.close(pidfd)
+                look_ms = int(LEASE_LOOK_SECONDS * 1000)
+                wait_ms = look_ms if deadline is None else min(deadline - now, look_ms)
+        signal.sigtimedwait({signal.SIGCHLD}, max(wait_ms, 1) / 1000)
+    return executor.wait(), kill_at is not None
 
 
 if __name__ == "__main__":
