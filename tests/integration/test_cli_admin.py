@@ -153,7 +153,32 @@ async def test_a_token_saved_to_a_file_is_printed_nowhere(cli: Cli, tmp_path: Pa
     unwritable = await cli.admin("token", "issue", "saver", "--save", str(tmp_path / "no" / "t"))
     assert (unwritable.code, unwritable.out) == (2, "")
     assert "not writable" in unwritable.err
+    # Nor is anything issued into a directory, or over a file that may hold a token.
+    for taken in (tmp_path, saved):
+        refused = await cli.admin("token", "issue", "saver", "--save", str(taken))
+        assert (refused.code, refused.out) == (2, ""), refused.err
+    assert saved.read_text().strip() == token
     assert await cli.items("token", "list", "saver") == before
+    # A rotation may replace its own token's file; one that cannot be written after the
+    # rotation shows the new token instead of losing it.
+    [listed] = before
+    rotated = await cli.ok("token", "rotate", listed["tokenId"], "--save", str(saved))
+    assert saved.read_text().strip() not in (token, "")
+    assert saved.read_text().strip() not in rotated.out
+    rotated_id = json.loads(rotated.out)["issued"]["tokenId"]
+    full_disk = await qinglong(
+        *("admin", "token", "rotate", rotated_id, "--save", str(saved)),
+        *("--stack", str(cli.stack_file), "--output", "json"),
+        file_size_limit=16,  # what Python's start-up writes fits; a token does not
+    )
+    assert full_disk.code == 2
+    assert f"--save {saved}: not written" in full_disk.err
+    shown = json.loads(full_disk.out)
+    assert shown["token"].startswith("qlo1_"), "printed, since it could not be saved"
+    assert saved.read_text().strip() != shown["token"]
+    saved.write_text(shown["token"] + "\n")
+    as_rotated = await cli.run("run", "list", "--token-file", str(saved))
+    assert as_rotated.code == 0, as_rotated.err
     # The file is what --token-file takes, as the agent it names.
     as_saver = await cli.run("run", "list", "--token-file", str(saved))
     assert as_saver.code == 0, as_saver.err

@@ -108,7 +108,15 @@ class _Admin:
         printed nowhere."""
         secret: str = getattr(answer, field_name)
         if secret and save is not None:
-            atomic_write(save, secret.encode("ascii") + b"\n", 0o600)
+            try:
+                atomic_write(save, secret.encode("ascii") + b"\n", 0o600)
+            except OSError as error:
+                # It is issued now and shown nowhere else: print it rather than lose it.
+                self.printer.item(answer)
+                raise ConfigurationError(
+                    f"--save {save}: not written ({error.strerror}); the {what} is printed"
+                    " above instead, shown only this once: store it now"
+                ) from None
             shown = type(answer)()
             shown.CopyFrom(answer)
             shown.ClearField(field_name)
@@ -312,17 +320,25 @@ async def _principal_disable(admin: _Admin, args: argparse.Namespace) -> None:
     admin.printer.item(disabled.principal)
 
 
-def _check_save(path: Path | None) -> None:
-    """Before a token is issued: a `--save` file that could not be written would lose it."""
+def _check_save(path: Path | None, *, replaces: bool) -> None:
+    """Before a token is issued: a `--save` file that could not be written would lose it,
+    and one written over an existing file would lose the token that file held (only a
+    rotation, whose old token it may be, may replace a file)."""
     if path is None:
         return
     directory = path.parent
     if not directory.is_dir() or not os.access(directory, os.W_OK):
         raise ConfigurationError(f"--save {path}: the directory {directory} is not writable")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ConfigurationError(f"--save {path}: not a regular file")
+    if path.exists() and not replaces:
+        raise ConfigurationError(
+            f"--save {path}: the file exists, and a token it holds would be lost; choose a new file"
+        )
 
 
 async def _token_issue(admin: _Admin, args: argparse.Namespace) -> None:
-    _check_save(args.save)
+    _check_save(args.save, replaces=False)
     request = admin_service_pb2.IssueTokenRequest(
         request_id=request_id_of(args), principal_id=await admin.principal_id(args.principal)
     )
@@ -346,7 +362,7 @@ async def _token_list(admin: _Admin, args: argparse.Namespace) -> None:
 
 
 async def _token_rotate(admin: _Admin, args: argparse.Namespace) -> None:
-    _check_save(args.save)
+    _check_save(args.save, replaces=True)
     request = admin_service_pb2.RotateTokenRequest(
         request_id=request_id_of(args), token_id=args.token_id, overlap_seconds=args.overlap
     )
@@ -564,7 +580,9 @@ def _add_save(parser: argparse.ArgumentParser) -> None:
         "--save",
         type=Path,
         metavar="FILE",
-        help="write the token to FILE (0600) instead of printing it; pass FILE as --token-file",
+        help="write the token to FILE (0600) instead of printing it; pass FILE as"
+        " --token-file. `issue` refuses an existing FILE; `rotate` may replace one (the"
+        " old token's own file)",
     )
 
 

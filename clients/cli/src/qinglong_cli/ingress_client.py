@@ -438,6 +438,8 @@ async def run_through_ingress(
         async with grpc.aio.secure_channel(context.address, credentials) as channel:
             await command(args, Session(context, channel, printer, err))
     except ConfigurationError as error:
+        if printer.holds_items:  # printed before the problem was found (a secret not saved)
+            printer.close()
         return report_configuration_error(error, err)
     except NotFoundError as error:
         printer.close()

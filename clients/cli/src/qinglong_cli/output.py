@@ -284,6 +284,11 @@ class Printer:
         padded = [cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=True)]
         print("  ".join([*padded, cells[-1]]).rstrip(), file=self._out, flush=True)
 
+    @property
+    def holds_items(self) -> bool:
+        """Items `close` has yet to print (a table's rows, `json`'s documents)."""
+        return bool(self._items)
+
     def close(self) -> None:
         if self._output is OutputFormat.JSON:
             documents = [document for _, document in self._items]
