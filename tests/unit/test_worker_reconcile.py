@@ -1171,6 +1171,37 @@ async def test_drain_lets_a_short_attempt_finish_and_pulls_nothing(world: World)
     assert world.client.completed.stop_reason == lifecycle_pb2.CANCEL_REASON_UNSPECIFIED
 
 
+async def test_a_drain_lets_a_start_already_on_the_wire_land_and_run(world: World) -> None:
+    """An idle Worker drained while AcknowledgeStarting is on the wire: control commits
+    it, so the Attempt is `starting`. Cut off then, it would start nothing and end lost,
+    using up an attempt; the drain waits for the answer and lets the executor finish."""
+    answer_travels = asyncio.Event()
+    acknowledge_starting = world.client.acknowledge_starting
+
+    async def starting(request: Any, **options: Any) -> Any:
+        answered = await acknowledge_starting(request, **options)  # control committed it
+        await answer_travels.wait()
+        return answered
+
+    world.client.acknowledge_starting = starting  # type: ignore[method-assign]
+    session = StubSession(
+        ActiveSession(SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18)
+    )
+    lifecycle = _lifecycle(world, max_concurrency=1, session=session, drain_grace_seconds=30.0)
+    offer = world.offer(["sh", "-c", "sleep 0.2"])
+    world.client.offers = [offer]
+    signals = ShutdownSignals()
+    running = asyncio.create_task(lifecycle.run(signals))
+    await _until(lambda: "AcknowledgeStarting" in world.client.calls)
+    signals.signal()
+    await _until(lambda: session.drained == 1)
+    await asyncio.sleep(0.5)  # drain ticks while the answer is on its way
+    answer_travels.set()
+    await asyncio.wait_for(running, 30)
+    assert _state(world, offer.offer_id) is RecordState.COMPLETION_ACKNOWLEDGED
+    assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+
+
 @pytest.mark.parametrize("second_signal", [False, True], ids=["grace-runs-out", "second-signal"])
 async def test_what_outlives_the_drain_is_stopped_and_reported_as_shutdown(
     world: World, second_signal: bool

@@ -285,7 +285,17 @@ class Lifecycle:
             waiter.cancel()
 
     def _drained(self) -> bool:
-        return self._inbox.count(_DRAIN_WAITS_FOR) == 0
+        if self._inbox.count(_DRAIN_WAITS_FOR):
+            return False
+        # A `claimed` record held by the drain starts nothing, but one whose reconcile is
+        # in flight may have AcknowledgeStarting on the wire: once control commits it the
+        # Attempt is `starting`, and cut off here it would start nothing and end lost,
+        # using up an attempt. The drain lets that start land (then waits for the
+        # executor like any other).
+        return not any(
+            self._reconciler.reconciling(record.offer_id)
+            for record in self._inbox.records((RecordState.CLAIMED,))
+        )
 
     async def _drain(self, signals: ShutdownSignals) -> None:
         grace = self._settings.drain_grace_seconds

@@ -438,6 +438,10 @@ class Reconciler:
         # A cancelled caller does not cancel the shared work; abort() does.
         return await asyncio.shield(task)
 
+    def reconciling(self, offer_id: str) -> bool:
+        """A reconcile of ``offer_id`` is in flight (perhaps a call on the wire)."""
+        return offer_id in self._inflight
+
     async def abort(self) -> None:
         """Cancel every reconcile in flight (shutdown aborts in-flight requests)."""
         tasks = list(self._inflight.values())
