@@ -8,12 +8,20 @@ they start. The proxy kills the first Worker as it sends its second ControlLease
 Worker is never started again. A second Worker — another inbox on another volume, the
 same identity — takes the retry. The first executor's supervisor, left alone with no
 Worker, must stop it when the lease it was last given runs out, before the retry starts.
+
+The second scenario is a container restart: the Worker and every supervisor are killed
+at once (a container's processes die together), and the Worker starts again on the same
+inbox. The executor died with its supervisor, leaving no exit status: the Attempt must
+end `lost` — retried by the policy — never `failed` as if the task had failed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -21,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
+import psycopg
 import pytest
 from qinglong.rpc.v1 import execution_pb2
 from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS, ENV_TIMINGS_MS
@@ -30,6 +39,7 @@ from tests.support.executor_marks import is_alive
 from tests.support.fault_rig import FaultRig
 from tests.support.fault_tally import Expected, Tally
 from tests.support.lossy_proxy import Phase, act_at
+from tests.support.polling import wait_until
 from tests.support.worker_process import WorkerProcess
 
 LEASE_TTL_MS: Final = 4_000
@@ -139,3 +149,66 @@ def test_the_executor_of_a_worker_that_never_returns_ends_before_its_retry_start
     )
     tally = rig.noted_tally("kill -9, never restarted", line, report_tally, extra_faults=0)
     rig.assert_restarted_worker_verdict(tally, problems, second, status)
+
+
+def _supervisors_of(status_dir: Path) -> list[int]:
+    """The supervisors whose status directory is `status_dir` (their argv names it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--status-dir" in argv and str(status_dir).encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+def _attempt_states(migration_url: str, run_id: str) -> list[str]:
+    with psycopg.connect(migration_url, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT state FROM qinglong.attempts WHERE run_id = %s ORDER BY attempt_number",
+            (run_id,),
+        ).fetchall()
+    return [str(state) for (state,) in rows]
+
+
+def test_a_container_restart_loses_the_execution_and_the_policy_retries_it(
+    rig: FaultRig, report_tally: Callable[[Tally], None]
+) -> None:
+    worker = rig.worker(max_concurrency=1)
+    retry = execution_pb2.RetryPolicy(
+        max_attempts=2, initial_backoff_ms=1, max_backoff_ms=1, backoff_multiplier_percent=100
+    )
+    run_id = rig.operator.trigger(
+        first_runs_long_then_retries_end(rig.marks), name="container-restart", retry=retry
+    )
+    rig.expected.append(
+        Expected(run_id, "succeeded", exit_code=0, max_started=2, label="container restart")
+    )
+    worker.start()
+    problems: list[str] = []
+    status_dir = rig.inbox.parent / "exits"
+    if not wait_until(lambda: bool(rig.read_marks().of(run_id)), KILL_SECONDS):
+        problems.append("the first execution never started")
+    else:
+        supervisors = _supervisors_of(status_dir)
+        worker.kill9()  # the container's processes die together
+        for pid in supervisors:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if worker.wait() is None:
+            problems.append("the Worker survived kill -9")
+        if not supervisors:
+            problems.append("no supervisor found to kill")
+        worker.start()  # the restarted container, on the same volume
+        if not rig.wait_terminal(CONVERGE_SECONDS):
+            problems.append("the Run was not terminal after the restart")
+    status = worker.stop()
+    states = _attempt_states(rig.stack.migration_url, run_id)
+    if states != ["lost", "succeeded"]:
+        problems.append(f"attempts ended {states}, not lost then succeeded")
+    line = f"container restart: attempts {states}, executions {len(rig.read_marks().of(run_id))}"
+    tally = rig.noted_tally("container restart", line, report_tally, extra_faults=0)
+    rig.assert_restarted_worker_verdict(tally, problems, worker, status)

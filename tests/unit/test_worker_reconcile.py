@@ -1861,3 +1861,35 @@ async def test_an_executor_its_supervisor_stopped_at_the_lease_is_lost_not_ended
     )
     assert record.exit_signal == signal.SIGTERM
     assert "CompleteAttempt" not in world.client.calls
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-worker", "restarted-worker"])
+async def test_an_executor_lost_with_its_supervisor_is_lost_not_failed(
+    world: World, tmp_path: Path, restarted: bool
+) -> None:
+    """The supervisor is killed from outside — with the Worker's container, say, where a
+    restart kills every process — and the executor with it: how the executor would have
+    ended is unknown. Reported `failed`, the task would be blamed and a policy retrying
+    only `lost` would not retry it: nothing is reported, and the record closes as lost."""
+    offer_id = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    identity = identity_of(_record_of(world, offer_id))
+    assert identity is not None
+    os.kill(identity.pid, signal.SIGKILL)  # the supervisor alone
+    if restarted:
+        await _until(lambda: not os.path.exists(f"/proc/{identity.pid}/stat") or _zombie(identity))
+        world = _restarted(world, tmp_path)
+    await _reconciled_until(
+        world.reconciler,
+        offer_id,
+        lambda _: _record_of(world, offer_id).state is RecordState.QUARANTINED,
+    )
+    record = _record_of(world, offer_id)
+    assert record.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+    assert "without an exit status" in (record.detail or "")
+    assert "CompleteAttempt" not in world.client.calls
+
+
+def _zombie(identity: Any) -> bool:
+    state = Path(f"/proc/{identity.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state == "Z"

@@ -440,7 +440,9 @@ class ProcessController:
         A child of this controller is reaped (WNOHANG). Any identity — a child or one
         started before the Worker restarted — that has ended is looked up in the status
         directory, where its supervisor recorded the executor's status. Without a record
-        the status is unobserved, unless this controller killed the group (SIGKILL).
+        the status is unobserved, unless this controller killed the group (SIGKILL):
+        a supervisor killed by anyone else took its executor with it, which says nothing
+        of how the executor would have ended.
         """
         child = self._children.get(identity)
         if child is not None:
@@ -599,10 +601,11 @@ class ProcessController:
             # The supervisor wrote a status (and then, as it does, SIGKILLed its group,
             # itself included) that cannot be read: how the executor ended is unknown.
             return UNOBSERVED_EXIT
-        if identity in self._killed or supervisor_code == -signal.SIGKILL:
-            # The group was killed (by us), or the supervisor alone was before it wrote a
-            # status: the executor then got its parent-death SIGKILL.
-            return ExitStatus(None, signal.SIGKILL)
+        if identity in self._killed:
+            return ExitStatus(None, signal.SIGKILL)  # the group was killed, by us
+        # The supervisor ended without a status: killed by someone else (the executor then
+        # got its parent-death SIGKILL: how it would have ended is unknown), or it could
+        # not write the status.
         return UNOBSERVED_EXIT
 
     def _status_path(self, identity: ProcessIdentity) -> Path | None:

@@ -7,7 +7,9 @@ so every fence carries the newest *persisted* lease version, and goes, in order:
 1. done if completion was acknowledged (or the record is otherwise closed) — but for
    the rest of its output, which is still shipped (below);
 2. completion first: a process that exited is persisted as ``exited`` with its outcome
-   (fixed once, from the exit status and any stop reason) and reported with
+   (fixed once, from the exit status and any stop reason; an ending that says nothing of
+   the executor's own — its supervisor stopped it at the lease's end, or was killed and
+   left no status — closes the record as lease lost instead) and reported with
    CompleteAttempt — before anything else is asked of the control plane, once the rest
    of its output is shipped (R-OPS-1: a terminal Run's output is complete; the lease is
    kept meanwhile, and given up waiting for when the lease runs out locally or the
@@ -261,6 +263,26 @@ def _ended_by_itself(record: InboxRecord, status: ExitStatus, signalled: bool) -
     if record.stop_reason == LOCAL_SHUTDOWN:
         return True
     return not signalled and status.exit_code is not None and status.signal is None
+
+
+def _lost_execution(record: InboxRecord, status: ExitStatus) -> str | None:
+    """Why an ending says nothing of the executor's own outcome (None if it does):
+
+    * its supervisor stopped it when the lease written for it ran out (the Worker was
+      down, or too late to renew);
+    * its supervisor ended without a status — killed with the Worker's container, by a
+      reboot, or by hand (the executor died with it), or unable to write one.
+
+    Reporting either as `failed` would blame the task for what happened to the machine,
+    and a policy that retries only `lost` would not retry it. A stop the Worker or the
+    control plane asked for is an ending all the same (the stop reason says which)."""
+    if record.stop_reason not in (None, LOCAL_SHUTDOWN):
+        return None
+    if status.lease_ran_out:
+        return "stopped by its supervisor: the local lease ran out"
+    if not status.observed and record.stop_reason is None:
+        return "its supervisor ended without an exit status: the execution was lost with it"
+    return None
 
 
 def completion_outcome(stop_reason: str | None, status: ExitStatus) -> str:
@@ -1175,16 +1197,13 @@ class Reconciler:
     # --- persistence ----------------------------------------------------------------------
 
     def _persist_exit(self, record: InboxRecord, status: ExitStatus) -> InboxRecord:
-        if status.lease_ran_out and record.stop_reason in (None, LOCAL_SHUTDOWN):
-            # Its supervisor stopped it when the lease written for it ran out (this
-            # Worker was down, or too late to renew): not the executor's own ending, and
-            # no stop anyone asked for. The lease is lost (R-W-2 step 3); control expires
-            # it and the Run is retried or ends lost.
+        lost = _lost_execution(record, status)
+        if lost is not None:
+            # Not the executor's own ending, and no stop anyone asked for: nothing is
+            # reported. The record closes as lease lost; control expires the lease, and
+            # the Attempt ends `lost` (retried if the policy allows, R-RETRY-2).
             return self._quarantine(
-                record,
-                QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
-                "stopped by its supervisor: the local lease ran out",
-                status=status,
+                record, QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED, lost, status=status
             )
         outcome = completion_outcome(record.stop_reason, status)
         written = self._save(
