@@ -791,9 +791,13 @@ class StubSession:
     def __init__(self, active: ActiveSession | None) -> None:
         self._active = active
         self.drained = 0
+        self.forgotten: list[str] = []
 
     async def ensure(self) -> ActiveSession | None:
         return self._active
+
+    def forget(self, session_id: str) -> None:
+        self.forgotten.append(session_id)
 
     async def drain(self) -> None:
         self.drained += 1
@@ -1893,3 +1897,22 @@ async def test_an_executor_lost_with_its_supervisor_is_lost_not_failed(
 def _zombie(identity: Any) -> bool:
     state = Path(f"/proc/{identity.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     return state == "Z"
+
+
+async def test_a_pull_refused_as_fenced_lets_the_session_be_replaced_at_once(
+    world: World,
+) -> None:
+    session = StubSession(
+        ActiveSession(SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18)
+    )
+    lifecycle = _lifecycle(world, max_concurrency=1, session=session)
+
+    async def fenced(request: Any, **options: Any) -> Any:
+        raise CallFailed(
+            "PullOffers", grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_SESSION_FENCED
+        )
+
+    world.client.pull_offers = fenced  # type: ignore[method-assign]
+    report = await lifecycle.tick()
+    assert report.pull == "pull failed: SESSION_FENCED"
+    assert session.forgotten == [SESSION]

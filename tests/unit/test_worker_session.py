@@ -18,7 +18,11 @@ from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_worker.client import CallFailed
 from qinglong_worker.inbox import Inbox, InboxRecord, RecordState, SessionRecord
 from qinglong_worker.reconcile import new_capability
-from qinglong_worker.session import SessionKeeper
+from qinglong_worker.session import (
+    OPEN_BACKOFF_FIRST_SECONDS,
+    OPEN_BACKOFF_MAX_SECONDS,
+    SessionKeeper,
+)
 
 WORKER = "worker-a"
 
@@ -78,12 +82,23 @@ def inbox(tmp_path: Path) -> Iterator[Inbox]:
     opened.close()
 
 
-def _keeper(inbox: Inbox, server: SessionServer) -> SessionKeeper:
+class Clock:
+    """The keeper's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _keeper(inbox: Inbox, server: SessionServer, clock: Clock | None = None) -> SessionKeeper:
     return SessionKeeper(
         inbox=inbox,
         client=server,  # type: ignore[arg-type]
         worker_id=WORKER,
         max_concurrency=2,
+        clock=clock or Clock(),
     )
 
 
@@ -171,7 +186,8 @@ async def test_an_open_session_refused_for_good_is_retried_under_a_new_request_i
     or was replaced meanwhile, or the Worker now asks other terms), the Worker opens a new
     session under a new id instead of sending the refused one for ever."""
     server = SessionServer()
-    keeper = _keeper(inbox, server)
+    clock = Clock()
+    keeper = _keeper(inbox, server, clock)
     server.open_refusals = [
         CallFailed("OpenSession", grpc.StatusCode.UNAVAILABLE, None),
         CallFailed(
@@ -181,9 +197,68 @@ async def test_an_open_session_refused_for_good_is_retried_under_a_new_request_i
     assert await keeper.ensure() is None
     assert await keeper.ensure() is None
     assert server.opened[0] == server.opened[1], "a transient failure keeps the id"
+    clock.now += OPEN_BACKOFF_FIRST_SECONDS
     opened = await keeper.ensure()
     assert opened is not None
     assert server.opened[2] != server.opened[1], "a refusal for good ends that id"
     stored = inbox.session()
     assert stored is not None
     assert (stored.open_request_id, stored.session_id) == (server.opened[2], opened.session_id)
+
+
+async def test_a_worker_refused_for_good_backs_off_instead_of_asking_twice_a_second(
+    inbox: Inbox,
+) -> None:
+    """A disabled Worker's calls are refused, and each refusal is an audit row in ingress:
+    its renewal is refused once, then it asks for a session again after 1 s, 2 s, 4 s …
+    up to a minute apart — never again at every tick — and at once again after success."""
+    server = SessionServer()
+    clock = Clock()
+    keeper = _keeper(inbox, server, clock)
+    _stored_session(inbox)
+    disabled = CallFailed("OpenSession", grpc.StatusCode.PERMISSION_DENIED, None)
+    server.renewal_refusal = CallFailed("RenewSession", grpc.StatusCode.PERMISSION_DENIED, None)
+    server.open_refusals = [disabled] * 10
+    waits: list[float] = []
+    for _ in range(8):
+        asked = len(server.calls)
+        waited = 0.0
+        while len(server.calls) == asked:
+            assert await keeper.ensure() is None
+            clock.now += 0.5  # a tick
+            waited += 0.5
+        waits.append(waited)
+    assert server.calls.count("RenewSession") == 1, "the refused session is not renewed again"
+    assert waits[1:] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0][: len(waits) - 1]
+    assert max(waits) <= OPEN_BACKOFF_MAX_SECONDS
+    server.open_refusals, server.renewal_refusal = [], None  # enabled again
+    clock.now += OPEN_BACKOFF_MAX_SECONDS
+    assert await keeper.ensure() is not None
+    # Disabled once more: the wait starts again from the first.
+    server.open_refusals = [disabled] * 2
+    server.renewal_refusal = CallFailed("RenewSession", grpc.StatusCode.PERMISSION_DENIED, None)
+    clock.now += 60.0  # its renewal is due
+    assert await keeper.ensure() is None
+    opens = server.calls.count("OpenSession")
+    clock.now += OPEN_BACKOFF_FIRST_SECONDS
+    assert await keeper.ensure() is None
+    assert server.calls.count("OpenSession") == opens + 1
+
+
+async def test_a_session_refused_as_fenced_elsewhere_is_replaced_at_once(inbox: Inbox) -> None:
+    """A pull refused SESSION_FENCED (another process of this identity took over, or a
+    suspend outlived it) makes the keeper forget the session: the next ensure renews it
+    (refused, then opens another) instead of handing it out until its renewal is due."""
+    server = SessionServer()
+    keeper = _keeper(inbox, server)
+    first = await keeper.ensure()
+    assert first is not None
+    assert await keeper.ensure() is first  # its renewal is not due yet
+    keeper.forget(first.session_id)
+    server.renewal_refusal = CallFailed(
+        "RenewSession", grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_SESSION_FENCED
+    )
+    second = await keeper.ensure()
+    assert second is not None
+    assert second.session_id != first.session_id
+    assert server.calls[-2:] == ["RenewSession", "OpenSession"]

@@ -495,6 +495,8 @@ class Lifecycle:
                 budget_seconds=self._settings.reconcile_wait_seconds,
             )
         except CallFailed as failure:
+            if failure.fenced:
+                self._session.forget(session.session_id)  # the next tick replaces it
             return f"pull failed: {failure.label}"
         fresh = [
             offer.offer_id

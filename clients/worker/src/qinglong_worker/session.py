@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 
 from qinglong_worker.client import CallFailed, WorkerClient
+from qinglong_worker.clock import boot_clock_seconds
 from qinglong_worker.inbox import OPEN_STATES, Inbox, SessionRecord
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 _RENEW_FRACTION: Final = 1 / 3
 #: DrainSession is best effort at shutdown: it is not worth more than this.
 _DRAIN_BUDGET_SECONDS: Final = 5.0
+#: After OpenSession was refused for good (a disabled Worker, an identity no longer
+#: enrolled), the next try waits this long, doubling up to the cap. Each refused call is a
+#: security-audit row in ingress: without the wait, a disabled Worker wrote two a second
+#: for as long as it ran. A transient failure is not waited for (the call retried it).
+OPEN_BACKOFF_FIRST_SECONDS: Final = 1.0
+OPEN_BACKOFF_MAX_SECONDS: Final = 60.0
 
 
 def agent_version() -> str:
@@ -55,9 +61,10 @@ class ActiveSession:
     worker_generation: int
     state: worker_pb2.SessionState.ValueType
     renew_at: float
-    """Monotonic time of the next renewal (in-memory only; never a durable fact)."""
+    """Boot-clock time of the next renewal (in-memory only; never a durable fact)."""
     expires_at: float
-    """Monotonic time after which the session must be presumed expired."""
+    """Boot-clock time after which the session must be presumed expired (the boot clock
+    counts a suspend, as the control plane's clock does: see `qinglong_worker.clock`)."""
 
     @property
     def online(self) -> bool:
@@ -72,16 +79,18 @@ class SessionKeeper:
         client: WorkerClient,
         worker_id: str,
         max_concurrency: int,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boot_clock_seconds,
     ) -> None:
         self._inbox = inbox
         self._client = client
         self._worker_id = worker_id
         self._max_concurrency = max_concurrency
-        self._monotonic = monotonic
+        self._clock = clock
         self._active: ActiveSession | None = None
         self._renew_interval: float | None = None
         self._draining = False
+        self._open_backoff = 0.0
+        self._open_not_before = 0.0
 
     @property
     def worker_id(self) -> str:
@@ -90,6 +99,13 @@ class SessionKeeper:
     @property
     def active(self) -> ActiveSession | None:
         return self._active
+
+    def forget(self, session_id: str) -> None:
+        """The control plane refused ``session_id`` as fenced or expired (a pull, say):
+        the next :meth:`ensure` renews or replaces it, rather than handing it out until
+        its renewal is due."""
+        if self._active is not None and self._active.session_id == session_id:
+            self._active = None
 
     @property
     def draining(self) -> bool:
@@ -100,7 +116,7 @@ class SessionKeeper:
         """The live session, renewed or (re)opened when due; None while unreachable.
 
         While draining, a session that is gone is not replaced (None)."""
-        now = self._monotonic()
+        now = self._clock()
         active = self._active
         if active is not None and now < active.renew_at:
             if self._left_draining(active):
@@ -157,7 +173,7 @@ class SessionKeeper:
             self._active = dataclasses.replace(
                 active,
                 state=drained.session_state,
-                expires_at=min(active.expires_at, self._monotonic() + remaining),
+                expires_at=min(active.expires_at, self._clock() + remaining),
             )
 
     def _left_draining(self, active: ActiveSession) -> bool:
@@ -170,7 +186,7 @@ class SessionKeeper:
         )
 
     async def _renew(self, session_id: str, generation: int, now: float) -> ActiveSession:
-        sent = self._monotonic()
+        sent = self._clock()
         # Retries end when the session would have expired anyway.
         active = self._active
         budget = None if active is None else max(0.0, active.expires_at - now)
@@ -201,7 +217,9 @@ class SessionKeeper:
                     revision=0, worker_id=self._worker_id, open_request_id=uuid.uuid4().hex
                 ),
             )
-        sent = self._monotonic()
+        sent = self._clock()
+        if sent < self._open_not_before:
+            return None  # refused for good a moment ago: not yet again
         try:
             opened = await self._client.open_session(
                 ws.OpenSessionRequest(
@@ -213,7 +231,19 @@ class SessionKeeper:
                 )
             )
         except CallFailed as failure:
-            log.warning("opening a session failed: %s", failure)
+            if failure.transient:
+                log.warning("opening a session failed: %s", failure)
+            else:
+                self._open_backoff = min(
+                    max(OPEN_BACKOFF_FIRST_SECONDS, self._open_backoff * 2),
+                    OPEN_BACKOFF_MAX_SECONDS,
+                )
+                self._open_not_before = self._clock() + self._open_backoff
+                log.warning(
+                    "opening a session was refused: %s; next try in %.0f s",
+                    failure,
+                    self._open_backoff,
+                )
             if not failure.transient:
                 # Refused for good under this request id (the session it opened was
                 # replaced, has expired, or was opened on other terms): the next try is
@@ -237,6 +267,7 @@ class SessionKeeper:
                 worker_generation=opened.worker_generation,
             ),
         )
+        self._open_backoff = self._open_not_before = 0.0
         remaining = opened.session_remaining.ToMilliseconds() / 1000
         interval = opened.renew_interval.ToMilliseconds() / 1000
         self._renew_interval = interval if interval > 0 else None
