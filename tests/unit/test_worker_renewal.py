@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +330,28 @@ async def test_a_newer_pair_valid_for_less_time_is_not_adopted(tmp_path: Path) -
     )
     assert identity.read_text() == before
     assert client.switched == []
+
+
+class Renews(SwitchFails):
+    """Control answers, and the switch works."""
+
+    async def use_identity(self, tls: TlsFiles, grace_seconds: float = 30.0) -> None:
+        self.used = tls
+
+
+async def test_a_renewal_from_a_relative_identity_path_names_absolute_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--identity worker.json` run from its directory: the renewed worker.json must name
+    files a Worker started from any other directory (systemd's `/`) still finds."""
+    identity_due_now(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    key = new_private_key()
+    client = Renews(certificate_pem(key, NOW, NOW + dt.timedelta(days=7)).decode())
+    renewer = CertificateRenewer(client, Path("worker.json"), "edge-1", clock=lambda: NOW)
+    assert await renewer.renew_if_due()
+    renewed = json.loads((tmp_path / "worker.json").read_text())
+    named = [Path(renewed[name]) for name in ("tls_key", "tls_cert", "tls_ca")]
+    assert all(path.is_absolute() for path in named), named
+    assert {path.parent for path in named} == {tmp_path}
+    assert {path.name for path in named} <= set(os.listdir(tmp_path))

@@ -93,8 +93,10 @@ class CertificateRenewer:
         return Path(json.loads(self.identity_file.read_text())["tls_key"])
 
     def _new_paths(self) -> tuple[Path, Path]:
-        """The next generation's key and certificate file names."""
-        directory = self.identity_file.parent
+        """The next generation's key and certificate file names, absolute: worker.json
+        must name files a Worker started from any directory finds (a relative
+        ``--identity`` would otherwise make them relative to where this one started)."""
+        directory = self.identity_file.parent.resolve()
         generation = _next_generation(directory)
         name = f"{_GENERATION_PREFIX}{generation}"
         return directory / f"{name}{_KEY_SUFFIX}", directory / f"{name}{_CERTIFICATE_SUFFIX}"
