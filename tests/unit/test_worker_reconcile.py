@@ -236,6 +236,8 @@ class RecordingProcesses(ProcessController):
         self.reasons_at_stop: list[str | None] = []
         self.graces: list[float] = []
         self.refuse_signals = False
+        self.refusal_seconds = 0.0  # how long a refused stop takes (its kill wait)
+        self.refusing = self.most_refusing = 0
 
     async def stop(self, identity: Any, **kwargs: Any) -> StopResult:
         records = [r for r in self.inbox.records() if identity_of(r) == identity]
@@ -243,6 +245,12 @@ class RecordingProcesses(ProcessController):
         self.reasons_at_stop.extend(r.stop_reason for r in records)
         self.graces.append(kwargs.get("grace_seconds", 5.0))
         if self.refuse_signals:
+            self.refusing += 1
+            self.most_refusing = max(self.most_refusing, self.refusing)
+            try:
+                await asyncio.sleep(self.refusal_seconds)
+            finally:
+                self.refusing -= 1
             return StopResult.UNVERIFIED
         return await super().stop(identity, **kwargs)
 
@@ -671,6 +679,25 @@ async def test_a_terminal_answer_whose_stop_is_unconfirmed_keeps_pulls_blocked(
     lifecycle = _lifecycle(world, max_concurrency=4)
     world.client.offers = [world.offer(["sleep", "30"])]
     assert (await lifecycle.tick()).pull == "an unverified process is still alive"
+    world.processes.refuse_signals = False
+
+
+async def test_executors_whose_stop_cannot_be_confirmed_are_stopped_again_together(
+    world: World,
+) -> None:
+    """Each tick stops again every executor that outlived its lease unverified (one in
+    uninterruptible sleep waits out its kill wait). One after another, N of them held
+    the tick's lease control of every healthy Run back N kill waits; together, one."""
+    offers = [world.admit(["sleep", "30"]) for _ in range(3)]
+    for offer_id in offers:
+        assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    world.processes.refuse_signals = True
+    world.clock_offset_ms[0] += 60_000  # every local lease ran out
+    for offer_id in offers:
+        assert await world.reconciler.reconcile(offer_id) is Outcome.LEASE_LOST
+    world.processes.refusal_seconds = 0.2
+    await _lifecycle(world, max_concurrency=4).tick()
+    assert world.processes.most_refusing == len(offers)
     world.processes.refuse_signals = False
 
 

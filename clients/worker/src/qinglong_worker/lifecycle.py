@@ -454,16 +454,25 @@ class Lifecycle:
         its lease is gone, so the control plane may start the Run elsewhere, and it must
         not run on. The TERM grace was spent on the first try: SIGKILL at once, and wait
         for it only briefly (the next tick tries again; a process that cannot be killed
-        must not hold up the other records' lease control)."""
-        for record in self._inbox.quarantined(
-            QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
-        ):
-            identity = identity_of(record)
-            if identity is None or self._processes.poll(identity) is not None:
-                continue
-            stopped = await self._processes.stop(
-                identity, grace_seconds=0.0, kill_wait_seconds=_RESTOP_KILL_WAIT_SECONDS
+        must not hold up the other records' lease control — nor may several: they are
+        stopped together, so the tick waits one kill wait however many there are)."""
+        alive = [
+            (record, identity)
+            for record in self._inbox.quarantined(
+                QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
             )
+            if (identity := identity_of(record)) is not None
+            and self._processes.poll(identity) is None
+        ]
+        results = await asyncio.gather(
+            *(
+                self._processes.stop(
+                    identity, grace_seconds=0.0, kill_wait_seconds=_RESTOP_KILL_WAIT_SECONDS
+                )
+                for _, identity in alive
+            )
+        )
+        for (record, _), stopped in zip(alive, results, strict=True):
             log.warning(
                 "offer %s: its executor outlived its lease; stopped again: %s",
                 record.offer_id,
