@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from qinglong_worker.clock import BootInstant, boot_now, wall_clock_ms
@@ -615,3 +616,54 @@ def test_an_inbox_newer_than_the_worker_is_refused(inbox_path: Path) -> None:
         Inbox.open(inbox_path)
     with sqlite3.connect(inbox_path) as reopened:
         assert reopened.execute("PRAGMA user_version").fetchone() == (newer_version,)
+
+
+def test_closed_records_that_owe_nothing_are_removed_once_old_enough(inbox_path: Path) -> None:
+    """Retention removes a closed record only when nothing is owed: all its output
+    shipped or given up, no executor that may still run, and older than the cutoff."""
+    inbox = Inbox.open(inbox_path)
+    try:
+
+        def closed(**changes: Any) -> InboxRecord:
+            record = _closed(inbox, _record())
+            return inbox.compare_and_set(record, dataclasses.replace(record, **changes))
+
+        shipped = closed(output_shipped=True)
+        given_up = closed(output_given_up="REPLAY_MISMATCH")
+        owing = closed(output_offset=7)
+        unverified = _record()
+        assert inbox.admit(unverified)
+        unverified = inbox.compare_and_set(
+            unverified,
+            dataclasses.replace(
+                unverified,
+                state=RecordState.CLAIMED,
+                attempt_id="a",
+                lease_generation=1,
+                lease_version=1,
+            ),
+        )
+        unverified = inbox.compare_and_set(
+            unverified,
+            dataclasses.replace(
+                unverified,
+                state=RecordState.QUARANTINED,
+                quarantine_reason=QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED,
+                output_shipped=True,
+            ),
+        )
+        recent = closed(output_shipped=True, updated_unix_ms=5_000)
+        still_open = _record()
+        assert inbox.admit(still_open)
+        removed = inbox.remove_closed(updated_before_unix_ms=2_000, limit=10)
+        assert {r.offer_id for r in removed} == {shipped.offer_id, given_up.offer_id}
+        for gone in removed:
+            assert inbox.get(gone.offer_id) is None
+        for kept in (owing, unverified, recent, still_open):
+            assert inbox.get(kept.offer_id) is not None
+        assert inbox.remove_closed(updated_before_unix_ms=2_000, limit=10) == []
+        assert [r.offer_id for r in inbox.remove_closed(updated_before_unix_ms=9_000, limit=1)] == [
+            recent.offer_id
+        ]
+    finally:
+        inbox.close()

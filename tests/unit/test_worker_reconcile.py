@@ -31,7 +31,7 @@ from qinglong_worker.clock import BootInstant, boot_now
 from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
 from qinglong_worker.launch import launch_key
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
-from qinglong_worker.output import CALL_BUDGET_SECONDS, CHUNKS_PER_PASS
+from qinglong_worker.output import CALL_BUDGET_SECONDS, CHUNKS_PER_PASS, log_file
 from qinglong_worker.process import ExitStatus, ProcessController, StopResult
 from qinglong_worker.reconcile import (
     LEASE_GONE_STOP_GRACE_SECONDS,
@@ -1943,3 +1943,30 @@ async def test_a_pull_refused_as_fenced_lets_the_session_be_replaced_at_once(
     report = await lifecycle.tick()
     assert report.pull == "pull failed: SESSION_FENCED"
     assert session.forgotten == [SESSION]
+
+
+async def test_a_finished_attempts_record_and_files_go_after_their_retention(
+    world: World,
+) -> None:
+    offer_id = world.admit(["sh", "-c", "echo done"])
+    await _until_completed(world.reconciler, offer_id)
+    await _reconciled_until(
+        world.reconciler, offer_id, lambda _: _record_of(world, offer_id).output_shipped
+    )
+    record = _record_of(world, offer_id)
+    assert world.reconciler.log_dir is not None
+    log_path = log_file(world.reconciler.log_dir, offer_id)
+    status_dir = world.processes.status_dir
+    assert status_dir is not None
+    leftover = status_dir / supervisor.launch_file_name(launch_key(offer_id, record.attempt_id))
+    leftover.write_text("{}")  # a launch claim the Worker wrote, kept with the record
+    assert log_path.read_bytes() == b"done\n"
+    kept = _lifecycle(world, max_concurrency=1)  # the default retention: 7 days
+    await kept.tick()
+    assert world.inbox.get(offer_id) is not None
+    await asyncio.sleep(0.05)
+    pruning = _lifecycle(world, max_concurrency=1, retention_seconds=0.01)
+    await pruning.tick()
+    assert world.inbox.get(offer_id) is None
+    assert not log_path.exists()
+    assert not leftover.exists()

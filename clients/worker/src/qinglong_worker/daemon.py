@@ -89,6 +89,7 @@ async def run_daemon(
                 tick_seconds=daemon.tick_seconds,
                 max_concurrency=daemon.max_concurrency,
                 drain_grace_seconds=daemon.drain_grace_seconds,
+                retention_seconds=daemon.retention_days * 86_400,
             )
             session = SessionKeeper(
                 inbox=inbox,

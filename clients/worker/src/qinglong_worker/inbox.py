@@ -660,6 +660,35 @@ class Inbox:
         return [(int(row["seq"]), _record(row)) for row in rows]
 
     @_guarded
+    def remove_closed(self, *, updated_before_unix_ms: int, limit: int) -> list[InboxRecord]:
+        """Delete up to ``limit`` closed records, oldest first, last changed before
+        ``updated_before_unix_ms``, that owe nothing any more: their output all shipped
+        or given up, and no executor that may still run (an unverified stop is kept, so
+        that it is stopped again). Returns them, for their files to go too."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = self._db.execute(
+                "SELECT * FROM offers WHERE state IN (SELECT value FROM json_each(?))"
+                " AND updated_unix_ms < ? AND (output_shipped = 1 OR output_given_up IS NOT NULL)"
+                " AND quarantine_reason IS NOT ? ORDER BY seq LIMIT ?",
+                (
+                    _state_list(_TERMINAL_STATES),
+                    updated_before_unix_ms,
+                    str(QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED),
+                    limit,
+                ),
+            ).fetchall()
+            self._db.execute(
+                "DELETE FROM offers WHERE offer_id IN (SELECT value FROM json_each(?))",
+                (json.dumps([row["offer_id"] for row in rows]),),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return [_record(row) for row in rows]
+
+    @_guarded
     def quarantined(self, reason: QuarantineReason) -> list[InboxRecord]:
         # Only a quarantined record has a reason: by its index, not by reading every one.
         rows = self._db.execute(

@@ -61,6 +61,7 @@ from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
 
 from qinglong_worker.client import CallFailed, WorkerClient
+from qinglong_worker.clock import wall_clock_ms
 from qinglong_worker.inbox import (
     OPEN_STATES,
     Inbox,
@@ -71,6 +72,7 @@ from qinglong_worker.inbox import (
 )
 from qinglong_worker.process import ProcessController
 from qinglong_worker.reconcile import Mode, Outcome, Reconciler, identity_of
+from qinglong_worker.retention import DEFAULT_RETENTION_DAYS, PRUNE_EVERY_SECONDS, prune
 from qinglong_worker.session import ActiveSession, SessionKeeper
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,9 @@ class LifecycleSettings:
     """How long a tick waits for its reconciles before it moves on without them."""
     shutdown_report_seconds: float = 5.0
     """After the grace: the bound on stopping (beyond the TERM→KILL grace) and reporting."""
+    retention_seconds: float = DEFAULT_RETENTION_DAYS * 86_400
+    """How long a closed record that owes nothing, and its files, are kept (0: for ever);
+    see :mod:`qinglong_worker.retention`."""
 
     def __post_init__(self) -> None:
         if not self.tick_seconds > 0:
@@ -123,6 +128,8 @@ class LifecycleSettings:
             raise ValueError("drain_grace_seconds must not be negative")
         if not (self.reconcile_wait_seconds > 0 and self.shutdown_report_seconds > 0):
             raise ValueError("reconcile_wait_seconds and shutdown_report_seconds must be positive")
+        if not self.retention_seconds >= 0:
+            raise ValueError("retention_seconds must not be negative")
 
     @property
     def effective_supervise_limit(self) -> int:
@@ -182,6 +189,7 @@ class Lifecycle:
         self._cursor = 0
         self._closed_cursor = 0
         self._ensuring: asyncio.Task[ActiveSession | None] | None = None
+        self._pruned_at: float | None = None
 
     async def run(self, signals: ShutdownSignals) -> None:
         """Tick until the first signal; drain; stop what is left; return. Raises
@@ -218,6 +226,7 @@ class Lifecycle:
         supervised = await self._supervise()
         left = self._settings.reconcile_wait_seconds - (asyncio.get_running_loop().time() - started)
         await self._ship_closed(max(_CLOSED_SHIPPING_MIN_WAIT_SECONDS, left))
+        self._prune_if_due()
         decision = self._pull_decision(supervised, session)
         if decision or session is None:
             return TickReport(supervised, decision or "no session")
@@ -444,6 +453,23 @@ class Lifecycle:
         if self._room() <= 0:
             return "at capacity"
         return ""
+
+    def _prune_if_due(self) -> None:
+        """Closed records past their retention go, a batch at most every
+        :data:`~qinglong_worker.retention.PRUNE_EVERY_SECONDS` (the first at start)."""
+        retention = self._settings.retention_seconds
+        now = asyncio.get_running_loop().time()
+        if not retention or (
+            self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY_SECONDS
+        ):
+            return
+        self._pruned_at = now
+        prune(
+            self._inbox,
+            self._processes,
+            self._reconciler.log_dir,
+            updated_before_unix_ms=wall_clock_ms() - int(retention * 1000),
+        )
 
     def _room(self) -> int:
         return self._settings.max_concurrency - self._inbox.count(OPEN_STATES)

@@ -43,6 +43,11 @@ CALL_BUDGET_SECONDS: Final = 2.0
 MIN_CHUNK_SECONDS: Final = 0.1
 
 
+def log_file(log_dir: Path, offer_id: str) -> Path:
+    """Where an offer's executor writes its stdout and stderr (shipped from there)."""
+    return log_dir / f"{offer_id}.log"
+
+
 def output_stream_id(attempt_id: str) -> str:
     """The log artifact id the Worker reports with `running` (R-ACK-5): it names the
     Attempt's output stream, which the control plane keeps by Attempt."""

@@ -89,7 +89,13 @@ from qinglong_worker.inbox import (
 )
 from qinglong_worker.launch import LaunchState, forget_launch, launch_key, resolve_launch
 from qinglong_worker.metrics import StartPhases
-from qinglong_worker.output import Shipped, output_size, output_stream_id, ship_output
+from qinglong_worker.output import (
+    Shipped,
+    log_file,
+    output_size,
+    output_stream_id,
+    ship_output,
+)
 from qinglong_worker.process import (
     UNOBSERVED_EXIT,
     ExecutorRefused,
@@ -459,6 +465,11 @@ class Reconciler:
             task.add_done_callback(functools.partial(self._forget, offer_id))
         # A cancelled caller does not cancel the shared work; abort() does.
         return await asyncio.shield(task)
+
+    @property
+    def log_dir(self) -> Path | None:
+        """Where executors write their output (one file per offer)."""
+        return self._log_dir
 
     def reconciling(self, offer_id: str) -> bool:
         """A reconcile of ``offer_id`` is in flight (perhaps a call on the wire)."""
@@ -1274,7 +1285,7 @@ class Reconciler:
         return 0.0 if left is None else left / 1000
 
     def _log_path(self, record: InboxRecord) -> Path | None:
-        return None if self._log_dir is None else self._log_dir / f"{record.offer_id}.log"
+        return None if self._log_dir is None else log_file(self._log_dir, record.offer_id)
 
     def _waiting(self, record: InboxRecord, failure: CallFailed) -> Outcome:
         log.info("offer %s: %s; will retry", record.offer_id, failure)

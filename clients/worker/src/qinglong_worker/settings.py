@@ -14,6 +14,8 @@ from qinglong_protocol import bounds
 from qinglong_protocol.metrics import MetricsEndpoint, add_metrics_arguments, metrics_endpoint_of
 from qinglong_protocol.tls import TlsFiles
 
+from qinglong_worker.retention import DEFAULT_RETENTION_DAYS
+
 ENV_PREFIX = "QINGLONG_WORKER_"
 DEFAULT_TICK_SECONDS = 0.5
 DEFAULT_MAX_CONCURRENCY = 4
@@ -37,6 +39,9 @@ class DaemonSettings:
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
     drain_grace_seconds: float = DEFAULT_DRAIN_GRACE_SECONDS
     certificate_check_seconds: float = DEFAULT_CERTIFICATE_CHECK_SECONDS
+    #: How long a closed inbox record that owes nothing, and its files, are kept (0: for
+    #: ever; see qinglong_worker.retention).
+    retention_days: float = DEFAULT_RETENTION_DAYS
     #: The Prometheus /metrics endpoint; None (the default): none is served.
     metrics: MetricsEndpoint | None = None
 
@@ -154,6 +159,13 @@ def parse_worker_settings(
         ),
         help="with --identity: how often the certificate's age is checked (renewed at 2/3)",
     )
+    daemon.add_argument(
+        "--retention-days",
+        type=float,
+        default=env.get(_variable("retention-days"), str(DEFAULT_RETENTION_DAYS)),
+        help="how long a finished Attempt's inbox record, local log file and exit files are"
+        " kept once everything is reported and shipped (0: for ever)",
+    )
     add_metrics_arguments(parser, env, ENV_PREFIX)
     args = parser.parse_args(argv)
     for flag, path, read in (
@@ -194,6 +206,8 @@ def parse_worker_settings(
             parser.error("--drain-grace-seconds must not be negative")
         if not args.certificate_check_seconds > 0:
             parser.error("--certificate-check-seconds must be positive")
+        if not args.retention_days >= 0:
+            parser.error("--retention-days must not be negative")
         daemon_settings = DaemonSettings(
             inbox=args.inbox,
             log_dir=args.log_dir or args.inbox.parent / "logs",
@@ -203,6 +217,7 @@ def parse_worker_settings(
             stop_grace_seconds=args.stop_grace_seconds,
             drain_grace_seconds=args.drain_grace_seconds,
             certificate_check_seconds=args.certificate_check_seconds,
+            retention_days=args.retention_days,
             metrics=metrics_endpoint_of(parser, args),
         )
     return args.command, WorkerSettings(
