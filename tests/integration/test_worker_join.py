@@ -65,9 +65,12 @@ async def issue_join_token(stack: Stack, worker_id: str, request_id: str) -> str
     return issued.join_token
 
 
-async def run_join(stack: Stack, token: str, directory: Path, tmp_path: Path) -> Joined:
-    """`qinglong-worker join` as a real process. Awaited, not blocked on: the in-process
-    servers it talks to run on this very event loop."""
+async def run_join(
+    stack: Stack, token: str, directory: Path, tmp_path: Path, *, enrollment: str | None = None
+) -> Joined:
+    """`qinglong-worker join` as a real process (at ``enrollment``, by default the stack's
+    enrollment listener). Awaited, not blocked on: the in-process servers it talks to run
+    on this very event loop."""
     token_file = tmp_path / f"{directory.name}.token"
     token_file.write_text(token)
     process = await asyncio.create_subprocess_exec(
@@ -78,7 +81,7 @@ async def run_join(stack: Stack, token: str, directory: Path, tmp_path: Path) ->
         "--ingress",
         stack.ingress_address,
         "--enrollment",
-        stack.enrollment_address,
+        enrollment or stack.enrollment_address,
         "--ca",
         str(stack.pki.ca_cert),
         "--token-file",
@@ -214,8 +217,9 @@ async def test_a_worker_rejoins_with_a_new_join_token_and_the_old_one_is_refused
     assert second != first
     assert await issue_join_token(stack, "edge-12", "rejoin-1") == ""  # a retry
     refused = await run_join(stack, first, tmp_path / "old", tmp_path)
-    assert refused.returncode != 0
+    assert refused.returncode == 1
     assert "UNAUTHENTICATED" in refused.stderr
+    assert list((tmp_path / "old").iterdir()) == [], "a refused join leaves no key behind"
     assert not (tmp_path / "old" / "worker.json").exists()
     joined = await run_join(stack, second, tmp_path / "edge-12", tmp_path)
     assert joined.returncode == 0, joined.stderr
@@ -386,3 +390,19 @@ def on_disk(identity_file: Path) -> OnDisk:
     )
     certificate = x509.load_pem_x509_certificate(files.cert.read_bytes())
     return OnDisk(files, certificate, stat.S_IMODE(files.key.stat().st_mode))
+
+
+async def test_a_join_at_the_wrong_listener_says_so_leaves_nothing_and_may_be_retried(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The public listener asks for a client certificate a joining machine does not have:
+    the join cannot even connect. It exits 3 (try again), names the flag, leaves no key,
+    and the token is unspent: the same join at the enrollment listener then works."""
+    token = await create_worker(stack, "edge-09")
+    directory = tmp_path / "edge-09"
+    wrong = await run_join(stack, token, directory, tmp_path, enrollment=stack.ingress_address)
+    assert wrong.returncode == 3, wrong.stderr
+    assert "--enrollment" in wrong.stderr
+    assert list(directory.iterdir()) == []
+    joined = await run_join(stack, token, directory, tmp_path)
+    assert joined.returncode == 0, joined.stderr

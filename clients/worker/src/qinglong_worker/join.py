@@ -77,16 +77,16 @@ def join(
     join_token: str,
     directory: Path,
     *,
-    enrollment_address: str | None = None,
+    enrollment_address: str,
     server_name: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> JoinedIdentity:
     """Enroll this machine (once per directory) at ``enrollment_address`` (ingress's
-    enrollment listener; default: ``ingress_address``) and record ``ingress_address`` (its
-    public listener) as where the Worker will run. Raises ``grpc.RpcError`` with the
-    server's typed status when the token is refused (nothing is written then but the new,
-    unused key), and FileExistsError in a directory that already holds an identity. A
-    one-shot command, so a blocking channel."""
+    enrollment listener) and record ``ingress_address`` (its public listener) as where the
+    Worker will run. Raises ``grpc.RpcError`` with the server's typed status when the
+    join fails (nothing is left written then: the new key is removed too), and
+    FileExistsError in a directory that already holds an identity. A one-shot command,
+    so a blocking channel."""
     # worker.json records absolute paths: the daemon may run from any directory.
     directory = directory.resolve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -100,15 +100,20 @@ def join(
     write_private(directory / KEY_FILE, private_key_pem(key))
     options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
     credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
-    target = enrollment_address or ingress_address
-    with grpc.secure_channel(target, credentials, options=options) as channel:
-        stub = enrollment_service_pb2_grpc.EnrollmentServiceStub(channel)
-        answer = stub.JoinWorker(
-            enrollment_service_pb2.JoinWorkerRequest(
-                join_token=join_token, certificate_signing_request_pem=signing_request(key)
-            ),
-            timeout=timeout_seconds,
-        )
+    try:
+        with grpc.secure_channel(enrollment_address, credentials, options=options) as channel:
+            stub = enrollment_service_pb2_grpc.EnrollmentServiceStub(channel)
+            answer = stub.JoinWorker(
+                enrollment_service_pb2.JoinWorkerRequest(
+                    join_token=join_token, certificate_signing_request_pem=signing_request(key)
+                ),
+                timeout=timeout_seconds,
+            )
+    except BaseException:
+        # No certificate came for it: a key nobody will use (a certificate issued for it
+        # and lost with the answer cannot be fetched again; a new join token makes one).
+        (directory / KEY_FILE).unlink(missing_ok=True)
+        raise
     write_public(directory / CERTIFICATE_FILE, answer.certificate_pem)
     write_public(directory / CA_FILE, answer.ca_certificates_pem)
     identity = JoinedIdentity(answer.worker_id, ingress_address, directory)
@@ -144,8 +149,15 @@ def write_public(path: Path, text: str) -> None:
     atomic_write(path, text.encode("ascii"), 0o644)
 
 
+#: Failures after which the same join may simply be tried again (exit 3, as the CLI's).
+_TRY_AGAIN: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
 def join_main(argv: list[str]) -> int:
-    """``qinglong-worker join``; exit 0 once the identity is written, 1 when refused."""
+    """``qinglong-worker join``; exit 0 once the identity is written, 1 when refused, 3
+    when ingress's enrollment listener could not be reached or did not answer in time
+    (try again: a token the lost answer may have spent is refused then, and an
+    administrator issues a new one)."""
     import argparse
     import sys
 
@@ -157,7 +169,9 @@ def join_main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--enrollment",
-        help="ingress's enrollment listener, HOST:PORT (default: --ingress)",
+        required=True,
+        help="ingress's enrollment listener, HOST:PORT (not the public listener: that one"
+        " asks for the certificate a joining machine does not have yet)",
     )
     parser.add_argument("--ca", type=Path, required=True, help="CA certificate(s) of ingress")
     token = parser.add_mutually_exclusive_group(required=True)
@@ -182,7 +196,15 @@ def join_main(argv: list[str]) -> int:
     except grpc.RpcError as error:
         # A failed call's error is also its grpc.Call (the stubs cannot say so).
         call: Any = error
-        print(f"join refused: {call.code().name}: {call.details()}", file=sys.stderr)
+        code: grpc.StatusCode = call.code()
+        if code in _TRY_AGAIN:
+            print(
+                f"join failed: {code.name}: {call.details()} (is --enrollment {args.enrollment}"
+                " ingress's enrollment listener, and reachable? try again)",
+                file=sys.stderr,
+            )
+            return 3
+        print(f"join refused: {code.name}: {call.details()}", file=sys.stderr)
         return 1
     print(
         f"joined as {identity.worker_id}; run with: qinglong-worker run "
