@@ -41,6 +41,7 @@ from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from tests.support import timelines
 from tests.support.polling import wait_until
+from tests.support.run_output import run_logs
 
 QINGLONG = Path(sys.executable).with_name("qinglong")
 QINGLONG_WORKER = Path(sys.executable).with_name("qinglong-worker")
@@ -329,6 +330,12 @@ def test_worker_runs_a_run_to_succeeded(
     )
     # The Worker said how much it captured when it reported the ending: all of it is held.
     assert (output.data, output.complete, output.output_bytes) == (b"hi\n", True, 3)
+    # `run logs` prints the output as it is, whatever --output says (no `[]` after it).
+    for output_format in ("json", "table", "jsonl"):
+        printed, error = run_logs(dev_stack.path, run_id, "--output", output_format).communicate(
+            timeout=60
+        )
+        assert (printed, error) == (b"hi\n", b""), output_format
     assert worker.inbox.stat().st_mode & 0o077 == 0
     worker.assert_log_holds_no_secret()
 

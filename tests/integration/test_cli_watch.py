@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 
 import psycopg
@@ -41,10 +43,12 @@ async def queued_run(stack_file: Path) -> str:
     return str(json.loads(triggered.out)["runId"])
 
 
-async def watching(run_id: str, stack_path: Path) -> tuple[asyncio.subprocess.Process, bytes]:
+async def watching(
+    run_id: str, stack_path: Path, *flags: str
+) -> tuple[asyncio.subprocess.Process, bytes]:
     """`run watch` started, once it printed the Run's first Event (its stream is live)."""
     watch = await asyncio.create_subprocess_exec(
-        str(QINGLONG), "run", "watch", run_id, "--stack", str(stack_path),
+        str(QINGLONG), "run", "watch", run_id, "--stack", str(stack_path), *flags,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
@@ -115,3 +119,34 @@ def watch_streams(stack: Stack, run_id: str) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def test_run_watch_exit_status_says_the_run_did_not_succeed(
+    stack: Stack, stack_file: Path
+) -> None:
+    """Scripts wait on a Run with `run watch --exit-status`: 0 only if it succeeded."""
+    run_id = await queued_run(stack_file)
+    watch, first = await watching(run_id, stack_file, "--exit-status")
+    await cancelled(stack, stack_file, run_id)
+    rest, err = await asyncio.wait_for(watch.communicate(), WATCH_SECONDS)
+    events_of(first + rest)
+    assert (watch.returncode, err.decode()) == (4, "the run ended cancelled\n")
+
+
+async def test_a_reader_that_goes_away_ends_the_command_without_a_traceback(
+    stack: Stack, stack_file: Path
+) -> None:
+    """`qinglong run list | head -1`: the pipe closes before everything is printed."""
+    for _ in range(3):
+        await queued_run(stack_file)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    try:
+        listing = await asyncio.create_subprocess_exec(
+            str(QINGLONG), "run", "list", "--stack", str(stack_file), "--output", "table",
+            stdout=write_end, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    _, err = await asyncio.wait_for(listing.communicate(), WATCH_SECONDS)
+    assert (listing.returncode, err.decode()) == (128 + signal.SIGPIPE, "")

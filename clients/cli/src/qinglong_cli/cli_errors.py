@@ -23,6 +23,8 @@ EXIT_OK: Final = 0
 EXIT_REFUSED: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = 3
+#: `run watch --exit-status`: the Run ended, but not `succeeded`.
+EXIT_RUN_NOT_SUCCEEDED: Final = 4
 
 _UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -74,6 +76,10 @@ def report_unknown_outcome(unknown: UnknownOutcome, err: TextIO) -> int:
     return code
 
 
+class RunNotSucceeded(Exception):
+    """A watched Run ended otherwise than `succeeded` (its last Event's type says how)."""
+
+
 class ConfigurationError(Exception):
     """A local problem the user can fix (the message says which file and what)."""
 
@@ -88,7 +94,7 @@ def report_rpc_error(error: grpc.aio.AioRpcError, err: TextIO) -> int:
     code = error.code()
     reason = error_reason_of(error)
     line = f"error: {code.name}"
-    if reason:
+    if reason and reason != code.name:  # ALREADY_EXISTS is a code and a reason both
         line += f" {reason}"
     details = error.details()
     if details:

@@ -46,8 +46,10 @@ from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from qinglong_cli.cli_errors import (
     EXIT_OK,
+    EXIT_RUN_NOT_SUCCEEDED,
     ConfigurationError,
     NotFoundError,
+    RunNotSucceeded,
     UnknownOutcome,
     report_configuration_error,
     report_not_found,
@@ -447,6 +449,10 @@ async def run_through_ingress(
     except UnknownOutcome as unknown:
         printer.close()
         return report_unknown_outcome(unknown, err)
+    except RunNotSucceeded as ended:
+        printer.close()
+        print(f"the run ended {ended}", file=err)
+        return EXIT_RUN_NOT_SUCCEEDED
     except grpc.aio.AioRpcError as error:
         printer.close()
         return report_rpc_error(error, err)

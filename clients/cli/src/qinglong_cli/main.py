@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -139,7 +141,23 @@ def _identity_name(kind: str) -> Callable[[str], str]:
     return parse
 
 
+#: The exit status of a command whose reader went away (`| head`), as a shell reports a
+#: process that SIGPIPE ended.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Not the command's failure: no traceback, and none again when Python flushes
+        # stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

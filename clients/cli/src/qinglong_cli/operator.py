@@ -24,7 +24,12 @@ from qinglong.control.v1 import (
 )
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 
-from qinglong_cli.cli_errors import ConfigurationError, sent_once
+from qinglong_cli.cli_errors import (
+    EXIT_RUN_NOT_SUCCEEDED,
+    ConfigurationError,
+    RunNotSucceeded,
+    sent_once,
+)
 from qinglong_cli.ingress_client import (
     OPERATOR_TOKEN,
     Session,
@@ -35,7 +40,7 @@ from qinglong_cli.ingress_client import (
     run_through_ingress,
 )
 from qinglong_cli.output import enum_names
-from qinglong_cli.run_events import every_run_event, watched_run_events
+from qinglong_cli.run_events import SUCCEEDED_EVENT, every_run_event, watched_run_events
 from qinglong_cli.run_output import print_run_output
 
 #: `--retry-on` names: the endings a retry policy may opt into.
@@ -123,6 +128,12 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         action = run.add_parser(name, help=help_text)
         common(action)
         action.add_argument("run_id")
+        if name == "watch":
+            action.add_argument(
+                "--exit-status",
+                action="store_true",
+                help=f"exit {EXIT_RUN_NOT_SUCCEEDED} if the run ends other than succeeded",
+            )
     logs = run.add_parser(
         "logs", help="print a run's output (stdout and stderr, as the executor wrote them)"
     )
@@ -285,8 +296,12 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
         watched = watched_run_events(
             runs.WatchRunEvents, project, args.run_id, err=err, metadata=meta
         )
+        last = ""
         async for event in watched:
             printer.item(event)
+            last = event.type
+        if args.exit_status and last != SUCCEEDED_EVENT:
+            raise RunNotSucceeded(last.removeprefix("run."))
     elif args.action == "logs":
         await print_run_output(
             runs,
@@ -295,7 +310,7 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
             args.run_id,
             attempt=args.attempt,
             follow=args.follow,
-            out=session.printer.out,
+            out=session.printer.raw_out(),
             err=err,
         )
     elif args.action == "cancel":

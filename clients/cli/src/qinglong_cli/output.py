@@ -254,10 +254,12 @@ class Printer:
         self._output = output
         self._items: list[tuple[str, dict[str, Any]]] = []
         self._streamed_header = False
+        self._raw = False
 
-    @property
-    def out(self) -> TextIO:
-        """Where answers go: for what is printed as it is, not as items (`run logs`)."""
+    def raw_out(self) -> TextIO:
+        """Where answers go, for what is printed as it is, not as items (`run logs`):
+        `close` then adds nothing of its own (no `[]` after a Run's output)."""
+        self._raw = True
         return self._out
 
     def item(self, message: Message) -> None:
@@ -290,6 +292,8 @@ class Printer:
         return bool(self._items)
 
     def close(self) -> None:
+        if self._raw:
+            return
         if self._output is OutputFormat.JSON:
             documents = [document for _, document in self._items]
             body: object = documents[0] if len(documents) == 1 else documents

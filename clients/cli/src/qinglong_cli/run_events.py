@@ -35,6 +35,9 @@ WATCH_RESUME_SECONDS: Final = 1.0
 #: resumed at once; one that ended so sooner failed, and counts as a break.
 WATCH_STREAM_MIN_SECONDS: Final = 1.0
 
+#: The last Event of a Run that succeeded (the contract's dotted type: run.<state>).
+SUCCEEDED_EVENT: Final = "run.succeeded"
+
 
 async def every_run_event(
     list_events: ListRunEvents, project_id: str, run_id: str, **call: Any
