@@ -1764,3 +1764,16 @@ def test_the_dockerfile_builds_the_locked_workspace_as_a_non_root_user() -> None
     }
     for command in _commands_used():
         assert scripts.get(command) in packages, f"{command} is not installed in the image"
+
+
+def test_postgres_instances_must_land_on_separate_nodes_outside_the_dev_overlay() -> None:
+    """A node's loss must not take the primary and its synchronous standby together: the
+    deployable base requires one instance per node; only the one-node dev overlay relaxes
+    it (CloudNativePG's `podAntiAffinityType`)."""
+    [base] = [r for r in _render(K8S / "postgres") if r["kind"] == "Cluster"]
+    assert base["spec"]["instances"] >= 3
+    assert base["spec"]["affinity"]["podAntiAffinityType"] == "required"
+    assert base["spec"]["affinity"]["topologyKey"] == "kubernetes.io/hostname"
+    assert _find("Cluster", "qinglong-pg")["spec"]["affinity"]["podAntiAffinityType"] == (
+        "preferred"
+    )
