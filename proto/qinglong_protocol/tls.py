@@ -10,11 +10,15 @@ certificate, never from anything the caller writes into a request.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+_log = logging.getLogger(__name__)
 
 # Keys of grpc's auth context (grpcio 1.85, TSI/SSL transport). `peer_uri` holds
 # every URI SAN of the verified peer certificate; `peer_spiffe_id` is set only
@@ -47,7 +51,7 @@ class TlsMaterial:
 
 
 def read_tls_material(files: TlsFiles) -> TlsMaterial:
-    """Read the three PEM files once, at start-up."""
+    """Read the three PEM files as they are now."""
     return TlsMaterial(
         ca_cert=files.ca_cert.read_bytes(),
         cert=files.cert.read_bytes(),
@@ -55,16 +59,75 @@ def read_tls_material(files: TlsFiles) -> TlsMaterial:
     )
 
 
-def mutual_tls_server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
-    """Server credentials that refuse any client without a certificate from our CA.
+class TlsFilesWatch:
+    """Whether one party's TLS files changed since they were last read.
+
+    Certificates are short-lived and replaced in place while a service runs: cert-manager
+    renews a Secret a third of a lifetime early and the kubelet swaps the mounted files
+    (all at once: a new directory behind a symlink), or an operator writes new ones. A
+    file's inode, modification time and size say it changed; nothing is read to find out.
+    """
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self._read: object = None
+
+    def _signature(self) -> object:
+        try:
+            paths = (self.files.ca_cert, self.files.cert, self.files.key)
+            stats = [os.stat(path) for path in paths]
+        except OSError:
+            return None  # in the middle of a swap, or gone: judged at the next look
+        return tuple((stat.st_ino, stat.st_mtime_ns, stat.st_size) for stat in stats)
+
+    def changed(self) -> bool:
+        """The files are there, and not as they were when last read."""
+        now = self._signature()
+        return now is not None and now != self._read
+
+    def read(self) -> TlsMaterial:
+        """Read the files (what a later change is measured against)."""
+        signature = self._signature()  # before reading: a change meanwhile shows next time
+        material = read_tls_material(self.files)
+        self._read = signature
+        return material
+
+
+def mutual_tls_server_credentials(
+    files: TlsFiles, *, require_client_auth: bool = True
+) -> grpc.ServerCredentials:
+    """Server credentials that refuse any client without a certificate from our CA (with
+    ``require_client_auth``; without, a server-authenticated listener such as Worker
+    enrollment), and that take up renewed files without a restart: each new connection's
+    handshake first looks whether the files changed (:class:`TlsFilesWatch`) and, if so,
+    reads them. Connections already open keep their session.
 
     A client without a certificate fails the handshake and sees UNAVAILABLE.
     """
-    material = read_tls_material(files)
-    return grpc.ssl_server_credentials(
-        [(material.key, material.cert)],
-        root_certificates=material.ca_cert,
-        require_client_auth=True,
+    watch = TlsFilesWatch(files)
+
+    def configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(material.key, material.cert)],
+            root_certificates=material.ca_cert if require_client_auth else None,
+        )
+
+    def renewed() -> grpc.ServerCertificateConfiguration | None:
+        # Called by grpc at each handshake: nothing may be raised into it.
+        try:
+            if not watch.changed():
+                return None
+            updated = configuration(watch.read())
+        except Exception as error:  # an unreadable file mid-rotation: the next look
+            _log.warning("TLS files of %s not read: %s", files.cert, error)
+            return None
+        _log.info("TLS files of %s changed: new connections use them", files.cert)
+        return updated
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(watch.read()),
+        renewed,  # type: ignore[arg-type]  # grpc takes None for "no change"; its stub not
+        require_client_authentication=require_client_auth,
     )
 
 

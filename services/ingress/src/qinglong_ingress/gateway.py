@@ -143,6 +143,11 @@ class Gateway:
         self._records_spans = tracing_enabled()
         self._admission_budget_s = (storage or StorageBounds()).timeout_seconds * 0.9
 
+    def use_runtime(self, channel: grpc.aio.Channel) -> None:
+        """Forward the next calls over ``channel`` (a renewed client certificate's); the
+        calls in flight finish on the one they started on."""
+        self._runtime = channel
+
     # --- the two call shapes ----------------------------------------------------------
 
     async def unary(self, route: Route, received: Received, context: Context) -> Message:

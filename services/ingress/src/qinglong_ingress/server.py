@@ -29,7 +29,6 @@ from qinglong_protocol.tls import (
     TlsFiles,
     mutual_tls_channel_credentials,
     mutual_tls_server_credentials,
-    read_tls_material,
 )
 
 from qinglong_ingress.listener_limits import ENROLLMENT_LIMITS, PUBLIC_LIMITS, ListenerLimits
@@ -119,10 +118,8 @@ async def create_enrollment_server(
     for service_name in ("", ENROLLMENT_SERVICE_NAME):
         await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    material = read_tls_material(tls)
     port = server.add_secure_port(
-        address,
-        grpc.ssl_server_credentials([(material.key, material.cert)], require_client_auth=False),
+        address, mutual_tls_server_credentials(tls, require_client_auth=False)
     )
     return server, port
 

@@ -7,6 +7,7 @@ Entered only through `qinglong_ingress.main`, which restricts TLS first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -17,13 +18,14 @@ from qinglong_protocol.schema_version import schema_or_exit
 from qinglong_protocol.serving import announce_listening, configure_logging, wait_for_stop_signal
 from qinglong_protocol.telemetry import configure_telemetry
 
+from qinglong_ingress.control_channel import RenewingControlChannel
 from qinglong_ingress.directory import Directory
 from qinglong_ingress.gateway import Gateway
 from qinglong_ingress.handlers import public_handlers
 from qinglong_ingress.pool import open_ingress_pool
 from qinglong_ingress.routes import ENROLLMENT_ROUTES
 from qinglong_ingress.schema import require_ingress_schema
-from qinglong_ingress.server import create_enrollment_server, create_server, open_control_channel
+from qinglong_ingress.server import create_enrollment_server, create_server
 from qinglong_ingress.settings import (
     DEFAULT_LISTEN_ADDRESS,
     IngressSettings,
@@ -51,23 +53,27 @@ async def _serve(settings: IngressSettings, database_url: str) -> None:
     pool = await open_ingress_pool(database_url, sizing=settings.pool, bounds=settings.storage)
     try:
         await schema_or_exit(pool, require_ingress_schema, "qinglong-ingress")
-        async with open_control_channel(settings.control) as control_channel:
+        control = RenewingControlChannel(settings.control)
+        renewing = asyncio.create_task(control.run(), name="control channel renewal")
+        try:
             # One directory for both listeners: their audit rows share group commits.
             directory = Directory(pool, settings.storage.statement_timeout_ms / 1000)
-            gateway = Gateway(directory, control_channel, settings.trust_domain, settings.storage)
+            gateway = Gateway(directory, control.current, settings.trust_domain, settings.storage)
+            control.serve(gateway)
             server, port = await create_server(settings, public_handlers(gateway))
             servers = [server]
             enrollment = settings.enrollment
             if enrollment is not None:
                 joining = Gateway(
                     directory,
-                    control_channel,
+                    control.current,
                     settings.trust_domain,
                     settings.storage,
                     stages=enrollment_stages(
                         enrollment.attempts_per_peer_per_minute, enrollment.attempts_per_minute
                     ),
                 )
+                control.serve(joining)
                 enrollment_server, enrollment_port = await create_enrollment_server(
                     enrollment.listen_address,
                     settings.tls,
@@ -85,6 +91,11 @@ async def _serve(settings: IngressSettings, database_url: str) -> None:
             _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
             for each in servers:
                 await each.stop(settings.shutdown_grace_seconds)
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+            await control.close()
     finally:
         await pool.close()
 
