@@ -33,7 +33,7 @@ def _parsed(*flags: str) -> object:
     ],
 )
 def test_retry_settings_without_max_attempts_are_refused(flags: tuple[str, ...]) -> None:
-    with pytest.raises(ConfigurationError, match=f"{flags[0]}.* need --max-attempts"):
+    with pytest.raises(ConfigurationError, match=f"^{flags[0]} needs --max-attempts$"):
         _plan(_parsed(*flags))  # type: ignore[arg-type]
 
 

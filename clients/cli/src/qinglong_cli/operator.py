@@ -181,7 +181,8 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
     ]
     if args.max_attempts is None:
         if retry_flags:  # a policy the user described must not be dropped unseen
-            raise ConfigurationError(f"{', '.join(retry_flags)} need --max-attempts")
+            verb = "needs" if len(retry_flags) == 1 else "need"
+            raise ConfigurationError(f"{', '.join(retry_flags)} {verb} --max-attempts")
         return plan
     backoff = _or_default(args.retry_backoff_ms, _DEFAULT_BACKOFF_MS)
     max_backoff = _or_default(args.retry_max_backoff_ms, _DEFAULT_MAX_BACKOFF_MS)
