@@ -7,33 +7,22 @@ prints its tally; the terminal summary repeats all of them in one table.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS
 
-from tests.support.devstack_process import DevStack, dev_stack
-from tests.support.fault_rig import FaultRig
+from tests.support.devstack_process import DevStack
+from tests.support.fault_rig import FaultRig, fault_stack
 from tests.support.lossy_proxy import FaultSchedule
 from tests.support.operator_client import OperatorClient
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
-    # Not under pytest's basetemp: another pytest session on the machine may prune it or
-    # tighten its root to 0700 at any time, and PostgreSQL runs as its own user here and
-    # must still reach its directory when a test starts it again.
-    root = Path(tempfile.mkdtemp(prefix="qinglong-faults-"))
-    try:
-        # A faster reconcile cadence than the default 2 s only shortens the waits for
-        # expiry and convergence; the lease lifetime (30 s) is control's own, unchanged.
-        with dev_stack(root / "stack", environment={ENV_RECONCILE_INTERVAL_SECONDS: "1"}) as up:
-            yield up
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    """Control's own timings (a 30 s lease), a reconcile every second."""
+    with fault_stack() as up:
+        yield up
 
 
 @pytest.fixture(scope="module")

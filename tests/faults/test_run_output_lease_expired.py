@@ -17,9 +17,7 @@ including everything printed during the outage.
 from __future__ import annotations
 
 import shlex
-import shutil
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,10 +26,9 @@ from typing import Final
 import psycopg
 import pytest
 from qinglong_control.domain.timings import Timings
-from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS, ENV_TIMINGS_MS
 
-from tests.support.devstack_process import DevStack, dev_stack
-from tests.support.fault_rig import FaultRig
+from tests.support.devstack_process import DevStack
+from tests.support.fault_rig import FaultRig, fault_stack
 from tests.support.fault_tally import Expected, Tally
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
@@ -60,16 +57,8 @@ _PRINTER: Final = (
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
     """This module's own stack, with a lease of a few seconds (the suite's is 30 s)."""
-    root = Path(tempfile.mkdtemp(prefix="qinglong-faults-"))
-    environment = {
-        ENV_RECONCILE_INTERVAL_SECONDS: "1",
-        ENV_TIMINGS_MS["lease_ttl_ms"]: str(LEASE_TTL_MS),
-    }
-    try:
-        with dev_stack(root / "stack", environment=environment) as up:
-            yield up
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with fault_stack({"lease_ttl_ms": LEASE_TTL_MS}) as up:
+        yield up
 
 
 def printed_lines(count: int) -> bytes:

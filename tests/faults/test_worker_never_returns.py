@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,11 +30,10 @@ from typing import Final
 import psycopg
 import pytest
 from qinglong.rpc.v1 import execution_pb2
-from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS, ENV_TIMINGS_MS
 
-from tests.support.devstack_process import DevStack, dev_stack
+from tests.support.devstack_process import DevStack
 from tests.support.executor_marks import is_alive
-from tests.support.fault_rig import FaultRig
+from tests.support.fault_rig import FaultRig, fault_stack
 from tests.support.fault_tally import Expected, Tally
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
@@ -53,17 +50,8 @@ POLL_SECONDS: Final = 0.05
 @pytest.fixture(scope="module")
 def stack() -> Iterator[DevStack]:
     """This module's own stack: a lease of a few seconds, a Worker stop bound of 8."""
-    root = Path(tempfile.mkdtemp(prefix="qinglong-faults-"))
-    environment = {
-        ENV_RECONCILE_INTERVAL_SECONDS: "1",
-        ENV_TIMINGS_MS["lease_ttl_ms"]: str(LEASE_TTL_MS),
-        ENV_TIMINGS_MS["worker_stop_ms"]: str(WORKER_STOP_MS),
-    }
-    try:
-        with dev_stack(root / "stack", environment=environment) as up:
-            yield up
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with fault_stack({"lease_ttl_ms": LEASE_TTL_MS, "worker_stop_ms": WORKER_STOP_MS}) as up:
+        yield up
 
 
 def first_runs_long_then_retries_end(marks: Path) -> list[str]:
@@ -80,6 +68,18 @@ def first_runs_long_then_retries_end(marks: Path) -> list[str]:
     return ["sh", "-c", script]
 
 
+def _retried_run(rig: FaultRig, label: str) -> str:
+    """A Run of that command whose policy retries once, at once: its first execution is
+    lost, the retry must end it `succeeded`."""
+    retry = execution_pb2.RetryPolicy(
+        max_attempts=2, initial_backoff_ms=1, max_backoff_ms=1, backoff_multiplier_percent=100
+    )
+    command = first_runs_long_then_retries_end(rig.marks)
+    run_id = rig.operator.trigger(command, name=label.replace(" ", "-"), retry=retry)
+    rig.expected.append(Expected(run_id, "succeeded", exit_code=0, max_started=2, label=label))
+    return run_id
+
+
 def test_the_executor_of_a_worker_that_never_returns_ends_before_its_retry_starts(
     rig: FaultRig, report_tally: Callable[[Tally], None]
 ) -> None:
@@ -91,15 +91,7 @@ def test_the_executor_of_a_worker_that_never_returns_ends_before_its_retry_start
         killed.set()
 
     rig.schedule.add(act_at("ControlLease", Phase.REQUEST, kill, call=2))
-    retry = execution_pb2.RetryPolicy(
-        max_attempts=2, initial_backoff_ms=1, max_backoff_ms=1, backoff_multiplier_percent=100
-    )
-    run_id = rig.operator.trigger(
-        first_runs_long_then_retries_end(rig.marks), name="never-returns", retry=retry
-    )
-    rig.expected.append(
-        Expected(run_id, "succeeded", exit_code=0, max_started=2, label="never returns")
-    )
+    run_id = _retried_run(rig, "never returns")
     first.start()
 
     problems: list[str] = []
@@ -178,15 +170,7 @@ def test_a_container_restart_loses_the_execution_and_the_policy_retries_it(
     rig: FaultRig, report_tally: Callable[[Tally], None]
 ) -> None:
     worker = rig.worker(max_concurrency=1)
-    retry = execution_pb2.RetryPolicy(
-        max_attempts=2, initial_backoff_ms=1, max_backoff_ms=1, backoff_multiplier_percent=100
-    )
-    run_id = rig.operator.trigger(
-        first_runs_long_then_retries_end(rig.marks), name="container-restart", retry=retry
-    )
-    rig.expected.append(
-        Expected(run_id, "succeeded", exit_code=0, max_started=2, label="container restart")
-    )
+    run_id = _retried_run(rig, "container restart")
     worker.start()
     problems: list[str] = []
     status_dir = rig.inbox.parent / "exits"

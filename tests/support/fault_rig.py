@@ -6,14 +6,17 @@ and the cleanup that leaves nothing behind whatever the test's result.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 
 import grpc
 import psycopg
+from qinglong_control.settings import ENV_RECONCILE_INTERVAL_SECONDS, ENV_TIMINGS_MS
 
-from tests.support.devstack_process import DevStack
+from tests.support.devstack_process import DevStack, dev_stack
 from tests.support.executor_marks import Marks, kill_leftovers, live_executors, marked_command
 from tests.support.fault_tally import (
     Expected,
@@ -29,6 +32,27 @@ from tests.support.worker_process import WorkerProcess
 
 #: A path no machine has: the Worker cannot start it, so the Attempt ends in a start failure.
 UNSTARTABLE: tuple[str, ...] = ("/nonexistent/qinglong-fault-executor",)
+
+
+@contextlib.contextmanager
+def fault_stack(timings_ms: Mapping[str, int] | None = None) -> Iterator[DevStack]:
+    """A real `qinglong up` for one fault module, with control's `timings_ms` (by name,
+    e.g. ``lease_ttl_ms``) and a reconcile cadence of 1 s instead of 2 (it only shortens
+    the waits for expiry and convergence).
+
+    Not under pytest's basetemp: another pytest session on the machine may prune it or
+    tighten its root to 0700 at any time, and PostgreSQL runs as its own user here and
+    must still reach its directory when a test starts it again."""
+    root = Path(tempfile.mkdtemp(prefix="qinglong-faults-"))
+    environment = {ENV_RECONCILE_INTERVAL_SECONDS: "1"}
+    environment.update(
+        {ENV_TIMINGS_MS[name]: str(value) for name, value in (timings_ms or {}).items()}
+    )
+    try:
+        with dev_stack(root / "stack", environment=environment) as up:
+            yield up
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class FaultRig:

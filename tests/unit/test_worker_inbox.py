@@ -394,7 +394,11 @@ def test_a_full_disk_is_an_unwritable_inbox_not_a_damaged_one(inbox_path: Path) 
         inbox.close()
 
 
-def _closed(inbox: Inbox, record: InboxRecord) -> InboxRecord:
+def _closed(
+    inbox: Inbox,
+    record: InboxRecord,
+    reason: QuarantineReason = QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+) -> InboxRecord:
     """Admit ``record``, then claim and close it (a lease lost locally)."""
     assert inbox.admit(record)
     claimed = inbox.compare_and_set(
@@ -412,7 +416,7 @@ def _closed(inbox: Inbox, record: InboxRecord) -> InboxRecord:
         dataclasses.replace(
             claimed,
             state=RecordState.QUARANTINED,
-            quarantine_reason=QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
+            quarantine_reason=reason,
         ),
     )
 
@@ -631,26 +635,11 @@ def test_closed_records_that_owe_nothing_are_removed_once_old_enough(inbox_path:
         shipped = closed(output_shipped=True)
         given_up = closed(output_given_up="REPLAY_MISMATCH")
         owing = closed(output_offset=7)
-        unverified = _record()
-        assert inbox.admit(unverified)
-        unverified = inbox.compare_and_set(
-            unverified,
-            dataclasses.replace(
-                unverified,
-                state=RecordState.CLAIMED,
-                attempt_id="a",
-                lease_generation=1,
-                lease_version=1,
-            ),
+        unverified = _closed(
+            inbox, _record(), QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED
         )
         unverified = inbox.compare_and_set(
-            unverified,
-            dataclasses.replace(
-                unverified,
-                state=RecordState.QUARANTINED,
-                quarantine_reason=QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_UNVERIFIED,
-                output_shipped=True,
-            ),
+            unverified, dataclasses.replace(unverified, output_shipped=True)
         )
         recent = closed(output_shipped=True, updated_unix_ms=5_000)
         still_open = _record()

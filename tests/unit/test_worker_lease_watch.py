@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,25 +23,11 @@ from qinglong_worker.launch import launch_key
 from qinglong_worker.process import ExitStatus, ProcessController, ProcessIdentity
 
 from tests.support.polling import wait_until
+from tests.support.worker_stand_in import spawn_then_lose_the_worker
 
 KEY: Final = launch_key("offer-1", "attempt-1")
 #: Liveness bounds, not timing claims: the machine may be loaded.
 ENDED_SECONDS: Final = 30.0
-
-_WORKER_STAND_IN = """
-import asyncio
-import sys
-from pathlib import Path
-from qinglong_worker.process import ProcessController
-controller = ProcessController(status_dir=Path(sys.argv[1]))
-identity = asyncio.run(
-    controller.spawn_async(
-        sys.argv[3:], timeout_ms=None, deadline_unix_ms=None, launch_key=sys.argv[2]
-    )
-)
-print(identity.handle, flush=True)
-sys.stdin.read()
-"""
 
 
 @pytest.fixture
@@ -69,17 +53,7 @@ def _lease_for(status_dir: Path, seconds: float, boot: str | None = None) -> Non
 
 
 def _spawn_then_lose_the_worker(status_dir: Path, argv: list[str]) -> ProcessIdentity:
-    with subprocess.Popen(
-        [sys.executable, "-c", _WORKER_STAND_IN, str(status_dir), KEY, *argv],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as worker:
-        assert worker.stdout is not None
-        handle = worker.stdout.readline().strip()
-        worker.kill()
-        worker.wait()
-    return ProcessIdentity.from_handle(handle)
+    return spawn_then_lose_the_worker(status_dir, argv, KEY)
 
 
 def _spawn_with_time_left(

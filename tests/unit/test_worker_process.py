@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from qinglong_worker.process import (
 from qinglong_worker.supervisor import status_file_name
 
 from tests.support.polling import wait_until
+from tests.support.worker_stand_in import spawn_then_lose_the_worker
 
 DEADLINE = 1_900_000_000_000
 
@@ -292,35 +292,10 @@ def test_a_one_sided_or_negative_plan_refuses_to_start(
 
 # --- the supervisor: exit statuses that outlive the Worker -------------------------------------
 
+
 #: A stand-in for a Worker process: it spawns one executor and waits to be killed.
-_WORKER_STAND_IN = """
-import asyncio
-import sys
-from pathlib import Path
-from qinglong_worker.process import ProcessController
-controller = ProcessController(status_dir=Path(sys.argv[1]))
-identity = asyncio.run(
-    controller.spawn_async(sys.argv[2:], timeout_ms=None, deadline_unix_ms=None)
-)
-print(identity.handle, flush=True)
-sys.stdin.read()
-"""
-
-
 def _spawn_in_a_worker_then_kill_it(status_dir: Path, argv: list[str]) -> ProcessIdentity:
-    """Spawn `argv` from another process, then kill -9 that process: the executor's
-    supervisor is no child of this test, exactly as after a Worker crash."""
-    with subprocess.Popen(
-        [sys.executable, "-c", _WORKER_STAND_IN, str(status_dir), *argv],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as worker:
-        assert worker.stdout is not None
-        handle = worker.stdout.readline().strip()
-        worker.kill()
-        worker.wait()
-    return ProcessIdentity.from_handle(handle)
+    return spawn_then_lose_the_worker(status_dir, argv)
 
 
 def _children_of(pid: int) -> list[int]:
