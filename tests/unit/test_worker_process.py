@@ -19,6 +19,7 @@ import pytest
 from qinglong_worker import process
 from qinglong_worker.process import (
     DEADLINE_ENV,
+    LOST_WITH_SUPERVISOR,
     TIMEOUT_ENV,
     UNOBSERVED_EXIT,
     ExecutorRefused,
@@ -198,7 +199,7 @@ async def test_stop_of_an_exited_process_reports_already_exited(
     gone = _finished_process()
     stranger = ProcessIdentity(gone.pid, 12345)
     assert await ProcessController().stop(stranger) is StopResult.ALREADY_EXITED
-    assert ProcessController().poll(stranger) == UNOBSERVED_EXIT
+    assert ProcessController().poll(stranger) == LOST_WITH_SUPERVISOR
 
 
 async def test_a_reused_pid_is_never_signalled() -> None:
@@ -215,7 +216,7 @@ async def test_a_reused_pid_is_never_signalled() -> None:
         assert other.poll() is None
         assert _alive(other.pid), "nothing was signalled"
         # Whatever runs at that PID now, the process we knew has ended.
-        assert processes.poll(reused) == UNOBSERVED_EXIT
+        assert processes.poll(reused) == LOST_WITH_SUPERVISOR
         # The same controller does stop the verified identity of a process it did not
         # spawn (a restarted Worker finds its executor by the durable handle).
         assert processes.poll(real) is None
@@ -395,7 +396,7 @@ def test_killing_the_supervisor_alone_takes_its_executor_with_it(
         time.sleep(0.01)
     assert not _alive(executors[0]), "the executor died with its supervisor (no orphan)"
     # Killed by someone else, it says nothing of how the executor would have ended.
-    assert _poll_until_ended(controller, identity) == UNOBSERVED_EXIT
+    assert _poll_until_ended(controller, identity) == LOST_WITH_SUPERVISOR
 
 
 def test_a_start_that_fails_is_reported_at_once_and_leaves_nothing(
@@ -506,7 +507,7 @@ async def test_an_identity_from_an_earlier_boot_names_nothing_now(
     assert identity.boot_id is not None
     earlier = ProcessIdentity(identity.pid, identity.start_ticks, BOOT_A)
     restarted = ProcessController()
-    assert restarted.poll(earlier) == UNOBSERVED_EXIT
+    assert restarted.poll(earlier) == LOST_WITH_SUPERVISOR  # it ended with its boot
     assert await restarted.stop(earlier, grace_seconds=0.1) is StopResult.ALREADY_EXITED
     assert _alive(identity.pid), "the process running now was not signalled"
     # An identity recorded before Workers recorded the boot is probed as before.

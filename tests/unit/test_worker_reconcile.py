@@ -1970,3 +1970,28 @@ async def test_a_finished_attempts_record_and_files_go_after_their_retention(
     assert world.inbox.get(offer_id) is None
     assert not log_path.exists()
     assert not leftover.exists()
+
+
+@pytest.mark.parametrize("fault", ["status-unreadable", "status-unwritable"])
+async def test_an_executor_that_ended_by_itself_is_reported_even_without_its_status(
+    world: World, fault: str
+) -> None:
+    """Its supervisor wrote a status that cannot be read, or could not write one (and
+    exited 4): either way the executor ended by itself. That is reported — `failed`,
+    its status not observable — never taken for an execution lost with its supervisor
+    (which the policy would run again although it may have done its work)."""
+    offer_id = world.admit(["sh", "-c", "sleep 0.5"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    identity = identity_of(_record_of(world, offer_id))
+    assert identity is not None
+    status_dir = world.processes.status_dir
+    assert status_dir is not None
+    status_file = status_dir / supervisor.status_file_name(identity.pid, identity.start_ticks)
+    if fault == "status-unwritable":
+        status_file.mkdir()  # a directory where the status goes: its rename fails
+    else:
+        await _until(status_file.exists)
+        status_file.write_text("not a status")
+    await _until_completed(world.reconciler, offer_id)
+    assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_FAILED
+    assert not world.client.completed.HasField("exit_code")

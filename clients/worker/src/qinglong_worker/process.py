@@ -143,6 +143,11 @@ class ExitStatus:
     lease_ran_out: bool = False
     """The supervisor stopped the executor itself: the lease the Worker last wrote for it
     had run out (see :mod:`qinglong_worker.supervisor`, the lease watch)."""
+    lost_with_supervisor: bool = False
+    """The supervisor ended without a status and not by this Worker's hand: killed from
+    outside (a container restart, a reboot, by hand), taking the executor with it, so
+    the executor did not end on its own (or a supervisor that could not write its
+    status, which a restarted Worker cannot tell apart)."""
 
     @property
     def observed(self) -> bool:
@@ -150,6 +155,8 @@ class ExitStatus:
 
 
 UNOBSERVED_EXIT: Final = ExitStatus(None, None)
+"""The executor ended by itself, how is unknown (its status cannot be read)."""
+LOST_WITH_SUPERVISOR: Final = ExitStatus(None, None, lost_with_supervisor=True)
 
 
 class _Probe(StrEnum):
@@ -603,10 +610,13 @@ class ProcessController:
             return UNOBSERVED_EXIT
         if identity in self._killed:
             return ExitStatus(None, signal.SIGKILL)  # the group was killed, by us
-        # The supervisor ended without a status: killed by someone else (the executor then
-        # got its parent-death SIGKILL: how it would have ended is unknown), or it could
-        # not write the status.
-        return UNOBSERVED_EXIT
+        if supervisor_code is not None and supervisor_code >= 0:
+            # Our child exited with a code (4: the status could not be written): the
+            # executor ended by itself, how is unknown.
+            return UNOBSERVED_EXIT
+        # Killed by someone else (the executor then got its parent-death SIGKILL), or gone
+        # before this Worker started: the execution was lost with its supervisor.
+        return LOST_WITH_SUPERVISOR
 
     def _status_path(self, identity: ProcessIdentity) -> Path | None:
         if self._status_dir is None:
@@ -626,6 +636,9 @@ class ProcessController:
             return None
         try:
             raw = os.read(descriptor, 4096)
+        except OSError as error:  # EIO, or a directory where the file goes (EISDIR)
+            log.warning("exit status of %s unreadable: %s", identity.handle, error.strerror)
+            return None
         finally:
             os.close(descriptor)
         status = parse_status_document(raw, identity)

@@ -277,7 +277,9 @@ def _lost_execution(record: InboxRecord, status: ExitStatus) -> str | None:
     * its supervisor stopped it when the lease written for it ran out (the Worker was
       down, or too late to renew);
     * its supervisor ended without a status — killed with the Worker's container, by a
-      reboot, or by hand (the executor died with it), or unable to write one.
+      reboot, or by hand (the executor died with it). A status that exists but cannot
+      be read says the executor ended by itself: that one is reported, as not
+      observable.
 
     Reporting either as `failed` would blame the task for what happened to the machine,
     and a policy that retries only `lost` would not retry it. A stop the Worker or the
@@ -286,7 +288,7 @@ def _lost_execution(record: InboxRecord, status: ExitStatus) -> str | None:
         return None
     if status.lease_ran_out:
         return "stopped by its supervisor: the local lease ran out"
-    if not status.observed and record.stop_reason is None:
+    if status.lost_with_supervisor and record.stop_reason is None:
         return "its supervisor ended without an exit status: the execution was lost with it"
     return None
 
