@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,15 @@ class TlsFilesWatch:
         self.files = files
         self._read: object = None
 
+    def signature(self) -> object:
+        """The files' inodes, modification times and sizes now (None if one is missing)."""
+        return self._signature()
+
+    def forget(self) -> None:
+        """Count the files as changed until they are read again (what was read could not
+        be used: the next look tries again)."""
+        self._read = None
+
     def _signature(self) -> object:
         try:
             paths = (self.files.ca_cert, self.files.cert, self.files.key)
@@ -105,6 +115,9 @@ def mutual_tls_server_credentials(
     A client without a certificate fails the handshake and sees UNAVAILABLE.
     """
     watch = TlsFilesWatch(files)
+    # The fetcher runs on grpc's threads, a handshake each: one look at a time.
+    lock = threading.Lock()
+    unreadable: list[object] = [None]  # the signature last found unreadable: warned once
 
     def configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
         return grpc.ssl_server_certificate_configuration(
@@ -113,14 +126,19 @@ def mutual_tls_server_credentials(
         )
 
     def renewed() -> grpc.ServerCertificateConfiguration | None:
-        # Called by grpc at each handshake: nothing may be raised into it.
-        try:
-            if not watch.changed():
+        # Called by grpc at each handshake: nothing may be raised into it. A key that does
+        # not match its certificate (files written one by one) grpc refuses itself,
+        # keeping the configuration it has; the next change is taken up.
+        with lock:
+            try:
+                if not watch.changed():
+                    return None
+                updated = configuration(watch.read())
+            except Exception as error:  # an unreadable file mid-rotation: the next look
+                if watch.signature() != unreadable[0]:
+                    unreadable[0] = watch.signature()
+                    _log.warning("TLS files of %s not read: %s", files.cert, error)
                 return None
-            updated = configuration(watch.read())
-        except Exception as error:  # an unreadable file mid-rotation: the next look
-            _log.warning("TLS files of %s not read: %s", files.cert, error)
-            return None
         _log.info("TLS files of %s changed: new connections use them", files.cert)
         return updated
 
@@ -131,9 +149,12 @@ def mutual_tls_server_credentials(
     )
 
 
-def mutual_tls_channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
-    """Channel credentials that present our certificate and verify the server's against our CA."""
-    material = read_tls_material(files)
+def mutual_tls_channel_credentials(
+    files: TlsFiles, material: TlsMaterial | None = None
+) -> grpc.ChannelCredentials:
+    """Channel credentials that present our certificate and verify the server's against our
+    CA (``material`` already read from ``files``, or read now)."""
+    material = read_tls_material(files) if material is None else material
     return grpc.ssl_channel_credentials(
         root_certificates=material.ca_cert,
         private_key=material.key,

@@ -99,6 +99,21 @@ async def test_renewed_certificates_are_used_without_a_restart(tmp_path: Path) -
         )
         # A call on the old channel (in flight while the switch happened) still works.
         assert await old.unary_unary(METHOD)(b"", timeout=10) == str(first_client).encode()
+        # Files caught in the middle of a rotation (the next certificate, the old key):
+        # the channel made of them cannot connect, and is not switched to.
+        working = gateway.channel
+        key_in_use = pki.ingress_client.key.read_bytes()
+        third_client = _renewed(pki_directory, pki.ingress_client)
+        new_key = pki.ingress_client.key.read_bytes()
+        pki.ingress_client.key.write_bytes(key_in_use)
+        assert not await control.renew_if_changed()
+        assert gateway.channel is working
+        assert await working.unary_unary(METHOD)(b"", timeout=10) == (str(renewed_client).encode())
+        pki.ingress_client.key.write_bytes(new_key)  # the rotation completes
+        assert await control.renew_if_changed()
+        assert await gateway.channel.unary_unary(METHOD)(b"", timeout=10) == (
+            str(third_client).encode()
+        )
         print(
             f"client certificate {first_client} -> {renewed_client}, server certificate"
             f" {first_server} -> {renewed_server}: both in use without a restart"

@@ -32,6 +32,7 @@ from qinglong_worker.inbox import (
     SessionRecord,
 )
 from qinglong_worker.reconcile import new_capability
+from qinglong_worker.settings import parse_worker_settings
 
 BOOT = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 OTHER_BOOT = "11111111-2222-3333-4444-555555555555"
@@ -656,3 +657,31 @@ def test_closed_records_that_owe_nothing_are_removed_once_old_enough(inbox_path:
         ]
     finally:
         inbox.close()
+
+
+@pytest.mark.parametrize(
+    ("flag", "kept_for_seconds"),
+    [(None, 7 * 86_400), ("0", 0.0), ("1", 86_400), ("30", 30 * 86_400)],
+)
+def test_retention_days_are_a_day_or_more_or_for_ever(
+    flag: str | None, kept_for_seconds: float
+) -> None:
+    argv = ["run", "--worker-id", "w", "--ingress-address", "i:1", "--inbox", "/tmp/i.db"]
+    argv += ["--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"]
+    daemon = parse_worker_settings([*argv, *(() if flag is None else ("--retention-days", flag))])[
+        1
+    ].daemon
+    assert daemon is not None
+    assert daemon.retention_days * 86_400 == kept_for_seconds
+
+
+@pytest.mark.parametrize("days", ["0.5", "-1"])
+def test_a_retention_shorter_than_a_day_is_refused(
+    days: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "--worker-id", "w", "--ingress-address", "i:1", "--inbox", "/tmp/i.db"]
+    argv += ["--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c", "--retention-days", days]
+    with pytest.raises(SystemExit) as refused:
+        parse_worker_settings(argv)
+    assert refused.value.code == 2
+    assert "--retention-days must be 0 (for ever) or at least 1" in capsys.readouterr().err

@@ -127,7 +127,7 @@ def test_the_executor_of_a_worker_that_never_returns_is_stopped_when_its_lease_r
 def test_a_lease_written_again_keeps_the_executor_running(status_dir: Path) -> None:
     identity, first_ends_at = _spawn_with_time_left(status_dir, ["sleep", "300"])
     renewed = time.monotonic()
-    renewal_seconds = first_ends_at - renewed + 2.0
+    renewal_seconds = first_ends_at - renewed + 4.0  # ample beyond the look after the first
     _lease_for(status_dir, renewal_seconds)  # a renewal, as a live Worker writes it
     restarted = ProcessController(status_dir=status_dir)
     time.sleep(max(0.0, first_ends_at + 0.5 - time.monotonic()))  # past the first lease

@@ -482,6 +482,27 @@ def test_a_status_that_cannot_be_read_is_unobserved_not_a_kill(
     assert _poll_until_ended(controller, identity) == UNOBSERVED_EXIT
 
 
+def test_a_status_unreadable_for_a_moment_is_read_again_not_given_up(
+    controller: ProcessController,
+) -> None:
+    """A status that cannot be read just now (EMFILE, EIO; here a directory where the
+    file goes) leaves the ending undecided, and the next poll reads the real one: a
+    passing fault must not turn a Run's exit 7 into "not observable"."""
+    status_dir = controller.status_dir
+    assert status_dir is not None
+    identity = spawned(controller, ["sh", "-c", "exit 7"], timeout_ms=None, deadline_unix_ms=None)
+    status_file = status_dir / status_file_name(identity.pid, identity.start_ticks)
+    assert wait_until(status_file.exists, 10), "the supervisor wrote no status"
+    assert wait_until(lambda: not _alive(identity.pid), 10)
+    aside = status_file.with_name("aside")
+    status_file.rename(aside)
+    status_file.mkdir()
+    assert controller.poll(identity) is None, "undecided while its status cannot be read"
+    status_file.rmdir()
+    aside.rename(status_file)
+    assert controller.poll(identity) == ExitStatus(7, None)
+
+
 def test_what_an_executor_leaves_running_ends_with_it(
     controller: ProcessController, tmp_path: Path
 ) -> None:

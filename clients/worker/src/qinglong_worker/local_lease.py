@@ -7,10 +7,11 @@ So the record's estimate — the boot-clock instant at which the lease runs out,
 one step 3 decides by — is also written where the supervisor looks
 (``<status dir>/lease-<launch key>.json``, see :mod:`qinglong_worker.supervisor`):
 
-* :func:`publish` each time the Worker persists a lease answer while an executor may be
-  started or running (``claimed`` .. ``running_acknowledged``): once, at the claim, before
-  any supervisor exists, and then at each renewal. The inbox is written first; the file is
-  a copy of what it holds, never ahead of it;
+* :func:`publish` each time the Worker persists a lease answer, or a change of state,
+  while an executor may be started or running (``claimed`` .. ``running_acknowledged``):
+  at the claim, before any supervisor exists, again as the start proceeds, and at each
+  renewal. The inbox is written first; the file is a copy of what it holds, never ahead
+  of it;
 * :func:`withdraw` once the record knows its executor ended, or that it never started;
   a record closed with its executor unverified keeps the file, whose instant has passed:
   the supervisor stops what the Worker could not.
@@ -59,8 +60,10 @@ def follow(processes: ProcessController, before: InboxRecord, after: InboxRecord
         return
     if after.state in MAY_RUN:
         runs_out = _runs_out_at(after)
+        # At each change of state too (a few writes a Run): a record claimed before its
+        # file could be written, or by a Worker that wrote none, gets one before its spawn.
         if runs_out is not None and (
-            runs_out != _runs_out_at(before) or before.state not in MAY_RUN
+            runs_out != _runs_out_at(before) or before.state is not after.state
         ):
             publish(processes, after, *runs_out)
     elif before.state in MAY_RUN and not _may_still_run(after):

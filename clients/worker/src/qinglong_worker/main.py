@@ -1,6 +1,7 @@
 """`qinglong-worker`: the Worker's command line.
 
-* `qinglong-worker join --ingress HOST:PORT --ca CA.pem --token-file T --dir DIR` enrolls
+* `qinglong-worker join --ingress HOST:PORT --enrollment HOST:PORT --ca CA.pem
+  --token-file T --dir DIR` enrolls
   this machine with a one-time join token (:mod:`qinglong_worker.join`).
 * `qinglong-worker check` opens the one mTLS channel a Worker uses and asks ingress
   whether it serves.

@@ -154,6 +154,10 @@ class ExitStatus:
         return self.exit_code is not None or self.signal is not None
 
 
+#: Polls that may find an executor's status unreadable before its ending is taken as not
+#: observable (a passing fault is waited out, one that stays is not waited on for ever).
+_UNREADABLE_STATUS_TRIES: Final = 10
+
 UNOBSERVED_EXIT: Final = ExitStatus(None, None)
 """The executor ended by itself, how is unknown (its status cannot be read)."""
 LOST_WITH_SUPERVISOR: Final = ExitStatus(None, None, lost_with_supervisor=True)
@@ -283,6 +287,7 @@ class ProcessController:
         self._known: set[ProcessIdentity] = set()
         # Identities whose group got SIGKILL from us: the executor died with them.
         self._killed: set[ProcessIdentity] = set()
+        self._unreadable: dict[ProcessIdentity, int] = {}
         # Identities this controller sent any stop signal (TERM or KILL).
         self._signalled: set[ProcessIdentity] = set()
         # Supervisors killed after a failed start that did not end within the bound.
@@ -475,10 +480,15 @@ class ProcessController:
         self._known.discard(identity)
         self._killed.discard(identity)
         self._signalled.discard(identity)
+        self._unreadable.pop(identity, None)
         for key in [k for k, slow in self._unanswered.items() if slow == identity]:
             del self._unanswered[key]
         path = self._status_path(identity)
-        if path is not None and self._read_status(identity) is not None:
+        try:
+            own = path is not None and self._read_status(identity) is not None
+        except OSError:
+            own = False  # not read, so not known to be its own: left
+        if own and path is not None:
             # Only its own: after a reboot, another boot's supervisor may have the same
             # PID and start time, and so the same file name.
             with contextlib.suppress(FileNotFoundError):
@@ -599,8 +609,20 @@ class ProcessController:
 
     # --- exit statuses -------------------------------------------------------------------------
 
-    def _ended(self, identity: ProcessIdentity, supervisor_code: int | None) -> ExitStatus:
-        recorded = self._read_status(identity)
+    def _ended(self, identity: ProcessIdentity, supervisor_code: int | None) -> ExitStatus | None:
+        """How the executor of an ended supervisor ended; None while that is undecided (a
+        status there that could not be read just now: the next poll reads it again)."""
+        try:
+            recorded = self._read_status(identity)
+        except OSError as error:
+            tries = self._unreadable[identity] = self._unreadable.get(identity, 0) + 1
+            log.warning(
+                "exit status of %s unreadable (%d): %s", identity.handle, tries, error.strerror
+            )
+            if tries < _UNREADABLE_STATUS_TRIES:
+                return None  # EMFILE, EIO...: its ending is not decided on a passing fault
+            return UNOBSERVED_EXIT
+        self._unreadable.pop(identity, None)
         if recorded is not None:
             return recorded
         path = self._status_path(identity)
@@ -624,6 +646,8 @@ class ProcessController:
         return self._status_dir / supervisor.status_file_name(identity.pid, identity.start_ticks)
 
     def _read_status(self, identity: ProcessIdentity) -> ExitStatus | None:
+        """The recorded status; None if there is none or it is malformed (for good).
+        Raises OSError when it could not be read (EMFILE, EIO, a directory there)."""
         path = self._status_path(identity)
         if path is None:
             return None
@@ -631,14 +655,8 @@ class ProcessController:
             descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
-        except OSError as error:
-            log.warning("exit status of %s unreadable: %s", identity.handle, error.strerror)
-            return None
         try:
             raw = os.read(descriptor, 4096)
-        except OSError as error:  # EIO, or a directory where the file goes (EISDIR)
-            log.warning("exit status of %s unreadable: %s", identity.handle, error.strerror)
-            return None
         finally:
             os.close(descriptor)
         status = parse_status_document(raw, identity)

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 #: The default retention of a closed record and its files.
 DEFAULT_RETENTION_DAYS: Final = 7.0
+#: The shortest retention a Worker accepts (0, for ever, aside): longer than an offer
+#: lives (control's offer lifetime is at most an hour), so that a record of a refused or
+#: abandoned claim is not removed while its offer could still be pulled again.
+MIN_RETENTION_DAYS: Final = 1.0
 #: How often the lifecycle prunes (loop time), and how many records at most each time.
 PRUNE_EVERY_SECONDS: Final = 600.0
 PRUNE_BATCH: Final = 500

@@ -14,7 +14,7 @@ from qinglong_protocol import bounds
 from qinglong_protocol.metrics import MetricsEndpoint, add_metrics_arguments, metrics_endpoint_of
 from qinglong_protocol.tls import TlsFiles
 
-from qinglong_worker.retention import DEFAULT_RETENTION_DAYS
+from qinglong_worker.retention import DEFAULT_RETENTION_DAYS, MIN_RETENTION_DAYS
 
 ENV_PREFIX = "QINGLONG_WORKER_"
 DEFAULT_TICK_SECONDS = 0.5
@@ -206,8 +206,11 @@ def parse_worker_settings(
             parser.error("--drain-grace-seconds must not be negative")
         if not args.certificate_check_seconds > 0:
             parser.error("--certificate-check-seconds must be positive")
-        if not args.retention_days >= 0:
-            parser.error("--retention-days must not be negative")
+        if args.retention_days != 0 and not args.retention_days >= MIN_RETENTION_DAYS:
+            parser.error(
+                f"--retention-days must be 0 (for ever) or at least {MIN_RETENTION_DAYS}"
+                " (a day: longer than an offer lives, or a refused one comes back)"
+            )
         daemon_settings = DaemonSettings(
             inbox=args.inbox,
             log_dir=args.log_dir or args.inbox.parent / "logs",

@@ -32,6 +32,9 @@ _log = logging.getLogger(__name__)
 CHECK_SECONDS: Final = 60.0
 #: How long a replaced channel stays open for the calls already on it.
 RETIRE_SECONDS: Final = MAX_FORWARD_SECONDS + 10.0
+#: How long a new channel may take to connect before it is given up (and tried again at
+#: the next look): one that cannot reach control is never switched to.
+READY_SECONDS: Final = 10.0
 
 
 class ChannelUser(Protocol):
@@ -42,8 +45,7 @@ class RenewingControlChannel:
     def __init__(self, settings: ControlChannelSettings) -> None:
         self._settings = settings
         self._watch = TlsFilesWatch(settings.tls)
-        self._watch.read()  # what the first channel is made of
-        self.current = open_control_channel(settings)
+        self.current = open_control_channel(settings, self._watch.read())
         self._users: list[ChannelUser] = []
         self._retired: list[tuple[grpc.aio.Channel, float]] = []
 
@@ -58,10 +60,20 @@ class RenewingControlChannel:
         if not self._watch.changed():
             return False
         try:
-            self._watch.read()
-            fresh = open_control_channel(self._settings)
+            fresh = open_control_channel(self._settings, self._watch.read())
         except OSError as error:  # mid-rotation: the next look
             _log.warning("ingress's client certificate not read: %s", error.strerror)
+            self._watch.forget()
+            return False
+        # Files read in the middle of a rotation (a certificate with the old key) make a
+        # channel whose every handshake fails: it is never switched to.
+        if not await _connects(fresh, READY_SECONDS):
+            await fresh.close()
+            self._watch.forget()
+            _log.warning(
+                "ingress's renewed client certificate could not reach control; the current"
+                " channel stays, and the files are looked at again"
+            )
             return False
         for user in self._users:
             user.use_runtime(fresh)
@@ -75,7 +87,10 @@ class RenewingControlChannel:
         """Renew for as long as ingress serves (cancelled at shutdown)."""
         while True:
             await asyncio.sleep(check_seconds)
-            await self.renew_if_changed()
+            try:
+                await self.renew_if_changed()
+            except Exception:  # a fault of its own must not end the renewing for good
+                _log.exception("renewing the channel to control failed; looked at again later")
 
     async def close(self) -> None:
         for channel, _ in self._retired:
@@ -85,8 +100,27 @@ class RenewingControlChannel:
         await self.current.close()
 
     async def _close_retired(self, now: float) -> None:
-        due = [channel for channel, at in self._retired if at <= now]
-        self._retired = [(channel, at) for channel, at in self._retired if at > now]
-        for channel in due:
-            with contextlib.suppress(Exception):
-                await channel.close()
+        for channel, at in list(self._retired):
+            if at <= now:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+                self._retired.remove((channel, at))  # closed (a cancel before: close() will)
+
+
+async def _connects(channel: grpc.aio.Channel, seconds: float) -> bool:
+    """The channel connects within ``seconds``; False at its first failure (a refused
+    handshake is not waited out)."""
+
+    async def ready() -> bool:
+        state = channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.READY:
+            if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                return False
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+        return True
+
+    try:
+        return await asyncio.wait_for(ready(), seconds)
+    except TimeoutError:
+        return False

@@ -27,6 +27,7 @@ from qinglong_protocol.keepalive import internal_channel_options
 from qinglong_protocol.telemetry import server_interceptors
 from qinglong_protocol.tls import (
     TlsFiles,
+    TlsMaterial,
     mutual_tls_channel_credentials,
     mutual_tls_server_credentials,
 )
@@ -131,9 +132,12 @@ class _CheckOnlyHealth(health.aio.HealthServicer):  # type: ignore[misc]  # unty
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not served here")
 
 
-def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
-    """The internal channel to control, with ingress's client identity. It connects
-    lazily, on the first call; the caller closes it.
+def open_control_channel(
+    settings: ControlChannelSettings, material: TlsMaterial | None = None
+) -> grpc.aio.Channel:
+    """The internal channel to control, with ingress's client identity (``material``, or
+    read from ``settings.tls``). It connects lazily, on the first call; the caller closes
+    it.
 
     ``address`` is one ``host:port`` (in Kubernetes, control's Service), or a
     comma-separated list of ``ip:port`` replicas: then the channel keeps a connection to
@@ -151,8 +155,5 @@ def open_control_channel(settings: ControlChannelSettings) -> grpc.aio.Channel:
             ("grpc.lb_policy_name", "round_robin"),
             ("grpc.ssl_target_name_override", addresses[0].rsplit(":", 1)[0]),
         ]
-    return grpc.aio.secure_channel(
-        target,
-        mutual_tls_channel_credentials(settings.tls),
-        options=options,
-    )
+    credentials = mutual_tls_channel_credentials(settings.tls, material)
+    return grpc.aio.secure_channel(target, credentials, options=options)

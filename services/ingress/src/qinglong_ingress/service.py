@@ -7,7 +7,6 @@ Entered only through `qinglong_ingress.main`, which restricts TLS first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -93,8 +92,8 @@ async def _serve(settings: IngressSettings, database_url: str) -> None:
                 await each.stop(settings.shutdown_grace_seconds)
         finally:
             renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            # Its cancellation is not this shutdown's error: the serving one, if any, is.
+            await asyncio.gather(renewing, return_exceptions=True)
             await control.close()
     finally:
         await pool.close()
