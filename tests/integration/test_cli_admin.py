@@ -217,7 +217,7 @@ async def test_an_agent_listed_as_cluster_admin_is_refused(
     token_file = _secret_file(tmp_path / "bot.token", json.loads(issued.out)["token"])
     refused = await cli.admin("user", "create", "bot-made", "--token-file", str(token_file))
     assert (refused.code, refused.out) == (1, "")
-    assert refused.err.startswith("error: PERMISSION_DENIED PERMISSION_DENIED")
+    assert refused.err.startswith("error: PERMISSION_DENIED: ")
     assert "an agent may not call AdminService" in refused.err
     assert "bot-made" not in [u["name"] for u in await cli.items("user", "list", "--all")]
 
@@ -341,7 +341,7 @@ async def test_a_non_admin_is_refused_on_stderr_with_exit_1(cli: Cli, tmp_path: 
         await cli.run("worker", "list", "--token-file", str(alice)),
     ):
         assert (refused.code, refused.out) == (1, "")
-        assert refused.err.startswith("error: PERMISSION_DENIED PERMISSION_DENIED")
+        assert refused.err.startswith("error: PERMISSION_DENIED: ")
         assert "Traceback" not in refused.err
     # Both refusals are in the audit, which the admin reads by outcome.
     denied = await cli.items("audit", "list", "--outcome", "permission_denied", "--all")

@@ -256,7 +256,7 @@ async def test_an_agents_cancel_is_approved_from_the_cli(
         "approval", "deny", approval_id, *stack_flag, "--token-file", str(bot_token)
     )
     assert (agent.code, agent.out) == (1, "")
-    assert agent.err.startswith("error: PERMISSION_DENIED PERMISSION_DENIED")
+    assert agent.err.startswith("error: PERMISSION_DENIED: ")
     assert "Traceback" not in agent.err
 
 

@@ -23,6 +23,7 @@ from qinglong.control.v1 import (
 )
 from qinglong.rpc.v1 import execution_pb2, fence_pb2
 from qinglong.worker.v1 import worker_pb2, worker_service_pb2, worker_service_pb2_grpc
+from qinglong_ingress.stages import REFUSALS_PER_MINUTE
 from qinglong_protocol.bounds import encode_lease_capability
 from qinglong_protocol.errors import error_reason_of, field_violations_of
 
@@ -126,6 +127,35 @@ async def test_an_unenrolled_certificate_is_unauthenticated_and_audited(stack: S
     assert stack.control_calls.methods == []
     [row] = stack.audit_rows()
     assert (row["principal_kind"], row["outcome"]) == ("anonymous", "unauthenticated")
+
+
+async def test_a_certificate_refused_again_and_again_is_refused_before_any_audit_row(
+    stack: Stack,
+) -> None:
+    """A certificate no Worker holds any more (disabled, never enrolled) calling in a
+    loop: each refusal was an audit row, as fast as it sent. After its budget of refusals
+    the calls are refused RATE_LIMITED with no database work (the first audited), and
+    another caller is served as before."""
+    calls = int(REFUSALS_PER_MINUTE) + 20
+    async with stack.channel(stack.worker_identity("worker-zzz")) as channel:
+        worker = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        refusals = [await failure(open_session(worker, "worker-zzz")) for _ in range(calls)]
+    codes = [refused.code() for refused in refusals]
+    unauthenticated = codes.count(grpc.StatusCode.UNAUTHENTICATED)
+    limited = [r for r in refusals if r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    # The bucket refills at two a second while the loop runs: a few more pass.
+    assert REFUSALS_PER_MINUTE <= unauthenticated < calls - 5, codes
+    assert unauthenticated + len(limited) == calls
+    assert {error_reason_of(r) for r in limited} == {"RATE_LIMITED"}
+    outcomes = [row["outcome"] for row in stack.audit_rows()]
+    assert (outcomes.count("unauthenticated"), outcomes.count("rate_limited")) == (
+        unauthenticated,
+        1,
+    ), "one row per judged refusal, one for the limited ones"
+    print(f"{calls} calls: {unauthenticated} refused and audited, {len(limited)} limited")
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        assert await open_session(worker_service_pb2_grpc.WorkerServiceStub(channel), "worker-a")
+    assert stack.control_calls.methods == ["OpenSession"]
 
 
 async def test_bad_input_is_refused_with_bad_request_and_not_forwarded(stack: Stack) -> None:

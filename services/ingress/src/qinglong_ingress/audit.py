@@ -35,7 +35,8 @@ class AuditOutcome(StrEnum):
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
     RATE_LIMITED = "rate_limited"
-    """Refused by a listener's rate limit (the Worker enrollment listener)."""
+    """Refused by a rate limit: the Worker enrollment listener's, or the public listener's
+    on a certificate refused as unauthenticated again and again."""
 
 
 #: The outcome of a refusal, by the code its reason is sent with.

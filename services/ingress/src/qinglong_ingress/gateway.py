@@ -64,6 +64,7 @@ from qinglong_ingress.stages import (
     Context,
     Received,
     Refusal,
+    Settles,
     Stage,
     Verdict,
     admission_stages,
@@ -133,6 +134,7 @@ class Gateway:
         self._stages = tuple(
             admission_stages(directory, trust_domain) if stages is None else stages
         )
+        self._settling = tuple(stage for stage in self._stages if isinstance(stage, Settles))
         # All of a call's database work (identity, binding, audit — also the audit of a
         # refusal) shares one budget, so an outage answers within the storage bound
         # (R-ERR-2) rather than once per pool checkout.
@@ -239,7 +241,10 @@ class Gateway:
         if isinstance(decision, Refusal) and not decision.audited:
             REFUSALS_NOT_AUDITED.labels(reason_name(decision.answer.reason)).inc()
             return "", decision
-        return await self._audit(call, decision)
+        audit_id, settled = await self._audit(call, decision)
+        for stage in self._settling:
+            stage.settled(call, settled)
+        return audit_id, settled
 
     async def _decide(self, call: Call) -> Verdict | Refusal:
         """The first refusal or approval of the stages, in order; else PASS."""

@@ -32,7 +32,8 @@ REFUSALS_NOT_AUDITED: Final = Counter(
     "qinglong_ingress_refusals_not_audited",
     "Refusals answered without an audit row of their own, by reason: a peer's repeated"
     " rate-limited enrollment attempts (the first each minute, per host and of the shared"
-    " total, is audited)",
+    " total, is audited), and calls with a certificate refused as unauthenticated too often"
+    " (the first each minute, per certificate, is audited)",
     ["reason"],
 )
 AUDIT_BATCH_ROWS: Final = Histogram(

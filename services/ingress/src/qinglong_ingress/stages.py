@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import grpc
 from google.protobuf.message import Message
@@ -155,6 +155,14 @@ class Stage(Protocol):
     """One admission rule."""
 
     async def check(self, call: Call) -> Verdict: ...
+
+
+@runtime_checkable
+class Settles(Protocol):
+    """A stage that also learns how admission ended (after the audit statement, which
+    may refuse a Worker's claim)."""
+
+    def settled(self, call: Call, decision: Verdict | Refusal) -> None: ...
 
 
 def invalid(
@@ -368,6 +376,70 @@ class RateLimit:
         )
 
 
+#: Refusals as unauthenticated a certificate may have a minute before its calls are
+#: refused without database work (two a second, sustained).
+REFUSALS_PER_MINUTE: Final = 120.0
+
+
+class RefusedCertificates:
+    """On the mutual-TLS listener every caller holds a certificate of our CA, yet one may
+    no longer be anyone's: a disabled Worker's (valid for days), one whose bearer token
+    was revoked, a script with a mistyped token. Each refused call is an audit row, so
+    such a caller could write rows as fast as it sends (a reviewer: about 990 a second).
+    So each certificate may be refused as unauthenticated :data:`REFUSALS_PER_MINUTE`
+    times a minute (a bucket, full to start); beyond that its calls are refused
+    RATE_LIMITED before any database work, the first of those each minute audited, the
+    rest counted (`qinglong_ingress_refusals_not_audited`). A call admitted takes nothing,
+    and once a token is back the next call is judged in full again: a certificate whose
+    Worker or token is enabled again is served within a few seconds. Per replica."""
+
+    def __init__(
+        self, per_minute: float = REFUSALS_PER_MINUTE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._per_minute = per_minute
+        self._clock = clock
+        self._certificates: OrderedDict[str, _Bucket] = OrderedDict()
+
+    async def check(self, call: Call) -> Verdict:
+        bucket = self._certificates.get(_certificate_key(call.context))
+        now = self._clock()
+        if bucket is None or bucket.has_token(now):
+            return Verdict.PASS
+        audited = now - bucket.refusal_audited_at >= _REFUSALS_AUDITED_EVERY_SECONDS
+        if audited:
+            bucket.refusal_audited_at = now
+        raise Refusal(
+            ErrorReason.ERROR_REASON_RATE_LIMITED,
+            "too many refused calls with this certificate; retry later",
+            audited=audited,
+        )
+
+    def settled(self, call: Call, decision: Verdict | Refusal) -> None:
+        """After admission: a refusal as unauthenticated takes a token of the caller's
+        certificate."""
+        if (
+            not isinstance(decision, Refusal)
+            or decision.outcome is not AuditOutcome.UNAUTHENTICATED
+        ):
+            return
+        key, now = _certificate_key(call.context), self._clock()
+        bucket = self._certificates.get(key)
+        if bucket is None:
+            bucket = self._certificates[key] = _Bucket(self._per_minute, now)
+            if len(self._certificates) > _MAX_TRACKED_PEERS:
+                self._certificates.popitem(last=False)
+        else:
+            self._certificates.move_to_end(key)
+        bucket.take(now)
+
+
+def _certificate_key(context: Context) -> str:
+    """A caller's certificate, by the identities it names (our CA issues one URI each);
+    the peer's host for one that names none."""
+    uris = peer_tls(context.auth_context()).uris
+    return "uri:" + ",".join(sorted(uris)) if uris else "host:" + _peer_host(context.peer())
+
+
 #: Beyond this many peers, the least recently heard from is forgotten.
 _MAX_TRACKED_PEERS: Final = 10_000
 #: A peer host's rate-limited refusals: one audited per this many seconds.
@@ -389,6 +461,10 @@ class _Bucket:
         elapsed = max(0.0, now - self.updated)
         self.tokens = min(self.per_minute, self.tokens + elapsed * self.per_minute / 60.0)
         self.updated = now
+
+    def has_token(self, now: float) -> bool:
+        self._refill(now)
+        return self.tokens >= 1.0
 
     def take(self, now: float) -> bool:
         self._refill(now)
@@ -437,6 +513,7 @@ def admission_stages(directory: Directory, trust_domain: str) -> tuple[Stage, ..
     return (
         TransportSecurity(),
         SizeCap(),
+        RefusedCertificates(),
         Authentication(directory, trust_domain),
         Bounds(),
         Authorisation(directory),
