@@ -21,6 +21,7 @@ from qinglong_ingress.stages import (
     JoiningMachine,
     RateLimit,
     Refusal,
+    RefusedCertificates,
     SizeCap,
     TransportSecurity,
     admission_stages,
@@ -37,6 +38,7 @@ def test_the_stages_run_in_the_documented_order() -> None:
     assert [type(stage) for stage in stages] == [
         TransportSecurity,
         SizeCap,
+        RefusedCertificates,
         Authentication,
         Bounds,
         Authorisation,

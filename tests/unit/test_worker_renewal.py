@@ -180,7 +180,7 @@ def test_joining_again_never_touches_a_working_identity(tmp_path: Path) -> None:
     identity = identity_due_now(tmp_path)
     key_before = (tmp_path / "worker.key").read_bytes()
     with pytest.raises(FileExistsError):
-        join("127.0.0.1:1", b"", "qlj1_" + "A" * 43, tmp_path)
+        join("127.0.0.1:1", b"", "qlj1_" + "A" * 43, tmp_path, enrollment_address="127.0.0.1:2")
     assert (tmp_path / "worker.key").read_bytes() == key_before
     assert identity.exists()
 

@@ -7,7 +7,9 @@ stages learnt about it), may record what it learnt, and either lets the call go 
 order every call goes through:
 
 1. transport: the negotiated TLS version must be 1.3;
-2. size: the serialized request must fit the method's byte cap;
+2. size: the serialized request must fit the method's byte cap (then a certificate
+   refused as unauthenticated too often is refused before any database work:
+   :class:`RefusedCertificates`);
 3. authentication: an operator by bearer token or certificate, enrolled and active; a
    worker by its certificate's SAN URI — which the audit statement checks (below);
 4. bounds: every field within the contract's bounds, no unknown fields or enum values;
