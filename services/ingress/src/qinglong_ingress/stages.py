@@ -341,24 +341,13 @@ class RateLimit:
         total_per_minute: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._per_peer = per_peer_per_minute
         self._total = _Bucket(total_per_minute, clock())
-        self._peers: OrderedDict[str, _Bucket] = OrderedDict()
+        self._peers = _Buckets(per_peer_per_minute)
         self._clock = clock
 
     async def check(self, call: Call) -> Verdict:
         now = self._clock()
-        host = _peer_host(call.context.peer())
-        peer = self._peers.get(host)
-        if peer is None:
-            peer = self._peers[host] = _Bucket(self._per_peer, now)
-            if len(self._peers) > _MAX_TRACKED_PEERS:
-                # O(1) per call whatever the churn of addresses: the peer heard from least
-                # recently is forgotten (a new address starts full anyway; the total
-                # bucket still bounds everyone together).
-                self._peers.popitem(last=False)
-        else:
-            self._peers.move_to_end(host)
+        peer = self._peers.of(_peer_host(call.context.peer()), now)
         # Refusals are audited once a minute per host that used up its own share, and
         # once a minute in all for refusals of the total (an attacker with many
         # addresses would otherwise get an audit row per address).
@@ -368,14 +357,7 @@ class RateLimit:
             gate = self._total
         else:
             return Verdict.PASS
-        audited = now - gate.refusal_audited_at >= _REFUSALS_AUDITED_EVERY_SECONDS
-        if audited:
-            gate.refusal_audited_at = now
-        raise Refusal(
-            ErrorReason.ERROR_REASON_RATE_LIMITED,
-            "too many attempts; retry later",
-            audited=audited,
-        )
+        raise gate.refusal(now, "too many attempts; retry later")
 
 
 #: Refusals as unauthenticated a certificate may have a minute before its calls are
@@ -398,23 +380,15 @@ class RefusedCertificates:
     def __init__(
         self, per_minute: float = REFUSALS_PER_MINUTE, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._per_minute = per_minute
         self._clock = clock
-        self._certificates: OrderedDict[str, _Bucket] = OrderedDict()
+        self._certificates = _Buckets(per_minute)
 
     async def check(self, call: Call) -> Verdict:
-        bucket = self._certificates.get(_certificate_key(call.context))
+        bucket = self._certificates.known(_certificate_key(call.context))
         now = self._clock()
         if bucket is None or bucket.has_token(now):
             return Verdict.PASS
-        audited = now - bucket.refusal_audited_at >= _REFUSALS_AUDITED_EVERY_SECONDS
-        if audited:
-            bucket.refusal_audited_at = now
-        raise Refusal(
-            ErrorReason.ERROR_REASON_RATE_LIMITED,
-            "too many refused calls with this certificate; retry later",
-            audited=audited,
-        )
+        raise bucket.refusal(now, "too many refused calls with this certificate; retry later")
 
     def settled(self, call: Call, decision: Verdict | Refusal) -> None:
         """After admission: a refusal as unauthenticated takes a token of the caller's
@@ -424,15 +398,8 @@ class RefusedCertificates:
             or decision.outcome is not AuditOutcome.UNAUTHENTICATED
         ):
             return
-        key, now = _certificate_key(call.context), self._clock()
-        bucket = self._certificates.get(key)
-        if bucket is None:
-            bucket = self._certificates[key] = _Bucket(self._per_minute, now)
-            if len(self._certificates) > _MAX_TRACKED_PEERS:
-                self._certificates.popitem(last=False)
-        else:
-            self._certificates.move_to_end(key)
-        bucket.take(now)
+        now = self._clock()
+        self._certificates.of(_certificate_key(call.context), now).take(now)
 
 
 def _certificate_key(context: Context) -> str:
@@ -464,6 +431,15 @@ class _Bucket:
         self.tokens = min(self.per_minute, self.tokens + elapsed * self.per_minute / 60.0)
         self.updated = now
 
+    def refusal(self, now: float, message: str) -> Refusal:
+        """The RATE_LIMITED answer of a call this bucket refuses: audited the first time
+        a minute, counted the others (an audit row per refused call would let the caller
+        write to the database at its own rate — what the limit is for)."""
+        audited = now - self.refusal_audited_at >= _REFUSALS_AUDITED_EVERY_SECONDS
+        if audited:
+            self.refusal_audited_at = now
+        return Refusal(ErrorReason.ERROR_REASON_RATE_LIMITED, message, audited=audited)
+
     def has_token(self, now: float) -> bool:
         self._refill(now)
         return self.tokens >= 1.0
@@ -474,6 +450,29 @@ class _Bucket:
             return False
         self.tokens -= 1.0
         return True
+
+
+class _Buckets:
+    """A bucket per key (a peer host, a certificate), the least recently used forgotten
+    beyond :data:`_MAX_TRACKED_PEERS`: O(1) per call whatever the churn of keys (a new
+    key starts full anyway)."""
+
+    def __init__(self, per_minute: float) -> None:
+        self._per_minute = per_minute
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def known(self, key: str) -> _Bucket | None:
+        return self._buckets.get(key)
+
+    def of(self, key: str, now: float) -> _Bucket:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(self._per_minute, now)
+            if len(self._buckets) > _MAX_TRACKED_PEERS:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        return bucket
 
 
 #: An IPv6 peer is counted by its network of this prefix: one subscriber commonly holds a
