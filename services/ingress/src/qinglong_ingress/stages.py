@@ -133,6 +133,9 @@ class Call:
     targets: Targets
     """The ids the request names, where they are well formed (for binding and audit)."""
     tls_version: str = ""
+    peer_uris: tuple[str, ...] = ()
+    """The SAN URIs of the caller's verified certificate, read once by the transport
+    stage for the stages after it."""
     principal: Principal | None = None
     """Who is calling, once authentication established it."""
     binding: RoleBinding | None = None
@@ -185,7 +188,8 @@ class TransportSecurity:
         auth_context = call.context.auth_context()
         if not is_acceptable_transport(auth_context):
             raise Refusal(ErrorReason.ERROR_REASON_TLS_VERSION_REJECTED, "TLS 1.3 is required")
-        call.tls_version = peer_tls(auth_context).tls_version or ""
+        peer = peer_tls(auth_context)
+        call.tls_version, call.peer_uris = peer.tls_version or "", peer.uris
         return Verdict.PASS
 
 
@@ -209,7 +213,7 @@ class Authentication:
         self._operator_prefix = operator_uri_prefix(trust_domain)
 
     async def check(self, call: Call) -> Verdict:
-        uris = peer_tls(call.context.auth_context()).uris
+        uris = call.peer_uris
         if call.route.audience == "worker":
             call.claim = self._worker_claim(uris)
         else:
@@ -384,7 +388,7 @@ class RefusedCertificates:
         self._certificates = _Buckets(per_minute)
 
     async def check(self, call: Call) -> Verdict:
-        bucket = self._certificates.known(_certificate_key(call.context))
+        bucket = self._certificates.known(_certificate_key(call))
         now = self._clock()
         if bucket is None or bucket.has_token(now):
             return Verdict.PASS
@@ -399,14 +403,14 @@ class RefusedCertificates:
         ):
             return
         now = self._clock()
-        self._certificates.of(_certificate_key(call.context), now).take(now)
+        self._certificates.of(_certificate_key(call), now).take(now)
 
 
-def _certificate_key(context: Context) -> str:
+def _certificate_key(call: Call) -> str:
     """A caller's certificate, by the identities it names (our CA issues one URI each);
     the peer's host for one that names none."""
-    uris = peer_tls(context.auth_context()).uris
-    return "uri:" + ",".join(sorted(uris)) if uris else "host:" + _peer_host(context.peer())
+    uris = call.peer_uris
+    return "uri:" + ",".join(sorted(uris)) if uris else "host:" + _peer_host(call.context.peer())
 
 
 #: Beyond this many peers, the least recently heard from is forgotten.
