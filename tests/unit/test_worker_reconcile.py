@@ -830,6 +830,13 @@ class StubSession:
         self.drained += 1
 
 
+def _online() -> StubSession:
+    """The session as an online one that never needs renewing."""
+    return StubSession(
+        ActiveSession(SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18)
+    )
+
+
 def _lifecycle(
     world: World,
     *,
@@ -838,9 +845,6 @@ def _lifecycle(
     session: StubSession | None = None,
     **settings: Any,
 ) -> Lifecycle:
-    active = ActiveSession(
-        SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18
-    )
     return Lifecycle(
         settings=LifecycleSettings(
             tick_seconds=0.1,
@@ -852,7 +856,7 @@ def _lifecycle(
         client=world.client,  # type: ignore[arg-type]
         reconciler=world.reconciler,
         processes=world.processes,
-        session=session or StubSession(active),  # type: ignore[arg-type]
+        session=session or _online(),  # type: ignore[arg-type]
     )
 
 
@@ -1180,9 +1184,7 @@ async def test_a_renewal_clears_a_shutdown_stop_that_never_happened(world: World
 
 
 async def test_drain_lets_a_short_attempt_finish_and_pulls_nothing(world: World) -> None:
-    session = StubSession(
-        ActiveSession(SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18)
-    )
+    session = _online()
     lifecycle = _lifecycle(world, max_concurrency=2, session=session, drain_grace_seconds=10.0)
     offer_id = world.admit(["sh", "-c", "sleep 0.4"])
     signals = ShutdownSignals()
@@ -1215,9 +1217,7 @@ async def test_a_drain_lets_a_start_already_on_the_wire_land_and_run(world: Worl
         return answered
 
     world.client.acknowledge_starting = starting  # type: ignore[method-assign]
-    session = StubSession(
-        ActiveSession(SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18)
-    )
+    session = _online()
     lifecycle = _lifecycle(world, max_concurrency=1, session=session, drain_grace_seconds=30.0)
     offer = world.offer(["sh", "-c", "sleep 0.2"])
     world.client.offers = [offer]
@@ -1877,12 +1877,7 @@ async def test_an_executor_its_supervisor_stopped_at_the_lease_is_lost_not_ended
     record closes as lease lost, and no CompleteAttempt reports a signal as `failed`."""
     world.client.lease_ms = 1_500
     offer_id = world.admit(["sleep", "30"])
-    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
-    identity = identity_of(_record_of(world, offer_id))
-    assert identity is not None
-    status_dir = world.processes.status_dir
-    assert status_dir is not None
-    status_file = status_dir / supervisor.status_file_name(identity.pid, identity.start_ticks)
+    status_file = await _running_with_status_file(world, offer_id)
     await _until(status_file.exists)  # no reconcile meanwhile: the Worker is away
     await world.reconciler.reconcile(offer_id)
     record = _record_of(world, offer_id)
@@ -1921,6 +1916,16 @@ async def test_an_executor_lost_with_its_supervisor_is_lost_not_failed(
     assert "CompleteAttempt" not in world.client.calls
 
 
+async def _running_with_status_file(world: World, offer_id: str) -> Path:
+    """Start ``offer_id``'s executor; where its supervisor writes its status."""
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    identity = identity_of(_record_of(world, offer_id))
+    assert identity is not None
+    status_dir = world.processes.status_dir
+    assert status_dir is not None
+    return status_dir / supervisor.status_file_name(identity.pid, identity.start_ticks)
+
+
 def _zombie(identity: Any) -> bool:
     state = Path(f"/proc/{identity.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     return state == "Z"
@@ -1929,9 +1934,7 @@ def _zombie(identity: Any) -> bool:
 async def test_a_pull_refused_as_fenced_lets_the_session_be_replaced_at_once(
     world: World,
 ) -> None:
-    session = StubSession(
-        ActiveSession(SESSION, 1, worker_pb2.SESSION_STATE_ONLINE, renew_at=1e18, expires_at=1e18)
-    )
+    session = _online()
     lifecycle = _lifecycle(world, max_concurrency=1, session=session)
 
     async def fenced(request: Any, **options: Any) -> Any:
@@ -1981,12 +1984,7 @@ async def test_an_executor_that_ended_by_itself_is_reported_even_without_its_sta
     its status not observable — never taken for an execution lost with its supervisor
     (which the policy would run again although it may have done its work)."""
     offer_id = world.admit(["sh", "-c", "sleep 0.5"])
-    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
-    identity = identity_of(_record_of(world, offer_id))
-    assert identity is not None
-    status_dir = world.processes.status_dir
-    assert status_dir is not None
-    status_file = status_dir / supervisor.status_file_name(identity.pid, identity.start_ticks)
+    status_file = await _running_with_status_file(world, offer_id)
     if fault == "status-unwritable":
         status_file.mkdir()  # a directory where the status goes: its rename fails
     else:
