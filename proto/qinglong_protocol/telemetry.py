@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
@@ -254,12 +255,64 @@ def current_trace_context() -> tuple[tuple[str, str], ...]:
     return tuple(carrier.items())
 
 
+# W3C Trace Context (level 1), the only version a hop passes on: "00-" trace id (32 hex)
+# "-" parent id (16 hex) "-" flags (2 hex), lowercase; all-zero ids are invalid.
+_TRACEPARENT: Final = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+# One tracestate list member: a key (simple, or tenant@system) "=" a value of printable
+# ASCII without "," and "=" that does not end in a space.
+_TRACESTATE_MEMBER: Final = re.compile(
+    r"(?:[a-z][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+#: The most a hop passes on of a caller's tracestate: W3C's 32 list members, and 512
+#: characters, what the spec asks every vendor to propagate at least.
+TRACESTATE_MAX_MEMBERS: Final = 32
+TRACESTATE_MAX_CHARS: Final = 512
+
+
 def trace_context_of(
     metadata: Iterable[tuple[str, str | bytes]] | None,
 ) -> tuple[tuple[str, str], ...]:
-    """The caller's trace context headers, to pass on from a hop that records nothing."""
-    return tuple(
-        (key, value if isinstance(value, str) else value.decode("ascii", "replace"))
-        for key, value in metadata or ()
-        if key in TRACE_CONTEXT_KEYS
-    )
+    """The caller's trace context headers, to pass on from a hop that records nothing —
+    only if well-formed: a caller's metadata is untrusted, and a hop that passes it on
+    unread would carry anything a caller wrote (any length, any bytes) into the next
+    service's spans and logs. A `traceparent` that is not W3C's is dropped with its
+    `tracestate` (the trace then starts at the next hop that records), and a `tracestate`
+    that is malformed or over W3C's bounds is dropped alone (it is optional). Nothing is
+    logged: a caller must not be able to write into this process's log."""
+    parent: str | None = None
+    states: list[str] = []
+    for key, raw in metadata or ():
+        if key not in TRACE_CONTEXT_KEYS:
+            continue
+        value = raw if isinstance(raw, str) else raw.decode("ascii", "replace")
+        if key == "tracestate":
+            states.append(value)
+        elif parent is None:
+            parent = value
+        else:  # two traceparents: which one the caller meant is unknown
+            return ()
+    if parent is None or _TRACEPARENT.fullmatch(parent) is None:
+        return ()
+    state = _tracestate(states)
+    passed = (("traceparent", parent),)
+    return passed if state is None else (*passed, ("tracestate", state))
+
+
+def _tracestate(headers: Sequence[str]) -> str | None:
+    """The headers as one W3C tracestate (RFC 9110 joins repeated fields with ","), or
+    None when there is none or it is not one this hop passes on."""
+    joined = ",".join(headers)
+    if not joined or len(joined) > TRACESTATE_MAX_CHARS:
+        return None
+    members = [member.strip(" \t") for member in joined.split(",")]
+    members = [member for member in members if member]
+    keys = [member.partition("=")[0] for member in members]
+    if (
+        not members
+        or len(members) > TRACESTATE_MAX_MEMBERS
+        or len(set(keys)) != len(keys)
+        or any(_TRACESTATE_MEMBER.fullmatch(member) is None for member in members)
+    ):
+        return None
+    return ",".join(members)

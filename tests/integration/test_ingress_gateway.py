@@ -465,3 +465,27 @@ async def test_a_workers_trace_continues_through_ingress_to_control(stack: Stack
     [received] = stack.control_calls.traceparents
     assert received is not None, "the trace context must reach control"
     assert received.split("-")[1] == trace_id
+
+
+async def test_a_malformed_trace_context_does_not_reach_control(stack: Stack) -> None:
+    """A caller's metadata is untrusted: a traceparent that is not W3C's, and a tracestate
+    over W3C's bounds, are not carried to control as the caller wrote them (ingress either
+    drops them or, recording spans, sends its own span's context); the call is served."""
+    bad_trace_id = secrets.token_hex(16)
+    bad_parent = f"00-{bad_trace_id}-{secrets.token_hex(8)}-01-{'x' * 200}"
+    hostile_state = "vendor=" + "v" * 200 + "," + ",".join(f"k{n}=1" for n in range(40))
+    async with stack.channel(stack.worker_identity("worker-a")) as channel:
+        await worker_service_pb2_grpc.WorkerServiceStub(channel).OpenSession(
+            worker_service_pb2.OpenSessionRequest(
+                request_id=uuid.uuid4().hex,
+                worker_id="worker-a",
+                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
+                max_concurrent_attempts=1,
+            ),
+            metadata=(("traceparent", bad_parent), ("tracestate", hostile_state)),
+        )
+    assert stack.control_calls.methods == ["OpenSession"]
+    [received_parent] = stack.control_calls.traceparents
+    [received_state] = stack.control_calls.tracestates
+    assert received_parent is None or bad_trace_id not in received_parent, received_parent
+    assert received_state is None or "vendor=" not in received_state, received_state

@@ -63,6 +63,7 @@ class CallCounter(grpc.aio.ServerInterceptor):
         self.methods: list[str] = []
         self.time_remaining: list[float | None] = []
         self.traceparents: list[str | None] = []
+        self.tracestates: list[str | None] = []
 
     async def intercept_service(
         self,
@@ -75,6 +76,7 @@ class CallCounter(grpc.aio.ServerInterceptor):
         self.methods.append(handler_call_details.method.rsplit("/", 1)[-1])
         metadata = dict(handler_call_details.invocation_metadata or ())
         self.traceparents.append(metadata.get("traceparent"))  # type: ignore[arg-type]
+        self.tracestates.append(metadata.get("tracestate"))  # type: ignore[arg-type]
         if handler is None or handler.unary_unary is None:
             return handler
         behaviour = handler.unary_unary
