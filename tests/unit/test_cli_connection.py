@@ -34,6 +34,7 @@ _VARIABLES = (
     "QINGLONG_PROJECT",
     "QINGLONG_TOKEN_FILE",
     "QINGLONG_ADMIN_TOKEN_FILE",
+    "QINGLONG_STACK",
 )
 
 
@@ -230,6 +231,21 @@ def test_an_explicit_stack_flag(stack_file: Path) -> None:
     assert message.startswith("--stack cannot be combined with --address, --key")
 
 
+def test_the_stack_variable_moves_the_default_only(stack_file: Path) -> None:
+    """$QINGLONG_STACK stands in for the default stack file: an explicit --stack wins over
+    it, and any of the four connection settings still means explicit settings."""
+    default = stack_file.parent / "absent.json"
+    moved = {"QINGLONG_STACK": str(stack_file)}
+    context = _resolve(default, environ=moved)
+    assert (context.address, context.stack_file) == ("127.0.0.1:7000", stack_file)
+    other = stack_file.parent / "other.json"
+    other.write_text(stack_file.read_text().replace("127.0.0.1:7000", "127.0.0.1:7001"))
+    assert _resolve(default, "--stack", str(other), environ=moved).address == "127.0.0.1:7001"
+    explicit = _resolve(default, environ={**moved, **_ALL_ENVIRONMENT})
+    assert (explicit.address, explicit.stack_file) == ("env.example.com:7443", None)
+    assert f"no stack file at {default}" in _refusal(default, environ={"QINGLONG_STACK": ""})
+
+
 def test_a_missing_stack_file_is_named_with_the_way_around_it(tmp_path: Path) -> None:
     message = _refusal(tmp_path / "nowhere.json")
     assert f"no stack file at {tmp_path / 'nowhere.json'}" in message
@@ -327,3 +343,64 @@ def test_every_command_through_ingress_takes_the_connection_flags(
         for flag in ("--address", "--ca-cert", "--cert", "--key", "--token-file", "--stack"):
             assert flag in text, (command, flag)
         assert ("$QINGLONG_PROJECT" in text) == (command[0] != "admin" and command[0] != "worker")
+
+
+@pytest.mark.parametrize(
+    ("mode", "warned"), [(0o600, False), (0o400, False), (0o640, True), (0o604, True)]
+)
+def test_a_token_file_others_may_read_is_warned_about(
+    tmp_path: Path, mode: int, warned: bool
+) -> None:
+    token_file = tmp_path / "me.token"
+    token_file.write_text("qlo1_secret")
+    token_file.chmod(mode)
+    context = OperatorContext(
+        "h:1", TlsFiles(tmp_path / "ca", tmp_path / "c", tmp_path / "k"), token_file, "p"
+    )
+    warning = context.token_file_warning()
+    if not warned:
+        assert warning is None
+        return
+    assert warning is not None
+    assert f"{mode:04o}" in warning
+    assert f"chmod 600 {token_file}" in warning
+    assert "qlo1_secret" not in warning
+    missing = OperatorContext("h:1", context.tls, tmp_path / "absent", "p")
+    assert missing.token_file_warning() is None  # reading it for a call says why
+
+
+def test_the_command_line_warns_about_an_exposed_token_file_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real entry point: the warning is on stderr before the call is tried (here the
+    call fails on the missing certificate), never on stdout, never with the token."""
+    for variable in _VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    pki = ensure_dev_pki(tmp_path / "pki")
+    identity = ensure_operator_identity(pki, "dora")
+    token_file = tmp_path / "me.token"
+    token_file.write_text("qlo1_never-printed")
+    token_file.chmod(0o644)
+    code = cli_main.main(
+        [
+            "run",
+            "list",
+            "--address",
+            "127.0.0.1:9",
+            "--ca-cert",
+            str(identity.ca_cert),
+            "--cert",
+            str(identity.cert),
+            "--key",
+            str(identity.key),
+            "--token-file",
+            str(token_file),
+            "--project",
+            "p",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code != 0
+    assert out == ""
+    assert err.startswith(f"warning: the token file {token_file} can be read by other users")
+    assert "qlo1_never-printed" not in err

@@ -11,10 +11,11 @@ of every caller) — plus the file holding a bearer token, and for `task`, `run`
   token file and (where needed) the project: whatever is missing is a ConfigurationError
   naming it, and the stack file is not read at all. A certificate of one deployment is
   never paired with another's address.
-* **the stack file** (`--stack`, default `.qinglong/stack.json`, which `qinglong up`
-  writes), when none of the four is set. An explicit `--stack` flag wins over the four
-  environment variables (flags win over the environment) but cannot be combined with the
-  four flags.
+* **the stack file** (`--stack`, else `$QINGLONG_STACK`, else `.qinglong/stack.json`,
+  which `qinglong up` writes), when none of the four is set. An explicit `--stack` flag
+  wins over the four environment variables (flags win over the environment) but cannot
+  be combined with the four flags; `$QINGLONG_STACK` only moves the default, so any of
+  the four still means explicit settings.
 
 The token file and the project are resolved on their own, in both cases: the flag
 (`--token-file`, `--project`), else the environment (`QINGLONG_TOKEN_FILE` for an
@@ -24,7 +25,8 @@ operator's commands, `QINGLONG_ADMIN_TOKEN_FILE` for `admin` and `worker`;
 `run_through_ingress` is the one wrapper around a command: it resolves those settings
 (the only place the environment is read), opens the channel, hands the command a Session
 (channel, token, printer), and turns every failure into a message on stderr and an exit
-code (cli_errors.py). The token is read when a call is made and never printed.
+code (cli_errors.py). The token is read when a call is made and never printed; a token
+file other users may read is used, with a warning on stderr (`chmod 600` it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import argparse
 import contextlib
 import json
 import os
+import stat
 import sys
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
@@ -80,6 +83,8 @@ KEY: Final = Setting("--key", "QINGLONG_KEY", "the client key")
 PROJECT: Final = Setting("--project", "QINGLONG_PROJECT", "the project")
 #: All of them or none: with none, the stack file supplies the connection.
 CONNECTION: Final = (ADDRESS, CA_CERT, CERT, KEY)
+#: Where the stack file is when --stack is not given (else the command's default).
+STACK_VARIABLE: Final = "QINGLONG_STACK"
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,7 @@ class OperatorContext:
         values = {setting: _explicit(given, setting, environ) for setting in CONNECTION}
         if not any(values.values()):
             return cls.from_stack(
-                given.default_stack,
+                Path(environ.get(STACK_VARIABLE) or given.default_stack),
                 source,
                 project_id=_explicit(given, PROJECT, environ),
                 token_file=given.token_file,
@@ -266,6 +271,22 @@ class OperatorContext:
                 ) from None
         return mutual_tls_channel_credentials(self.tls)
 
+    def token_file_warning(self) -> str | None:
+        """What to say when the token file may be read by other users of this machine
+        (anyone who reads it can act as you); None when it may not, or cannot be looked
+        at (reading it for a call then says why)."""
+        try:
+            mode = self.token_file.stat().st_mode
+        except OSError:
+            return None
+        if not stat.S_ISREG(mode) or not mode & (stat.S_IRWXG | stat.S_IRWXO):
+            return None
+        return (
+            f"warning: the token file {self.token_file} can be read by other users "
+            f"(mode {stat.S_IMODE(mode):04o}); anyone who reads it can act as you: "
+            f"chmod 600 {self.token_file}"
+        )
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         # Read at call time and never printed.
         try:
@@ -334,8 +355,8 @@ def add_connection_flags(
         "--stack",
         type=Path,
         metavar="PATH",
-        help=f"stack file of `qinglong up` (default: {default_stack}, used when none of the "
-        "four settings below is given)",
+        help=f"stack file of `qinglong up`, used when none of the four settings below is "
+        f"given [${STACK_VARIABLE}, else {default_stack}]",
     )
     group.add_argument(
         "--address",
@@ -437,6 +458,9 @@ async def run_through_ingress(
             needs_project=needs_project,
         )
         credentials = context.channel_credentials()
+        warning = context.token_file_warning()
+        if warning is not None:
+            print(warning, file=err)
         async with grpc.aio.secure_channel(context.address, credentials) as channel:
             await command(args, Session(context, channel, printer, err))
     except ConfigurationError as error:
