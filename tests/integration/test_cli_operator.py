@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import psycopg
+from qinglong_cli.cli_errors import EXIT_PENDING_APPROVAL
 from qinglong_protocol.identities import operator_uri
 
 from tests.support.cli import QINGLONG, qinglong
@@ -222,10 +223,15 @@ async def test_an_agents_cancel_is_approved_from_the_cli(
         "runId"
     ]
     held = await qinglong("run", "cancel", run_id, *stack_flag, "--token-file", str(bot_token))
-    assert (held.code, held.err) == (0, "")
+    # Answered, not refused — but nothing was done: a script must not read it as done.
+    assert held.code == EXIT_PENDING_APPROVAL
     answer = json.loads(held.out)
     assert answer["outcome"] == "CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL"
     approval_id = answer["approvalId"]
+    assert held.err == (
+        f"held for approval {approval_id}: nothing was done yet; a person decides it with "
+        f"`qinglong approval approve|deny {approval_id}`\n"
+    )
 
     listed = await qinglong(
         "approval", "list", *stack_flag, "--state", "pending", "--output", "table"

@@ -8,7 +8,10 @@ of its BadRequest. Exit codes:
 * 1 — the server refused the request (invalid, not found, not allowed, a conflict), or
   a name the command was given matches nothing the server listed;
 * 2 — a usage or local configuration problem (bad flags, an unreadable stack file);
-* 3 — the stack could not be reached, or answered UNAVAILABLE: try again later.
+* 3 — the stack could not be reached, or answered UNAVAILABLE: try again later;
+* 4 — `run watch --exit-status`: the Run ended, but not `succeeded`;
+* 5 — the request is held for a person's approval (an Agent's cancel, R-OPS-2): nothing
+  was done yet; stderr names the approval request.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ from collections.abc import Awaitable
 from typing import Final, TextIO, TypeVar
 
 import grpc
-from qinglong_protocol.errors import error_reason_of, field_violations_of
+from qinglong_protocol.errors import (
+    APPROVAL_ID,
+    error_info_of,
+    error_reason_of,
+    field_violations_of,
+)
 
 EXIT_OK: Final = 0
 EXIT_REFUSED: Final = 1
@@ -25,6 +33,10 @@ EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = 3
 #: `run watch --exit-status`: the Run ended, but not `succeeded`.
 EXIT_RUN_NOT_SUCCEEDED: Final = 4
+#: Held for approval: not refused, not done either — a script must not read it as done.
+EXIT_PENDING_APPROVAL: Final = 5
+#: The ErrorInfo reason of a held call whose answer cannot say so itself.
+_APPROVAL_REQUIRED: Final = "APPROVAL_REQUIRED"
 
 _UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -80,6 +92,27 @@ class RunNotSucceeded(Exception):
     """A watched Run ended otherwise than `succeeded` (its last Event's type says how)."""
 
 
+class PendingApproval(Exception):
+    """The call was held as an approval request (its id is the exception's argument):
+    answered, but nothing was done yet."""
+
+    def __init__(self, approval_id: str) -> None:
+        super().__init__(approval_id)
+        self.approval_id = approval_id
+
+
+def report_pending_approval(pending: PendingApproval, err: TextIO) -> int:
+    print(_held_for(pending.approval_id), file=err)
+    return EXIT_PENDING_APPROVAL
+
+
+def _held_for(approval_id: str) -> str:
+    return (
+        f"held for approval {approval_id or '(no id)'}: nothing was done yet; a person "
+        f"decides it with `qinglong approval approve|deny {approval_id}`"
+    )
+
+
 class ConfigurationError(Exception):
     """A local problem the user can fix (the message says which file and what)."""
 
@@ -102,6 +135,9 @@ def report_rpc_error(error: grpc.aio.AioRpcError, err: TextIO) -> int:
     print(line, file=err)
     for field, description in field_violations_of(error):
         print(f"  {field or '(request)'}: {description}", file=err)
+    if reason == _APPROVAL_REQUIRED:
+        print(f"  {_held_for(_approval_id_of(error))}", file=err)
+        return EXIT_PENDING_APPROVAL
     if code in _UNREACHABLE:
         print(
             "  (ingress is unreachable or busy: is `qinglong up` running, or is --address right?)",
@@ -109,6 +145,11 @@ def report_rpc_error(error: grpc.aio.AioRpcError, err: TextIO) -> int:
         )
         return EXIT_UNAVAILABLE
     return EXIT_REFUSED
+
+
+def _approval_id_of(error: grpc.aio.AioRpcError) -> str:
+    info = error_info_of(error)
+    return "" if info is None else str(info.metadata.get(APPROVAL_ID, ""))
 
 
 def report_configuration_error(error: ConfigurationError, err: TextIO) -> int:

@@ -52,10 +52,12 @@ from qinglong_cli.cli_errors import (
     EXIT_RUN_NOT_SUCCEEDED,
     ConfigurationError,
     NotFoundError,
+    PendingApproval,
     RunNotSucceeded,
     UnknownOutcome,
     report_configuration_error,
     report_not_found,
+    report_pending_approval,
     report_rpc_error,
     report_unknown_outcome,
 )
@@ -473,6 +475,9 @@ async def run_through_ingress(
     except UnknownOutcome as unknown:
         printer.close()
         return report_unknown_outcome(unknown, err)
+    except PendingApproval as pending:
+        printer.close()
+        return report_pending_approval(pending, err)
     except RunNotSucceeded as ended:
         printer.close()
         print(f"the run ended {ended}", file=err)

@@ -27,6 +27,7 @@ from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 from qinglong_cli.cli_errors import (
     EXIT_RUN_NOT_SUCCEEDED,
     ConfigurationError,
+    PendingApproval,
     RunNotSucceeded,
     sent_once,
 )
@@ -123,7 +124,7 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         ("get", "show a run"),
         ("events", "list a run's events"),
         ("watch", "stream a run's events until it is terminal"),
-        ("cancel", "ask a run to stop"),
+        ("cancel", "ask a run to stop (exit 5: held for a person's approval, not done yet)"),
     ):
         action = run.add_parser(name, help=help_text)
         common(action)
@@ -322,3 +323,5 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
             **call,
         )
         printer.item(cancelled)
+        if cancelled.outcome == run_service_pb2.CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL:
+            raise PendingApproval(cancelled.approval_id)
