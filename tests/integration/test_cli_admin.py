@@ -280,6 +280,29 @@ async def test_a_worker_is_given_a_new_join_token(cli: Cli) -> None:
     assert disabled.err.startswith("error: FAILED_PRECONDITION WORKER_DISABLED")
 
 
+async def test_a_join_token_saved_to_a_file_is_printed_nowhere(cli: Cli, tmp_path: Path) -> None:
+    """`worker create|join-token --save FILE`: the join token goes to a 0600 file for the
+    Worker's `join --token-file`; create refuses a file that exists (a token it holds would
+    be lost), a new join token may replace the file (the ones before it stop working)."""
+    saved = tmp_path / "edge-5.join"
+    created = await cli.ok("worker", "create", "edge-5", "--save", str(saved))
+    first = saved.read_text().strip()
+    assert first.startswith("qlj1_")
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert first not in created.out + created.err
+    assert "joinToken" not in json.loads(created.out)
+    assert f"join token was written to {saved}" in created.err
+    refused = await cli.admin("worker", "create", "edge-6", "--save", str(saved))
+    assert (refused.code, refused.out) == (2, "")
+    assert "the file exists" in refused.err
+    assert all(w["workerId"] != "edge-6" for w in await cli.items("worker", "list"))
+    renewed = await cli.ok("worker", "join-token", "edge-5", "--save", str(saved))
+    second = saved.read_text().strip()
+    assert second.startswith("qlj1_")
+    assert second != first
+    assert second not in renewed.out + renewed.err
+
+
 async def test_the_last_cluster_admin_is_not_disabled(cli: Cli) -> None:
     refused = await cli.admin("user", "disable", "root")
     assert (refused.code, refused.out) == (1, "")

@@ -405,6 +405,7 @@ async def _role_list(admin: _Admin, args: argparse.Namespace) -> None:
 
 
 async def _worker_create(admin: _Admin, args: argparse.Namespace) -> None:
+    _check_save(args.save, replaces=False)
     request = admin_service_pb2.CreateWorkerRequest(
         request_id=request_id_of(args), worker_id=args.worker_id, project_ids=args.projects
     )
@@ -415,10 +416,11 @@ async def _worker_create(admin: _Admin, args: argparse.Namespace) -> None:
         request.request_id,
         secret_hint=_WHEN_A_JOIN_IS_LOST,
     )
-    admin.show_secret(created, "join_token", "join token", request.request_id)
+    admin.show_secret(created, "join_token", "join token", request.request_id, args.save)
 
 
 async def _worker_join_token(admin: _Admin, args: argparse.Namespace) -> None:
+    _check_save(args.save, replaces=True)
     request = admin_service_pb2.IssueJoinTokenRequest(
         request_id=request_id_of(args), worker_id=args.worker_id
     )
@@ -435,7 +437,7 @@ async def _worker_join_token(admin: _Admin, args: argparse.Namespace) -> None:
         join_token=issued.join_token,
         join_token_expire_time=issued.join_token_expire_time,
     )
-    admin.show_secret(shown, "join_token", "join token", request.request_id)
+    admin.show_secret(shown, "join_token", "join token", request.request_id, args.save)
 
 
 async def _audit_list(admin: _Admin, args: argparse.Namespace) -> None:
@@ -575,15 +577,19 @@ def _add_token_commands(group: Any, command: _Command) -> None:
     add_request_id_flag(rotate)
 
 
-def _add_save(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--save",
-        type=Path,
-        metavar="FILE",
-        help="write the token to FILE (0600) instead of printing it; pass FILE as"
-        " --token-file. `issue` refuses an existing FILE; `rotate` may replace one (the"
-        " old token's own file)",
-    )
+_SAVE_HELP_BEARER = (
+    "write the token to FILE (0600) instead of printing it; pass FILE as --token-file."
+    " `issue` refuses an existing FILE; `rotate` may replace one (the old token's own file)"
+)
+_SAVE_HELP_JOIN = (
+    "write the join token to FILE (0600) instead of printing it; hand FILE to the Worker's"
+    " `qinglong-worker join --token-file`. `worker create` refuses an existing FILE;"
+    " `worker join-token` may replace one (the join tokens before it stop working)"
+)
+
+
+def _add_save(parser: argparse.ArgumentParser, help_text: str = _SAVE_HELP_BEARER) -> None:
+    parser.add_argument("--save", type=Path, metavar="FILE", help=help_text)
 
 
 def _add_role_commands(group: Any, command: _Command) -> None:
@@ -606,6 +612,7 @@ def _add_worker_create(group: Any, command: _Command) -> None:
     )
     _add_project_flag(create, " (default: every project)")
     add_request_id_flag(create)
+    _add_save(create, _SAVE_HELP_JOIN)
 
 
 def _add_worker_join_token(group: Any, command: _Command) -> None:
@@ -618,6 +625,7 @@ def _add_worker_join_token(group: Any, command: _Command) -> None:
     issue.add_argument("worker_id", metavar="NAME")
     issue.add_argument("--ttl", type=int, help="seconds the join token is valid (default 3600)")
     add_request_id_flag(issue)
+    _add_save(issue, _SAVE_HELP_JOIN)
 
 
 def _add_project_flag(parser: Any, default: str = "") -> None:
