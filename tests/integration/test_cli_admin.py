@@ -82,13 +82,17 @@ async def test_projects_users_tokens_and_roles(cli: Cli, tmp_path: Path) -> None
     assert [u["name"] for u in await cli.items("user", "list", "--all")].count("dora") == 1
 
     granted = await cli.item("role", "grant", "cli-proj", "dora", "operator")
-    assert (granted["principalId"], granted["role"]) == (
+    assert (granted["principalId"], granted["principalName"], granted["role"]) == (
         dora["principalId"],
+        "dora",
         "PROJECT_ROLE_OPERATOR",
     )
+    # A person reads names; the id stays in the answer for scripts.
     table = (await cli.ok("role", "list", "cli-proj", "--output", "table")).out.splitlines()
     assert table[0].split() == ["PROJECT", "PRINCIPAL", "ROLE", "STATE", "VERSION", "UPDATED"]
-    assert table[1].split()[:4] == ["cli-proj", dora["principalId"], "operator", "active"]
+    assert table[1].split()[:4] == ["cli-proj", "dora", "operator", "active"]
+    [listed] = await cli.items("role", "list", "cli-proj")
+    assert (listed["principalId"], listed["principalName"]) == (dora["principalId"], "dora")
 
     # The token is issued to the name, printed once, and works as dora's operator token.
     issued = await cli.ok("token", "issue", "dora", "--ttl", "3600", "--output", "json")
@@ -348,8 +352,20 @@ async def test_audit_records_filtered_and_paged(cli: Cli) -> None:
     assert records
     for record in records:
         assert record["principalId"] == root["principalId"]
+        assert record["principalName"] == "root"
         assert record["outcome"] == "AUDIT_OUTCOME_ADMITTED"
         assert record["operation"] == "AdminService/ListProjects"
+    table = await cli.ok(
+        "audit", "list", "--principal", "root", "--operation", "AdminService/ListProjects",
+        "--page-size", "1", "--output", "table",
+    )  # fmt: skip
+    header, row = table.out.splitlines()
+    assert "CALLER" in header.split()
+    assert "user:root" in row.split()  # (an admitted call's REASON is blank)
+    # A Worker's call is listed by its id, which is its name; no name is looked up.
+    workers = [r for r in await cli.items("audit", "list", "--page-size", "500")
+               if r.get("principalKind") == "worker"]  # fmt: skip
+    assert all("principalName" not in r for r in workers)
     future = await cli.items("audit", "list", "--since", "2999-01-01T00:00:00Z")
     assert future == []
     first = await cli.ok("audit", "list", "--page-size", "1")

@@ -116,6 +116,12 @@ def _actor(document: dict[str, Any]) -> object:
     return f"{kind}:{document.get('actorName') or document.get('actorId', '')}"
 
 
+def _caller(document: dict[str, Any]) -> object:
+    # As an Event's actor: a person or agent by name, a Worker by its id (its name).
+    who = document.get("principalName") or document.get("principalId", "")
+    return f"{document.get('principalKind', '')}:{who}"
+
+
 def _load(document: dict[str, Any]) -> object:
     capacity = document.get("session", {}).get("maxConcurrentAttempts", "-")
     return f"{document.get('liveAttempts', 0)}/{capacity}"
@@ -185,7 +191,7 @@ TABLES: dict[str, Columns] = {
     ),
     "qinglong.admin.v1.RoleBinding": (
         ("PROJECT", _get("projectId")),
-        ("PRINCIPAL", _get("principalId")),
+        ("PRINCIPAL", _get("principalName")),
         ("ROLE", _state("role", prefix="PROJECT_ROLE_")),
         ("STATE", _state("state", prefix=_RESOURCE_STATE)),
         ("VERSION", _get("version")),
@@ -210,7 +216,7 @@ TABLES: dict[str, Columns] = {
         ("OUTCOME", _state("outcome", prefix="AUDIT_OUTCOME_")),
         ("REASON", _get("reason")),
         ("OPERATION", _get("operation")),
-        ("CALLER", lambda d: f"{d.get('principalKind', '')}:{d.get('principalId', '')}"),
+        ("CALLER", _caller),
         ("PROJECT", _get("projectId")),
     ),
     # The answers that carry a secret: one row, the secret in the last column (empty on

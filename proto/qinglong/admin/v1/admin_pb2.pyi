@@ -343,6 +343,7 @@ class RoleBinding(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_NAME_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """The project.
     Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
@@ -359,6 +360,10 @@ class RoleBinding(_message.Message):
     """Advances on every grant, change and revoke (R-CAN-3 fences on it).
     Range: 1..9007199254740991 (2^53-1).
     """
+    principal_name: _builtins.str
+    """The principal's name (what operators type).
+    Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
+    """
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """DB time of the last change."""
@@ -372,10 +377,11 @@ class RoleBinding(_message.Message):
         state: Global___ResourceState.ValueType = ...,
         version: _builtins.int = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        principal_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["principal_id", b"principal_id", "project_id", b"project_id", "role", b"role", "state", b"state", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["principal_id", b"principal_id", "principal_name", b"principal_name", "project_id", b"project_id", "role", b"role", "state", b"state", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -538,6 +544,7 @@ class AuditRecord(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
     PEER_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_NAME_FIELD_NUMBER: _builtins.int
     audit_id: _builtins.str
     """Server-generated id.
     Bound: UUID, 36 chars, lowercase canonical form.
@@ -576,6 +583,11 @@ class AuditRecord(_message.Message):
     """The caller's network peer.
     Bound: 0..256 bytes.
     """
+    principal_name: _builtins.str
+    """The name of a user or agent caller (what operators type); empty for other
+    callers (a Worker's principal_id is its name already) and when unknown.
+    Bound: 0..63 chars, a slug when set.
+    """
     @_builtins.property
     def occur_time(self) -> _timestamp_pb2.Timestamp:
         """DB time of the call."""
@@ -594,10 +606,11 @@ class AuditRecord(_message.Message):
         run_id: _builtins.str = ...,
         worker_id: _builtins.str = ...,
         peer: _builtins.str = ...,
+        principal_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["occur_time", b"occur_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "occur_time", b"occur_time", "operation", b"operation", "outcome", b"outcome", "peer", b"peer", "principal_id", b"principal_id", "principal_kind", b"principal_kind", "project_id", b"project_id", "reason", b"reason", "run_id", b"run_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "occur_time", b"occur_time", "operation", b"operation", "outcome", b"outcome", "peer", b"peer", "principal_id", b"principal_id", "principal_kind", b"principal_kind", "principal_name", b"principal_name", "project_id", b"project_id", "reason", b"reason", "run_id", b"run_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

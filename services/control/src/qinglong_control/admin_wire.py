@@ -162,6 +162,7 @@ def binding(row: BindingRow) -> admin_pb2.RoleBinding:
         state=state(row.status),
         version=row.version,
         update_time=wire.timestamp(row.updated_at_ms),
+        principal_name=row.principal_name,
     )
 
 
@@ -205,4 +206,5 @@ def audit_record(row: AuditRow) -> admin_pb2.AuditRecord:
         run_id="" if row.run_id is None else str(row.run_id),
         worker_id=row.worker_id or "",
         peer=row.peer or "",
+        principal_name=row.principal_name or "",
     )

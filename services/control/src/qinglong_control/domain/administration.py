@@ -126,6 +126,7 @@ class BindingRow:
     status: str  # active | revoked
     version: int
     updated_at_ms: int
+    principal_name: str
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,7 @@ class AuditRow:
     run_id: uuid.UUID | None
     worker_id: str | None
     peer: str | None
+    principal_name: str | None  # a user's or agent's; None for other callers
 
 
 @dataclass(frozen=True)

@@ -195,9 +195,11 @@ UPDATE qinglong.operator_credentials SET expires_at_ms = %(expires)s
  WHERE credential_id = %(token_id)s
 
 -- name: binding
-SELECT project_id, principal_id, role, status, version, updated_at_ms
-  FROM qinglong.role_bindings
- WHERE project_id = %s AND principal_id = %s
+SELECT b.project_id, b.principal_id, b.role, b.status, b.version, b.updated_at_ms,
+       p.name AS principal_name
+  FROM qinglong.role_bindings b
+  JOIN qinglong.principals p ON p.principal_id = b.principal_id
+ WHERE b.project_id = %s AND b.principal_id = %s
 
 -- name: upsert_binding
 -- Grant or change; the version advances unless the binding already says exactly this
@@ -224,10 +226,12 @@ UPDATE qinglong.role_bindings
  WHERE project_id = %(project_id)s AND principal_id = %(principal_id)s AND status = 'active'
 
 -- name: list_bindings
-SELECT project_id, principal_id, role, status, version, updated_at_ms
-  FROM qinglong.role_bindings
- WHERE project_id = %s
- ORDER BY principal_id
+SELECT b.project_id, b.principal_id, b.role, b.status, b.version, b.updated_at_ms,
+       p.name AS principal_name
+  FROM qinglong.role_bindings b
+  JOIN qinglong.principals p ON p.principal_id = b.principal_id
+ WHERE b.project_id = %s
+ ORDER BY b.principal_id
  LIMIT %s
 
 -- name: worker_by_request
@@ -332,9 +336,17 @@ SELECT w.worker_id, w.principal_id, w.status, w.created_at_ms,
 
 -- name: list_audit
 -- Newest first, keyset-paginated by (occurred_at_ms, audit_id); every filter optional.
+-- A user's or agent's name is read per listed row (after the limit) by primary key; the
+-- CASE casts only an id of the uuid form, so no row (a Worker's name as its id, or an id
+-- of any other form) can make the listing fail.
 SELECT audit_id, occurred_at_ms, principal_kind, principal_id, operation, outcome, reason,
-       project_id, run_id, worker_id, peer
-  FROM qinglong.security_audit
+       project_id, run_id, worker_id, peer,
+       (SELECT p.name FROM qinglong.principals p
+         WHERE p.principal_id = CASE
+                 WHEN a.principal_kind IN ('user', 'agent') AND a.principal_id
+                      ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                 THEN a.principal_id::uuid END) AS principal_name
+  FROM qinglong.security_audit a
  WHERE (%(principal_id)s::text IS NULL OR principal_id = %(principal_id)s)
    AND (%(operation)s::text IS NULL OR operation = %(operation)s)
    AND (%(outcome)s::text IS NULL OR outcome = %(outcome)s)
