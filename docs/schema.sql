@@ -401,6 +401,12 @@ CREATE TABLE qinglong.cluster_admins (
     granted_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL
 );
 
+CREATE TABLE qinglong.commit_barrier (
+    barrier smallint NOT NULL,
+    purpose text NOT NULL,
+    CONSTRAINT commit_barrier_barrier_check CHECK ((barrier = 1))
+);
+
 CREATE TABLE qinglong.offers (
     offer_id uuid NOT NULL,
     run_id uuid NOT NULL,
@@ -715,6 +721,9 @@ ALTER TABLE ONLY qinglong.attempts
 
 ALTER TABLE ONLY qinglong.cluster_admins
     ADD CONSTRAINT cluster_admins_pkey PRIMARY KEY (principal_id);
+
+ALTER TABLE ONLY qinglong.commit_barrier
+    ADD CONSTRAINT commit_barrier_pkey PRIMARY KEY (barrier);
 
 ALTER TABLE ONLY qinglong.offers
     ADD CONSTRAINT offers_offer_id_run_id_key UNIQUE (offer_id, run_id);
@@ -1034,6 +1043,12 @@ GRANT SELECT ON TABLE qinglong.attempts TO qinglong_admin;
 
 GRANT SELECT,INSERT ON TABLE qinglong.cluster_admins TO qinglong_admin;
 GRANT SELECT ON TABLE qinglong.cluster_admins TO qinglong_ingress;
+
+GRANT SELECT ON TABLE qinglong.commit_barrier TO qinglong_runtime;
+GRANT SELECT ON TABLE qinglong.commit_barrier TO qinglong_admin;
+
+GRANT UPDATE(purpose) ON TABLE qinglong.commit_barrier TO qinglong_runtime;
+GRANT UPDATE(purpose) ON TABLE qinglong.commit_barrier TO qinglong_admin;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.offers TO qinglong_runtime;
 

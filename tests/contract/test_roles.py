@@ -55,6 +55,9 @@ EXPECTED_TABLE_PRIVILEGES: dict[str, dict[str, set[str]]] = {
         # Run output (migration 0010): retention deletes chunks, the one DELETE it has.
         "attempt_output": {"SELECT", "INSERT", "UPDATE"},
         "attempt_output_chunks": {"SELECT", "INSERT", "DELETE"},
+        # Locked FOR KEY SHARE by a command that wrote nothing (migration 0028); a row
+        # lock needs UPDATE of a column: below.
+        "commit_barrier": {"SELECT"},
     },
     "qinglong_ingress": {
         # security_audit: INSERT on every column but its time (migration 0015), a column
@@ -72,6 +75,7 @@ EXPECTED_TABLE_PRIVILEGES: dict[str, dict[str, set[str]]] = {
         "worker_sessions": {"SELECT"},
         "attempts": {"SELECT"},
         "security_audit": {"SELECT"},
+        "commit_barrier": {"SELECT"},
     },
 }
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
@@ -341,6 +345,9 @@ EXPECTED_COLUMN_ONLY_GRANTS: dict[tuple[str, str, str], str] = {
     ("qinglong_admin", "role_bindings", "UPDATE"): "role status version updated_at_ms",
     ("qinglong_admin", "worker_identities", "UPDATE"): "status project_ids",
     ("qinglong_admin", "worker_join_tokens", "UPDATE"): "used_at_ms",
+    # What a FOR KEY SHARE lock of the barrier row needs (migration 0028): its one text.
+    ("qinglong_runtime", "commit_barrier", "UPDATE"): "purpose",
+    ("qinglong_admin", "commit_barrier", "UPDATE"): "purpose",
 }
 
 

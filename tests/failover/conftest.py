@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from qinglong_cli.embedded_postgres import SUPPORTED_VERSIONS
 
+from tests.support.standby_pair import Pair, standby_pair
+
 
 @pytest.fixture
 def scratch() -> Iterator[Path]:
@@ -34,3 +36,10 @@ def postgres_version(request: pytest.FixtureRequest) -> int:
     """Each PostgreSQL major version the embedded binaries ship (`up --postgres-version`)."""
     version: int = request.param
     return version
+
+
+@pytest.fixture
+def pair(scratch: Path) -> Iterator[Pair]:
+    """A migrated primary (PostgreSQL 18) with a synchronous streaming standby."""
+    with standby_pair(scratch) as made:
+        yield made

@@ -17,69 +17,21 @@ and a real synchronous standby (PostgreSQL 18):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 from psycopg_pool import PoolTimeout
-from qinglong_cli.embedded_postgres import (
-    EmbeddedPostgres,
-    EmbeddedStandby,
-    start_embedded_postgres,
-    start_standby,
-)
-from qinglong_control.db.bootstrap import bootstrap_database
 from qinglong_control.db.pool import open_runtime_pool
-from qinglong_control.db.roles import RoleUrls
 from qinglong_ingress.pool import open_ingress_pool
 from qinglong_protocol.pooling import PoolSizing, read_retrying
 from qinglong_protocol.storage import StorageBounds
 
 from tests.support.postgres_control import PostgresControl
+from tests.support.standby_pair import Pair
 
 BOUNDS: Final = StorageBounds(2.0)
 RECOVERY_SECONDS: Final = 30.0
-
-
-@dataclass(frozen=True)
-class Pair:
-    primary: EmbeddedPostgres
-    standby: EmbeddedStandby
-    urls: RoleUrls
-
-    def multi_host(self, url: str, *sockets: Path, ports: tuple[int, ...] = ()) -> str:
-        return make_conninfo(
-            url,
-            host=",".join(str(socket) for socket in sockets),
-            port=",".join(str(port) for port in ports or (5432,) * len(sockets)),
-            target_session_attrs="read-write",
-        )
-
-    @property
-    def sockets(self) -> tuple[Path, Path]:
-        return self.primary.socket_dir, self.standby.socket_dir
-
-    @property
-    def ports(self) -> tuple[int, int]:
-        return self.primary.port, self.standby.port
-
-
-@pytest.fixture
-def pair(scratch: Path) -> Iterator[Pair]:
-    primary = start_embedded_postgres(scratch / "primary", 18)
-    standby: EmbeddedStandby | None = None
-    try:
-        standby = start_standby(primary, scratch / "standby")
-        urls = bootstrap_database(primary.admin_url, database="qinglong")
-        yield Pair(primary, standby, urls)
-    finally:
-        primary.stop()
-        if standby is not None:
-            standby.stop()
 
 
 async def _server_of(pool: object) -> tuple[str, bool]:

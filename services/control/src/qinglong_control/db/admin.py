@@ -350,7 +350,7 @@ async def issue_token(
 
 
 async def list_tokens(conn: AsyncConnection[Any], principal_id: uuid.UUID) -> list[TokenRow]:
-    async with command_transaction(conn) as tx:
+    async with command_transaction(conn, durable_answer=False) as tx:
         holder = await tx.execute(
             "principal", _PRINCIPAL, (principal_id,), kwargs_row(PrincipalRow)
         )
@@ -484,7 +484,7 @@ async def revoke_role(
 
 
 async def list_role_bindings(conn: AsyncConnection[Any], project_id: str) -> list[BindingRow]:
-    async with command_transaction(conn) as tx:
+    async with command_transaction(conn, durable_answer=False) as tx:
         project = await tx.execute("project", _PROJECT, (project_id,), kwargs_row(ProjectRow))
         bindings = await tx.execute(
             "bindings",

@@ -282,7 +282,7 @@ async def expire_page(conn: AsyncConnection[Any], limit: int) -> int:
     request another transaction holds is skipped). Returns how many."""
     expired = 0
     for _ in range(limit):
-        async with command_transaction(conn) as tx:
+        async with command_transaction(conn, durable_answer=False) as tx:
             page = await tx.execute("approval.expire_next", _EXPIRE_NEXT, (), kwargs_row(_Expiring))
             item = await page.fetchone()
             if item is None:

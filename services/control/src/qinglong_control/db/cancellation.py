@@ -151,7 +151,7 @@ async def stop_runs_of_disabled_projects(conn: AsyncConnection[Any], limit: int)
     (every cancel path needs an active project). Convergence then ends queued and waiting
     Runs; a running Attempt's Worker is told to stop at its next lease control. Returns
     how many Runs got an intent."""
-    async with command_transaction(conn) as tx:
+    async with command_transaction(conn, durable_answer=False) as tx:
         page = await tx.execute(
             "runs.of_disabled_projects", _RUNS_OF_DISABLED_PROJECTS, {"limit": limit}
         )

@@ -87,15 +87,34 @@ class CommandTx:
         return cursor
 
 
+# Locks the barrier row (migration 0028) only in a transaction that has written nothing:
+# one that wrote already has WAL of its own for the COMMIT to wait on.
+_COMMIT_BARRIER = """SELECT 1 FROM qinglong.commit_barrier
+ WHERE barrier = 1 AND pg_current_xact_id_if_assigned() IS NULL
+   FOR KEY SHARE"""
+
+
 @asynccontextmanager
 async def command_transaction(
-    conn: AsyncConnection[Any], fault: FaultPlan | None = None, *, serializable: bool = False
+    conn: AsyncConnection[Any],
+    fault: FaultPlan | None = None,
+    *,
+    serializable: bool = False,
+    durable_answer: bool = True,
 ) -> AsyncIterator[CommandTx]:
     """BEGIN … COMMIT inside one pipeline; any exception rolls every write back.
 
     BEGIN and COMMIT are queued as plain statements: psycopg's `transaction()` inside a
     pipeline would add a sync (a round trip) at each edge. So BEGIN travels with the
     first batch, and COMMIT with the last; a cursor's rows may be read after the block.
+
+    ``durable_answer``: the COMMIT of a transaction that wrote nothing still waits for the
+    synchronous standby (migration 0028 says why): its answer may confirm what an earlier
+    transaction wrote — a retry answered from the first call's rows, a change already
+    made — and that write may be on the primary alone. False only where the answer
+    confirms nothing of the kind or the transaction always writes: a read, a poll that
+    found nothing, the reconciler's steps (nobody is answered), and the fenced Worker
+    commands (the row locks of `lock_authority` write WAL in every answered command).
     """
     # A child of the calling RPC's span, only inside a recorded one: a transaction of no
     # traced call (a poll's, the reconciler's) would otherwise start a trace of its own.
@@ -126,6 +145,8 @@ async def command_transaction(
             except BaseException:
                 await conn.execute("ROLLBACK", prepare=False)
                 raise
+            if durable_answer:
+                await conn.execute(_COMMIT_BARRIER)
             await conn.execute("COMMIT", prepare=False)
     except psycopg.errors.DivisionByZero as error:
         if fault is not None:

@@ -82,7 +82,7 @@ async def converge_page(conn: AsyncConnection[Any], limit: int) -> PageReport:
     """Converge at most `limit` (1..128) Runs with a cancel intent; one transaction."""
     if not 1 <= limit <= 128:
         raise ValueError("a convergence page holds 1..128 Runs")
-    async with command_transaction(conn) as tx:
+    async with command_transaction(conn, durable_answer=False) as tx:
         locked = await tx.execute(
             "lock.candidates", _LOCK_CANDIDATES, {"limit": limit}, kwargs_row(_Candidate)
         )
@@ -187,7 +187,7 @@ async def expire_leases(conn: AsyncConnection[Any], limit: int) -> ExpiryPage:
 
 
 async def _expire_one(conn: AsyncConnection[Any], attempt_id: uuid.UUID) -> int:
-    async with command_transaction(conn) as tx:
+    async with command_transaction(conn, durable_answer=False) as tx:
         got = await tx.execute("lock.advisory", _TRY_ADVISORY, (str(attempt_id),), scalar_row)
         locked = await tx.execute(
             "lock.expiring", _LOCK_FOR_EXPIRY, (attempt_id,), kwargs_row(_Expiring)

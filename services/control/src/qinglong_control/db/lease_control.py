@@ -42,7 +42,7 @@ _SHUTDOWN_INTENT = SQL["lease_control.shutdown_intent"]
 async def control_lease(
     conn: AsyncConnection[Any], fence: Fence, timings: Timings, fault: FaultPlan | None = None
 ) -> LeaseDecision:
-    async with command_transaction(conn, fault) as tx:
+    async with command_transaction(conn, fault, durable_answer=False) as tx:
         present = check_identity(fence, await lock_authority(tx, fence))
         decision = decide_lease_control(fence, present)
         if not decision.writes:
@@ -81,7 +81,7 @@ async def complete_attempt(
     report: CompletionReport,
     fault: FaultPlan | None = None,
 ) -> CompletionDecision:
-    async with command_transaction(conn, fault) as tx:
+    async with command_transaction(conn, fault, durable_answer=False) as tx:
         present = check_identity(fence, await lock_authority(tx, fence))
         decision = decide_completion(fence, present, report)
         if decision.writes:

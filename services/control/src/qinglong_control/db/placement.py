@@ -76,7 +76,7 @@ async def pull_offers(
         "generation": claim.worker_generation,
         "max_offers": max_offers,
     }
-    async with command_transaction(conn) as tx:
+    async with command_transaction(conn, durable_answer=False) as tx:
         locked = await tx.execute(
             "lock.session", _LOCK_SESSION_SHARED, (claim.session_id,), kwargs_row(SessionRow)
         )

@@ -83,7 +83,7 @@ async def retry_page(conn: AsyncConnection[Any], limit: int, timings: Timings) -
     """Move at most `limit` lost Runs and `limit` due Runs on; one transaction."""
     if not 1 <= limit <= 128:
         raise ValueError("a retry page holds 1..128 Runs")
-    async with command_transaction(conn) as tx:
+    async with command_transaction(conn, durable_answer=False) as tx:
         lost_cursor = await tx.execute(
             "lock.lost", _LOCK_LOST, {"limit": limit}, kwargs_row(_lost_row)
         )

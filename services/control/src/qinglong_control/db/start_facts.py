@@ -110,7 +110,7 @@ def _worker(fence: Fence) -> Actor:
 async def acknowledge_starting(
     conn: AsyncConnection[Any], fence: Fence, fault: FaultPlan | None = None
 ) -> StartingDecision:
-    async with command_transaction(conn, fault) as tx:
+    async with command_transaction(conn, fault, durable_answer=False) as tx:
         present = check_identity(fence, await lock_authority(tx, fence))
         decision = decide_starting(fence, present)
         if not decision.writes:
@@ -146,7 +146,7 @@ async def acknowledge_running(
     report: RunningReport,
     fault: FaultPlan | None = None,
 ) -> RunningDecision:
-    async with command_transaction(conn, fault) as tx:
+    async with command_transaction(conn, fault, durable_answer=False) as tx:
         present = check_identity(fence, await lock_authority(tx, fence))
         decision = decide_running(fence, present, report)
         if not decision.writes:
@@ -190,7 +190,7 @@ async def report_start_failure(
     error_summary: str,
     fault: FaultPlan | None = None,
 ) -> StartFailureDecision:
-    async with command_transaction(conn, fault) as tx:
+    async with command_transaction(conn, fault, durable_answer=False) as tx:
         present = check_identity(fence, await lock_authority(tx, fence))
         decision = decide_start_failure(fence, present)
         if decision.writes:
