@@ -57,11 +57,16 @@ class StorageBounds:
         self, application_name: str, settings: Mapping[str, str] | None = None
     ) -> dict[str, object]:
         """libpq's parameters for a connection of ``application_name``; ``settings`` are
-        server settings for its whole session, besides the statement bound."""
+        server settings for its whole session, besides the statement bound and durability.
+
+        ``synchronous_commit=on`` is pinned: settings a connection sends outrank those of
+        ALTER ROLE and ALTER DATABASE, so no role's or database's setting (one statement
+        of a service's own credentials) can turn off the wait for the synchronous standby
+        that a confirmed COMMIT's survival of a promotion rests on."""
         statement_ms = self.statement_timeout_ms
+        pinned = {"statement_timeout": str(statement_ms), "synchronous_commit": "on"}
         options = " ".join(
-            f"-c {name}={value}"
-            for name, value in {"statement_timeout": str(statement_ms), **(settings or {})}.items()
+            f"-c {name}={value}" for name, value in {**pinned, **(settings or {})}.items()
         )
         return {
             "autocommit": True,

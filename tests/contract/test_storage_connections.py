@@ -4,6 +4,8 @@ the server, and the dead-peer bounds reach libpq — keepalives for an idle conn
 
 from __future__ import annotations
 
+import psycopg
+from psycopg import sql
 from qinglong_control.db.pool import (
     RECONCILER_POOL_MAX_SIZE,
     open_reconciler_pool,
@@ -38,6 +40,39 @@ async def test_a_pooled_connection_carries_every_storage_bound(
     assert libpq["tcp_user_timeout"] == "15000"
     assert (libpq["keepalives"], libpq["keepalives_idle"]) == ("1", "10")
     assert libpq["connect_timeout"] == "3"
+
+
+async def test_a_role_or_database_setting_cannot_turn_off_the_standby_wait(
+    database: MigratedDatabase,
+) -> None:
+    """A service's credentials may ALTER their own role (and the owner its database): the
+    session pins synchronous_commit, which outranks both."""
+    name = sql.Identifier(database.name)
+    weakened = (
+        sql.SQL("ALTER ROLE qinglong_runtime IN DATABASE {} SET synchronous_commit = off"),
+        sql.SQL("ALTER DATABASE {} SET synchronous_commit = local"),
+    )
+    undone = (
+        sql.SQL("ALTER ROLE qinglong_runtime IN DATABASE {} RESET synchronous_commit"),
+        sql.SQL("ALTER DATABASE {} RESET synchronous_commit"),
+    )
+    with psycopg.connect(database.admin_url, autocommit=True) as admin:
+        for statement in weakened:
+            admin.execute(statement.format(name))
+    try:
+        with psycopg.connect(database.urls.runtime) as plain:
+            assert plain.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        pool = await open_runtime_pool(database.urls.runtime, sizing=PoolSizing(1, 1))
+        try:
+            async with pool.connection() as conn:
+                cursor = await conn.execute("SHOW synchronous_commit")
+                assert await cursor.fetchone() == ("on",)
+        finally:
+            await pool.close()
+    finally:
+        with psycopg.connect(database.admin_url, autocommit=True) as admin:
+            for statement in undone:
+                admin.execute(statement.format(name))
 
 
 async def test_the_reconcilers_connection_plans_generically_and_the_commands_do_not(

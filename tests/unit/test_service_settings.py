@@ -23,7 +23,7 @@ def test_storage_timeout_defaults_to_two_seconds_and_bounds_every_wait() -> None
     kwargs = bounds.connection_kwargs("qinglong-control")
     assert kwargs["connect_timeout"] == 2
     assert kwargs["autocommit"] is True
-    assert kwargs["options"] == "-c statement_timeout=10000"
+    assert kwargs["options"] == "-c statement_timeout=10000 -c synchronous_commit=on"
 
 
 def test_storage_timeout_comes_from_flag_or_environment() -> None:
