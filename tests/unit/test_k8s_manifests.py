@@ -1628,7 +1628,8 @@ def test_control_alone_mounts_the_issuing_ca_key() -> None:
                 holders.setdefault(_label(workload), set()).update(
                     item["key"] for item in secret["items"]
                 )
-    assert holders == {f"Deployment/{CONTROL}": {"tls.crt", "tls.key"}}
+    # ca.crt: the roots control names to Workers (QINGLONG_CONTROL_ISSUING_CA_TRUST).
+    assert holders == {f"Deployment/{CONTROL}": {"tls.crt", "tls.key", "ca.crt"}}
     (volume,) = [
         v
         for v in _pod_spec(_find("Deployment", CONTROL))["volumes"]

@@ -13,8 +13,10 @@ its key. The key never leaves the machine; the token is used once and never writ
 The directory then holds everything `qinglong-worker run` needs:
 
     worker.key   the private key (0600)
-    worker.crt   the client certificate, naming the Worker in its SAN URI
-    ca.crt       the CA certificates that verify ingress
+    worker.crt   the client certificate, naming the Worker in its SAN URI, then the
+                 intermediate CAs it is presented with (when an intermediate issues it)
+    ca.crt       the CA certificates that verify ingress: the one given with --ca (it
+                 just did) and the roots control named
     worker.json  the worker id, the ingress address and these paths
 """
 
@@ -115,7 +117,11 @@ def join(
         (directory / KEY_FILE).unlink(missing_ok=True)
         raise
     write_public(directory / CERTIFICATE_FILE, answer.certificate_pem)
-    write_public(directory / CA_FILE, answer.ca_certificates_pem)
+    # The CA given here verified ingress just now; control's roots are kept beside it (a
+    # Worker told to trust only what control names could lose ingress, an intermediate).
+    write_public(
+        directory / CA_FILE, trust_bundle(ca_pem.decode("ascii"), answer.ca_certificates_pem)
+    )
     identity = JoinedIdentity(answer.worker_id, ingress_address, directory)
     write_public(
         directory / IDENTITY_FILE,
@@ -139,6 +145,16 @@ def private_key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
+
+
+def trust_bundle(*bundles: str) -> str:
+    """The certificates of ``bundles`` (PEM), each once, in the order first seen."""
+    seen: dict[bytes, str] = {}
+    for bundle in bundles:
+        for certificate in x509.load_pem_x509_certificates(bundle.encode("ascii")):
+            der = certificate.public_bytes(serialization.Encoding.DER)
+            seen.setdefault(der, certificate.public_bytes(serialization.Encoding.PEM).decode())
+    return "".join(seen.values())
 
 
 def write_private(path: Path, data: bytes) -> None:

@@ -52,6 +52,7 @@ from qinglong_worker.join import (
     new_private_key,
     private_key_pem,
     signing_request,
+    trust_bundle,
     write_private,
     write_public,
 )
@@ -113,7 +114,10 @@ class CertificateRenewer:
         names them (written by step 3)."""
         write_private(key_path, private_key_pem(key))
         write_public(cert_path, answer.certificate_pem)
-        write_public(Path(identity["tls_ca"]), answer.ca_certificates_pem)
+        # Control's roots beside those the Worker trusts already (it reached ingress with
+        # them): a new root arrives before ingress's certificate moves to it.
+        ca_file = Path(identity["tls_ca"])
+        write_public(ca_file, trust_bundle(ca_file.read_text(), answer.ca_certificates_pem))
         identity.update(
             tls_key=str(key_path),
             tls_cert=str(cert_path),

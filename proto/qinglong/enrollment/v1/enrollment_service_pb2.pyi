@@ -64,10 +64,13 @@ class JoinWorkerResponse(_message.Message):
     """
     certificate_pem: _builtins.str
     """The issued client certificate, PEM; its SAN URI names the Worker.
+    Followed by the intermediate CA certificates it is presented with, when an
+    intermediate CA issued it (none when a root did).
     Bound: 1..8192 bytes.
     """
     ca_certificates_pem: _builtins.str
-    """The CA certificates that verify ingress and the issued certificate, PEM.
+    """The root CA certificates that verify ingress and the issued certificate's
+    chain, PEM.
     Bound: 1..16384 bytes.
     """
     @_builtins.property

@@ -842,10 +842,13 @@ class RenewCertificateResponse(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     certificate_pem: _builtins.str
     """The issued client certificate, PEM; it names the same Worker.
+    Followed by the intermediate CA certificates it is presented with, when an
+    intermediate CA issued it (none when a root did).
     Bound: 1..8192 bytes.
     """
     ca_certificates_pem: _builtins.str
-    """The CA certificates that verify ingress and the issued certificate, PEM.
+    """The root CA certificates that verify ingress and the issued certificate's
+    chain, PEM.
     Bound: 1..16384 bytes.
     """
     @_builtins.property

@@ -6,6 +6,15 @@ takes nothing but the public key from the CSR: its subject and its one SAN URI c
 the Worker the join token was issued for, so a CSR cannot ask for another identity, a
 server certificate or a CA. Certificates are short-lived (default seven days) and the
 Worker renews them; its private key never leaves its machine.
+
+The issuing CA may be a root (the dev stack's) or an intermediate (a dedicated Worker CA
+under the cluster's root, deploy/k8s/README.md). A Worker presents its certificate with
+the intermediates that chain it to a root — TLS verifiers build a path to a trust anchor
+from what the peer sends, and the root alone is what ingress trusts — and trusts the
+root(s) itself. So the issuing certificate file is a bundle: the issuing certificate
+first, then any certificates above it; what is not self-signed in it travels with every
+issued certificate, and the roots are the bundle's self-signed certificates, or a trust
+file of their own (cert-manager's ``ca.crt`` beside an intermediate's ``tls.crt``).
 """
 
 from __future__ import annotations
@@ -55,6 +64,12 @@ class IssuingAuthority:
     certificate: x509.Certificate
     key: _IssuingKey
     lifetime: dt.timedelta = DEFAULT_WORKER_CERTIFICATE_LIFETIME
+    #: The CA certificates an issued certificate is presented with (the issuing one when
+    #: it is an intermediate, and those above it up to a root; none for a root).
+    chain: tuple[x509.Certificate, ...] = ()
+    #: The roots a Worker trusts (they verify ingress, and the chain above); by default
+    #: the issuing certificate, a root.
+    roots: tuple[x509.Certificate, ...] = ()
 
     @classmethod
     def load(
@@ -62,8 +77,23 @@ class IssuingAuthority:
         certificate_path: Path,
         key_path: Path,
         lifetime: dt.timedelta = DEFAULT_WORKER_CERTIFICATE_LIFETIME,
+        trust_path: Path | None = None,
     ) -> IssuingAuthority:
-        certificate = x509.load_pem_x509_certificate(certificate_path.read_bytes())
+        """``certificate_path``: the issuing certificate, then any certificates above it
+        (PEM); ``trust_path``: the roots, when the bundle does not end in one."""
+        bundle = x509.load_pem_x509_certificates(certificate_path.read_bytes())
+        certificate = bundle[0]
+        chain = tuple(c for c in bundle if not _self_signed(c))
+        roots = (
+            tuple(x509.load_pem_x509_certificates(trust_path.read_bytes()))
+            if trust_path is not None
+            else tuple(c for c in bundle if _self_signed(c))
+        )
+        if not roots:
+            raise ValueError(
+                f"{certificate_path} is an intermediate CA and ends in no root: append the"
+                " root certificate to it, or name the roots' file (--issuing-ca-trust)"
+            )
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
         if not isinstance(key, _IssuingKey):
             raise ValueError(f"{key_path}: unsupported issuing key type {type(key).__name__}")
@@ -73,11 +103,12 @@ class IssuingAuthority:
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         ):
             raise ValueError(f"{key_path} is not the key of {certificate_path}")
-        return cls(certificate, key, lifetime)
+        return cls(certificate, key, lifetime, chain, roots)
 
     @property
     def ca_certificates_pem(self) -> str:
-        return self.certificate.public_bytes(serialization.Encoding.PEM).decode("ascii")
+        """What a Worker trusts: the roots (the issuing certificate itself when it is one)."""
+        return _pem(self.roots or (self.certificate,))
 
     def ensure_can_issue(self, now: dt.datetime) -> None:
         """Raise (a fault of the deployment, answered INTERNAL and logged) when this CA can
@@ -137,9 +168,22 @@ class IssuingAuthority:
         )
         algorithm = None if isinstance(self.key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
         certificate = builder.sign(self.key, algorithm)
-        return IssuedCertificate(
-            certificate.public_bytes(serialization.Encoding.PEM).decode("ascii"), not_after
-        )
+        # Presented with its chain: ingress trusts the root, not an intermediate.
+        return IssuedCertificate(_pem((certificate, *self.chain)), not_after)
+
+
+def _self_signed(certificate: x509.Certificate) -> bool:
+    if certificate.issuer != certificate.subject:
+        return False
+    try:
+        certificate.verify_directly_issued_by(certificate)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _pem(certificates: tuple[x509.Certificate, ...]) -> str:
+    return "".join(c.public_bytes(serialization.Encoding.PEM).decode("ascii") for c in certificates)
 
 
 def _verified_public_key(csr_pem: str) -> WorkerKey:

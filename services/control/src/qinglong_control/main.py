@@ -94,6 +94,7 @@ async def _serve(
             settings.issuing_ca.cert,
             settings.issuing_ca.key,
             dt.timedelta(days=settings.issuing_ca.worker_certificate_days),
+            settings.issuing_ca.trust,
         )
     else:
         _log.warning("no issuing CA: EnrollmentService.JoinWorker is answered UNAVAILABLE")

@@ -47,6 +47,7 @@ ENV_ADMIN_DATABASE_URL = "QINGLONG_CONTROL_ADMIN_DATABASE_URL"  # the admin role
 ENV_TRUST_DOMAIN = "QINGLONG_CONTROL_TRUST_DOMAIN"
 ENV_ISSUING_CA_CERT = "QINGLONG_CONTROL_ISSUING_CA_CERT"
 ENV_ISSUING_CA_KEY = "QINGLONG_CONTROL_ISSUING_CA_KEY"
+ENV_ISSUING_CA_TRUST = "QINGLONG_CONTROL_ISSUING_CA_TRUST"
 ENV_WORKER_CERTIFICATE_DAYS = "QINGLONG_CONTROL_WORKER_CERTIFICATE_DAYS"
 DEFAULT_WORKER_CERTIFICATE_DAYS = 7.0
 ENV_SHUTDOWN_GRACE_SECONDS = "QINGLONG_CONTROL_SHUTDOWN_GRACE_SECONDS"
@@ -72,6 +73,8 @@ class IssuingCaFiles:
     cert: Path
     key: Path
     worker_certificate_days: float = DEFAULT_WORKER_CERTIFICATE_DAYS
+    #: The roots Workers trust, when ``cert`` is an intermediate that ends in none.
+    trust: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -157,12 +160,19 @@ def parse_control_settings(
     parser.add_argument(
         "--issuing-ca-cert",
         default=env.get(ENV_ISSUING_CA_CERT),
-        help=f"CA certificate that signs Worker certificates at join [{ENV_ISSUING_CA_CERT}]",
+        help="CA certificate that signs Worker certificates at join, then any CA certificates"
+        f" above it (PEM) [{ENV_ISSUING_CA_CERT}]",
     )
     parser.add_argument(
         "--issuing-ca-key",
         default=env.get(ENV_ISSUING_CA_KEY),
         help=f"its private key (PEM) [{ENV_ISSUING_CA_KEY}]",
+    )
+    parser.add_argument(
+        "--issuing-ca-trust",
+        default=env.get(ENV_ISSUING_CA_TRUST),
+        help="the root CA certificates Workers trust (PEM), when --issuing-ca-cert is an"
+        f" intermediate that does not end in its root [{ENV_ISSUING_CA_TRUST}]",
     )
     parser.add_argument(
         "--worker-certificate-days",
@@ -233,12 +243,17 @@ def parse_control_settings(
         parser.error("--reconcile-interval-seconds must not be negative")
     if bool(args.issuing_ca_cert) != bool(args.issuing_ca_key):
         parser.error("--issuing-ca-cert and --issuing-ca-key go together")
+    if args.issuing_ca_trust and not args.issuing_ca_cert:
+        parser.error("--issuing-ca-trust needs --issuing-ca-cert")
     if not 0 < args.worker_certificate_days <= 365:
         parser.error("--worker-certificate-days must be in (0, 365]")
     issuing_ca = None
     if args.issuing_ca_cert:
         issuing_ca = IssuingCaFiles(
-            Path(args.issuing_ca_cert), Path(args.issuing_ca_key), args.worker_certificate_days
+            Path(args.issuing_ca_cert),
+            Path(args.issuing_ca_key),
+            args.worker_certificate_days,
+            Path(args.issuing_ca_trust) if args.issuing_ca_trust else None,
         )
     return ControlSettings(
         listen_address=args.listen_address,
