@@ -668,6 +668,7 @@ CREATE TABLE qinglong.worker_join_tokens (
     expires_at_ms qinglong.epoch_ms NOT NULL,
     used_at_ms qinglong.epoch_ms,
     issue_request_id text,
+    used_key_sha256 qinglong.sha256_hex,
     CONSTRAINT worker_join_tokens_expire_after_creation CHECK (((expires_at_ms)::bigint > (created_at_ms)::bigint)),
     CONSTRAINT worker_join_tokens_used_after_creation CHECK (((used_at_ms IS NULL) OR ((used_at_ms)::bigint >= (created_at_ms)::bigint)))
 );
@@ -829,6 +830,9 @@ ALTER TABLE qinglong.worker_identities
 
 ALTER TABLE qinglong.worker_join_tokens
     ADD CONSTRAINT worker_join_tokens_issue_request_id_shape CHECK ((issue_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)) NOT VALID;
+
+ALTER TABLE qinglong.worker_join_tokens
+    ADD CONSTRAINT worker_join_tokens_key_only_when_used CHECK (((used_key_sha256 IS NULL) OR (used_at_ms IS NOT NULL))) NOT VALID;
 
 ALTER TABLE ONLY qinglong.worker_join_tokens
     ADD CONSTRAINT worker_join_tokens_pkey PRIMARY KEY (token_digest);
@@ -1130,6 +1134,8 @@ GRANT UPDATE(project_ids) ON TABLE qinglong.worker_identities TO qinglong_admin;
 GRANT SELECT,INSERT ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
 
 GRANT UPDATE(used_at_ms) ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
+
+GRANT UPDATE(used_key_sha256) ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_sessions TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.worker_sessions TO qinglong_admin;

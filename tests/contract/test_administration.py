@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -740,10 +741,32 @@ async def test_disable_worker_fences_its_sessions(conn: Conn, world: World) -> N
     assert (unknown.reason, unknown.field) == (Reason.WORKER_NOT_FOUND, "worker_id")
 
 
-async def join(conn: Conn, token: str) -> str | None:
-    """The Worker a join token enrolls now (consuming it), or None when it is refused."""
-    enrolled = await enrollment.consume_join_token(conn, hashlib.sha256(token.encode()).hexdigest())
+async def join(conn: Conn, token: str, key_digest: str | None = None) -> str | None:
+    """The Worker a join token enrolls now (consuming it) for a key (by default one never
+    seen before), or None when it is refused."""
+    enrolled = await enrollment.consume_join_token(
+        conn, hashlib.sha256(token.encode()).hexdigest(), key_digest or secrets.token_hex(32)
+    )
     return None if enrolled is None else enrolled.worker_id
+
+
+async def test_a_spent_join_token_answers_again_for_its_key_only(conn: Conn) -> None:
+    """A join whose answer was lost is tried again with the same token and key: answered
+    again (its certificate is for that key); another key, a newer token or a disabled
+    Worker ends that."""
+    uri = worker_uri("example.org", "worker-r")
+    created = await admin.create_worker(conn, "w-r", "worker-r", uri, None)
+    key = secrets.token_hex(32)
+    assert await join(conn, created.join_token, key) == "worker-r"
+    assert await join(conn, created.join_token, key) == "worker-r"
+    assert await join(conn, created.join_token) is None
+    assert await live_join_tokens(conn, "worker-r") == 0
+    newer = await admin.issue_join_token(conn, "worker-r", "j-r", None)
+    assert await join(conn, created.join_token, key) is None
+    other = secrets.token_hex(32)
+    assert await join(conn, newer.join_token, other) == "worker-r"
+    await admin.disable_worker(conn, "worker-r")
+    assert await join(conn, newer.join_token, other) is None
 
 
 async def live_join_tokens(conn: Conn, worker_id: str) -> int:

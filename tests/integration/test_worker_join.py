@@ -21,6 +21,7 @@ import grpc
 import psycopg
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from prometheus_client import REGISTRY
 from qinglong.admin.v1 import admin_service_pb2, admin_service_pb2_grpc
 from qinglong.enrollment.v1 import enrollment_service_pb2, enrollment_service_pb2_grpc
@@ -35,6 +36,7 @@ from qinglong_worker.join import new_private_key, signing_request
 from qinglong_worker.renewal import CertificateRenewer
 
 from tests.support.calls import failure
+from tests.support.lossy_proxy import FaultSchedule, LossyProxy, lose_answers
 from tests.support.postgres import MigratedDatabase
 from tests.support.stack import Stack, running_stack
 
@@ -271,6 +273,43 @@ async def test_a_peer_over_the_rate_limit_writes_one_audit_row_a_minute(
     assert not_audited() - before == 26
 
 
+async def test_a_join_whose_answer_was_lost_is_answered_again_for_its_key(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The answer is lost after control spent the token (a real proxy drops it): `join`
+    exits 3 and keeps its key; the same command again is answered for that key; the token
+    stays spent for any other key."""
+    token = await create_worker(stack, "edge-14")
+    directory = tmp_path / "edge-14"
+    schedule = FaultSchedule([lose_answers("JoinWorker", 1)])
+    with LossyProxy(
+        upstream_address=stack.enrollment_address,
+        upstream_identity=None,  # a joining machine has no certificate yet
+        server_identity=stack.pki.ingress_server,
+        allowed_peer_uri=None,
+        schedule=schedule,
+    ) as proxy:
+        lost = await run_join(stack, token, directory, tmp_path, enrollment=proxy.address)
+        assert lost.returncode == 3, lost.stderr
+        assert "run the same command again" in lost.stderr
+        key = (directory / "worker.key").read_bytes()
+        retried = await run_join(stack, token, directory, tmp_path, enrollment=proxy.address)
+        answers_lost = schedule.faults["JoinWorker"]
+    assert retried.returncode == 0, retried.stderr
+    assert (directory / "worker.key").read_bytes() == key
+    certificate = x509.load_pem_x509_certificate((directory / "worker.crt").read_bytes())
+    private = serialization.load_pem_private_key(key, password=None)
+    assert certificate.public_key() == private.public_key()
+    other = await run_join(stack, token, tmp_path / "other", tmp_path)
+    assert other.returncode == 1, other.stderr
+    assert not (tmp_path / "other" / "worker.key").exists()
+    print(
+        f"\njoin: answers lost {answers_lost}, retry answered {retried.returncode == 0},"
+        f" another key answered {other.returncode == 0}"
+    )
+    assert answers_lost == 1
+
+
 async def test_a_bad_csr_spends_no_token(stack: Stack, tmp_path: Path) -> None:
     token = await create_worker(stack, "edge-10")
     credentials = grpc.ssl_channel_credentials(root_certificates=stack.pki.ca_cert.read_bytes())
@@ -396,13 +435,17 @@ async def test_a_join_at_the_wrong_listener_says_so_leaves_nothing_and_may_be_re
     stack: Stack, tmp_path: Path
 ) -> None:
     """The public listener asks for a client certificate a joining machine does not have:
-    the join cannot even connect. It exits 3 (try again), names the flag, leaves no key,
-    and the token is unspent: the same join at the enrollment listener then works."""
+    the join cannot even connect. It exits 3 (try again) and names the flag; it leaves
+    only its key (an unanswered join cannot tell a call that never arrived from an answer
+    that was lost, so the retry presents the same key), and the token is unspent: the same
+    join at the enrollment listener then works, with that key."""
     token = await create_worker(stack, "edge-09")
     directory = tmp_path / "edge-09"
     wrong = await run_join(stack, token, directory, tmp_path, enrollment=stack.ingress_address)
     assert wrong.returncode == 3, wrong.stderr
     assert "--enrollment" in wrong.stderr
-    assert list(directory.iterdir()) == []
+    assert [path.name for path in directory.iterdir()] == ["worker.key"]
+    key = (directory / "worker.key").read_bytes()
     joined = await run_join(stack, token, directory, tmp_path)
     assert joined.returncode == 0, joined.stderr
+    assert (directory / "worker.key").read_bytes() == key

@@ -11,6 +11,9 @@ TLS is real on both sides:
 * upstream it presents that Worker's own client certificate, because ingress binds the
   mTLS identity to the worker id named in each request: one proxy per Worker identity.
 
+A proxy for a machine that has no certificate yet (a join, to ingress's enrollment
+listener) takes neither: it requires no client certificate and presents none.
+
 A :class:`FaultSchedule` decides per call, by method and per-method call number, whether
 to inject a fault at one of two points:
 
@@ -215,9 +218,9 @@ class LossyProxy:
         self,
         *,
         upstream_address: str,
-        upstream_identity: TlsFiles,
+        upstream_identity: TlsFiles | None,
         server_identity: TlsFiles,
-        allowed_peer_uri: str,
+        allowed_peer_uri: str | None,
         schedule: FaultSchedule | None = None,
     ) -> None:
         self.schedule = schedule or FaultSchedule()
@@ -269,13 +272,18 @@ class LossyProxy:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        self._channel = grpc.aio.secure_channel(
-            self._upstream_address, mutual_tls_channel_credentials(self._upstream_identity)
+        anonymous = self._upstream_identity is None
+        upstream = (
+            grpc.ssl_channel_credentials(self._server_identity.ca_cert.read_bytes())
+            if self._upstream_identity is None
+            else mutual_tls_channel_credentials(self._upstream_identity)
         )
+        self._channel = grpc.aio.secure_channel(self._upstream_address, upstream)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((_RawRelay(self),))
         self.port = server.add_secure_port(
-            f"{LOOPBACK}:0", mutual_tls_server_credentials(self._server_identity)
+            f"{LOOPBACK}:0",
+            mutual_tls_server_credentials(self._server_identity, require_client_auth=not anonymous),
         )
         await server.start()
         self._ready.set()
@@ -288,7 +296,8 @@ class LossyProxy:
     async def relay(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> bytes:
-        if self._allowed_peer_uri not in peer_uris(context.auth_context()):
+        allowed = self._allowed_peer_uri
+        if allowed is not None and allowed not in peer_uris(context.auth_context()):
             # Never relay someone else's call under the Worker's identity.
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not the proxied Worker")
         name = method.rsplit("/", 1)[-1]

@@ -86,9 +86,10 @@ def join(
     """Enroll this machine (once per directory) at ``enrollment_address`` (ingress's
     enrollment listener) and record ``ingress_address`` (its public listener) as where the
     Worker will run. Raises ``grpc.RpcError`` with the server's typed status when the
-    join fails (nothing is left written then: the new key is removed too), and
-    FileExistsError in a directory that already holds an identity. A one-shot command,
-    so a blocking channel."""
+    join fails: refused, nothing is left written (the key is removed too); unanswered
+    (UNAVAILABLE, DEADLINE_EXCEEDED), the key stays for the retry, which presents it
+    again. FileExistsError in a directory that already holds an identity. A one-shot
+    command, so a blocking channel."""
     # worker.json records absolute paths: the daemon may run from any directory.
     directory = directory.resolve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -96,10 +97,12 @@ def join(
         # A join token works once; joining again here would replace the key of a working
         # identity before the (second) token is even checked.
         raise FileExistsError(f"{directory / IDENTITY_FILE} exists: this machine has joined")
-    key = new_private_key()
-    # The key is on disk (0600) before anything leaves the machine, so a certificate is
-    # never issued for a key that could be lost.
-    write_private(directory / KEY_FILE, private_key_pem(key))
+    key = _key_of_an_unanswered_join(directory / KEY_FILE)
+    if key is None:
+        key = new_private_key()
+        # The key is on disk (0600) before anything leaves the machine, so a certificate
+        # is never issued for a key that could be lost.
+        write_private(directory / KEY_FILE, private_key_pem(key))
     options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
     credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
     try:
@@ -111,9 +114,15 @@ def join(
                 ),
                 timeout=timeout_seconds,
             )
+    except grpc.RpcError as error:
+        # The answer may be lost after control spent the token for this key: the retry
+        # must present the same key, for which control answers the same token again
+        # (until the token expires). A refusal spent nothing: the key goes.
+        failed: Any = error  # a failed call's error is also its grpc.Call
+        if failed.code() not in _TRY_AGAIN:
+            (directory / KEY_FILE).unlink(missing_ok=True)
+        raise
     except BaseException:
-        # No certificate came for it: a key nobody will use (a certificate issued for it
-        # and lost with the answer cannot be fetched again; a new join token makes one).
         (directory / KEY_FILE).unlink(missing_ok=True)
         raise
     write_public(directory / CERTIFICATE_FILE, answer.certificate_pem)
@@ -147,6 +156,16 @@ def private_key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def _key_of_an_unanswered_join(path: Path) -> ec.EllipticCurvePrivateKey | None:
+    """The key a join whose answer never came left here (no identity was written), to be
+    presented again with the same token; None when there is none to reuse."""
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError):
+        return None
+    return key if isinstance(key, ec.EllipticCurvePrivateKey) else None
+
+
 def trust_bundle(*bundles: str) -> str:
     """The certificates of ``bundles`` (PEM), each once, in the order first seen."""
     seen: dict[bytes, str] = {}
@@ -171,9 +190,9 @@ _TRY_AGAIN: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEAD
 
 def join_main(argv: list[str]) -> int:
     """``qinglong-worker join``; exit 0 once the identity is written, 1 when refused, 3
-    when ingress's enrollment listener could not be reached or did not answer in time
-    (try again: a token the lost answer may have spent is refused then, and an
-    administrator issues a new one)."""
+    when ingress's enrollment listener could not be reached or did not answer in time:
+    try the same command again — the key stays, and a token the lost answer spent is
+    answered again for it until the token expires."""
     import argparse
     import sys
 
@@ -216,7 +235,8 @@ def join_main(argv: list[str]) -> int:
         if code in _TRY_AGAIN:
             print(
                 f"join failed: {code.name}: {call.details()} (is --enrollment {args.enrollment}"
-                " ingress's enrollment listener, and reachable? try again)",
+                " ingress's enrollment listener, and reachable? run the same command again"
+                " before the token expires: it is answered again for this machine's key)",
                 file=sys.stderr,
             )
             return 3

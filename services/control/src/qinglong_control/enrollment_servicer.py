@@ -35,7 +35,12 @@ from qinglong_control import wire
 from qinglong_control.db import enrollment
 from qinglong_control.domain.administration import NewSecret
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.issuing import IssuedCertificate, IssuingAuthority, WorkerKey
+from qinglong_control.issuing import (
+    IssuedCertificate,
+    IssuingAuthority,
+    WorkerKey,
+    key_digest,
+)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Pool = AsyncConnectionPool[AsyncConnection[Any]]
@@ -60,7 +65,7 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
         issuing.ensure_can_issue(dt.datetime.now(dt.UTC))  # before the token is spent
         digest = NewSecret(public.join_token).digest
         async with pool.connection() as conn:
-            enrolled = await enrollment.consume_join_token(conn, digest)
+            enrolled = await enrollment.consume_join_token(conn, digest, key_digest(key))
         if enrolled is None:
             raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the join token is not valid")
         issued = self._issue(issuing, key, enrolled)

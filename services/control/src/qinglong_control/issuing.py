@@ -20,6 +20,7 @@ file of their own (cert-manager's ``ca.crt`` beside an intermediate's ``tls.crt`
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,15 @@ class IssuingAuthority:
         certificate = builder.sign(self.key, algorithm)
         # Presented with its chain: ingress trusts the root, not an intermediate.
         return IssuedCertificate(_pem((certificate, *self.chain)), not_after)
+
+
+def key_digest(key: WorkerKey) -> str:
+    """SHA-256 of the key's SubjectPublicKeyInfo, lowercase hex: what a spent join token
+    records of the key it was spent for."""
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(der).hexdigest()
 
 
 def _self_signed(certificate: x509.Certificate) -> bool:

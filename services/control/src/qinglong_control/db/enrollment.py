@@ -4,7 +4,9 @@ admin role.
 One statement in one transaction: the token is marked used only if it is unused,
 unexpired and its Worker active, so a token works once, and a replayed, expired or
 foreign token changes nothing. The caller signs a certificate only after this committed:
-a certificate never exists for a token that is still usable.
+a certificate never exists for a token that is still usable. The key the token was spent
+for is recorded with it: the same token and key again, while the token is unexpired,
+are the retry of a join whose answer was lost, and are answered again (migration 0029).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from psycopg.rows import kwargs_row
 from qinglong_control.db.sql import SQL
 
 _CONSUME_JOIN_TOKEN = SQL["enrollment.consume_join_token"]
+_REPLAYED_JOIN = SQL["enrollment.replayed_join"]
 _ACTIVE_WORKER_IDENTITY = SQL["enrollment.active_worker_identity"]
 
 
@@ -28,13 +31,22 @@ class Enrollment:
     now_ms: int
 
 
-async def consume_join_token(conn: AsyncConnection[Any], token_digest: str) -> Enrollment | None:
-    """The Worker a valid join token enrolls, with the token now used; None otherwise
-    (wrong, used, expired, or its Worker disabled: deliberately indistinguishable)."""
+async def consume_join_token(
+    conn: AsyncConnection[Any], token_digest: str, key_digest: str
+) -> Enrollment | None:
+    """The Worker a valid join token enrolls, with the token now used for the key of
+    ``key_digest`` — or used for that very key already (a retry); None otherwise (wrong,
+    used for another key, expired, or its Worker disabled: deliberately
+    indistinguishable)."""
+    values = {"token_digest": token_digest, "key_digest": key_digest}
     async with conn.transaction():
         cursor = conn.cursor(row_factory=kwargs_row(Enrollment))
-        await cursor.execute(_CONSUME_JOIN_TOKEN, (token_digest,))
-        return await cursor.fetchone()
+        await cursor.execute(_CONSUME_JOIN_TOKEN, values)
+        enrolled = await cursor.fetchone()
+        if enrolled is None:
+            await cursor.execute(_REPLAYED_JOIN, values)
+            enrolled = await cursor.fetchone()
+        return enrolled
 
 
 async def active_worker(conn: AsyncConnection[Any], worker_id: str) -> Enrollment | None:
