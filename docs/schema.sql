@@ -669,6 +669,7 @@ CREATE TABLE qinglong.worker_join_tokens (
     used_at_ms qinglong.epoch_ms,
     issue_request_id text,
     used_key_sha256 qinglong.sha256_hex,
+    used_by_audit_id uuid,
     CONSTRAINT worker_join_tokens_expire_after_creation CHECK (((expires_at_ms)::bigint > (created_at_ms)::bigint)),
     CONSTRAINT worker_join_tokens_used_after_creation CHECK (((used_at_ms IS NULL) OR ((used_at_ms)::bigint >= (created_at_ms)::bigint)))
 );
@@ -894,6 +895,8 @@ CREATE INDEX security_audit_by_principal ON qinglong.security_audit USING btree 
 CREATE INDEX security_audit_by_time ON qinglong.security_audit USING btree (occurred_at_ms);
 
 CREATE INDEX tasks_by_project ON qinglong.tasks USING btree (project_id, created_at_ms, task_id);
+
+CREATE INDEX worker_join_tokens_by_audit ON qinglong.worker_join_tokens USING btree (used_by_audit_id) WHERE (used_by_audit_id IS NOT NULL);
 
 CREATE UNIQUE INDEX worker_join_tokens_by_issue_request ON qinglong.worker_join_tokens USING btree (worker_id, issue_request_id) WHERE (issue_request_id IS NOT NULL);
 
@@ -1136,6 +1139,8 @@ GRANT SELECT,INSERT ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
 GRANT UPDATE(used_at_ms) ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
 
 GRANT UPDATE(used_key_sha256) ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
+
+GRANT UPDATE(used_by_audit_id) ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.worker_sessions TO qinglong_runtime;
 GRANT SELECT ON TABLE qinglong.worker_sessions TO qinglong_admin;

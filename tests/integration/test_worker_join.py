@@ -204,6 +204,14 @@ async def test_a_used_expired_or_wrong_token_is_refused_alike_and_audited(
     assert {r["principal_kind"] for r in rows} == {"anonymous"}
     for token in (used, expired, wrong):
         assert token not in repr(rows)
+    # Ingress admitted all four before control could check a token; the listing names
+    # the Worker the one that spent a token enrolled, and none for the refused three.
+    async with stack.channel(stack.operator_identity("ops")) as channel:
+        listed = await admin_service_pb2_grpc.AdminServiceStub(channel).ListAuditRecords(
+            admin_service_pb2.ListAuditRecordsRequest(operation="EnrollmentService/JoinWorker"),
+            metadata=(("authorization", f"Bearer {stack.tokens['root']}"),),
+        )
+    assert sorted(record.worker_id for record in listed.records) == ["", "", "", "edge-08"]
 
 
 async def test_a_worker_rejoins_with_a_new_join_token_and_the_old_one_is_refused(

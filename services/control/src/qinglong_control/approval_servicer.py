@@ -58,7 +58,7 @@ class ApprovalMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             run_id=subject.run_id,
             requested_by=wire.caller_principal_id(request.caller),
             requested_by_kind=actor.kind,
-            audit_id=_audit_id(request.audit_id),
+            audit_id=wire.audit_id_of(request.audit_id),
         )
         async with self._approval_pool.connection() as conn:
             outcome = await approvals.hold(conn, held, self._approval_ttl_ms, actor, mutation)
@@ -164,11 +164,3 @@ def approval(view: ApprovalView) -> approval_pb2.Approval:
     if view.decided_at_ms is not None:
         message.decided_at.CopyFrom(wire.timestamp(view.decided_at_ms))
     return message
-
-
-def _audit_id(value: str) -> uuid.UUID:
-    """The audit row id is ingress's own envelope field: checked here, not by a rule."""
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise Refused(Reason.FIELD_INVALID, "audit_id must be a UUID", field="audit_id") from None

@@ -61,11 +61,12 @@ class EnrollmentMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             raise Refused(Reason.FIELD_INVALID, "only a joining machine joins")
         pool, issuing = self._configured()
         public = request.request
+        audit_id = wire.audit_id_of(request.audit_id)
         key = issuing.requested_key(public.certificate_signing_request_pem)
         issuing.ensure_can_issue(dt.datetime.now(dt.UTC))  # before the token is spent
         digest = NewSecret(public.join_token).digest
         async with pool.connection() as conn:
-            enrolled = await enrollment.consume_join_token(conn, digest, key_digest(key))
+            enrolled = await enrollment.consume_join_token(conn, digest, key_digest(key), audit_id)
         if enrolled is None:
             raise Refused(Reason.UNAUTHENTICATED_PRINCIPAL, "the join token is not valid")
         issued = self._issue(issuing, key, enrolled)

@@ -96,6 +96,14 @@ def caller_principal_id(caller: caller_pb2.Caller) -> uuid.UUID:
     return uuid.UUID(caller.principal_id)
 
 
+def audit_id_of(value: str) -> uuid.UUID:
+    """The audit row id is ingress's own envelope field: checked here, not by a rule."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise Refused(Reason.FIELD_INVALID, "audit_id must be a UUID", field="audit_id") from None
+
+
 def parse_capability(value: str, field: str) -> TokenDigest:
     """A lease capability's digest; its refusal names the field it came in."""
     try:

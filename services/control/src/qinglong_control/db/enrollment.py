@@ -11,6 +11,7 @@ are the retry of a join whose answer was lost, and are answered again (migration
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +33,16 @@ class Enrollment:
 
 
 async def consume_join_token(
-    conn: AsyncConnection[Any], token_digest: str, key_digest: str
+    conn: AsyncConnection[Any],
+    token_digest: str,
+    key_digest: str,
+    audit_id: uuid.UUID | None = None,
 ) -> Enrollment | None:
     """The Worker a valid join token enrolls, with the token now used for the key of
-    ``key_digest`` — or used for that very key already (a retry); None otherwise (wrong,
-    used for another key, expired, or its Worker disabled: deliberately
-    indistinguishable)."""
-    values = {"token_digest": token_digest, "key_digest": key_digest}
+    ``key_digest`` by the call audited as ``audit_id`` — or used for that very key already
+    (a retry); None otherwise (wrong, used for another key, expired, or its Worker
+    disabled: deliberately indistinguishable)."""
+    values = {"token_digest": token_digest, "key_digest": key_digest, "audit_id": audit_id}
     async with conn.transaction():
         cursor = conn.cursor(row_factory=kwargs_row(Enrollment))
         await cursor.execute(_CONSUME_JOIN_TOKEN, values)

@@ -339,8 +339,13 @@ SELECT w.worker_id, w.principal_id, w.status, w.created_at_ms,
 -- A user's or agent's name is read per listed row (after the limit) by primary key; the
 -- CASE casts only an id of the uuid form, so no row (a Worker's name as its id, or an id
 -- of any other form) can make the listing fail.
+-- A JoinWorker call names no Worker (it is anonymous): the one its token enrolled, if
+-- it spent one, is read from the token by the call's audit id (migration 0029).
 SELECT audit_id, occurred_at_ms, principal_kind, principal_id, operation, outcome, reason,
-       project_id, run_id, worker_id, peer,
+       project_id, run_id,
+       coalesce(worker_id, (SELECT t.worker_id FROM qinglong.worker_join_tokens t
+                             WHERE t.used_by_audit_id = a.audit_id)) AS worker_id,
+       peer,
        (SELECT p.name FROM qinglong.principals p
          WHERE p.principal_id = CASE
                  WHEN a.principal_kind IN ('user', 'agent') AND a.principal_id

@@ -5,9 +5,11 @@
 -- Single use and short-lived: the UPDATE succeeds only for an unused, unexpired token of
 -- an active Worker, and at most once (a concurrent second use finds used_at_ms set).
 -- A token IssueJoinToken superseded, and its request records, are marked used already.
--- It records the key it was spent for (a lost answer's retry: replayed_join).
+-- It records the key it was spent for (a lost answer's retry: replayed_join) and the
+-- audit row of the call that spent it (the audit listing names the Worker enrolled).
 UPDATE qinglong.worker_join_tokens AS t
-   SET used_at_ms = qinglong.db_now_ms(), used_key_sha256 = %(key_digest)s
+   SET used_at_ms = qinglong.db_now_ms(), used_key_sha256 = %(key_digest)s,
+       used_by_audit_id = %(audit_id)s
   FROM qinglong.worker_identities AS w
  WHERE t.token_digest = %(token_digest)s
    AND t.used_at_ms IS NULL
