@@ -22,6 +22,7 @@ from qinglong_worker.process import (
     LOST_WITH_SUPERVISOR,
     TIMEOUT_ENV,
     UNOBSERVED_EXIT,
+    UNREADABLE_STATUS_SECONDS,
     ExecutorRefused,
     ExitStatus,
     ProcessController,
@@ -501,6 +502,29 @@ def test_a_status_unreadable_for_a_moment_is_read_again_not_given_up(
     status_file.rmdir()
     aside.rename(status_file)
     assert controller.poll(identity) == ExitStatus(7, None)
+
+
+def test_a_status_unreadable_is_waited_for_by_time_not_by_polls(tmp_path: Path) -> None:
+    """Polls come every tick: a fault that lasts a few seconds (EMFILE while the daemon
+    is short of descriptors) outlasted ten polls, and a Run's exit 0 was reported "not
+    observable". The ending stays undecided for UNREADABLE_STATUS_SECONDS however many
+    polls find the status unreadable, and only then is given up."""
+    now = [1000.0]
+    controller = ProcessController(status_dir=tmp_path / "exits", clock=lambda: now[0])
+    (tmp_path / "exits").mkdir()
+    identity = spawned(controller, ["sh", "-c", "exit 0"], timeout_ms=None, deadline_unix_ms=None)
+    status_file = tmp_path / "exits" / status_file_name(identity.pid, identity.start_ticks)
+    assert wait_until(status_file.exists, 10), "the supervisor wrote no status"
+    assert wait_until(lambda: not _alive(identity.pid), 10)
+    aside = status_file.with_name("aside")
+    status_file.rename(aside)
+    status_file.mkdir()  # EISDIR on every read, as EMFILE would be
+    for _ in range(50):
+        assert controller.poll(identity) is None
+    now[0] += UNREADABLE_STATUS_SECONDS - 1
+    assert controller.poll(identity) is None
+    now[0] += 2
+    assert controller.poll(identity) == UNOBSERVED_EXIT
 
 
 def test_what_an_executor_leaves_running_ends_with_it(

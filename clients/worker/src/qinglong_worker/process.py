@@ -46,7 +46,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -154,9 +154,12 @@ class ExitStatus:
         return self.exit_code is not None or self.signal is not None
 
 
-#: Polls that may find an executor's status unreadable before its ending is taken as not
-#: observable (a passing fault is waited out, one that stays is not waited on for ever).
-_UNREADABLE_STATUS_TRIES: Final = 10
+#: How long an executor's status may stay unreadable before its ending is taken as not
+#: observable: a passing fault (EMFILE while the daemon is short of descriptors, an EIO)
+#: is waited out — its lease is renewed meanwhile — one that stays is not waited on for
+#: ever. A time, not a number of polls: a poll comes every tick, so ten of them were gone
+#: in about a second, less than such a fault lasts.
+UNREADABLE_STATUS_SECONDS: Final = 60.0
 
 UNOBSERVED_EXIT: Final = ExitStatus(None, None)
 """The executor ended by itself, how is unknown (its status cannot be read)."""
@@ -274,11 +277,14 @@ class ProcessController:
         *,
         base_environment: Mapping[str, str] | None = None,
         status_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``status_dir``: where supervisors leave exit statuses (the daemon uses a
         directory beside its inbox). Without it nothing can be spawned and the status of
-        a process that is not our child is unobserved."""
+        a process that is not our child is unobserved. ``clock``: seconds, for how long a
+        status has been unreadable."""
         self._base = dict(os.environ if base_environment is None else base_environment)
+        self._clock = clock
         self._status_dir = status_dir
         # Our own children (supervisors), so their exit is reaped (and nothing else reaps it).
         self._children: dict[ProcessIdentity, subprocess.Popen[bytes]] = {}
@@ -287,7 +293,8 @@ class ProcessController:
         self._known: set[ProcessIdentity] = set()
         # Identities whose group got SIGKILL from us: the executor died with them.
         self._killed: set[ProcessIdentity] = set()
-        self._unreadable: dict[ProcessIdentity, int] = {}
+        # Since when (``clock``) each executor's status could not be read.
+        self._unreadable: dict[ProcessIdentity, float] = {}
         # Identities this controller sent any stop signal (TERM or KILL).
         self._signalled: set[ProcessIdentity] = set()
         # Supervisors killed after a failed start that did not end within the bound.
@@ -615,11 +622,15 @@ class ProcessController:
         try:
             recorded = self._read_status(identity)
         except OSError as error:
-            tries = self._unreadable[identity] = self._unreadable.get(identity, 0) + 1
+            since = self._unreadable.setdefault(identity, self._clock())
+            waited = self._clock() - since
             log.warning(
-                "exit status of %s unreadable (%d): %s", identity.handle, tries, error.strerror
+                "exit status of %s unreadable for %.1f s: %s",
+                identity.handle,
+                waited,
+                error.strerror,
             )
-            if tries < _UNREADABLE_STATUS_TRIES:
+            if waited < UNREADABLE_STATUS_SECONDS:
                 return None  # EMFILE, EIO...: its ending is not decided on a passing fault
             return UNOBSERVED_EXIT
         self._unreadable.pop(identity, None)
