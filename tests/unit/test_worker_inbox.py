@@ -513,21 +513,23 @@ def test_an_inbox_of_schema_3_gains_the_executors_boot(inbox_path: Path) -> None
         inbox.close()
 
 
-def test_an_inbox_of_schema_5_is_read_unchanged_and_marked_6(
-    inbox_path: Path,
+@pytest.mark.parametrize("older", [5, 6])
+def test_an_inbox_of_schema_5_or_6_is_read_unchanged_and_marked_7(
+    inbox_path: Path, older: int
 ) -> None:
-    """Schema 6 changes no table (its executors' supervisors watch lease files): a schema-5
-    record is read unchanged, and the file then says 6, which a schema-5 Worker refuses."""
+    """Schemas 6 (supervisors watch lease files) and 7 (a record may be given back for a
+    fault of the machine) change no table: an older record is read unchanged, and the
+    file then says 7, which an older Worker refuses."""
     inbox = Inbox.open(inbox_path)
     record = _record()
     inbox.admit(record)
-    inbox = _reopened_at_schema(inbox, 5)
+    inbox = _reopened_at_schema(inbox, older)
     try:
         assert inbox.get(record.offer_id) == record
     finally:
         inbox.close()
     with sqlite3.connect(inbox_path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone() == (6,) == (SCHEMA_VERSION,)
+        assert reopened.execute("PRAGMA user_version").fetchone() == (7,) == (SCHEMA_VERSION,)
 
 
 def test_an_inbox_of_schema_4_counts_its_wall_clock_leases_as_lost(inbox_path: Path) -> None:

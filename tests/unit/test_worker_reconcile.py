@@ -5,13 +5,16 @@ what is persisted, stopped and sent can be observed exactly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import errno
 import itertools
 import os
 import signal
+import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1993,3 +1996,52 @@ async def test_an_executor_that_ended_by_itself_is_reported_even_without_its_sta
     await _until_completed(world.reconciler, offer_id)
     assert world.client.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_FAILED
     assert not world.client.completed.HasField("exit_code")
+
+
+def _write_until_full(descriptor: int) -> None:
+    while os.write(descriptor, b"\0" * 4096):
+        pass
+
+
+@contextlib.contextmanager
+def _full_filesystem_at(directory: Path) -> Iterator[None]:
+    """A 64 KiB tmpfs mounted at ``directory`` and filled: every new file there fails
+    ENOSPC, as on a Worker whose disk is full (a real mount; the tests run as root)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(directory)], check=True)
+    try:
+        fill = os.open(directory / "fill", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(OSError, match="No space left") as full:
+                _write_until_full(fill)
+        finally:
+            os.close(fill)
+        assert full.value.errno == errno.ENOSPC
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+async def test_a_start_the_machine_cannot_make_is_given_back_not_failed(world: World) -> None:
+    """A full disk under exits/ (where the supervisor claims each launch): the start is
+    not reported as the task's failure (a Run failed, and every Run pulled after it the
+    same way), the record is given back unreported — its lease runs out and the Attempt
+    ends lost, to be retried — and the Worker pulls nothing for a while."""
+    status_dir = world.processes.status_dir
+    assert status_dir is not None
+    lifecycle = _lifecycle(world, max_concurrency=2)
+    world.client.offers = [world.offer(["sleep", "30"]) for _ in range(3)]
+    with _full_filesystem_at(status_dir):
+        first = await lifecycle.tick()  # pulls, and starts what it pulled
+        second = await lifecycle.tick()
+        third = await lifecycle.tick()
+    assert first.pull.startswith("pulled")
+    assert {outcome for _, outcome in first.admitted} == {Outcome.WORKER_FAULT}
+    given_back = [r for r in world.inbox.records() if r.state is RecordState.QUARANTINED]
+    assert given_back
+    assert {r.quarantine_reason for r in given_back} == {QuarantineReason.NOT_STARTED_WORKER_FAULT}
+    assert all("space" in (r.detail or "") for r in given_back), [r.detail for r in given_back]
+    assert "ReportStartFailure" not in world.client.calls
+    assert second.pull.startswith("paused")
+    assert third.pull.startswith("paused")
+    assert world.client.calls.count("PullOffers") == 1

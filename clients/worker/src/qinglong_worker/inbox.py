@@ -40,7 +40,7 @@ from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
 from qinglong_worker.clock import BootInstant
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 #: What each older schema version lacks, added in place when a Worker opens its inbox.
 #: An older Worker refuses a newer inbox ("unsupported inbox schema version"): there is
 #: no downgrade.
@@ -62,6 +62,9 @@ _UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
     # they would stop its healthy executors at the last lease written, and it would
     # report that stop as the executor's ending: it must refuse this inbox.
     5: (),
+    # Schema 7 changes no table either: a record may be quarantined
+    # `not_started_worker_fault`, which a Worker of schema 6 cannot read.
+    6: (),
 }
 #: A schema-1 inbox predates output shipping: its closed records promised none, so their
 #: files (if any) are not shipped now. (A schema-2 record closed with output left
@@ -131,6 +134,10 @@ class QuarantineReason(StrEnum):
     """The control plane says the Attempt runs already, though this inbox never launched
     it (an inbox restored from a backup, or a copy of this Worker's volume): nothing is
     started here, or the Run would run twice."""
+    NOT_STARTED_WORKER_FAULT = "not_started_worker_fault"
+    """Nothing was started, for a fault of this Worker's machine (a full disk, no file
+    descriptors left): not reported as the task's start failure. The lease is left to
+    run out, so the Attempt ends lost and the Run is retried (on another Worker)."""
 
 
 #: Allowed state changes; a state may always "change" to itself (field updates such as a

@@ -85,6 +85,10 @@ SUPERVISE_LIMIT_MAX: Final = 64
 CLOSED_SHIPPING_PER_TICK: Final = 2
 #: The least a tick waits for them (so each gets going even after slow supervision).
 _CLOSED_SHIPPING_MIN_WAIT_SECONDS: Final = 0.1
+#: How long a Worker takes no new work after it could not start one for a fault of its
+#: own machine (a full disk, no file descriptors): pulling on would give back every Run
+#: of the queue, each a lease lifetime late, while the fault lasts.
+WORKER_FAULT_PAUSE_SECONDS: Final = 60.0
 _NEEDS_RECOVERY: Final = tuple(s for s in OPEN_STATES if s is not RecordState.RUNNING_ACKNOWLEDGED)
 #: Records a drain waits for: an executor may run, or its completion is still unreported.
 #: (`claiming`/`claimed` are held: their leases expire and the Runs return to the queue.)
@@ -190,6 +194,8 @@ class Lifecycle:
         self._closed_cursor = 0
         self._ensuring: asyncio.Task[ActiveSession | None] | None = None
         self._pruned_at: float | None = None
+        # Loop time until which nothing is pulled (a fault of this machine, above).
+        self._paused_until = 0.0
 
     async def run(self, signals: ShutdownSignals) -> None:
         """Tick until the first signal; drain; stop what is left; return. Raises
@@ -233,6 +239,7 @@ class Lifecycle:
         admitted = await self._pull(session)
         if isinstance(admitted, str):
             return TickReport(supervised, admitted)
+        self._pause_after_a_fault(admitted)
         return TickReport(supervised, f"pulled {len(admitted)}", admitted)
 
     async def _session_within(self, seconds: float) -> ActiveSession | None:
@@ -432,6 +439,11 @@ class Lifecycle:
 
     # --- pulling ------------------------------------------------------------------------------
 
+    def _pause_after_a_fault(self, outcomes: tuple[tuple[str, Outcome | None], ...]) -> None:
+        if any(outcome is Outcome.WORKER_FAULT for _, outcome in outcomes):
+            now = asyncio.get_running_loop().time()
+            self._paused_until = now + WORKER_FAULT_PAUSE_SECONDS
+
     def _pull_decision(
         self,
         supervised: tuple[tuple[str, Outcome | None], ...],
@@ -440,6 +452,9 @@ class Lifecycle:
         """Empty to pull; otherwise why not."""
         if self._reconciler.mode is not Mode.NORMAL:
             return "draining"
+        self._pause_after_a_fault(supervised)
+        if asyncio.get_running_loop().time() < self._paused_until:
+            return "paused: a start failed for a fault of this machine (disk, descriptors)"
         if any(outcome is None or outcome.stops_pulling for _, outcome in supervised):
             return "lease lost, terminal, refused, in flight or unconfirmed stop this tick"
         if self._inbox.count(_NEEDS_RECOVERY):

@@ -619,6 +619,10 @@ class ProcessController:
     def _ended(self, identity: ProcessIdentity, supervisor_code: int | None) -> ExitStatus | None:
         """How the executor of an ended supervisor ended; None while that is undecided (a
         status there that could not be read just now: the next poll reads it again)."""
+        if supervisor_code == supervisor.EXIT_STATUS_UNWRITTEN:
+            # Our child said it could not write one: there is none to wait for, and
+            # whatever is at its path (a directory, a half file) is not it.
+            return UNOBSERVED_EXIT
         try:
             recorded = self._read_status(identity)
         except OSError as error:

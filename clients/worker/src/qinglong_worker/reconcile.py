@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import functools
 import hashlib
 import logging
@@ -149,6 +150,22 @@ class Mode(StrEnum):
     """As draining, and running executors are stopped for the Worker's shutdown."""
 
 
+#: Errors of a spawn that are this machine's, not the task's: its disk is full or read
+#: only, it is out of file descriptors, memory or processes, or its storage fails.
+WORKER_FAULT_ERRNOS: Final = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EIO,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOMEM,
+        errno.EAGAIN,
+    }
+)
+
+
 class Outcome(StrEnum):
     """What one reconcile achieved, for the lifecycle's pull decision and for tests."""
 
@@ -173,6 +190,9 @@ class Outcome(StrEnum):
     TERMINAL = "terminal"
     SHIPPING = "shipping"
     """A closed record's output is still being shipped (best effort, no lease)."""
+    WORKER_FAULT = "worker_fault"
+    """Nothing could be started for a fault of this machine (disk full, no descriptors
+    left): the record is given up unreported and the lifecycle pauses pulling."""
 
     @property
     def stops_pulling(self) -> bool:
@@ -183,6 +203,7 @@ class Outcome(StrEnum):
             Outcome.STOP_PENDING,
             Outcome.REFUSED,
             Outcome.IN_FLIGHT,
+            Outcome.WORKER_FAULT,
         )
 
 
@@ -691,7 +712,27 @@ class Reconciler:
                 record.run_id,
             )
             return Outcome.WAITING
-        except (ExecutorRefused, OSError) as error:
+        except OSError as error:
+            if error.errno in WORKER_FAULT_ERRNOS:
+                # Not the task's failure: reported as a start failure, it would end the
+                # Run failed (and every Run pulled after it, the fault lasting). Nothing
+                # started, so the lease is left to run out: the Attempt ends lost, and the
+                # Run is retried after a lease lifetime.
+                log.error(
+                    "offer %s run %s: not started, a fault of this Worker (%s): given back",
+                    record.offer_id,
+                    record.run_id,
+                    error.strerror or errno.errorcode.get(error.errno or 0, "?"),
+                )
+                self._quarantine(
+                    record,
+                    QuarantineReason.NOT_STARTED_WORKER_FAULT,
+                    f"not started: {error.strerror or error.errno}",
+                )
+                return Outcome.WORKER_FAULT
+            self._save(record, start_failure=_spawn_failure_summary(error))
+            return None
+        except ExecutorRefused as error:
             self._save(record, start_failure=_spawn_failure_summary(error))
             return None
         try:
