@@ -11,11 +11,12 @@ promoted standby).
 Here, with the real repository functions on the services' own pools and a real
 synchronous standby: the standby stops; each command's first call outlasts its budget
 (its rows are visible on the primary: the hazard is set up); its retry, which writes
-nothing, must get no answer either while the standby is down; once the standby is back
-the retry answers with the first call's result; and after a promotion every answered
-result is on the new primary. The commands: TriggerRun, CreateTask and OpenSession
-(runtime role), CreateProject and a repeated RevokeRole (admin role), the last a change
-already made rather than a replay.
+nothing, must get no answer either while the standby is down (without the barrier, four
+of these five retries were answered); once the standby is back the retry answers with
+the first call's result, and a promotion then finds it there (a check of the setup more
+than of the fix: by then the standby has caught up). The commands: TriggerRun,
+CreateTask and OpenSession (runtime role), CreateProject and a repeated RevokeRole (admin
+role), the last a change already made rather than a replay.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ def _certificate(
     *,
     ca: bool,
     server_name: str | None = None,
+    days: int = 30,
 ) -> x509.Certificate:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     issuer_name, signer = (name, key) if issuer is None else (issuer[0].subject, issuer[1])
@@ -53,7 +54,7 @@ def _certificate(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(NOW - dt.timedelta(hours=1))
-        .not_valid_after(NOW + dt.timedelta(days=30))
+        .not_valid_after(NOW + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
     )
     if server_name is not None:
@@ -158,6 +159,42 @@ def test_an_intermediate_without_its_root_is_refused_at_start(pki: dict[str, Pat
     authority = IssuingAuthority.load(bundle, pki["intermediate.key"])
     assert authority.ca_certificates_pem.encode() == pki["root"].read_bytes()
     assert [c.subject for c in authority.chain] == [authority.certificate.subject]
+
+
+def test_a_bundle_or_trust_file_that_does_not_chain_is_refused_at_start(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """An unrelated root in the bundle, or a trust file whose root did not sign the
+    intermediate: Workers would trust a root that verifies nothing of theirs."""
+    other_key = ec.generate_private_key(ec.SECP256R1())
+    other = tmp_path / "other-root"
+    other.write_bytes(_pem(_certificate("other", other_key, None, ca=True)))
+    unrelated = tmp_path / "unrelated-bundle"
+    unrelated.write_bytes(pki["intermediate"].read_bytes() + other.read_bytes())
+    with pytest.raises(ValueError, match="no root given issued"):
+        IssuingAuthority.load(unrelated, pki["intermediate.key"])
+    with pytest.raises(ValueError, match="no root given issued"):
+        IssuingAuthority.load(pki["intermediate"], pki["intermediate.key"], trust_path=other)
+
+
+def test_a_certificate_outlives_no_certificate_of_its_path(tmp_path: Path) -> None:
+    """A root that expires before its intermediate ends the Worker's certificate too:
+    past it, the certificate verifies nowhere."""
+    root_key, inter_key = (ec.generate_private_key(ec.SECP256R1()) for _ in "ab")
+    root = _certificate("short root", root_key, None, ca=True, days=10)
+    inter = _certificate("workers", inter_key, (root, root_key), ca=True, days=30)
+    (tmp_path / "bundle").write_bytes(_pem(inter) + _pem(root))
+    (tmp_path / "key").write_bytes(private_key_pem(inter_key))
+    authority = IssuingAuthority.load(
+        tmp_path / "bundle", tmp_path / "key", lifetime=dt.timedelta(days=20)
+    )
+    issued = authority.issue_worker_certificate(
+        authority.requested_key(signing_request(new_private_key())),
+        WORKER,
+        worker_uri("qinglong.local", WORKER),
+        NOW,
+    )
+    assert issued.not_after == root.not_valid_after_utc < inter.not_valid_after_utc
 
 
 def test_a_trust_bundle_keeps_each_certificate_once_in_order(pki: dict[str, Path]) -> None:

@@ -311,6 +311,14 @@ async def test_a_join_whose_answer_was_lost_is_answered_again_for_its_key(
     other = await run_join(stack, token, tmp_path / "other", tmp_path)
     assert other.returncode == 1, other.stderr
     assert not (tmp_path / "other" / "worker.key").exists()
+    # A key left by another identity (its worker.json moved aside to join anew, or a disk
+    # image copied with one) is never presented for a new token: only a pending join's.
+    (directory / "worker.json").rename(directory / "worker.json.old")
+    rejoined = await run_join(
+        stack, await issue_join_token(stack, "edge-14", "rejoin"), directory, tmp_path
+    )
+    assert rejoined.returncode == 0, rejoined.stderr
+    assert (directory / "worker.key").read_bytes() != key
     print(
         f"\njoin: answers lost {answers_lost}, retry answered {retried.returncode == 0},"
         f" another key answered {other.returncode == 0}"
@@ -452,8 +460,9 @@ async def test_a_join_at_the_wrong_listener_says_so_leaves_nothing_and_may_be_re
     wrong = await run_join(stack, token, directory, tmp_path, enrollment=stack.ingress_address)
     assert wrong.returncode == 3, wrong.stderr
     assert "--enrollment" in wrong.stderr
-    assert [path.name for path in directory.iterdir()] == ["worker.key"]
+    assert sorted(path.name for path in directory.iterdir()) == ["join.pending", "worker.key"]
     key = (directory / "worker.key").read_bytes()
     joined = await run_join(stack, token, directory, tmp_path)
     assert joined.returncode == 0, joined.stderr
     assert (directory / "worker.key").read_bytes() == key
+    assert not (directory / "join.pending").exists()

@@ -22,6 +22,7 @@ The directory then holds everything `qinglong-worker run` needs:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,9 @@ from qinglong_protocol.files import atomic_write
 KEY_FILE: Final = "worker.key"
 CERTIFICATE_FILE: Final = "worker.crt"
 CA_FILE: Final = "ca.crt"
+#: Written with the key before a join is sent, removed once it is answered: the digest of
+#: the token the key is for (a lost answer's retry presents the same key, no other does).
+PENDING_FILE: Final = "join.pending"
 IDENTITY_FILE: Final = "worker.json"
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 
@@ -97,12 +101,15 @@ def join(
         # A join token works once; joining again here would replace the key of a working
         # identity before the (second) token is even checked.
         raise FileExistsError(f"{directory / IDENTITY_FILE} exists: this machine has joined")
-    key = _key_of_an_unanswered_join(directory / KEY_FILE)
+    pending = hashlib.sha256(join_token.encode("ascii")).hexdigest()
+    key = _key_of_an_unanswered_join(directory, pending)
     if key is None:
         key = new_private_key()
         # The key is on disk (0600) before anything leaves the machine, so a certificate
-        # is never issued for a key that could be lost.
+        # is never issued for a key that could be lost; the pending mark names the token
+        # it is for, so only a retry of this very join presents it again.
         write_private(directory / KEY_FILE, private_key_pem(key))
+        write_private(directory / PENDING_FILE, pending.encode("ascii"))
     options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
     credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
     try:
@@ -120,10 +127,10 @@ def join(
         # (until the token expires). A refusal spent nothing: the key goes.
         failed: Any = error  # a failed call's error is also its grpc.Call
         if failed.code() not in _TRY_AGAIN:
-            (directory / KEY_FILE).unlink(missing_ok=True)
+            _forget_pending(directory)
         raise
     except BaseException:
-        (directory / KEY_FILE).unlink(missing_ok=True)
+        _forget_pending(directory)
         raise
     write_public(directory / CERTIFICATE_FILE, answer.certificate_pem)
     # The CA given here verified ingress just now; control's roots are kept beside it (a
@@ -147,6 +154,8 @@ def join(
         )
         + "\n",
     )
+    # Answered: the key is the identity's now, no join's to retry.
+    (directory / PENDING_FILE).unlink(missing_ok=True)
     return identity
 
 
@@ -156,14 +165,24 @@ def private_key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _key_of_an_unanswered_join(path: Path) -> ec.EllipticCurvePrivateKey | None:
-    """The key a join whose answer never came left here (no identity was written), to be
-    presented again with the same token; None when there is none to reuse."""
+def _key_of_an_unanswered_join(directory: Path, pending: str) -> ec.EllipticCurvePrivateKey | None:
+    """The key a join of this very token left here when its answer never came (the
+    pending mark names the token's digest), to be presented again; None otherwise — a
+    key of an earlier identity (its worker.json moved aside to join anew) or one copied
+    with a disk image is never reused."""
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        if (directory / PENDING_FILE).read_text(encoding="ascii").strip() != pending:
+            return None
+        key = serialization.load_pem_private_key((directory / KEY_FILE).read_bytes(), None)
     except (OSError, ValueError, TypeError):
         return None
     return key if isinstance(key, ec.EllipticCurvePrivateKey) else None
+
+
+def _forget_pending(directory: Path) -> None:
+    """A join that was answered with a refusal spent nothing: its key and mark go."""
+    (directory / KEY_FILE).unlink(missing_ok=True)
+    (directory / PENDING_FILE).unlink(missing_ok=True)
 
 
 def trust_bundle(*bundles: str) -> str:

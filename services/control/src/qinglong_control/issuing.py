@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import itertools
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,17 +85,18 @@ class IssuingAuthority:
         (PEM); ``trust_path``: the roots, when the bundle does not end in one."""
         bundle = x509.load_pem_x509_certificates(certificate_path.read_bytes())
         certificate = bundle[0]
-        chain = tuple(c for c in bundle if not _self_signed(c))
-        roots = (
+        chain = () if _self_signed(certificate) else tuple(c for c in bundle if not _self_signed(c))
+        candidates = (
             tuple(x509.load_pem_x509_certificates(trust_path.read_bytes()))
             if trust_path is not None
             else tuple(c for c in bundle if _self_signed(c))
         )
-        if not roots:
+        if not candidates:
             raise ValueError(
                 f"{certificate_path} is an intermediate CA and ends in no root: append the"
                 " root certificate to it, or name the roots' file (--issuing-ca-trust)"
             )
+        roots = (certificate,) if not chain else _roots_of(certificate_path, chain, candidates)
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
         if not isinstance(key, _IssuingKey):
             raise ValueError(f"{key_path}: unsupported issuing key type {type(key).__name__}")
@@ -131,8 +133,9 @@ class IssuingAuthority:
         self, public_key: WorkerKey, worker_id: str, worker_uri: str, now: dt.datetime
     ) -> IssuedCertificate:
         """A client certificate for ``public_key`` (from :meth:`requested_key`), naming
-        ``worker_uri`` only."""
-        not_after = min(now + self.lifetime, self.certificate.not_valid_after_utc)
+        ``worker_uri`` only; valid no longer than any certificate of its path."""
+        path = (self.certificate, *self.chain, *self.roots)
+        not_after = min(now + self.lifetime, *(c.not_valid_after_utc for c in path))
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, worker_id)]))
@@ -182,14 +185,39 @@ def key_digest(key: WorkerKey) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
-def _self_signed(certificate: x509.Certificate) -> bool:
-    if certificate.issuer != certificate.subject:
+def _roots_of(
+    source: Path, chain: tuple[x509.Certificate, ...], candidates: tuple[x509.Certificate, ...]
+) -> tuple[x509.Certificate, ...]:
+    """The roots (of ``candidates``) that end ``chain``, the issuing intermediate first:
+    each certificate of it is issued by the next, the last by such a root. A bundle of
+    unrelated certificates, or a trust file whose roots did not sign the chain, is
+    refused at start: Workers would be told to trust a root that verifies nothing of
+    theirs, and present certificates that verify nothing."""
+    for lower, upper in itertools.pairwise(chain):
+        if not _issued_by(lower, upper):
+            raise ValueError(
+                f"{source}: {lower.subject.rfc4514_string()} is not issued by the"
+                f" certificate after it ({upper.subject.rfc4514_string()})"
+            )
+    top = chain[-1]
+    roots = tuple(c for c in candidates if _issued_by(top, c))
+    if not roots:
+        raise ValueError(f"{source}: no root given issued {top.subject.rfc4514_string()}")
+    return roots
+
+
+def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
+    if certificate.issuer != issuer.subject:
         return False
     try:
-        certificate.verify_directly_issued_by(certificate)
+        certificate.verify_directly_issued_by(issuer)
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+def _self_signed(certificate: x509.Certificate) -> bool:
+    return _issued_by(certificate, certificate)
 
 
 def _pem(certificates: tuple[x509.Certificate, ...]) -> str:

@@ -88,7 +88,12 @@ class CommandTx:
 
 
 # Locks the barrier row (migration 0028) only in a transaction that has written nothing:
-# one that wrote already has WAL of its own for the COMMIT to wait on.
+# one that wrote already has WAL of its own for the COMMIT to wait on. "Has a transaction
+# id" stands for "wrote WAL" here: every statement of these commands that takes an id
+# also writes (a row, a row lock). The exception PostgreSQL has — an UPDATE or DELETE
+# that takes an id and then finds its row deleted by another transaction, writing
+# nothing — cannot occur while no command deletes a row another answers from (the only
+# DELETE, of output chunks, is behind its stream's FOR UPDATE lock).
 _COMMIT_BARRIER = """SELECT 1 FROM qinglong.commit_barrier
  WHERE barrier = 1 AND pg_current_xact_id_if_assigned() IS NULL
    FOR KEY SHARE"""
