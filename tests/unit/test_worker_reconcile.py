@@ -2045,3 +2045,18 @@ async def test_a_start_the_machine_cannot_make_is_given_back_not_failed(world: W
     assert second.pull.startswith("paused")
     assert third.pull.startswith("paused")
     assert world.client.calls.count("PullOffers") == 1
+
+
+async def test_a_pass_persists_its_output_offset_once_not_once_a_chunk(world: World) -> None:
+    """Each persist is an fsync on the event loop's thread: sixteen a pass held up every
+    other record's lease control on a slow disk. A pass of sixteen chunks writes the
+    record once; the chunks are answered as replays should a Worker stop mid-pass."""
+    size = _chunks(CHUNKS_PER_PASS + 4)
+    offer_id = world.admit(_printing(size, linger=30))  # still running: no other change
+    assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    await _written(world, offer_id, size)
+    before = _record_of(world, offer_id)
+    await world.reconciler.reconcile(offer_id)  # one pass: 16 chunks
+    after = _record_of(world, offer_id)
+    assert after.output_offset == CHUNKS_PER_PASS * CHUNK
+    assert after.revision == before.revision + 1

@@ -3,9 +3,9 @@
 The executor writes to its local file (one per offer, beside the inbox) and never waits
 for the network: the Worker reads the file afterwards, in chunks of at most the
 contract's 64 KiB, and appends each one at its byte offset (WorkerService.AppendOutput).
-The offset the control plane holds is persisted in the inbox record after each answer,
-so a restarted Worker resumes from it; a chunk whose answer was lost is sent again and
-answered as a replay, never stored twice.
+The offset the control plane holds is persisted in the inbox record after each pass,
+so a restarted Worker resumes from it; a chunk whose answer was lost (or whose offset
+was not persisted yet) is sent again and answered as a replay, never stored twice.
 
 Shipping is bounded per reconcile pass (:data:`CHUNKS_PER_PASS`, and a deadline: when
 the record's lease control next falls due), so one chatty Run cannot hold up lease
@@ -97,26 +97,33 @@ async def ship_output(
     lease_seconds_left: Callable[[], float] | None = None,
 ) -> Shipped:
     """Ship up to ``max_chunks`` chunks from ``record.output_offset``; ``persist`` records
-    a new offset (a compare-and-set) and returns the record written.
+    a new offset (a compare-and-set) and returns the record written — once a pass, not
+    once a chunk: each persist is an fsync on the event loop's thread, and on a slow disk
+    sixteen of them a tick held up every other record's lease control. A Worker that
+    stops mid-pass sends those chunks again, and each is answered as a replay.
 
     ``seconds_left``: the time left before the pass must end (when lease control falls
     due), checked before each chunk. ``lease_seconds_left``: the time left on the local
     lease; no chunk's retries go beyond it (nor beyond :data:`CALL_BUDGET_SECONDS`).
     Without either (a closed record: no lease to keep) only the count bounds the pass."""
+    offset = record.output_offset
+
+    def persisted() -> InboxRecord:
+        return record if offset == record.output_offset else persist(record, offset)
+
     for _ in range(max_chunks):
         size = output_size(path)
-        offset = record.output_offset
         if offset >= size:
             if offset > size:
                 log.warning("offer %s: output file is shorter than shipped", record.offer_id)
-            return Shipped(record, pending=False)
+            return Shipped(persisted(), pending=False)
         budget = CALL_BUDGET_SECONDS
         if lease_seconds_left is not None:
             budget = min(budget, lease_seconds_left())
         if budget < MIN_CHUNK_SECONDS or (
             seconds_left is not None and seconds_left() < MIN_CHUNK_SECONDS
         ):
-            return Shipped(record, pending=True)  # lease control first; the rest later
+            return Shipped(persisted(), pending=True)  # lease control first; the rest later
         data = read_chunk(path, offset)
         try:
             answer = await client.append_output(
@@ -124,8 +131,9 @@ async def ship_output(
                 budget_seconds=budget,
             )
         except CallFailed as failure:
-            return _after_refusal(record, failure, persist)
-        record = persist(record, answer.end_offset)
+            return _after_refusal(persisted(), failure, persist)
+        offset = answer.end_offset
+    record = persisted()
     return Shipped(record, pending=output_size(path) > record.output_offset)
 
 
