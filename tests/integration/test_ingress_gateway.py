@@ -446,12 +446,8 @@ async def test_a_watch_after_an_event_not_yet_numbered_still_ends_with_the_run(
     assert await watched_to_its_end(stack, first_read, after_sequence=1_000) == []
 
 
-async def test_a_workers_trace_continues_through_ingress_to_control(stack: Stack) -> None:
-    """B-OBS: whether ingress records spans (its own span then parents control's) or not
-    (it passes the caller's trace context on unchanged), control's call belongs to the
-    Worker's trace."""
-    trace_id = secrets.token_hex(16)
-    traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+async def _open_session_with(stack: Stack, *metadata: tuple[str, str]) -> None:
+    """worker-a opens a session, sending ``metadata`` with the call."""
     async with stack.channel(stack.worker_identity("worker-a")) as channel:
         await worker_service_pb2_grpc.WorkerServiceStub(channel).OpenSession(
             worker_service_pb2.OpenSessionRequest(
@@ -460,8 +456,17 @@ async def test_a_workers_trace_continues_through_ingress_to_control(stack: Stack
                 executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
                 max_concurrent_attempts=1,
             ),
-            metadata=(("traceparent", traceparent),),
+            metadata=metadata,
         )
+
+
+async def test_a_workers_trace_continues_through_ingress_to_control(stack: Stack) -> None:
+    """B-OBS: whether ingress records spans (its own span then parents control's) or not
+    (it passes the caller's trace context on unchanged), control's call belongs to the
+    Worker's trace."""
+    trace_id = secrets.token_hex(16)
+    traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+    await _open_session_with(stack, ("traceparent", traceparent))
     [received] = stack.control_calls.traceparents
     assert received is not None, "the trace context must reach control"
     assert received.split("-")[1] == trace_id
@@ -474,16 +479,7 @@ async def test_a_malformed_trace_context_does_not_reach_control(stack: Stack) ->
     bad_trace_id = secrets.token_hex(16)
     bad_parent = f"00-{bad_trace_id}-{secrets.token_hex(8)}-01-{'x' * 200}"
     hostile_state = "vendor=" + "v" * 200 + "," + ",".join(f"k{n}=1" for n in range(40))
-    async with stack.channel(stack.worker_identity("worker-a")) as channel:
-        await worker_service_pb2_grpc.WorkerServiceStub(channel).OpenSession(
-            worker_service_pb2.OpenSessionRequest(
-                request_id=uuid.uuid4().hex,
-                worker_id="worker-a",
-                executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
-                max_concurrent_attempts=1,
-            ),
-            metadata=(("traceparent", bad_parent), ("tracestate", hostile_state)),
-        )
+    await _open_session_with(stack, ("traceparent", bad_parent), ("tracestate", hostile_state))
     assert stack.control_calls.methods == ["OpenSession"]
     [received_parent] = stack.control_calls.traceparents
     [received_state] = stack.control_calls.tracestates

@@ -1304,8 +1304,27 @@ async def test_an_unreadable_inbox_stops_the_executors_and_fails(world: World) -
         await asyncio.wait_for(running, 10)
     assert str(world.inbox.path) in str(failed.value)
     assert failed.value.stopped == 1
-    assert world.processes.poll(identity) == ExitStatus(None, signal.SIGTERM)
+    # Stopped under the leases-revoked mark: recorded as its lease run out, so the
+    # restarted Worker reports the Run lost (its fault), not failed by SIGTERM.
+    assert world.processes.poll(identity) == ExitStatus(None, signal.SIGTERM, lease_ran_out=True)
     world.processes.release(identity)
+    status_dir = world.processes.status_dir
+    assert status_dir is not None
+    assert (status_dir / supervisor.LEASES_REVOKED_FILE).exists()
+
+
+async def test_a_starting_worker_removes_the_leases_revoked_mark(world: World) -> None:
+    """An earlier run's mark has done its work (its executors were stopped then); a stop
+    of this run must be read as this run's."""
+    status_dir = world.processes.status_dir
+    assert status_dir is not None
+    status_dir.mkdir(parents=True, exist_ok=True)
+    (status_dir / supervisor.LEASES_REVOKED_FILE).write_text("inbox lost\n")
+    signals = ShutdownSignals()
+    signals.signal()
+    signals.signal()  # stop at once: the run only starts and ends
+    await asyncio.wait_for(_lifecycle(world, max_concurrency=1).run(signals), 10)
+    assert not (status_dir / supervisor.LEASES_REVOKED_FILE).exists()
 
 
 async def test_a_slow_reconcile_does_not_hold_the_tick(world: World) -> None:

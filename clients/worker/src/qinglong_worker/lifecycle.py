@@ -74,6 +74,7 @@ from qinglong_worker.process import ProcessController
 from qinglong_worker.reconcile import Mode, Outcome, Reconciler, identity_of
 from qinglong_worker.retention import DEFAULT_RETENTION_DAYS, PRUNE_EVERY_SECONDS, prune
 from qinglong_worker.session import ActiveSession, SessionKeeper
+from qinglong_worker.supervisor import LEASES_REVOKED_FILE
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,11 @@ class Lifecycle:
         """Tick until the first signal; drain; stop what is left; return. Raises
         :class:`InboxFailed` (after stopping the executors it knows) if the inbox
         becomes unreadable."""
+        status_dir = self._processes.status_dir
+        if status_dir is not None:
+            # An earlier run's mark (it lost its inbox) has done its work: its executors
+            # were stopped then. From now on a stop is this run's, read as such.
+            (status_dir / LEASES_REVOKED_FILE).unlink(missing_ok=True)
         try:
             await self._tick_until(signals.drain, deadline=None)
             # A renewal still retrying from the last tick must not race the drain's calls.

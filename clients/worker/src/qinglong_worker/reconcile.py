@@ -507,8 +507,19 @@ class Reconciler:
 
     async def stop_remembered(self) -> int:
         """Stop every executor this process spawned or saw running, by the identities it
-        remembers — for when the inbox cannot be read. Returns how many were stopped."""
+        remembers — for when the inbox cannot be read. Returns how many were stopped.
+
+        The leases-revoked mark goes first: a supervisor stopped while it exists records
+        its lease as run out, so the restarted Worker reports these Runs lost — the
+        Worker's fault — not failed by SIGTERM (nothing can be written in the inbox to
+        say so)."""
         self.set_mode(Mode.STOPPING)
+        status_dir = self._processes.status_dir
+        if status_dir is not None:
+            try:
+                (status_dir / supervisor.LEASES_REVOKED_FILE).write_text("inbox lost\n")
+            except OSError as error:
+                log.warning("leases-revoked mark not written (%s)", error.strerror)
         return len(await self._processes.stop_all(grace_seconds=self._grace))
 
     async def stop_everything(self) -> int:

@@ -50,6 +50,13 @@ file that goes away or cannot be read keeps the last instant read from it; only 
 never seen at all (a Worker of an earlier version) means no watch: the executor is then
 waited for as before.
 
+A Worker that can no longer write its inbox cannot keep any lease: it writes
+``<status dir>/leases-revoked`` and stops every executor it knows (SIGTERM). A supervisor
+that receives the stop while that mark exists records ``lease_ran_out`` too: the stop was
+the Worker's fault, not the task's ending, and the restarted Worker reports a lost lease
+(the Attempt ends lost and may be retried), never `failed` by SIGTERM. A starting Worker
+removes the mark.
+
 The launch claim (``--launch KEY``). The Worker learns the supervisor's identity only
 from step 3, so a Worker killed between forking the supervisor and persisting that
 identity would come back knowing nothing of an executor that runs. Therefore, before
@@ -108,6 +115,12 @@ _PR_SET_PDEATHSIG: Final = 1
 #: Signals received so far: one that came before the executor existed is sent again
 #: once it does (a stop is never lost to that race).
 _received: list[int] = []
+
+
+#: The mark of a Worker that lost its inbox (see the module's docstring).
+LEASES_REVOKED_FILE: Final = "leases-revoked"
+#: Set when a stop signal arrived while the mark existed.
+_stopped_as_revoked: list[bool] = []
 
 
 def status_file_name(pid: int, start_ticks: int) -> str:
@@ -230,7 +243,13 @@ def handle_of(pid: int, start_ticks: int, boot: str | None) -> str:
 def _forward(signal_number: int, _frame: FrameType | None) -> None:
     """A signal the supervisor received: noted, and sent to every other member."""
     _received.append(signal_number)
+    if _status_dir and os.path.exists(os.path.join(_status_dir[0], LEASES_REVOKED_FILE)):
+        _stopped_as_revoked.append(True)
     _signal_the_others(signal_number)
+
+
+#: The status directory, once parsed (the signal handler looks for the mark there).
+_status_dir: list[str] = []
 
 
 def _signal_the_others(signal_number: int) -> None:
@@ -376,6 +395,7 @@ def run(argv: Sequence[str]) -> int:
         sys.stderr.write(_USAGE)
         return EXIT_USAGE
     status_dir, ready_fd, launch, command = parsed
+    _status_dir.append(status_dir)
     for signal_number in FORWARDED_SIGNALS:
         signal.signal(signal_number, _forward)
     own_pid = os.getpid()
@@ -416,6 +436,7 @@ def run(argv: Sequence[str]) -> int:
     for early in dict.fromkeys(_received):
         _forward(early, None)
     code, lease_ran_out = _wait(executor, status_dir, launch, boot)
+    lease_ran_out = lease_ran_out or bool(_stopped_as_revoked)
     document: dict[str, object] = {
         "version": STATUS_VERSION,
         "supervisor": handle,
