@@ -495,3 +495,25 @@ def test_public_has_no_access(database: MigratedDatabase) -> None:
                 psycopg.connect(url).close()
         finally:
             admin.execute(f"DROP ROLE {stranger}".encode())
+
+
+def test_only_the_services_that_serialize_with_them_take_advisory_locks(
+    database: MigratedDatabase,
+) -> None:
+    """Control serializes its commands with advisory locks; the ingress role (which faces
+    the Internet) could hold one and freeze an Attempt, a Worker or a migration without
+    changing a row. It may take none; the runtime, admin and migration roles may."""
+    taking = (
+        "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.attempt:x', 0))",
+        "SELECT pg_advisory_lock(1)",
+        "SELECT pg_try_advisory_lock_shared(1)",
+        "SELECT pg_advisory_unlock_all()",
+    )
+    with psycopg.connect(database.urls.ingress, autocommit=True) as ingress:
+        for statement in taking:
+            with pytest.raises(errors.InsufficientPrivilege):
+                ingress.execute(statement.encode())
+    both = "SELECT pg_try_advisory_lock(1), pg_advisory_unlock(1)"
+    for url in (database.urls.runtime, database.urls.admin, database.urls.migration):
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute(both).fetchone() == (True, True)

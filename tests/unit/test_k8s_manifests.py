@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 import yaml
+from qinglong_control.db.bootstrap import CLOSE_ADVISORY_LOCKS
 from qinglong_control.db.pool import ADMIN_POOL_MAX_SIZE, RECONCILER_POOL_MAX_SIZE
 from qinglong_protocol import bounds
 from qinglong_protocol.pooling import ENV_POOL_MAX_SIZE, default_max_size
@@ -555,6 +556,8 @@ def _check_cnpg_cluster(cluster: Resource) -> None:
     assert isinstance(initdb["secret"]["name"], str)
     for statement in initdb.get("postInitApplicationSQL", []):
         assert isinstance(statement, str)
+    # Advisory locks closed to the ingress role, by the very statement the dev stack runs.
+    assert initdb["postInitApplicationSQL"][-1].strip() == CLOSE_ADVISORY_LOCKS
     for role in spec["managed"]["roles"]:
         assert set(role) <= {
             "name",

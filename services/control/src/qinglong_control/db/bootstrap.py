@@ -7,11 +7,35 @@ roles) and runs only `migrate` as the migration role.
 
 from __future__ import annotations
 
+from typing import Final
+
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from qinglong_control.db.migrate import migrate
 from qinglong_control.db.roles import ALL_ROLES, MIGRATION_ROLE, RoleUrls, role_urls
+
+#: Advisory locks for QingLong's roles only (run as superuser in the database; the same
+#: statement is deploy/k8s/postgres/cluster.yaml's, a test compares them). PostgreSQL lets
+#: every role take any advisory lock, and control serializes its commands with them
+#: (an Attempt's, a Worker's, a pull's, a migration's): the ingress role, which faces the
+#: Internet, could otherwise hold one and freeze an Attempt, a Worker or a migration
+#: without changing a row.
+CLOSE_ADVISORY_LOCKS: Final = """DO $$
+DECLARE
+    advisory regprocedure;
+BEGIN
+    FOR advisory IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname LIKE '%advisory%'
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', advisory);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s'
+                       ' TO qinglong_migration, qinglong_runtime, qinglong_admin', advisory);
+    END LOOP;
+END
+$$"""
 
 
 def ensure_roles(admin_url: str) -> None:
@@ -54,6 +78,8 @@ def create_database(admin_url: str, database: str, *, template: str | None = Non
                 sql.SQL(", ").join(sql.Identifier(role) for role in ALL_ROLES),
             )
         )
+    with psycopg.connect(make_conninfo(admin_url, dbname=database), autocommit=True) as inside:
+        inside.execute(CLOSE_ADVISORY_LOCKS)
     return exists is None
 
 
