@@ -1004,6 +1004,111 @@ GRANT USAGE ON SCHEMA qinglong TO qinglong_runtime;
 GRANT USAGE ON SCHEMA qinglong TO qinglong_ingress;
 GRANT USAGE ON SCHEMA qinglong TO qinglong_admin;
 
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_lock(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_lock(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_lock_shared(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock_shared(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock_shared(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock_shared(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_lock_shared(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock_shared(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock_shared(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_lock_shared(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_unlock(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_unlock(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_unlock_all() FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_all() TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_all() TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_all() TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_unlock_shared(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_shared(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_shared(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_shared(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_unlock_shared(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_shared(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_shared(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_unlock_shared(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_advisory_xact_lock_shared(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_try_advisory_lock(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_try_advisory_lock(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_try_advisory_lock_shared(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock_shared(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock_shared(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock_shared(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_try_advisory_lock_shared(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock_shared(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock_shared(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_lock_shared(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock(integer, integer) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(bigint) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(bigint) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(bigint) TO qinglong_admin;
+
+REVOKE ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer) TO qinglong_migration;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer) TO qinglong_runtime;
+GRANT ALL ON FUNCTION pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer) TO qinglong_admin;
+
 REVOKE ALL ON FUNCTION qinglong.db_now_ms() FROM PUBLIC;
 GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_runtime;
 GRANT ALL ON FUNCTION qinglong.db_now_ms() TO qinglong_ingress;
