@@ -155,9 +155,9 @@ async def recorded_labels(world: World, kind: str, monkeypatch: pytest.MonkeyPat
 
     @asynccontextmanager
     async def recording(
-        conn: psycopg.AsyncConnection[Any], fault: FaultPlan | None = None
+        conn: psycopg.AsyncConnection[Any], fault: FaultPlan | None = None, **options: Any
     ) -> AsyncIterator[CommandTx]:
-        async with command_transaction(conn, fault) as tx:
+        async with command_transaction(conn, fault, **options) as tx:
             transactions.append(tx)
             yield tx
 
