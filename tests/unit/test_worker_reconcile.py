@@ -2079,3 +2079,44 @@ async def test_a_pass_persists_its_output_offset_once_not_once_a_chunk(world: Wo
     after = _record_of(world, offer_id)
     assert after.output_offset == CHUNKS_PER_PASS * CHUNK
     assert after.revision == before.revision + 1
+
+
+async def test_a_launch_claim_that_records_a_machine_fault_is_given_back_too(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's answer read from its launch claim (a Worker restarted after the
+    answer was written, or a supervisor slower than the spawn's bound) is classified as
+    the answer read at once: an errno of the machine (here EAGAIN, a fork that failed)
+    gives the record back unreported; the task's own (ENOENT) is its start failure."""
+    monkeypatch.setattr(process, "_READY_TIMEOUT_SECONDS", 0.001)
+    offers = {name: world.admit([f"/nonexistent/{name}"]) for name in ("machine", "task")}
+    for offer_id in offers.values():
+        assert await world.reconciler.reconcile(offer_id) is Outcome.WAITING
+    status_dir = world.processes.status_dir
+    assert status_dir is not None
+    claims = {
+        name: status_dir
+        / supervisor.launch_file_name(launch_key(offer_id, _attempt(world, offer_id)))
+        for name, offer_id in offers.items()
+    }
+    for claim in claims.values():
+        await _until(lambda claim=claim: claim.exists() and b'"error 2 ' in claim.read_bytes())
+    # What a supervisor whose fork failed records (EAGAIN), in place of ENOENT.
+    text = claims["machine"].read_text()
+    claims["machine"].write_text(text.replace('"error 2 FileNotFoundError"', '"error 11 OSError"'))
+    restarted = _restarted(world, tmp_path)
+    for offer_id in offers.values():
+        await restarted.reconciler.reconcile(offer_id)
+    machine, task = (_record_of(world, offers[name]) for name in ("machine", "task"))
+    assert machine.state is RecordState.QUARANTINED
+    assert machine.quarantine_reason is QuarantineReason.NOT_STARTED_WORKER_FAULT
+    assert task.start_failure == "executable not found"
+    assert task.quarantine_reason in (None, QuarantineReason.START_FAILED)
+    assert world.client.calls.count("ReportStartFailure") <= 1  # the task's alone
+    for child in world.processes._children.values():  # the first Worker's, never answered
+        child.wait(10)
+
+
+def _attempt(world: World, offer_id: str) -> str:
+    record = _record_of(world, offer_id)
+    return record.attempt_id or ""

@@ -793,6 +793,15 @@ class Reconciler:
                 verdict.identity.handle,
             )
             return True
+        if verdict.error is not None and verdict.error.errno in WORKER_FAULT_ERRNOS:
+            # As when the answer comes at once (_spawn): the machine's fault, not the
+            # task's start failure; nothing started, the lease is left to run out.
+            self._quarantine(
+                record,
+                QuarantineReason.NOT_STARTED_WORKER_FAULT,
+                f"not started: {verdict.error.strerror or verdict.error.errno}",
+            )
+            return True
         summary = (
             _RESTARTED_WHILE_LAUNCHING
             if verdict.error is None
