@@ -117,9 +117,9 @@ async def command_transaction(
     synchronous standby (migration 0028 says why): its answer may confirm what an earlier
     transaction wrote — a retry answered from the first call's rows, a change already
     made — and that write may be on the primary alone. False only where the answer
-    confirms nothing of the kind or the transaction always writes: a read, a poll that
-    found nothing, the reconciler's steps (nobody is answered), and the fenced Worker
-    commands (the row locks of `lock_authority` write WAL in every answered command).
+    confirms nothing of the kind or the transaction always writes WAL: a read, the
+    reconciler's steps (nobody is answered), PullOffers (it locks its session FOR SHARE
+    first) and the fenced Worker commands (the row locks of `lock_authority`).
     """
     # A child of the calling RPC's span, only inside a recorded one: a transaction of no
     # traced call (a poll's, the reconciler's) would otherwise start a trace of its own.

@@ -1,7 +1,7 @@
 """Consuming a Worker's join token and re-reading a renewing Worker (R-ADM-2), as the
 admin role.
 
-One statement in one transaction: the token is marked used only if it is unused,
+One transaction: the token is marked used (one statement) only if it is unused,
 unexpired and its Worker active, so a token works once, and a replayed, expired or
 foreign token changes nothing. The caller signs a certificate only after this committed:
 a certificate never exists for a token that is still usable. The key the token was spent
