@@ -26,8 +26,10 @@ bootstrap: .venv/.synced
 up: bootstrap
 	.venv/bin/qinglong up
 
+# One pytest worker per CPU this process may use (pytest-xdist), each with its own embedded
+# PostgreSQL servers; a file's tests stay together (module fixtures, shared stacks).
 test: bootstrap
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n auto --dist loadfile
 
 # The replica load at 300 Runs (QINGLONG_SOAK_RUNS) and the promotion load at 50 Runs,
 # with every failover and fault scenario; `make test` runs the same tests smaller.

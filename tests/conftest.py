@@ -57,30 +57,45 @@ def database_pg18(postgres_clusters: Clusters) -> Iterator[MigratedDatabase]:
         yield db
 
 
-_TALLIES = pytest.StashKey[list[Tally]]()
+_TALLY_PROPERTY = "qinglong-tally"
 
 
 @pytest.fixture
 def report_tally(request: pytest.FixtureRequest) -> Callable[[Tally], None]:
     """Fault and failover suites: print a scenario's tally now (visible with -s and in a
-    failure's captured output) and keep it for the end-of-session table."""
+    failure's captured output) and keep it for the end-of-session table. It travels in the
+    test's report (a user property): with several pytest-xdist workers, the table is
+    printed by the process that sees every report, not by the one that ran the test."""
 
     def report(tally: Tally) -> None:
         print(tally.render(), flush=True)
-        request.config.stash.setdefault(_TALLIES, []).append(tally)
+        request.node.user_properties.append((_TALLY_PROPERTY, (tally.clean, tally.row())))
 
     return report
 
 
-def pytest_terminal_summary(
-    terminalreporter: pytest.TerminalReporter, config: pytest.Config
-) -> None:
-    tallies = config.stash.get(_TALLIES, [])
-    if not tallies:
-        return
-    terminalreporter.section("fault and failover tallies (lost, duplicates and wrong outcomes: 0)")
-    for tally in tallies:
-        terminalreporter.write_line(("ok   " if tally.clean else "FAIL ") + tally.row())
+class _TallyTable:
+    """Collects the tallies from the reports (of this process's tests, or of the workers')."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[bool, str]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "teardown":  # its properties include those the call added
+            return
+        for name, value in report.user_properties:
+            if name == _TALLY_PROPERTY:
+                clean, row = value
+                self.rows.append((bool(clean), str(row)))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.rows:
+            return
+        terminalreporter.section(
+            "fault and failover tallies (lost, duplicates and wrong outcomes: 0)"
+        )
+        for clean, row in self.rows:
+            terminalreporter.write_line(("ok   " if clean else "FAIL ") + row)
 
 
 class _NothingUnproven:
@@ -120,3 +135,4 @@ class _NothingUnproven:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_NothingUnproven(), "qinglong-nothing-unproven")
+    config.pluginmanager.register(_TallyTable(), "qinglong-tally-table")
