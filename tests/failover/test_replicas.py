@@ -195,6 +195,23 @@ def _extra_worker(stack: DevStack, worker_id: str) -> tuple[str, ...]:
     return ("--worker-id", worker_id, "--tls-cert", str(tls.cert), "--tls-key", str(tls.key))
 
 
+_SHORT_RUN_ID: Final = re.compile(r"\b[0-9a-f]{8}\b")
+
+
+def _worker_lines_of_wrong_runs(tally: Tally, workers: list[WorkerProcess]) -> list[str]:
+    """Every Worker's log lines about each Run the tally found wrong (lost, duplicated,
+    wrong outcome): a rare interleaving is explained by them, not by the logs' tails."""
+    named = tally.runs_lost + tally.duplicate_attempts + tally.wrong_outcomes
+    short_ids = sorted({match for line in named for match in _SHORT_RUN_ID.findall(line)})
+    found = []
+    for index, worker in enumerate(workers):
+        for short_id in short_ids:
+            lines = [line for line in worker.log_text().splitlines() if f"run {short_id}" in line]
+            if lines:
+                found.append(f"worker {index} on run {short_id}:\n" + "\n".join(lines))
+    return found
+
+
 def _reconciler_work(log: Path) -> Counter[str]:
     """What one replica's reconciler reports having done, summed over its log."""
     names = ("expired", "converged", "blocked", "scheduled", "exhausted", "requeued")
@@ -508,5 +525,6 @@ def test_two_replicas_three_workers_survive_kills_mid_load(
             )
     report_tally(tally)
     if problems or not tally.clean:
+        problems += _worker_lines_of_wrong_runs(tally, workers)
         problems += [f"worker {i} log tail:\n{w.log_tail()}" for i, w in enumerate(workers)]
     assert_verdict(tally, problems)

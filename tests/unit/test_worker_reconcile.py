@@ -1330,7 +1330,14 @@ async def test_a_starting_worker_removes_the_leases_revoked_mark(world: World) -
 async def test_a_slow_reconcile_does_not_hold_the_tick(world: World) -> None:
     lifecycle = _lifecycle(world, max_concurrency=2, reconcile_wait_seconds=0.2)
     offer_id = world.admit(["sleep", "30"])
-    await lifecycle.tick()
+    # Running, and no pass of it left in flight: a loaded machine may take longer than the
+    # tick's 0.2 s to start the executor, and that pass would then meet the gate below.
+    deadline = asyncio.get_running_loop().time() + _LIVENESS_SECONDS
+    while _state(
+        world, offer_id
+    ) is not RecordState.RUNNING_ACKNOWLEDGED or world.reconciler.reconciling(offer_id):
+        assert asyncio.get_running_loop().time() < deadline, "never running"
+        await lifecycle.tick()
     world.clock_offset_ms[0] = 5_000  # lease control is due
     world.client.control_gate = asyncio.Event()
     first = await lifecycle.tick()

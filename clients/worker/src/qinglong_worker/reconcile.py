@@ -853,7 +853,7 @@ class Reconciler:
         self._quarantine(
             record,
             QuarantineReason.START_FAILED,
-            failed.error_code,
+            f"{failed.error_code}: {summary}",  # why, in the log line too
             lease_version=failed.completed_lease_version,
         )
         return Outcome.START_FAILED
