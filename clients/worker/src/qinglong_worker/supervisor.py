@@ -48,7 +48,8 @@ then SIGKILL to the executor, and records ``lease_ran_out`` in the status, so th
 Worker reading it reports a lost lease, never the stop as the executor's own ending. A
 file that goes away or cannot be read keeps the last instant read from it; only a file
 never seen at all (a Worker of an earlier version) means no watch: the executor is then
-waited for as before.
+waited for as before. The first read comes before the executor starts (the Worker writes
+the file before the spawn), so a file the Worker removes at once still counts.
 
 A Worker that can no longer write its inbox cannot keep any lease: it writes
 ``<status dir>/leases-revoked`` and stops every executor it knows (SIGTERM). A supervisor
@@ -407,6 +408,10 @@ def run(argv: Sequence[str]) -> int:
             _report(ready_fd, refused)
             return EXIT_NOT_STARTED
     libc = _load_libc()
+    # Read before the executor starts, so that the watch holds from its first instant: the
+    # Worker writes the file before the spawn, and may remove it (the record closed) before
+    # a read after the start would come, which would leave the executor unwatched.
+    first_deadline = None if launch is None else read_lease_deadline(status_dir, launch, boot)
     executor: subprocess.Popen[bytes] | None = None
     try:
         executor = subprocess.Popen(
@@ -435,7 +440,7 @@ def run(argv: Sequence[str]) -> int:
         return EXIT_NOT_STARTED
     for early in dict.fromkeys(_received):
         _forward(early, None)
-    code, lease_ran_out = _wait(executor, status_dir, launch, boot)
+    code, lease_ran_out = _wait(executor, status_dir, launch, boot, first_deadline)
     lease_ran_out = lease_ran_out or bool(_stopped_as_revoked)
     document: dict[str, object] = {
         "version": STATUS_VERSION,
@@ -461,16 +466,20 @@ def run(argv: Sequence[str]) -> int:
 
 
 def _wait(
-    executor: subprocess.Popen[bytes], status_dir: str, launch: str | None, boot: str | None
+    executor: subprocess.Popen[bytes],
+    status_dir: str,
+    launch: str | None,
+    boot: str | None,
+    deadline: int | None,
 ) -> tuple[int, bool]:
-    """Wait for the executor, watching its lease; its return code and whether the
-    supervisor stopped it because the lease ran out (see the lease watch above)."""
+    """Wait for the executor, watching its lease (``deadline``: as read before the
+    start); its return code and whether the supervisor stopped it because the lease ran
+    out (see the lease watch above)."""
     if launch is None:
         return executor.wait(), False
     # SIGCHLD, the executor's end, stays pending while blocked, for sigtimedwait. Blocked
     # only now: the executor was forked with the mask as it was, and keeps it.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    deadline: int | None = None
     kill_at: int | None = None
     while executor.poll() is None:
         now = boot_clock_ms()
