@@ -340,6 +340,49 @@ def test_worker_runs_a_run_to_succeeded(
     worker.assert_log_holds_no_secret()
 
 
+def _probe(inbox: Path, stale_seconds: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(QINGLONG_WORKER),
+            "probe",
+            "--inbox",
+            str(inbox),
+            "--stale-seconds",
+            str(stale_seconds),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_liveness_probe_fails_while_the_daemon_is_stopped_and_passes_again(
+    dev_stack: DevStack, tmp_path: Path
+) -> None:
+    """A daemon whose loop stops (SIGSTOP stands in for a call that never returns) fails
+    its probe once the heartbeat is older than the limit, and passes again once it ticks."""
+    inbox = tmp_path / "worker" / "inbox.db"
+    before = _probe(inbox, 2)
+    assert (before.returncode, before.stdout.startswith("no heartbeat")) == (1, True), before
+    worker = Worker(dev_stack.path, inbox)
+    try:
+        assert wait_until(lambda: _probe(inbox, 2).returncode == 0, 60), worker.log.read_text()
+        worker.process.send_signal(signal.SIGSTOP)
+        try:
+            # The probe's own start takes a while on a loaded machine: wait for a verdict.
+            assert wait_until(lambda: _probe(inbox, 2).returncode == 1, 60)
+            stale = _probe(inbox, 2)
+            assert stale.stdout.startswith("stale: the Worker last ticked"), stale
+            # A generous limit still takes the same heartbeat as alive.
+            assert _probe(inbox, 3600).returncode == 0
+        finally:
+            worker.process.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: _probe(inbox, 2).returncode == 0, 60), worker.log.read_text()
+    finally:
+        assert worker.stop() == 0, worker.log.read_text()
+
+
 def test_user_cancel_stops_the_running_process(
     dev_stack: DevStack, operator: Operator, tmp_path: Path
 ) -> None:

@@ -35,6 +35,7 @@ from qinglong_control.db.bootstrap import CLOSE_ADVISORY_LOCKS
 from qinglong_control.db.pool import ADMIN_POOL_MAX_SIZE, RECONCILER_POOL_MAX_SIZE
 from qinglong_protocol import bounds
 from qinglong_protocol.pooling import ENV_POOL_MAX_SIZE, default_max_size
+from qinglong_worker.heartbeat import DEFAULT_STALE_SECONDS
 from qinglong_worker.join import IDENTITY_FILE
 
 try:
@@ -1571,6 +1572,24 @@ def test_the_worker_keeps_its_identity_and_inbox_on_the_claim() -> None:
     assert not inbox.is_relative_to(identity_dir)
     # Time to drain: > drain grace (30 s) + stop grace (5 s), README "Workers".
     assert _pod_spec(worker)["terminationGracePeriodSeconds"] >= 45
+
+
+def test_the_worker_is_probed_for_liveness_by_its_own_heartbeat_only() -> None:
+    """The probe reads the heartbeat beside the inbox the daemon runs on (a probe of
+    another path would never see it tick), never ingress; and it outlasts a slow tick."""
+    _, daemon = _worker_containers()
+    assert "readinessProbe" not in daemon
+    assert "startupProbe" not in daemon
+    probe = daemon["livenessProbe"]
+    _check_probe(probe, daemon)
+    command = probe["exec"]["command"]
+    flags = dict(zip(command[2::2], command[3::2], strict=True))
+    assert set(flags) == {"--inbox", "--stale-seconds"}
+    assert flags["--inbox"] == _daemon_flags()["--inbox"]
+    stale = float(flags["--stale-seconds"])
+    assert stale >= DEFAULT_STALE_SECONDS
+    # Time from a stuck loop to a restart: at most the limit plus the failures allowed.
+    assert stale + probe["periodSeconds"] * probe["failureThreshold"] <= 300
 
 
 def test_the_worker_dials_ingress_by_its_service_names() -> None:

@@ -31,6 +31,7 @@ from qinglong_protocol.errors import EXPECTED_OFFSET
 from qinglong_worker import process, supervisor
 from qinglong_worker.client import CallFailed
 from qinglong_worker.clock import BootInstant, boot_now
+from qinglong_worker.heartbeat import Heartbeat, heartbeat_age
 from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
 from qinglong_worker.launch import launch_key
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
@@ -89,6 +90,9 @@ class ScriptedClient:
             self._renew
         )
         self.control_gate: asyncio.Event | None = None
+        # Set: PullOffers waits for it (pull_waiting says one does).
+        self.pull_gate: asyncio.Event | None = None
+        self.pull_waiting = False
         self.offers: list[worker_pb2.Offer] = []
         self.seen_versions: list[int] = []
         self.plans: dict[str, execution_pb2.ExecutionPlan] = {}
@@ -157,6 +161,9 @@ class ScriptedClient:
         self, request: ws.PullOffersRequest, *, budget_seconds: float | None = None
     ) -> ws.PullOffersResponse:
         self._record("PullOffers", request, budget_seconds)
+        if self.pull_gate is not None:
+            self.pull_waiting = True
+            await self.pull_gate.wait()
         offers, self.offers = self.offers[: request.max_offers], self.offers[request.max_offers :]
         return ws.PullOffersResponse(offers=offers)
 
@@ -1351,6 +1358,42 @@ async def test_a_slow_reconcile_does_not_hold_the_tick(world: World) -> None:
     assert third.supervised in ((), ((offer_id, Outcome.RUNNING),))
 
 
+async def test_each_tick_beats_the_heartbeat_and_a_stuck_tick_does_not(
+    world: World, tmp_path: Path
+) -> None:
+    """The heartbeat is beaten as each tick begins: while the loop ticks it stays young,
+    and a tick that never ends (a pull that never returns) lets it age."""
+    beats = Heartbeat(tmp_path / "heartbeat")
+    lifecycle = Lifecycle(
+        settings=LifecycleSettings(tick_seconds=0.05, max_concurrency=1),
+        inbox=world.inbox,
+        client=world.client,  # type: ignore[arg-type]
+        reconciler=world.reconciler,
+        processes=world.processes,
+        session=_online(),  # type: ignore[arg-type]
+        heartbeat=beats,
+    )
+    signals = ShutdownSignals()
+    running = asyncio.create_task(lifecycle.run(signals))
+    try:
+        await _until(lambda: (tmp_path / "heartbeat").exists())
+        first = float((tmp_path / "heartbeat").read_text().split()[1])
+        await _until(lambda: float((tmp_path / "heartbeat").read_text().split()[1]) > first)
+        world.client.pull_gate = asyncio.Event()  # the next pull waits for ever
+        await _until(lambda: world.client.pull_waiting)
+        stuck = (tmp_path / "heartbeat").read_text()
+        await asyncio.sleep(0.5)  # ten ticks' time
+        assert (tmp_path / "heartbeat").read_text() == stuck
+        assert heartbeat_age(tmp_path / "heartbeat") >= 0.5
+    finally:
+        if world.client.pull_gate is not None:
+            world.client.pull_gate.set()
+        signals.signal()
+        signals.signal()
+        await asyncio.wait_for(running, 30)
+        beats.close()
+
+
 def _state(world: World, offer_id: str) -> RecordState | None:
     record = world.inbox.get(offer_id)
     return None if record is None else record.state
@@ -1390,16 +1433,21 @@ async def _until_completed(reconciler: Reconciler, offer_id: str) -> None:
 # --- output (R-OPS-1) ---------------------------------------------------------------------
 
 
-def _printing(size: int, *, linger: float = 0.0, delay: float = 0.0) -> list[str]:
+def _printing(
+    size: int, *, linger: float = 0.0, delay: float = 0.0, until: Path | None = None
+) -> list[str]:
     """An executor that prints `size` bytes of numbered lines of 100 bytes (after `delay`
-    seconds), then keeps running for `linger` seconds and exits 0."""
+    seconds), then keeps running for `linger` seconds (and until the file `until`
+    exists, if given) and exits 0."""
     script = (
-        "import sys, time\n"
+        "import os, sys, time\n"
         f"time.sleep({delay})\n"
         f"for n in range({size} // 100): sys.stdout.write(f'{{n:09d}} ' + 'o' * 89 + '\\n')\n"
         "sys.stdout.flush()\n"
         f"time.sleep({linger})\n"
     )
+    if until is not None:
+        script += f"while not os.path.exists({str(until)!r}): time.sleep(0.02)\n"
     return [sys.executable, "-c", script]
 
 
@@ -1435,7 +1483,10 @@ async def test_shipping_resumes_from_the_inbox_and_resends_harmlessly(
 ) -> None:
     size = (CHUNKS_PER_PASS + 4) * bounds.OUTPUT_CHUNK_MAX_BYTES // 100 * 100
     world.client.lose_append_answers = {3}  # stored, but the Worker never learns it
-    offer_id = world.admit(_printing(size))
+    # Runs on until the restart below: on a loaded machine, the first Reconciler's passes
+    # could otherwise ship everything and complete before it is replaced.
+    go_on = tmp_path / "go-on"
+    offer_id = world.admit(_printing(size, until=go_on))
     deadline = asyncio.get_running_loop().time() + _LIVENESS_SECONDS
     while len(world.client.appended) <= 3:  # until the chunk whose answer was lost went again
         assert asyncio.get_running_loop().time() < deadline, "the lost chunk was never re-sent"
@@ -1456,6 +1507,7 @@ async def test_shipping_resumes_from_the_inbox_and_resends_harmlessly(
         processes=ProcessController(status_dir=tmp_path / "exits"),
         log_dir=tmp_path,
     )
+    go_on.touch()
     await _until_completed(restarted, offer_id)
     assert world.client.appended[already][0] == shipped
     assert bytes(world.client.output) == _printed(size)
@@ -1505,9 +1557,12 @@ def _restarted(world: World, tmp_path: Path) -> World:
     return dataclasses.replace(world, reconciler=reconciler)
 
 
-async def test_an_offset_gap_resumes_from_the_expected_offset(world: World) -> None:
+async def test_an_offset_gap_resumes_from_the_expected_offset(world: World, tmp_path: Path) -> None:
     size = _chunks(CHUNKS_PER_PASS + 4)
-    offer_id = world.admit(_printing(size))
+    # Running until the gap is made: an executor that had ended would have its whole
+    # output shipped by the next pass, before its ending is reported.
+    go_on = tmp_path / "go-on"
+    offer_id = world.admit(_printing(size, until=go_on))
     assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
     await _written(world, offer_id, size)
     await world.reconciler.reconcile(offer_id)  # one pass: 16 chunks
@@ -1516,6 +1571,7 @@ async def test_an_offset_gap_resumes_from_the_expected_offset(world: World) -> N
     del world.client.output[1000:]
     world.client.answer_gaps = True
     sent = len(world.client.appended)
+    go_on.touch()
     await _until_completed(world.reconciler, offer_id)
     assert world.client.calls.count("AppendOutput") == len(world.client.appended) + 1
     assert world.client.appended[sent][0] == 1000, "resumed at the expected offset"
@@ -1575,11 +1631,15 @@ async def test_a_shutdown_reports_after_one_pass_and_the_rest_is_shipped_later(
     world: World, tmp_path: Path
 ) -> None:
     size = _chunks(CHUNKS_PER_PASS + 4)  # more than 1 MiB
-    offer_id = world.admit(_printing(size, delay=0.3))
+    # Ends only when told: one that ended before the first pass was over would be
+    # shipped and reported by it, however loaded the machine.
+    go_on = tmp_path / "go-on"
+    offer_id = world.admit(_printing(size, until=go_on))
     assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
     await _written(world, offer_id, size)
     identity = identity_of(_record_of(world, offer_id))
     assert identity is not None
+    go_on.touch()
     await _until(lambda: world.processes.poll(identity) is not None)
     world.reconciler.set_mode(Mode.STOPPING)
     assert await world.reconciler.reconcile(offer_id) is Outcome.COMPLETED

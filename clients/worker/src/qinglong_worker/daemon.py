@@ -22,6 +22,7 @@ from qinglong_protocol.metrics import MetricsServer, serve_metrics
 from qinglong_protocol.telemetry import client_interceptors, configure_telemetry
 
 from qinglong_worker.client import ClientSettings, WorkerClient
+from qinglong_worker.heartbeat import Heartbeat, heartbeat_path
 from qinglong_worker.inbox import Inbox, InboxError
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
 from qinglong_worker.process import ProcessController
@@ -58,6 +59,9 @@ async def run_daemon(
         log.error("%s", error)
         return EXIT_INBOX_UNUSABLE
     metrics: MetricsServer | None = None
+    # Beaten once now, so that a file left by an earlier run is not read as this one's.
+    heartbeat = Heartbeat(heartbeat_path(daemon.inbox))
+    heartbeat.beat()
     try:
         daemon.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         configure_telemetry("qinglong-worker")
@@ -104,6 +108,7 @@ async def run_daemon(
                 reconciler=reconciler,
                 processes=processes,
                 session=session,
+                heartbeat=heartbeat,
             )
             signals = ShutdownSignals()
             loop = asyncio.get_running_loop()
@@ -140,6 +145,7 @@ async def run_daemon(
             await client.close()
     finally:
         inbox.close()
+        heartbeat.close()
         if metrics is not None:
             metrics.close()
     log.info("worker %s stopped", settings.worker_id)

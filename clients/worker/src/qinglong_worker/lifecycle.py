@@ -62,6 +62,7 @@ from qinglong_protocol import bounds
 
 from qinglong_worker.client import CallFailed, WorkerClient
 from qinglong_worker.clock import wall_clock_ms
+from qinglong_worker.heartbeat import Heartbeat
 from qinglong_worker.inbox import (
     OPEN_STATES,
     Inbox,
@@ -184,8 +185,11 @@ class Lifecycle:
         reconciler: Reconciler,
         processes: ProcessController,
         session: SessionKeeper,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
+        """``heartbeat``: beaten as each tick begins, for a liveness probe."""
         self._settings = settings
+        self._heartbeat = heartbeat
         self._inbox = inbox
         self._client = client
         self._reconciler = reconciler
@@ -283,6 +287,8 @@ class Lifecycle:
                     return
                 if self._reconciler.mode is not Mode.NORMAL and self._drained():
                     return
+                if self._heartbeat is not None:
+                    self._heartbeat.beat()
                 tick = asyncio.create_task(self.tick())
                 timeout = None if deadline is None else max(0.0, deadline - loop.time())
                 await asyncio.wait(

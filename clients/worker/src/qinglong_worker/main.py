@@ -5,6 +5,8 @@
   this machine with a one-time join token (:mod:`qinglong_worker.join`).
 * `qinglong-worker check` opens the one mTLS channel a Worker uses and asks ingress
   whether it serves.
+* `qinglong-worker probe --inbox PATH` is a liveness probe: it fails once the daemon of
+  that inbox has not begun a tick for `--stale-seconds` (:mod:`qinglong_worker.heartbeat`).
 * `qinglong-worker run --stack .qinglong/stack.json --inbox PATH` is the daemon
   (:mod:`qinglong_worker.daemon`): one lifecycle loop over one channel and one durable
   inbox. The first SIGTERM or SIGINT drains (no new work; running Attempts may finish
@@ -48,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from qinglong_worker.join import join_main
 
         sys.exit(join_main(arguments[1:]))
+    if arguments[:1] == ["probe"]:
+        from qinglong_worker.heartbeat import probe_main
+
+        sys.exit(probe_main(arguments[1:]))
 
     from qinglong_worker.settings import parse_worker_settings
 
