@@ -852,6 +852,8 @@ ALTER TABLE ONLY qinglong.worker_sessions
 
 CREATE INDEX approval_requests_by_project ON qinglong.approval_requests USING btree (project_id, requested_at_ms, approval_id);
 
+CREATE INDEX approval_requests_pending_by_caller ON qinglong.approval_requests USING btree (project_id, requested_by) WHERE (state = 'pending'::text);
+
 CREATE INDEX approval_requests_pending_expiry ON qinglong.approval_requests USING btree (expires_at_ms) WHERE (state = 'pending'::text);
 
 CREATE INDEX attempt_output_retained ON qinglong.attempt_output USING btree (updated_at_ms) WHERE (first_offset < end_offset);

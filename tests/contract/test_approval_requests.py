@@ -15,7 +15,7 @@ from qinglong.control.v1 import run_service_pb2
 from qinglong_control.db import approvals
 from qinglong_control.db.events import Actor
 from qinglong_control.db.identities import bind_role, enroll_operator_token
-from qinglong_control.domain.approvals import Decision, HeldCall
+from qinglong_control.domain.approvals import PENDING_APPROVALS_PER_CALLER, Decision, HeldCall
 from qinglong_control.domain.cancellation import BindingSnapshot
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.held_mutations import HELD_MUTATIONS
@@ -205,3 +205,77 @@ async def test_a_full_last_page_of_approvals_hands_out_no_token(
     assert rest.next_cursor is None
     listed = [a.approval_id for a in first.approvals + rest.approvals]
     assert sorted(listed) == sorted(held_ids)
+
+
+async def _hold_cancel(
+    world: World, run_id: uuid.UUID, who: uuid.UUID, mutation_id: str
+) -> approvals.Held:
+    call = HeldCall(
+        project_id=PROJECT,
+        method=CANCEL,
+        request_type="qinglong.control.v1.CancelRunRequest",
+        request=run_service_pb2.CancelRunRequest(
+            project_id=PROJECT, run_id=str(run_id), mutation_id=mutation_id
+        ).SerializeToString(),
+        run_id=run_id,
+        requested_by=who,
+        requested_by_kind="agent",
+        audit_id=uuid.uuid4(),
+    )
+    return await approvals.hold(
+        world.conn, call, DAY_MS, Actor("agent", str(who)), HELD_MUTATIONS[CANCEL]
+    )
+
+
+async def _pending_of(world: World, who: uuid.UUID) -> int:
+    async with world.conn.cursor() as cursor:
+        await cursor.execute(
+            "SELECT count(*) FROM qinglong.approval_requests"
+            " WHERE requested_by = %s AND state = 'pending'",
+            (who,),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _event_count(world: World, run_id: uuid.UUID) -> int:
+    async with world.conn.cursor() as cursor:
+        await cursor.execute(
+            "SELECT count(*) FROM qinglong.run_events WHERE run_id = %s", (run_id,)
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_caller_may_have_only_so_many_requests_waiting(
+    world: World, people: dict[str, uuid.UUID]
+) -> None:
+    """The limit refuses a new request, and changes nothing; a retry of one already held,
+    another caller, and the same caller once one was decided are all still answered."""
+    run_id = await world.queued_run()
+    bot = people["bot"]
+    first = await _hold_cancel(world, run_id, bot, "m-0")
+    for n in range(1, PENDING_APPROVALS_PER_CALLER):
+        assert (await _hold_cancel(world, run_id, bot, f"m-{n}")).approval_id is not None
+    assert await _pending_of(world, bot) == PENDING_APPROVALS_PER_CALLER
+    events = await _event_count(world, run_id)
+    with pytest.raises(Refused) as refused:
+        await _hold_cancel(world, run_id, bot, "one-too-many")
+    assert refused.value.reason is Reason.RATE_LIMITED
+    assert str(PENDING_APPROVALS_PER_CALLER) in str(refused.value)
+    assert await _pending_of(world, bot) == PENDING_APPROVALS_PER_CALLER
+    assert await _event_count(world, run_id) == events, "the refusal appended an Event"
+    # A retry of a held call is its first answer, whatever the count.
+    assert (await _hold_cancel(world, run_id, bot, "m-0")).approval_id == first.approval_id
+    # The limit is the caller's own.
+    assert (await _hold_cancel(world, run_id, people["carol"], "c-0")).approval_id is not None
+    # One decided: room for one more.
+    assert first.approval_id is not None
+    await approvals.decide(
+        world.conn, decision(first.approval_id, people["alice"], DENY), HELD_MUTATIONS
+    )
+    assert (await _hold_cancel(world, run_id, bot, "one-more")).approval_id is not None
+    with pytest.raises(Refused):
+        await _hold_cancel(world, run_id, bot, "and-one-too-many")

@@ -27,6 +27,7 @@ from qinglong.control.v1 import (
 from qinglong.rpc.v1 import lifecycle_pb2
 from qinglong_control.db.identities import bind_role, ensure_project
 from qinglong_control.db.pool import open_runtime_pool
+from qinglong_control.domain.approvals import PENDING_APPROVALS_PER_CALLER
 from qinglong_control.domain.timings import Timings
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_ingress.stages import Call, Verdict
@@ -384,3 +385,24 @@ async def test_requests_page_newest_first_and_filter_by_state(stack: Stack) -> N
     assert [a.approval_id for a in second.approvals] == made[:1]
     assert second.next_page_token == ""
     assert [a.approval_id for a in pending.approvals] == made[:0:-1]
+
+
+async def test_an_agent_with_too_many_waiting_requests_is_refused_rate_limited(
+    stack: Stack,
+) -> None:
+    """Through ingress: past the per-caller limit a held call is RESOURCE_EXHAUSTED with
+    RATE_LIMITED, and another caller's request is still taken."""
+    async with operators(stack) as people:
+        run_id, _ = await held_cancel(stack, people)
+        for n in range(1, PENDING_APPROVALS_PER_CALLER):
+            answer = await people["bot"].cancel(run_id, mutation_id=f"stop-{n + 1}")
+            assert answer.outcome == run_service_pb2.CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL
+        refused = await failure(people["bot"].cancel(run_id, mutation_id="one-too-many"))
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error_reason_of(refused) == "RATE_LIMITED"
+        assert "await a decision" in (refused.details() or "")
+        listed = await people["alice"].approvals.ListApprovals(
+            aps.ListApprovalsRequest(project_id=PROJECT, states=[PENDING], page_size=200),
+            metadata=people["alice"].meta,
+        )
+        assert len(listed.approvals) == PENDING_APPROVALS_PER_CALLER

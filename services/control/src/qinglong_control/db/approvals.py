@@ -30,12 +30,14 @@ from qinglong_control.db.command_tx import (
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.approvals import (
+    PENDING_APPROVALS_PER_CALLER,
     ApprovalView,
     Decision,
     HeldCall,
     Step,
     approval_event_type,
     next_step,
+    too_many_pending,
 )
 from qinglong_control.domain.cancellation import BindingSnapshot, PolicyNow
 from qinglong_control.domain.refusals import Reason, Refused
@@ -47,6 +49,7 @@ _LOCK_RUN = SQL["cancellation.lock_run"]
 _DB_NOW = SQL["clock.db_now"]
 _HOLD = SQL["approvals.hold"]
 _HELD_BEFORE = SQL["approvals.held_before"]
+_PENDING_OF_CALLER = SQL["approvals.pending_of_caller"]
 _LOCK = SQL["approvals.lock"]
 _RECORD_DECISION = SQL["approvals.record_decision"]
 _GET = SQL["approvals.get"]
@@ -167,6 +170,11 @@ async def hold(
         moot = mutation.moot(run)
         if moot is not None:
             return Held(None, moot)
+        limit = {**values, "limit": PENDING_APPROVALS_PER_CALLER}
+        counted = await tx.execute("approval.pending_of_caller", _PENDING_OF_CALLER, limit)
+        pending = await counted.fetchone()
+        if pending is not None and pending[0] >= PENDING_APPROVALS_PER_CALLER:
+            raise too_many_pending()
         now_ms = await _now(tx)
         inserted = await tx.execute("approval.hold", _HOLD, {**values, "now": now_ms}, scalar_row)
         approval_id: uuid.UUID | None = await inserted.fetchone()

@@ -26,6 +26,22 @@ def approval_event_type(what: str) -> str:
     return f"{APPROVAL_EVENT_PREFIX}{what}"
 
 
+#: Requests one caller may have waiting for a decision in one project. A caller at the
+#: limit is refused RATE_LIMITED until some are decided or expire, so a looping Agent
+#: cannot bury a project's reviewers (or the table) under requests. It is counted before
+#: each new request, so calls held at the same instant can pass it by as many as run at
+#: once; a retry of a request already held is answered whatever the count.
+PENDING_APPROVALS_PER_CALLER = 100
+
+
+def too_many_pending() -> Refused:
+    return Refused(
+        Reason.RATE_LIMITED,
+        f"{PENDING_APPROVALS_PER_CALLER} requests of this caller already await a decision in"
+        " this project; more are taken once some are decided or expire",
+    )
+
+
 class ApprovalState(StrEnum):
     PENDING = "pending"
     APPROVED = "approved"

@@ -56,6 +56,8 @@ class Reason(StrEnum):
     WORKER_DISABLED = "WORKER_DISABLED"
     # What only control can refuse about who asks (gRPC PERMISSION_DENIED).
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    # Too many of the caller's requests wait already (gRPC RESOURCE_EXHAUSTED).
+    RATE_LIMITED = "RATE_LIMITED"
     # Authentication that only control can decide (a Worker's join token).
     UNAUTHENTICATED_PRINCIPAL = "UNAUTHENTICATED_PRINCIPAL"
     # This replica cannot reach the storage a command needs (gRPC UNAVAILABLE).

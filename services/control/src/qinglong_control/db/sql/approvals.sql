@@ -11,6 +11,15 @@ VALUES (%(approval_id)s, %(project_id)s, %(method)s, %(request_type)s, %(request
 ON CONFLICT (project_id, requested_by, request_digest) DO NOTHING
 RETURNING approval_id
 
+-- name: pending_of_caller
+-- The caller's requests waiting in the project, counted up to the limit (by migration
+-- 0030's partial index of pending requests).
+SELECT count(*) FROM (
+    SELECT 1 FROM qinglong.approval_requests
+     WHERE project_id = %(project_id)s AND requested_by = %(requested_by)s
+       AND state = 'pending'
+     LIMIT %(limit)s) AS pending
+
 -- name: held_before
 SELECT approval_id FROM qinglong.approval_requests
  WHERE project_id = %(project_id)s AND requested_by = %(requested_by)s
