@@ -36,8 +36,8 @@ from qinglong_control.domain.approvals import (
     HeldCall,
     Step,
     approval_event_type,
+    check_room_for_another,
     next_step,
-    too_many_pending,
 )
 from qinglong_control.domain.cancellation import BindingSnapshot, PolicyNow
 from qinglong_control.domain.refusals import Reason, Refused
@@ -171,10 +171,10 @@ async def hold(
         if moot is not None:
             return Held(None, moot)
         limit = {**values, "limit": PENDING_APPROVALS_PER_CALLER}
-        counted = await tx.execute("approval.pending_of_caller", _PENDING_OF_CALLER, limit)
-        pending = await counted.fetchone()
-        if pending is not None and pending[0] >= PENDING_APPROVALS_PER_CALLER:
-            raise too_many_pending()
+        counted = await tx.execute(
+            "approval.pending_of_caller", _PENDING_OF_CALLER, limit, scalar_row
+        )
+        check_room_for_another(await counted.fetchone() or 0)
         now_ms = await _now(tx)
         inserted = await tx.execute("approval.hold", _HOLD, {**values, "now": now_ms}, scalar_row)
         approval_id: uuid.UUID | None = await inserted.fetchone()

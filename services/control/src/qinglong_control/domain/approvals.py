@@ -34,12 +34,14 @@ def approval_event_type(what: str) -> str:
 PENDING_APPROVALS_PER_CALLER = 100
 
 
-def too_many_pending() -> Refused:
-    return Refused(
-        Reason.RATE_LIMITED,
-        f"{PENDING_APPROVALS_PER_CALLER} requests of this caller already await a decision in"
-        " this project; more are taken once some are decided or expire",
-    )
+def check_room_for_another(pending: int) -> None:
+    """Refuse a new request of a caller that has ``pending`` waiting already."""
+    if pending >= PENDING_APPROVALS_PER_CALLER:
+        raise Refused(
+            Reason.RATE_LIMITED,
+            f"{PENDING_APPROVALS_PER_CALLER} requests of this caller already await a decision"
+            " in this project; more are taken once some are decided or expire",
+        )
 
 
 class ApprovalState(StrEnum):
