@@ -503,8 +503,9 @@ def test_two_replicas_three_workers_survive_kills_mid_load(
     tally.notes.append(
         f"load drained in {load_seconds:.1f} s; the supervisor restarted the killed control "
         f"and ingress replicas within {restart_seconds:.1f} s; Worker C incarnations "
-        f"{victim_worker.incarnations}, executors it adopted after the kill (spawned, "
-        f"identity not yet persisted): {victim_worker.log_text().count(': adopted pid:')}"
+        f"{victim_worker.incarnations}, executors it adopted from their launch claims (after "
+        f"the kill, or a supervisor slow to answer): "
+        f"{victim_worker.log_text().count(': adopted pid:')}"
     )
     for index, entry in enumerate(stack.replicas("control")):
         work = _reconciler_work(Path(entry["log"]))

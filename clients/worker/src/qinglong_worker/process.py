@@ -82,9 +82,10 @@ class ExecutorRefused(ValueError):
 
 
 class LaunchUnanswered(Exception):
-    """The supervisor of a claimed launch did not answer in time but lives: whether its
-    executor started is for the launch claim to say (:mod:`qinglong_worker.launch`),
-    not for a kill that could end an executor already running."""
+    """The supervisor of a claimed launch did not answer in time (it may live on, or have
+    ended with its executor meanwhile): whether its executor started is for the launch
+    claim to say (:mod:`qinglong_worker.launch`), not for a kill that could end an
+    executor already running, nor for a start failure reported of one that ran."""
 
     def __init__(self, identity: ProcessIdentity) -> None:
         super().__init__("the executor supervisor has not reported its start yet")
@@ -321,7 +322,7 @@ class ProcessController:
         identity. Raise ExecutorRefused, or an OSError (FileNotFoundError, …) when the
         executable could not be started, or ETIMEDOUT when the supervisor did not say
         within :data:`_READY_TIMEOUT_SECONDS` — :class:`LaunchUnanswered` instead when the
-        launch has a ``launch_key`` and its supervisor still lives (it is kept).
+        launch has a ``launch_key`` (its supervisor is kept, living or not).
 
         ``launch_key``: the supervisor claims this launch durably before it starts the
         executor, so that a Worker restarted before it persisted the identity returned
@@ -347,10 +348,13 @@ class ProcessController:
             identity = ProcessIdentity(child.pid, read_start_ticks(child.pid), _this_boot())
             answer = await _await_ready(ready_read, _READY_TIMEOUT_SECONDS)
         except OSError as error:
-            if error.errno == errno.ETIMEDOUT and launch_key is not None and child.poll() is None:
+            if error.errno == errno.ETIMEDOUT and launch_key is not None:
                 # Slow, not failed (its claim's fsyncs on a slow disk): it may already
-                # run the executor. Killed now, that execution would be reported as a
-                # start that never happened; its launch claim settles it instead.
+                # run the executor — or have run it to its end and exited meanwhile (a
+                # short one, while this loop was held up). Killed now, or reported as a
+                # start failure, that execution would be a start that never happened; its
+                # launch claim settles it instead (an ended executor is adopted and its
+                # status read, one that never started is reported as such).
                 self._spawned(identity, child)
                 self._unanswered[launch_key] = identity
                 raise LaunchUnanswered(identity) from None
@@ -736,7 +740,14 @@ async def _await_ready(descriptor: int, timeout_seconds: float) -> str:
         async with asyncio.timeout(timeout_seconds):
             await answered
     except TimeoutError:
-        raise OSError(errno.ETIMEDOUT, "the executor supervisor did not report its start") from None
+        # A loop held up past the bound (a slow fsync, starved of CPU) runs the reader and
+        # the timer in the same turn: the timer still cancels the wait, but the answer has
+        # come, and it is the answer — an executor that started must never be taken for
+        # one that did not.
+        if not answered.done() or answered.cancelled():
+            message = "the executor supervisor did not report its start"
+            raise OSError(errno.ETIMEDOUT, message) from None
+        answered.result()  # the read's own error, if that is how it ended
     finally:
         loop.remove_reader(descriptor)
     return bytes(received).decode("ascii", "replace").strip()
