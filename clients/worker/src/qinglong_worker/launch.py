@@ -100,15 +100,25 @@ def resolve_launch(processes: ProcessController, key: str) -> LaunchVerdict:
     except ValueError:
         log.warning("launch claim %s names no supervisor; treated as not started", key)
         return LaunchVerdict(LaunchState.NOT_STARTED)
-    if isinstance(answer, str) and answer.startswith("ok "):
-        return LaunchVerdict(LaunchState.STARTED, identity)
     if isinstance(answer, str):
-        return LaunchVerdict(LaunchState.START_FAILED, identity, start_error(answer))
+        return _answered(identity, answer)
     if processes.poll(identity) is None:
         return LaunchVerdict(LaunchState.PENDING, identity)
+    # Gone: it may have answered (and run a short executor to its end) since the read
+    # above; the claim says so now if it did.
+    again = _read(processes, key)
+    answer = None if again is None else again.get("answer")
+    if isinstance(answer, str):
+        return _answered(identity, answer)
     # It ended between its claim and its answer: if its exec had happened, the
     # executor died with it (parent-death signal). Nothing runs.
     return LaunchVerdict(LaunchState.NOT_STARTED, identity)
+
+
+def _answered(identity: ProcessIdentity, answer: str) -> LaunchVerdict:
+    if answer.startswith("ok "):
+        return LaunchVerdict(LaunchState.STARTED, identity)
+    return LaunchVerdict(LaunchState.START_FAILED, identity, start_error(answer))
 
 
 def forget_launch(processes: ProcessController, key: str) -> None:
