@@ -26,8 +26,8 @@ bootstrap: .venv/.synced
 up: bootstrap
 	.venv/bin/qinglong up
 
-# One pytest worker per CPU this process may use (pytest-xdist), each with its own embedded
-# PostgreSQL servers; a file's tests stay together (module fixtures, shared stacks).
+# One pytest worker per core this process may use (pytest-xdist; tests/conftest.py counts
+# them), each with its own embedded PostgreSQL servers; a file's tests stay together.
 test: bootstrap
 	.venv/bin/python -m pytest -n auto --dist loadfile
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from qinglong_protocol.pooling import available_cores
 
 from tests.support.fault_tally import Tally
 from tests.support.postgres import Cluster, Clusters, MigratedDatabase
@@ -131,6 +132,14 @@ class _NothingUnproven:
             )
             for line in self.unproven:
                 reporter.write_line(f"  {line}", red=True)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (make test): one worker per core this process may use — its CPU affinity
+    capped by its cgroup's quota, as the services size their pools — not the host's
+    physical cores, which on a large CI node running a small container would start dozens
+    of workers, each with its own PostgreSQL servers."""
+    return available_cores()
 
 
 def pytest_configure(config: pytest.Config) -> None:

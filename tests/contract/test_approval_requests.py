@@ -208,7 +208,7 @@ async def test_a_full_last_page_of_approvals_hands_out_no_token(
 
 
 async def _hold_cancel(
-    world: World, run_id: uuid.UUID, who: uuid.UUID, mutation_id: str
+    world: World, run_id: uuid.UUID, who: uuid.UUID, mutation_id: str, ttl_ms: int = DAY_MS
 ) -> approvals.Held:
     call = HeldCall(
         project_id=PROJECT,
@@ -223,7 +223,7 @@ async def _hold_cancel(
         audit_id=uuid.uuid4(),
     )
     return await approvals.hold(
-        world.conn, call, DAY_MS, Actor("agent", str(who)), HELD_MUTATIONS[CANCEL]
+        world.conn, call, ttl_ms, Actor("agent", str(who)), HELD_MUTATIONS[CANCEL]
     )
 
 
@@ -279,3 +279,20 @@ async def test_a_caller_may_have_only_so_many_requests_waiting(
     assert (await _hold_cancel(world, run_id, bot, "one-more")).approval_id is not None
     with pytest.raises(Refused):
         await _hold_cancel(world, run_id, bot, "and-one-too-many")
+
+
+async def test_a_request_past_its_expiry_no_longer_counts(
+    world: World, people: dict[str, uuid.UUID]
+) -> None:
+    """Expired by the clock, before the reconciler records it: it waits no more, as the
+    approvals' projection already shows it."""
+    run_id = await world.queued_run()
+    bot = people["bot"]
+    for n in range(1, PENDING_APPROVALS_PER_CALLER):
+        await _hold_cancel(world, run_id, bot, f"m-{n}")
+    await _hold_cancel(world, run_id, bot, "short", ttl_ms=1_000)  # the last one
+    with pytest.raises(Refused):
+        await _hold_cancel(world, run_id, bot, "one-too-many")
+    await asyncio.sleep(1.2)
+    assert await _pending_of(world, bot) == PENDING_APPROVALS_PER_CALLER  # not swept yet
+    assert (await _hold_cancel(world, run_id, bot, "one-too-many")).approval_id is not None

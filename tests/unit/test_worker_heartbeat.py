@@ -111,3 +111,13 @@ def test_the_probe_takes_the_inbox_from_the_environment(
         probe_main([])
     assert usage.value.code == 2
     assert os.environ.get("QINGLONG_WORKER_INBOX") is None
+
+
+def test_a_heartbeat_removed_while_the_daemon_runs_is_written_again(tmp_path: Path) -> None:
+    inbox = tmp_path / "inbox.db"
+    beat = Heartbeat(heartbeat_path(inbox))
+    beat.beat()
+    heartbeat_path(inbox).unlink()  # a tidy-up of the volume, say
+    beat.beat()
+    assert _probe(inbox) == EXIT_ALIVE
+    beat.close()

@@ -62,6 +62,8 @@ class Heartbeat:
     def beat(self) -> None:
         text = f"{_this_boot()} {boot_seconds():{_WIDTH}.3f}\n".encode("ascii")
         try:
+            if self._descriptor is not None and os.fstat(self._descriptor).st_nlink == 0:
+                self.close()  # removed (or replaced) under us: beats would go nowhere
             if self._descriptor is None:
                 # Emptied once (whatever an earlier run left is not a beat of this one);
                 # each beat after overwrites the last in place.

@@ -99,7 +99,7 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_RUNTIME_UNAVAILABLE: _ErrorReason.ValueType  # 37
     """Ingress could not reach the runtime (control) service; the call was audited but not executed. gRPC code: UNAVAILABLE."""
     ERROR_REASON_RATE_LIMITED: _ErrorReason.ValueType  # 38
-    """Too many attempts from this peer, or in all, on a rate-limited listener (the Worker enrollment listener); retry later. gRPC code: RESOURCE_EXHAUSTED."""
+    """Too many calls: from this peer or in all on a rate-limited path (Worker enrollment, a certificate refused again and again), or too many of the caller's requests already await an approval decision in the project; retry later. gRPC code: RESOURCE_EXHAUSTED."""
     ERROR_REASON_PRINCIPAL_NOT_FOUND: _ErrorReason.ValueType  # 39
     """The principal does not exist (AdminService). gRPC code: NOT_FOUND."""
     ERROR_REASON_TOKEN_NOT_FOUND: _ErrorReason.ValueType  # 40
@@ -227,7 +227,7 @@ ERROR_REASON_CALLBACK_SEQUENCE_FENCED: ErrorReason.ValueType  # 36
 ERROR_REASON_RUNTIME_UNAVAILABLE: ErrorReason.ValueType  # 37
 """Ingress could not reach the runtime (control) service; the call was audited but not executed. gRPC code: UNAVAILABLE."""
 ERROR_REASON_RATE_LIMITED: ErrorReason.ValueType  # 38
-"""Too many attempts from this peer, or in all, on a rate-limited listener (the Worker enrollment listener); retry later. gRPC code: RESOURCE_EXHAUSTED."""
+"""Too many calls: from this peer or in all on a rate-limited path (Worker enrollment, a certificate refused again and again), or too many of the caller's requests already await an approval decision in the project; retry later. gRPC code: RESOURCE_EXHAUSTED."""
 ERROR_REASON_PRINCIPAL_NOT_FOUND: ErrorReason.ValueType  # 39
 """The principal does not exist (AdminService). gRPC code: NOT_FOUND."""
 ERROR_REASON_TOKEN_NOT_FOUND: ErrorReason.ValueType  # 40

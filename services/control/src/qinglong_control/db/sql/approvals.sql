@@ -13,11 +13,12 @@ RETURNING approval_id
 
 -- name: pending_of_caller
 -- The caller's requests waiting in the project, counted up to the limit (by migration
--- 0030's partial index of pending requests).
+-- 0030's partial index of pending requests). One past its expiry waits no more, whether
+-- or not the reconciler has recorded that yet (as the approvals' projection reads it).
 SELECT count(*) FROM (
     SELECT 1 FROM qinglong.approval_requests
      WHERE project_id = %(project_id)s AND requested_by = %(requested_by)s
-       AND state = 'pending'
+       AND state = 'pending' AND expires_at_ms > (SELECT qinglong.db_now_ms())
      LIMIT %(limit)s) AS pending
 
 -- name: held_before
