@@ -90,7 +90,10 @@ def parse_worker_settings(
     """(command, settings). A dev stack file may stand in for every connection flag."""
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
-        prog="qinglong-worker", description="QingLong Worker: pulls, starts and reports Runs."
+        prog="qinglong-worker",
+        description="QingLong Worker: pulls, starts and reports Runs.",
+        epilog="Also: `qinglong-worker join --help` (enroll this machine with a join token)"
+        " and `qinglong-worker probe --help` (liveness of the daemon of an inbox).",
     )
     parser.add_argument(
         "command",
