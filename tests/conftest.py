@@ -134,6 +134,7 @@ class _NothingUnproven:
                 reporter.write_line(f"  {line}", red=True)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: no error when it is not loaded
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (make test): one worker per core this process may use — its CPU affinity
     capped by its cgroup's quota, as the services size their pools — not the host's
