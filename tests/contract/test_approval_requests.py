@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from typing import LiteralString
 
 import psycopg
 import pytest
@@ -227,26 +228,25 @@ async def _hold_cancel(
     )
 
 
-async def _pending_of(world: World, who: uuid.UUID) -> int:
+async def _count(world: World, query: LiteralString, value: uuid.UUID) -> int:
     async with world.conn.cursor() as cursor:
-        await cursor.execute(
-            "SELECT count(*) FROM qinglong.approval_requests"
-            " WHERE requested_by = %s AND state = 'pending'",
-            (who,),
-        )
+        await cursor.execute(query, (value,))
         row = await cursor.fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def _pending_of(world: World, who: uuid.UUID) -> int:
+    return await _count(
+        world,
+        "SELECT count(*) FROM qinglong.approval_requests"
+        " WHERE requested_by = %s AND state = 'pending'",
+        who,
+    )
 
 
 async def _event_count(world: World, run_id: uuid.UUID) -> int:
-    async with world.conn.cursor() as cursor:
-        await cursor.execute(
-            "SELECT count(*) FROM qinglong.run_events WHERE run_id = %s", (run_id,)
-        )
-        row = await cursor.fetchone()
-    assert row is not None
-    return int(row[0])
+    return await _count(world, "SELECT count(*) FROM qinglong.run_events WHERE run_id = %s", run_id)
 
 
 async def test_a_caller_may_have_only_so_many_requests_waiting(

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from qinglong_worker import heartbeat
+from qinglong_worker.clock import boot_clock_seconds
 from qinglong_worker.heartbeat import (
     EXIT_ALIVE,
     EXIT_STALE,
+    INBOX_VARIABLE,
     Heartbeat,
     OtherBoot,
     heartbeat_age,
     heartbeat_path,
     probe_main,
 )
+from qinglong_worker.settings import _variable as variable_of
 
 
 def _probe(inbox: Path, *extra: str) -> int:
@@ -27,7 +28,7 @@ def test_a_beat_is_read_back_as_young_and_ages_with_the_boot_clock(tmp_path: Pat
     beat = Heartbeat(path)
     beat.beat()
     assert -0.001 <= heartbeat_age(path) < 60  # written to the millisecond, rounded
-    later = heartbeat.boot_seconds() + 500
+    later = boot_clock_seconds() + 500
     assert heartbeat_age(path, now=later) > 499
     assert path.stat().st_mode & 0o777 == 0o600
     beat.close()
@@ -57,7 +58,7 @@ def test_the_probe_passes_on_a_fresh_beat_and_fails_on_an_old_one(
     assert capsys.readouterr().out.startswith("alive")
     # A beat written 200 s ago on this boot's clock: stale for 120 s, alive for 300 s.
     boot, _ = heartbeat_path(inbox).read_text().split()
-    heartbeat_path(inbox).write_text(f"{boot} {heartbeat.boot_seconds() - 200:20.3f}\n")
+    heartbeat_path(inbox).write_text(f"{boot} {boot_clock_seconds() - 200:20.3f}\n")
     assert _probe(inbox) == EXIT_STALE
     assert capsys.readouterr().out.startswith("stale: the Worker last ticked 200 s ago")
     assert _probe(inbox, "--stale-seconds", "300") == EXIT_ALIVE
@@ -69,7 +70,7 @@ def test_a_beat_of_an_earlier_boot_is_stale_whatever_its_number(
     inbox = tmp_path / "inbox.db"
     # A later number than now: after a reboot the boot clock starts again near zero.
     other = "00000000-0000-4000-8000-000000000000"
-    heartbeat_path(inbox).write_text(f"{other} {heartbeat.boot_seconds() + 10:20.3f}\n")
+    heartbeat_path(inbox).write_text(f"{other} {boot_clock_seconds() + 10:20.3f}\n")
     with pytest.raises(OtherBoot):
         heartbeat_age(heartbeat_path(inbox))
     assert _probe(inbox) == EXIT_STALE
@@ -100,17 +101,19 @@ def test_a_beat_that_cannot_be_written_is_retried_at_the_next(tmp_path: Path) ->
 
 
 def test_the_probe_takes_the_inbox_from_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     inbox = tmp_path / "inbox.db"
     Heartbeat(heartbeat_path(inbox)).beat()
-    monkeypatch.setenv("QINGLONG_WORKER_INBOX", str(inbox))
+    # The daemon's own variable: one setting names the inbox for both.
+    assert variable_of("inbox") == INBOX_VARIABLE
+    monkeypatch.setenv(INBOX_VARIABLE, str(inbox))
     assert probe_main([]) == EXIT_ALIVE
-    monkeypatch.delenv("QINGLONG_WORKER_INBOX")
+    monkeypatch.delenv(INBOX_VARIABLE)
     with pytest.raises(SystemExit) as usage:
         probe_main([])
     assert usage.value.code == 2
-    assert os.environ.get("QINGLONG_WORKER_INBOX") is None
+    assert "probe needs --inbox" in capsys.readouterr().err
 
 
 def test_a_heartbeat_removed_while_the_daemon_runs_is_written_again(tmp_path: Path) -> None:

@@ -170,9 +170,9 @@ async def hold(
         moot = mutation.moot(run)
         if moot is not None:
             return Held(None, moot)
-        limit = {**values, "limit": PENDING_APPROVALS_PER_CALLER}
+        counting = {**values, "limit": PENDING_APPROVALS_PER_CALLER}
         counted = await tx.execute(
-            "approval.pending_of_caller", _PENDING_OF_CALLER, limit, scalar_row
+            "approval.pending_of_caller", _PENDING_OF_CALLER, counting, scalar_row
         )
         check_room_for_another(await counted.fetchone() or 0)
         now_ms = await _now(tx)
