@@ -12,9 +12,10 @@ what failed                                               answer
 08 connection, 40 transaction rollback (serialization,    UNAVAILABLE: the database could
 deadlock), 53 insufficient resources, 57 operator         not do it now, and a retry may
 intervention (statement timeout, shutdown), 58 system     well succeed (the only code
-error, 55P03 lock not available; and no SQLSTATE at all   clients retry, AIP-194)
-from an OperationalError (refused or lost connection,
-pool timeout)
+error, 55P03 lock not available, 25006 read-only          clients retry, AIP-194)
+transaction; and no SQLSTATE at all from an
+OperationalError (refused or lost connection, pool
+timeout)
 23 integrity constraint violation                         the service's typed refusal for
                                                           that constraint name; a name it
                                                           does not know is INTERNAL
@@ -43,7 +44,11 @@ _log = logging.getLogger(__name__)
 #: SQLSTATE classes (the first two characters) whose failures are transient.
 _UNAVAILABLE_CLASSES: Final = frozenset({"08", "40", "53", "57", "58"})
 #: Single conditions of otherwise non-transient classes that are transient too.
-_UNAVAILABLE_STATES: Final = frozenset({"55P03"})  # lock_not_available
+#: 25006 read_only_sql_transaction: the server takes no writes now -- a managed service
+#: or an operator set ``default_transaction_read_only`` (a full disk, maintenance), or a
+#: standby was reached without ``target_session_attrs=read-write``. The deployment's
+#: state, not the request's: the caller may try again once it is writable.
+_UNAVAILABLE_STATES: Final = frozenset({"55P03", "25006"})  # lock_not_available, read-only
 _INTEGRITY_CLASS: Final = "23"
 _DATA_CLASS: Final = "22"
 

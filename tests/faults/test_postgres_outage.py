@@ -5,6 +5,9 @@ ingress during the outage -- an operator's GetRun and a Worker's RenewSession --
 answered UNAVAILABLE within the bound (R-ERR-2: 2 s by default), not held until the
 caller's deadline. The services and the Worker must survive; once PostgreSQL is back,
 the Runs in flight end with their executors' real outcomes and new work runs again.
+
+Then the same with a database that is up but takes no writes (what a managed service
+does on a full disk): UNAVAILABLE, never INTERNAL, and nothing lost.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import grpc
 import psycopg
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong.worker.v1 import worker_service_pb2_grpc
+from qinglong_protocol.errors import error_reason_of
 from qinglong_protocol.storage import StorageBounds
 from qinglong_protocol.tls import mutual_tls_channel_credentials
 
@@ -153,6 +157,107 @@ def test_postgres_stop_start_fails_fast_and_loses_nothing(
     tally.calls += len(probes)
     tally.notes += [f"probe {probe}" for probe in probes]
     tally.notes.append(f"ingress served again {recovered_after:.1f} s after PostgreSQL restarted")
+    report_tally(tally)
+    if problems or not tally.clean:
+        problems.append("worker log tail:\n" + worker.log_tail())
+    assert_verdict(tally, problems)
+
+
+#: How long the database stays read-only: longer than a Worker's tick and its call
+#: retries, shorter than the 30 s lease (so the Runs in flight must keep their leases
+#: across it and end with their executors' outcomes).
+READ_ONLY_SECONDS: Final = 5.0
+
+
+def _set_read_only(stack: DevStack, *, read_only: bool) -> None:
+    """What a managed PostgreSQL does on a full disk: every session, new or open, takes
+    no writes (``ALTER SYSTEM`` and a reload reach the open ones too). The superuser's own
+    session stays writable, so the setting can be taken back."""
+    superuser = stack.postgres.url("postgres", "postgres")
+    with psycopg.connect(superuser, autocommit=True, connect_timeout=5) as conn:
+        conn.execute("SET default_transaction_read_only = off")
+        if read_only:
+            conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        else:
+            conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
+        conn.execute("SELECT pg_reload_conf()")
+
+    def applied() -> bool:
+        with psycopg.connect(stack.migration_url, connect_timeout=5) as probe:
+            row = probe.execute("SHOW default_transaction_read_only").fetchone()
+        return row is not None and (row[0] == "on") is read_only
+
+    assert wait_until(applied, 10.0), f"read_only={read_only} never took effect"
+
+
+def test_a_read_only_database_is_unavailable_not_internal_and_loses_nothing(
+    stack: DevStack,
+    operator: OperatorClient,
+    rig: FaultRig,
+    report_tally: Callable[[Tally], None],
+) -> None:
+    """A database that is up but takes no writes (SQLSTATE 25006) is the deployment's
+    state, not a fault of the call: callers get UNAVAILABLE with ingress's
+    AUDIT_UNAVAILABLE (its audit row is every call's first write), and retry; the Runs in
+    flight keep going and end with their executors' outcomes once it is writable again."""
+    worker = rig.worker(max_concurrency=2).start()
+    succeeds = rig.trigger("read-only-ok", seconds=8, exit_code=0)
+    rig.trigger("read-only-fails", seconds=8, exit_code=3)
+    running = wait_until(lambda: len(rig.live_executors()) == 2, RUNNING_SECONDS)
+    assert running, "two executors never ran:\n" + worker.log_tail()
+
+    session_id, generation = _current_session(stack)
+    renew = ws.RenewSessionRequest(
+        worker_id=stack.worker_id, session_id=session_id, worker_generation=generation
+    )
+    problems: list[str] = []
+    reasons: list[str] = []
+    with grpc.secure_channel(
+        stack.ingress_address, mutual_tls_channel_credentials(stack.worker_tls)
+    ) as worker_channel:
+        sessions = worker_service_pb2_grpc.WorkerServiceStub(worker_channel)
+        calls: dict[str, Callable[[], object]] = {
+            "GetRun": lambda: operator.get_run(succeeds.run_id, timeout=PROBE_DEADLINE_SECONDS),
+            "RenewSession": lambda: sessions.RenewSession(renew, timeout=PROBE_DEADLINE_SECONDS),
+        }
+        for call in calls.values():
+            call()  # warm both channels: the probes measure ingress, not a handshake
+
+        _set_read_only(stack, read_only=True)
+        began = time.monotonic()
+        try:
+            for name, call in calls.items():
+                try:
+                    call()
+                    reasons.append(f"{name}: answered OK from a read-only database")
+                except grpc.RpcError as error:
+                    reasons.append(f"{name}: {error.code().name} {error_reason_of(error)}")
+            time.sleep(max(0.0, began + READ_ONLY_SECONDS - time.monotonic()))
+        finally:
+            _set_read_only(stack, read_only=False)
+        writable = time.monotonic()
+        served = wait_until(
+            lambda: _measure("GetRun", calls["GetRun"], writable).code is grpc.StatusCode.OK,
+            RECOVERY_SECONDS,
+            interval=0.5,
+        )
+        if not served:
+            problems.append("ingress did not serve GetRun once the database was writable")
+
+    for reason in reasons:
+        if not reason.endswith("UNAVAILABLE AUDIT_UNAVAILABLE"):
+            problems.append(f"{reason}: not UNAVAILABLE AUDIT_UNAVAILABLE")
+    if not stack.running():
+        problems.append("qinglong up exited: a service did not survive the read-only spell")
+    if not rig.wait_terminal(CONVERGE_SECONDS):
+        problems.append(f"not every Run was terminal after {CONVERGE_SECONDS:.0f} s")
+    status = worker.stop()
+    if status != 0:
+        problems.append(f"the Worker exited {status} on SIGINT, not 0")
+
+    tally = rig.tally("PostgreSQL read-only", extra_faults=1)
+    tally.calls += len(calls)
+    tally.notes += reasons
     report_tally(tally)
     if problems or not tally.clean:
         problems.append("worker log tail:\n" + worker.log_tail())

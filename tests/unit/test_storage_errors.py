@@ -41,6 +41,7 @@ _E = ErrorReason
         ("57P03", True, Verdict.UNAVAILABLE),  # cannot connect now (starting up)
         ("58030", True, Verdict.UNAVAILABLE),  # I/O error
         ("55P03", True, Verdict.UNAVAILABLE),  # lock not available
+        ("25006", False, Verdict.UNAVAILABLE),  # read-only transaction: a read-only server
         (None, True, Verdict.UNAVAILABLE),  # refused/lost connection, pool timeout
         ("23514", False, Verdict.CONSTRAINT),
         ("23505", False, Verdict.CONSTRAINT),
