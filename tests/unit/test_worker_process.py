@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -691,3 +692,35 @@ async def test_a_stopped_process_is_remembered_as_signalled_until_released(
     assert controller.poll(identity) == ExitStatus(None, signal.SIGTERM)
     controller.release(identity)
     assert not controller.signalled(identity)
+
+
+#: A child whose main thread ends while another lives on for a second: its leader is a
+#: zombie in /proc that cannot be reaped yet (what a supervisor with its output relay
+#: thread looks like for an instant as it ends). It ignores SIGTERM, so a stop waits.
+_LEADER_ENDS_FIRST = """
+import ctypes, os, signal, sys, threading, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def last_thread():
+    time.sleep(1.0)
+    os._exit(0)
+threading.Thread(target=last_thread).start()
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_child_is_not_taken_as_ended_before_it_can_be_reaped(tmp_path: Path) -> None:
+    controller = ProcessController(status_dir=tmp_path / "exits")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _LEADER_ENDS_FIRST], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert child.stdout is not None
+    with child.stdout:
+        assert child.stdout.readline() == b"ready\n"
+    identity = ProcessIdentity(child.pid, read_start_ticks(child.pid), None)
+    controller._spawned(identity, child)
+    assert wait_until(lambda: process._probe(identity).value == "exited", 5.0)
+    assert child.poll() is None, "the leader is a zombie, the process not reapable yet"
+    assert asyncio.run(controller.stop(identity, grace_seconds=30.0)) is StopResult.STOPPED
+    assert child.returncode == 0, "stopped means reaped: its last thread ended it"
+    assert not _exists(child.pid)

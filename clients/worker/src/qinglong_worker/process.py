@@ -279,12 +279,15 @@ class ProcessController:
         base_environment: Mapping[str, str] | None = None,
         status_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        output_limit_bytes: int | None = bounds.OUTPUT_BYTES_PER_ATTEMPT_DEFAULT,
     ) -> None:
         """``status_dir``: where supervisors leave exit statuses (the daemon uses a
         directory beside its inbox). Without it nothing can be spawned and the status of
         a process that is not our child is unobserved. ``clock``: seconds, for how long a
-        status has been unreadable."""
+        status has been unreadable. ``output_limit_bytes``: how large an executor's log
+        file may grow (the supervisor's "output limit"); None: without bound."""
         self._base = dict(os.environ if base_environment is None else base_environment)
+        self._output_limit = output_limit_bytes
         self._clock = clock
         self._status_dir = status_dir
         # Our own children (supervisors), so their exit is reaped (and nothing else reaps it).
@@ -390,7 +393,10 @@ class ProcessController:
         check_timing_environment(environment)
         status_dir = self.ensure_status_dir()
         output: IO[bytes] | int = subprocess.DEVNULL
+        limit: tuple[str, ...] = ()
         if log_path is not None:
+            if self._output_limit is not None:
+                limit = ("--output-limit", str(self._output_limit))
             descriptor = os.open(
                 log_path,
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -409,6 +415,7 @@ class ProcessController:
                     "--ready-fd",
                     str(ready_write),
                     *(() if launch_key is None else ("--launch", launch_key)),
+                    *limit,
                     "--",
                     *argv,
                 ],
@@ -616,6 +623,11 @@ class ProcessController:
         # Poll after the probe: a zombie the probe saw is reaped here, not left behind.
         if child is not None and child.poll() is not None:
             return _Probe.EXITED
+        if child is not None and probe is _Probe.EXITED:
+            # A zombie leader that cannot be reaped yet: its other threads (a supervisor's
+            # output relay) are still ending. Until it can be reaped it has not ended --
+            # and reported ended now, it would be forgotten unreaped.
+            return _Probe.RUNNING
         return probe
 
     # --- exit statuses -------------------------------------------------------------------------
