@@ -65,6 +65,11 @@ OUTPUT_CHUNK_MAX_BYTES: Final = field_rules(_WS.AppendOutputRequest, "data").byt
 OUTPUT_READ_MAX_BYTES: Final = int_range(_RS.ReadRunOutputRequest, "max_bytes")[1]
 #: What ``max_bytes == 0`` means in ReadRunOutput (held to the contract's comment by a test).
 OUTPUT_READ_DEFAULT_BYTES: Final = 256 * 1024
+#: How much output one Attempt is held to by default, at both ends: the Worker writes at
+#: most this much to its local file (``--output-limit-bytes``: a runaway executor cannot
+#: fill the Worker's disk), and control keeps the newest this much
+#: (``--output-max-bytes-per-attempt``), so by default control trims none of what came.
+OUTPUT_BYTES_PER_ATTEMPT_DEFAULT: Final = 64 * 1024 * 1024
 
 # --- Byte caps on whole messages (R-LC-1, R-ING-2) ----------------------------
 

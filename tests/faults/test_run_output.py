@@ -7,6 +7,9 @@ the Worker learnt so (the answer is lost with it), so the restarted Worker re-se
 chunk that is already stored. `qinglong run logs` must then print exactly what the
 executor printed: every byte, in order, once. A `run logs --follow` started while the
 Run is queued prints the same bytes and ends by itself when the Run is terminal.
+
+And a Worker whose ``--output-limit-bytes`` is under what the executor prints keeps the
+first part and a notice, exactly the limit, and the Run still succeeds.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from qinglong_worker.supervisor import OUTPUT_LIMIT_NOTICE
+
 from tests.support.fault_rig import FaultRig
 from tests.support.fault_tally import Expected, Tally
 from tests.support.lossy_proxy import Phase, act_at
 from tests.support.polling import wait_until
-from tests.support.run_output import follow_problems, read_back, run_logs
+from tests.support.run_output import follow_problems, read_back, run_logs, stored_end
 
 LINES: Final = 16_384
 LINE_BYTES: Final = 64  # 16,384 lines of 64 bytes: 1 MiB
@@ -114,4 +119,39 @@ def test_output_is_read_back_whole_after_kill_9_while_shipping(
     problems += follow_problems(followed, expected, follow_err.decode(), follower.returncode)
     if appends <= len(back.chunks):
         problems.append("no chunk was re-sent: the kill did not land between commit and answer")
+    rig.assert_restarted_worker_verdict(tally, problems, worker, status)
+
+
+#: A Worker limit well under what the printer prints.
+OUTPUT_LIMIT_BYTES: Final = 256 * 1024
+
+
+def test_output_past_the_workers_limit_ends_with_the_notice_and_the_run_succeeds(
+    rig: FaultRig, report_tally: Callable[[Tally], None]
+) -> None:
+    """``--output-limit-bytes``: the Worker's file, and so what control holds, is the
+    first part of the output and the notice, exactly the limit; the executor runs on to
+    its own end (the Run succeeds, not failed for what it printed)."""
+    worker = rig.worker(
+        max_concurrency=1, extra_flags=("--output-limit-bytes", str(OUTPUT_LIMIT_BYTES))
+    ).start()
+    run_id = rig.operator.trigger(printing_command(rig.marks), name="output-limit")
+    rig.expected.append(Expected(run_id, "succeeded", exit_code=0, label="output limit"))
+    problems: list[str] = []
+    if not rig.wait_terminal(CONVERGE_SECONDS):
+        problems.append(f"the Run was not terminal after {CONVERGE_SECONDS:.0f} s")
+    status = worker.stop()
+
+    notice = OUTPUT_LIMIT_NOTICE.format(limit=OUTPUT_LIMIT_BYTES).encode()
+    expected = printed_bytes()[: OUTPUT_LIMIT_BYTES - len(notice)] + notice
+    back = read_back(rig.stack.stack_path, rig.stack.migration_url, run_id)
+    shipped, reported = stored_end(rig.stack.migration_url, run_id)
+    line = (
+        f"run output limit: bytes printed {len(printed_bytes())}, limit {OUTPUT_LIMIT_BYTES},"
+        f" bytes read {len(back.read)}, stored {shipped}, reported with the ending {reported}"
+    )
+    tally = rig.noted_tally("run output limit", line, report_tally, extra_faults=0)
+    problems += back.problems(expected)
+    if reported != OUTPUT_LIMIT_BYTES:
+        problems.append(f"the Worker reported {reported} output bytes, not the limit")
     rig.assert_restarted_worker_verdict(tally, problems, worker, status)

@@ -80,7 +80,11 @@ async def run_daemon(
             log.error("cannot read TLS material %s: %s", error.filename, error.strerror)
             return EXIT_CANNOT_START
         try:
-            processes = ProcessController(base_environment=os.environ, status_dir=daemon.exit_dir)
+            processes = ProcessController(
+                base_environment=os.environ,
+                status_dir=daemon.exit_dir,
+                output_limit_bytes=daemon.output_limit_bytes,
+            )
             reconciler = Reconciler(
                 inbox=inbox,
                 client=client,

@@ -42,6 +42,8 @@ class DaemonSettings:
     #: How long a closed inbox record that owes nothing, and its files, are kept (0: for
     #: ever; see qinglong_worker.retention).
     retention_days: float = DEFAULT_RETENTION_DAYS
+    #: How large one executor's local log file may grow (None: without bound).
+    output_limit_bytes: int | None = bounds.OUTPUT_BYTES_PER_ATTEMPT_DEFAULT
     #: The Prometheus /metrics endpoint; None (the default): none is served.
     metrics: MetricsEndpoint | None = None
 
@@ -169,6 +171,15 @@ def parse_worker_settings(
         help="how long a finished Attempt's inbox record, local log file and exit files are"
         " kept once everything is reported and shipped (0: for ever)",
     )
+    daemon.add_argument(
+        "--output-limit-bytes",
+        type=int,
+        default=env.get(
+            _variable("output-limit-bytes"), str(bounds.OUTPUT_BYTES_PER_ATTEMPT_DEFAULT)
+        ),
+        help="how large one executor's output file may grow; past it the executor runs on"
+        " and its further output is discarded, after a notice (0: without bound)",
+    )
     add_metrics_arguments(parser, env, ENV_PREFIX)
     args = parser.parse_args(argv)
     for flag, path, read in (
@@ -214,6 +225,13 @@ def parse_worker_settings(
                 f"--retention-days must be 0 (for ever) or at least {MIN_RETENTION_DAYS}"
                 " (a day: longer than an offer lives, or a refused one comes back)"
             )
+        if args.output_limit_bytes != 0 and not (
+            args.output_limit_bytes >= bounds.OUTPUT_CHUNK_MAX_BYTES
+        ):
+            parser.error(
+                f"--output-limit-bytes must be 0 (without bound) or at least"
+                f" {bounds.OUTPUT_CHUNK_MAX_BYTES} (one chunk)"
+            )
         daemon_settings = DaemonSettings(
             inbox=args.inbox,
             log_dir=args.log_dir or args.inbox.parent / "logs",
@@ -224,6 +242,7 @@ def parse_worker_settings(
             drain_grace_seconds=args.drain_grace_seconds,
             certificate_check_seconds=args.certificate_check_seconds,
             retention_days=args.retention_days,
+            output_limit_bytes=args.output_limit_bytes or None,
             metrics=metrics_endpoint_of(parser, args),
         )
     return args.command, WorkerSettings(

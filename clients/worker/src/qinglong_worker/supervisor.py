@@ -10,9 +10,10 @@ and process group of its own, and it:
 1. installs handlers that forward SIGTERM, SIGINT and SIGHUP to its process group;
 2. starts the executor's argv (never a shell) in that same process group, with the
    environment the Worker prepared (timing variables included, unchanged), stdout and
-   stderr inherited (the Worker's per-offer log file), and ``PR_SET_PDEATHSIG=SIGKILL``
-   so that the executor dies with its supervisor — a SIGKILL of the supervisor alone
-   never leaves an orphan running without a lease;
+   stderr inherited (the Worker's per-offer log file) or, with ``--output-limit``, one
+   pipe the supervisor copies to that file (see "The output limit"), and
+   ``PR_SET_PDEATHSIG=SIGKILL`` so that the executor dies with its supervisor — a
+   SIGKILL of the supervisor alone never leaves an orphan running without a lease;
 3. reports ``ok <pid>`` (or ``error <errno> <kind>`` when the exec failed) on the
    ready descriptor, so that the Worker learns synchronously whether the start worked;
 4. waits for the executor and writes its exit status durably as
@@ -71,6 +72,18 @@ supervisor that did, and adopts it. A claim that cannot be made durable starts n
 And a Worker that died cannot read the ready descriptor any more: that report is best
 effort, never a reason to abandon a started executor.
 
+The output limit (``--output-limit BYTES``). An executor that writes without end would
+otherwise fill the Worker's disk, and with it the inbox: one runaway Run would take the
+whole Worker down. So the executor writes into a pipe, and a thread of the supervisor
+copies the pipe to the log file until the file holds ``BYTES``; it then ends the file
+with :data:`OUTPUT_LIMIT_NOTICE` and reads on, discarding, so the executor runs on and
+never blocks on a full pipe (as GitLab Runner's ``output_limit`` does: the Run is not
+failed for what it printed). The executor's end is waited for as before; the copy then
+takes what is left in the pipe (at most :data:`RELAY_DRAIN_SECONDS`: a background process
+the executor left may still hold the pipe, and step 5 ends it) before the status is
+written, so the file is whole when the Worker reads the status. A file that cannot be
+written (a full disk) is written no more, and the pipe is still drained.
+
 Stopping (by the Worker, after verifying PID, start time and boot): SIGTERM to the supervisor
 alone is forwarded once to every other member of its group (the executor and what it
 started); SIGKILL goes to the whole group, so nothing survives it.
@@ -84,11 +97,14 @@ import errno
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import Final
 
@@ -112,6 +128,15 @@ EXIT_USAGE: Final = 2
 EXIT_NOT_STARTED: Final = 3
 EXIT_STATUS_UNWRITTEN: Final = 4
 FORWARDED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Ends a log file at the output limit (``{limit}``: the limit in bytes); the notice is
+#: counted within the limit.
+OUTPUT_LIMIT_NOTICE: Final = (
+    "\n[qinglong: output reached the limit of {limit} bytes; the executor runs on and"
+    " what it writes from here is discarded]\n"
+)
+#: How long the copy may still take, after the executor ended, for what is in the pipe.
+RELAY_DRAIN_SECONDS: Final = 2.0
+_RELAY_READ_BYTES: Final = 64 * 1024
 _PR_SET_PDEATHSIG: Final = 1
 #: Signals received so far: one that came before the executor existed is sent again
 #: once it does (a stop is never lost to that race).
@@ -349,12 +374,93 @@ def _load_libc() -> ctypes.CDLL | None:
         return None
 
 
-_USAGE: Final = "usage: supervisor.py --status-dir DIR --ready-fd N [--launch KEY] -- ARGV...\n"
-_OPTIONS: Final = ("--status-dir", "--ready-fd", "--launch")
+class OutputRelay:
+    """Copies the executor's output from ``source`` (a pipe's read end) to ``target`` (the
+    log file) until the file holds ``limit`` bytes, then discards the rest (the module's
+    "The output limit"). Runs on a thread of its own, woken by the pipe or by
+    :meth:`finish` -- no timer."""
+
+    def __init__(self, source: int, target: int, limit: int) -> None:
+        self._source = source
+        self._target = target
+        self._notice = OUTPUT_LIMIT_NOTICE.format(limit=limit).encode()
+        try:
+            written = os.fstat(target).st_size
+        except OSError:
+            written = 0
+        #: Bytes of output the file may still take before the notice.
+        self._room: int | None = max(0, limit - written - len(self._notice))
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread = threading.Thread(target=self._copy, name="output-relay", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self, seconds: float = RELAY_DRAIN_SECONDS) -> None:
+        """Take what is in the pipe now, then stop (waiting at most ``seconds``)."""
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"x")
+        self._thread.join(seconds)
+
+    def _copy(self) -> None:
+        finishing = False
+        while True:
+            # Finishing: only what is there already (a background process the executor
+            # left may hold the pipe open for ever).
+            readable, _, _ = select.select(
+                [self._source] if finishing else [self._source, self._wake_read],
+                [],
+                [],
+                0 if finishing else None,
+            )
+            if self._wake_read in readable:
+                finishing = True
+                continue
+            if not readable:
+                return
+            data = os.read(self._source, _RELAY_READ_BYTES)
+            if not data:
+                return  # every writer has closed the pipe
+            self._keep(data)
+
+    def _keep(self, data: bytes) -> None:
+        if self._room is None:
+            return  # past the limit, or the file failed: read and discarded
+        kept = data[: self._room]
+        self._room -= len(kept)
+        try:
+            _write_all(self._target, kept)
+            if len(kept) < len(data):
+                self._room = None
+                _write_all(self._target, self._notice)
+        except OSError:
+            self._room = None
 
 
-def _parse(argv: Sequence[str]) -> tuple[str, int, str | None, list[str]] | None:
-    """(status dir, ready descriptor, launch key or None, command); None if malformed."""
+def _write_all(descriptor: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view) :]
+
+
+_USAGE: Final = (
+    "usage: supervisor.py --status-dir DIR --ready-fd N [--launch KEY] [--output-limit BYTES]"
+    " -- ARGV...\n"
+)
+_OPTIONS: Final = ("--status-dir", "--ready-fd", "--launch", "--output-limit")
+
+
+@dataclass(frozen=True)
+class _Arguments:
+    status_dir: str
+    ready_fd: int
+    launch: str | None
+    output_limit: int | None
+    command: list[str]
+
+
+def _parse(argv: Sequence[str]) -> _Arguments | None:
+    """The arguments; None if malformed."""
     options: dict[str, str] = {}
     index = 0
     while index < len(argv) and argv[index] != "--":
@@ -365,14 +471,22 @@ def _parse(argv: Sequence[str]) -> tuple[str, int, str | None, list[str]] | None
         index += 2
     command = list(argv[index + 1 :])
     launch = options.get("--launch")
+    limit = options.get("--output-limit")
     if (
         not command
         or "--status-dir" not in options
         or not options.get("--ready-fd", "").isdigit()
         or (launch is not None and LAUNCH_KEY.match(launch) is None)
+        or (limit is not None and not limit.isdigit())
     ):
         return None
-    return options["--status-dir"], int(options["--ready-fd"]), launch, command
+    return _Arguments(
+        options["--status-dir"],
+        int(options["--ready-fd"]),
+        launch,
+        None if limit is None else int(limit),
+        command,
+    )
 
 
 def _error_answer(error: BaseException) -> str:
@@ -395,7 +509,12 @@ def run(argv: Sequence[str]) -> int:
     if parsed is None:
         sys.stderr.write(_USAGE)
         return EXIT_USAGE
-    status_dir, ready_fd, launch, command = parsed
+    status_dir, ready_fd, launch, command = (
+        parsed.status_dir,
+        parsed.ready_fd,
+        parsed.launch,
+        parsed.command,
+    )
     _status_dir.append(status_dir)
     for signal_number in FORWARDED_SIGNALS:
         signal.signal(signal_number, _forward)
@@ -413,17 +532,30 @@ def run(argv: Sequence[str]) -> int:
     # a read after the start would come, which would leave the executor unwatched.
     first_deadline = None if launch is None else read_lease_deadline(status_dir, launch, boot)
     executor: subprocess.Popen[bytes] | None = None
+    relay: OutputRelay | None = None
+    output: int | None = None  # None: the executor inherits the supervisor's stdout/stderr
+    if parsed.output_limit is not None:
+        relay_source, output = os.pipe()
+        relay = OutputRelay(relay_source, sys.stdout.fileno(), parsed.output_limit)
     try:
         executor = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
             close_fds=True,
-            # The supervisor is single-threaded: preexec_fn is safe here.
+            # The supervisor is single-threaded until the relay starts: preexec_fn is
+            # safe here.
             preexec_fn=lambda: _executor_preexec(libc, own_pid),
         )
         answer = f"ok {executor.pid}"
     except (OSError, subprocess.SubprocessError) as error:
         answer = _error_answer(error)
+    finally:
+        if output is not None:
+            os.close(output)  # the executor holds the write end: its end is the pipe's
+    if relay is not None and executor is not None:
+        _start_without_signals(relay)
     if launch is not None:
         try:
             claimed = launch_document(launch, handle, answer, boot)
@@ -441,6 +573,8 @@ def run(argv: Sequence[str]) -> int:
     for early in dict.fromkeys(_received):
         _forward(early, None)
     code, lease_ran_out = _wait(executor, status_dir, launch, boot, first_deadline)
+    if relay is not None:
+        relay.finish()  # the file whole before the status says the executor ended
     lease_ran_out = lease_ran_out or bool(_stopped_as_revoked)
     document: dict[str, object] = {
         "version": STATUS_VERSION,
@@ -463,6 +597,19 @@ def run(argv: Sequence[str]) -> int:
             os.unlink(os.path.join(status_dir, lease_file_name(launch)))  # of no use now
     os.killpg(os.getpgrp(), signal.SIGKILL)  # step 5: what the executor left, and us
     raise AssertionError("unreachable: the SIGKILL of our own group ended this process")
+
+
+def _start_without_signals(relay: OutputRelay) -> None:
+    """Start the relay's thread with every signal the supervisor waits for blocked in
+    it (a thread inherits the mask it is created with): SIGCHLD must stay pending for
+    ``sigtimedwait`` in the main thread, and a stop signal taken by the relay's thread
+    would interrupt nothing the main thread waits in, so it would be forwarded late."""
+    waited_for = {signal.SIGCHLD, *FORWARDED_SIGNALS}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, waited_for)
+    try:
+        relay.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _wait(

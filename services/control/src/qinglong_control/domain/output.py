@@ -32,7 +32,7 @@ class OutputRetention:
     appended, so it holds at every moment)."""
 
     max_age_ms: int = _WEEK_MS
-    max_bytes_per_attempt: int = 64 * 1024 * 1024
+    max_bytes_per_attempt: int = bounds.OUTPUT_BYTES_PER_ATTEMPT_DEFAULT
 
     def __post_init__(self) -> None:
         if self.max_age_ms < 1000:
