@@ -467,6 +467,22 @@ async def test_a_supervisor_slow_to_answer_is_settled_from_its_launch_claim(
     _assert_ran_and_succeeded(world)
 
 
+async def test_a_slow_supervisor_that_started_nothing_is_forgotten_once_settled(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its answer (no such executable) came after the bound: the claim settles the record
+    as a start failure, and the ended supervisor is not kept among the processes the
+    Worker supervises and would stop (one entry per such start, for the Worker's life)."""
+    monkeypatch.setattr(process, "_READY_TIMEOUT_SECONDS", 0.001)
+    offer_id = world.admit(["/nonexistent/qinglong-test-binary"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.WAITING
+    assert world.processes.known(), "the unanswered supervisor is known while it may start"
+    await _reconciled_until(world.reconciler, offer_id, Outcome.START_FAILED.__eq__)
+    assert world.client.calls[-1] == "ReportStartFailure"
+    assert _record_of(world, offer_id).start_failure == "executable not found"
+    assert world.processes.known() == frozenset()
+
+
 async def test_an_answer_that_came_while_the_loop_was_held_up_is_the_answer(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

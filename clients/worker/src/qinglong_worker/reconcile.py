@@ -793,6 +793,12 @@ class Reconciler:
                 verdict.identity.handle,
             )
             return True
+        if verdict.identity is not None:
+            # A supervisor that started nothing has ended, or is ending after its answer:
+            # seen to its end (and reaped, if ours), so that nothing of it is kept to
+            # supervise or stop for the rest of the Worker's life.
+            await self._processes.stop(verdict.identity, grace_seconds=0.0)
+            self._processes.release(verdict.identity)
         if verdict.error is not None and verdict.error.errno in WORKER_FAULT_ERRNOS:
             # As when the answer comes at once (_spawn): the machine's fault, not the
             # task's start failure; nothing started, the lease is left to run out.
