@@ -37,6 +37,7 @@ from qinglong_protocol import bounds
 from qinglong_protocol.pooling import ENV_POOL_MAX_SIZE, default_max_size
 from qinglong_worker.heartbeat import DEFAULT_STALE_SECONDS
 from qinglong_worker.join import IDENTITY_FILE
+from qinglong_worker.settings import parse_worker_settings
 
 try:
     import kubernetes_validate
@@ -1572,6 +1573,32 @@ def test_the_worker_keeps_its_identity_and_inbox_on_the_claim() -> None:
     assert not inbox.is_relative_to(identity_dir)
     # Time to drain: > drain grace (30 s) + stop grace (5 s), README "Workers".
     assert _pod_spec(worker)["terminationGracePeriodSeconds"] >= 45
+
+
+_BINARY_UNITS: dict[str, int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def test_the_workers_claim_holds_its_output_at_the_limit() -> None:
+    """Executor output is written to the claim beside the inbox: a full claim stops the
+    inbox, and with it every Run of the Worker. The daemon's own settings (its flags and
+    environment, read by its parser) bound what running executors write at once to at
+    most half the claim, the rest for the inbox and the closed records' files."""
+    (template,) = _worker()["spec"]["volumeClaimTemplates"]
+    size = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)", template["spec"]["resources"]["requests"]["storage"])
+    assert size is not None
+    claim_bytes = int(size[1]) * _BINARY_UNITS[size[2]]
+    _, daemon = _worker_containers()
+    environment = {name: str(v.get("value", "")) for name, v in _env(daemon).items()}
+    connection = ["--worker-id", "w", "--ingress-address", "i:1"]
+    connection += ["--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"]
+    # Not --identity: the parser would read the file, which only the pod has.
+    flags = [x for f, v in _daemon_flags().items() if f != "--identity" for x in (f, v)]
+    settings = parse_worker_settings(["run", *connection, *flags], environment)[1].daemon
+    assert settings is not None
+    assert settings.output_limit_bytes is not None, "a Worker in a pod keeps a limit"
+    at_once = settings.max_concurrency * settings.output_limit_bytes
+    print(f"{settings.max_concurrency} Attempts x {settings.output_limit_bytes} bytes: {at_once}")
+    assert at_once <= claim_bytes // 2
 
 
 def test_the_worker_is_probed_for_liveness_by_its_own_heartbeat_only() -> None:
