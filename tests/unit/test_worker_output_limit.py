@@ -5,8 +5,11 @@ by it. Real supervisors and executors; the disk that fills is ``/dev/full``."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import resource
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -15,9 +18,15 @@ from typing import Final
 
 import pytest
 from qinglong_protocol import bounds
-from qinglong_worker.process import ExitStatus, ProcessController, ProcessIdentity, StopResult
+from qinglong_worker.process import (
+    SUPERVISOR_SCRIPT,
+    ExitStatus,
+    ProcessController,
+    ProcessIdentity,
+    StopResult,
+)
 from qinglong_worker.settings import parse_worker_settings
-from qinglong_worker.supervisor import OUTPUT_LIMIT_NOTICE
+from qinglong_worker.supervisor import EXIT_NOT_STARTED, OUTPUT_LIMIT_NOTICE, OutputRelay
 
 from tests.support.polling import wait_until
 
@@ -114,6 +123,101 @@ def test_the_limit_counts_what_the_file_held_already(
     content = log.read_bytes()
     assert len(content) == LIMIT
     assert content.endswith(_written(1000 - len(_notice())) + _notice())
+
+
+def test_a_file_too_full_for_the_notice_takes_nothing_more(
+    controller: ProcessController, tmp_path: Path
+) -> None:
+    """Not even the notice goes past the limit."""
+    log = tmp_path / "offer.log"
+    log.write_bytes(b"x" * (LIMIT - len(_notice()) // 2))
+    identity = _spawn(controller, [sys.executable, "-c", _WRITER, "5000", "0"], log)
+    assert _ended(controller, identity) == ExitStatus(0, None)
+    assert log.read_bytes() == b"x" * (LIMIT - len(_notice()) // 2)
+
+
+def test_finish_takes_what_the_pipe_holds_though_a_writer_keeps_it_open(tmp_path: Path) -> None:
+    """After the executor ended, a process it left in the background may hold the pipe
+    for ever: the copy takes what is there and ends, without waiting for an end of file."""
+    source, writer = os.pipe()
+    pending = _written(50_000)
+    os.write(writer, pending)  # within a pipe's 64 KiB
+    with (tmp_path / "offer.log").open("ab") as target:
+        relay = OutputRelay(source, target.fileno(), LIMIT)
+        relay.start()
+        assert relay.finish(), "the copy ended though the pipe is still open"
+    os.close(writer)
+    os.close(source)
+    assert (tmp_path / "offer.log").read_bytes() == pending
+
+
+def _blocked_signals(pid: int) -> dict[int, set[int]]:
+    """The signals each thread of ``pid`` blocks, by thread id (``SigBlk`` of its task)."""
+    blocked = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        line = next(
+            line
+            for line in (task / "status").read_text().splitlines()
+            if line.startswith("SigBlk:")
+        )
+        mask = int(line.split()[1], 16)
+        blocked[int(task.name)] = {number for number in range(1, 65) if mask >> (number - 1) & 1}
+    return blocked
+
+
+def test_the_relays_thread_blocks_every_signal_the_supervisor_waits_for(
+    controller: ProcessController, tmp_path: Path
+) -> None:
+    """A signal the relay's thread took would be lost to the main thread: SIGCHLD (the
+    lease watch's ``sigtimedwait`` would wake only at its next look) and the stop signals
+    it forwards. The main thread blocks none of the stop signals, as before."""
+    log = tmp_path / "offer.log"
+    identity = _spawn(
+        controller, ["sh", "-c", "echo started; exec sleep 300"], log, launch_key=LAUNCH_KEY
+    )
+    assert wait_until(lambda: log.read_bytes() == b"started\n", 10.0)
+    blocked = _blocked_signals(identity.pid)
+    main = blocked.pop(identity.pid)
+    assert len(blocked) == 1, "the supervisor has one thread besides its main one"
+    (relay,) = blocked.values()
+    waited_for = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    assert waited_for <= relay
+    # (SIGCHLD the main thread blocks, but not while it waits for it in sigtimedwait.)
+    assert not {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} & main
+
+
+def test_without_a_descriptor_for_the_pipe_the_start_fails_and_says_why(tmp_path: Path) -> None:
+    """EMFILE when the supervisor makes the executor's pipe: reported on the ready
+    descriptor like any failed start (the Worker reports it, or gives it back as the
+    machine's fault), never a supervisor that dies without an answer."""
+    ready_read, ready_write = os.pipe()
+    marker = tmp_path / "ran"
+
+    def few_descriptors() -> None:
+        # Enough for the interpreter's start, none to spare for two pipes.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (5, 5))
+
+    with (tmp_path / "offer.log").open("ab") as log:
+        supervisor_process = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                str(SUPERVISOR_SCRIPT),
+                *("--status-dir", str(tmp_path), "--ready-fd", str(ready_write)),
+                *("--output-limit", str(LIMIT), "--", "touch", str(marker)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(ready_write,),
+            preexec_fn=few_descriptors,
+        )
+    os.close(ready_write)
+    with os.fdopen(ready_read, "rb") as ready:
+        answer = ready.read().decode()
+    assert supervisor_process.wait(timeout=30) == EXIT_NOT_STARTED
+    assert answer.startswith(f"error {errno.EMFILE} "), answer
+    assert not marker.exists()
 
 
 def test_without_a_limit_the_file_takes_everything(tmp_path: Path) -> None:

@@ -207,11 +207,15 @@ def _probe(identity: ProcessIdentity) -> _Probe:
     except (OSError, ValueError):
         return _Probe.UNKNOWN
     try:
-        state, start = fields[0], int(fields[22 - 3])
+        state, threads, start = fields[0], int(fields[20 - 3]), int(fields[22 - 3])
     except (IndexError, ValueError):
         return _Probe.UNKNOWN
     if start != identity.start_ticks:
         return _Probe.MISMATCH
+    if state == "Z" and threads > 1:
+        # Its main thread ended, another (a supervisor's output relay) has not yet: it
+        # may still write, so it has not ended.
+        return _Probe.RUNNING
     return _Probe.EXITED if state in ("Z", "X") else _Probe.RUNNING
 
 

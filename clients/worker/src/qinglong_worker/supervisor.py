@@ -82,7 +82,13 @@ failed for what it printed). The executor's end is waited for as before; the cop
 takes what is left in the pipe (at most :data:`RELAY_DRAIN_SECONDS`: a background process
 the executor left may still hold the pipe, and step 5 ends it) before the status is
 written, so the file is whole when the Worker reads the status. A file that cannot be
-written (a full disk) is written no more, and the pipe is still drained.
+written (a full disk) is written no more, and the pipe is still drained. What a pipe
+changes for the executor: writes of several processes sharing it are whole only up to
+``PIPE_BUF`` (4 KiB) each, where an ``O_APPEND`` file kept any write whole (parallel
+writers such as ``make -j`` may see long lines interleaved); and a SIGKILL of the group
+(the Worker's stop after its grace) loses what was still in the pipe, at most its size
+(64 KiB by default). The one line the supervisor writes itself when it cannot record a
+status goes to the file directly, past the limit if need be.
 
 Stopping (by the Worker, after verifying PID, start time and boot): SIGTERM to the supervisor
 alone is forwarded once to every other member of its group (the executor and what it
@@ -388,19 +394,24 @@ class OutputRelay:
             written = os.fstat(target).st_size
         except OSError:
             written = 0
-        #: Bytes of output the file may still take before the notice.
-        self._room: int | None = max(0, limit - written - len(self._notice))
+        #: Bytes of output the file may still take before the notice; None: nothing
+        #: more is written (past the limit, a file that failed, or one too full already
+        #: for the notice, which is then left out rather than written past the limit).
+        room = limit - written - len(self._notice)
+        self._room: int | None = room if room >= 0 else None
         self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._copy, name="output-relay", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def finish(self, seconds: float = RELAY_DRAIN_SECONDS) -> None:
-        """Take what is in the pipe now, then stop (waiting at most ``seconds``)."""
+    def finish(self, seconds: float = RELAY_DRAIN_SECONDS) -> bool:
+        """Take what is in the pipe now, then stop (waiting at most ``seconds``); whether
+        the copy ended in time."""
         with contextlib.suppress(OSError):
             os.write(self._wake_write, b"x")
         self._thread.join(seconds)
+        return not self._thread.is_alive()
 
     def _copy(self) -> None:
         finishing = False
@@ -534,10 +545,12 @@ def run(argv: Sequence[str]) -> int:
     executor: subprocess.Popen[bytes] | None = None
     relay: OutputRelay | None = None
     output: int | None = None  # None: the executor inherits the supervisor's stdout/stderr
-    if parsed.output_limit is not None:
-        relay_source, output = os.pipe()
-        relay = OutputRelay(relay_source, sys.stdout.fileno(), parsed.output_limit)
     try:
+        if parsed.output_limit is not None:
+            # Inside the try: with no descriptor left (EMFILE), the start failed, and the
+            # Worker must hear why.
+            relay_source, output = os.pipe()
+            relay = OutputRelay(relay_source, sys.stdout.fileno(), parsed.output_limit)
         executor = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
