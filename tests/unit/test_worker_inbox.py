@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import signal
 import sqlite3
 import stat
 import subprocess
@@ -687,3 +688,74 @@ def test_a_retention_shorter_than_a_day_is_refused(
         parse_worker_settings(argv)
     assert refused.value.code == 2
     assert "--retention-days must be 0 (for ever) or at least 1" in capsys.readouterr().err
+
+
+#: A Worker process that renews one record's lease ``count`` times, durably or not, then
+#: is killed with SIGKILL (by itself, the instant after the last write returned).
+_RENEWER = """
+import dataclasses, os, signal, sys
+from pathlib import Path
+from qinglong_worker.inbox import Inbox
+path, offer_id, count, durable = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+inbox = Inbox.open(path)
+record = inbox.get(offer_id)
+for _ in range(count):
+    renewed = dataclasses.replace(record, lease_version=(record.lease_version or 0) + 1)
+    record = inbox.compare_and_set(record, renewed, durable=durable == "durable")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+RENEWALS = 20
+
+
+def _renew_then_die(inbox_path: Path, offer_id: str, durability: str) -> int:
+    """Run :data:`_RENEWER` under strace; how many fsync/fdatasync it made."""
+    trace = inbox_path.with_name(f"strace-{durability}")
+    traced = subprocess.run(
+        [
+            "strace",
+            *("-f", "-e", "trace=fsync,fdatasync", "-o", str(trace)),
+            *(sys.executable, "-c", _RENEWER, str(inbox_path), offer_id),
+            *(str(RENEWALS), durability),
+        ],
+        check=False,
+        capture_output=True,
+        timeout=60,
+    )
+    # strace ends as its tracee did: killed by SIGKILL (not a failed script).
+    assert traced.returncode == -signal.SIGKILL, traced.stderr.decode()[-2000:]
+    return sum(
+        1 for line in trace.read_text().splitlines() if "fsync(" in line or "fdatasync(" in line
+    )
+
+
+def test_renewals_not_marked_durable_wait_for_no_disk_yet_survive_kill_9(
+    inbox_path: Path,
+) -> None:
+    """The steady state of a running Attempt (a renewal every lease-control interval)
+    costs no fsync on the event loop's thread, and a kill -9 right after it loses
+    nothing: the kernel holds what SQLite wrote to its WAL. A durable write still syncs
+    (and with it, every write before it)."""
+    inbox = Inbox.open(inbox_path)
+    admitted = _record()
+    inbox.admit(admitted)
+    inbox.close()
+    synced = {
+        durability: _renew_then_die(inbox_path, admitted.offer_id, durability)
+        for durability in ("relaxed", "durable")
+    }
+    print(f"fsyncs for {RENEWALS} renewals: {synced}")
+    assert synced["durable"] >= RENEWALS
+    assert synced["relaxed"] < RENEWALS // 4  # opening the file, not the renewals
+    reopened = Inbox.open(inbox_path)
+    try:
+        stored = reopened.get(admitted.offer_id)
+        assert stored is not None
+        assert stored.lease_version == 2 * RENEWALS
+        assert stored.revision == admitted.revision + 2 * RENEWALS
+        # The connection is back to FULL after a relaxed write: the next is durable.
+        reopened.compare_and_set(
+            stored, dataclasses.replace(stored, lease_version=0), durable=False
+        )
+        assert reopened._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    finally:
+        reopened.close()

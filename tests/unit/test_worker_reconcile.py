@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import grpc
 import pytest
@@ -2254,3 +2254,52 @@ async def test_a_launch_claim_that_records_a_machine_fault_is_given_back_too(
 def _attempt(world: World, offer_id: str) -> str:
     record = _record_of(world, offer_id)
     return record.attempt_id or ""
+
+
+#: What a lease answer changes in a record.
+_LEASE_FIELDS: Final = frozenset(
+    {
+        "lease_version",
+        "lease_observed_unix_ms",
+        "lease_observed_boot_ms",
+        "lease_observed_boot_id",
+        "lease_remaining_ms",
+    }
+)
+
+
+async def test_only_renewals_and_output_offsets_are_written_without_waiting_for_the_disk(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inbox's ``durable=False`` is for what a reboot makes moot: a running
+    executor's renewal and the output offset. Every other change -- each step of the
+    start, the exit, the ending -- waits for the disk, as before."""
+    writes: list[tuple[frozenset[str], bool]] = []
+    compare_and_set = world.inbox.compare_and_set
+
+    def recording(current: Any, updated: Any, *, durable: bool = True) -> Any:
+        changed = frozenset(
+            field.name
+            for field in dataclasses.fields(current)
+            if field.name not in ("revision", "updated_unix_ms")
+            and getattr(current, field.name) != getattr(updated, field.name)
+        )
+        writes.append((changed, durable))
+        return compare_and_set(current, updated, durable=durable)
+
+    monkeypatch.setattr(world.inbox, "compare_and_set", recording)
+    gate = tmp_path / "go"
+    offer_id = world.admit(_printing(1_000, until=gate))
+    await _reconciled_until(world.reconciler, offer_id, Outcome.RUNNING.__eq__)
+    for _ in range(3):
+        world.clock_offset_ms[0] += 3_000  # lease control falls due
+        assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    gate.touch()
+    await _until_completed(world.reconciler, offer_id)
+    relaxed = [changed for changed, durable in writes if not durable]
+    print(f"{len(writes)} writes, {len(relaxed)} without waiting for the disk: {relaxed}")
+    assert sum(1 for changed in relaxed if changed <= _LEASE_FIELDS) >= 3, "the renewals"
+    assert frozenset({"output_offset"}) in relaxed
+    for changed in relaxed:
+        assert changed <= _LEASE_FIELDS or changed == {"output_offset"}, changed
+    assert all(durable for changed, durable in writes if "state" in changed)

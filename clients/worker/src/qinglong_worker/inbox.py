@@ -15,6 +15,18 @@ Every change is a compare-and-set on the record's ``revision``
 because it holds two secrets in plaintext: the lease capability and the callback token.
 Neither ever reaches a log line or a ``repr``.
 
+Except the changes a caller marks not durable (``durable=False``): those are committed
+with ``synchronous=NORMAL`` -- written to the WAL without waiting for the disk, so they
+survive a crash or a ``kill -9`` of the Worker (the kernel holds them) but not a power
+loss, and any later durable change makes them durable with it (its fsync covers the
+whole WAL). The Worker marks so only what a reboot makes moot: a lease renewal of a
+running executor and how much output was shipped. Those are the steady state -- a write
+per running Attempt every lease-control interval, one per shipping pass -- and each fsync
+runs on the event loop's thread: on a slow disk (an SD card, a network volume) they held
+up every other record's lease control. After a power loss every executor is gone with
+the boot, so a lost renewal changes no outcome (the Attempt ends lost either way), and a
+lost offset is shipped again and answered as a replay.
+
 One process uses an inbox at a time: :meth:`Inbox.open` takes an exclusive ``flock`` on
 ``<file>.lock`` and refuses a second opener with :class:`InboxLocked`.
 
@@ -606,12 +618,16 @@ class Inbox:
         return cursor.rowcount == 1
 
     @_guarded
-    def compare_and_set(self, current: InboxRecord, updated: InboxRecord) -> InboxRecord:
+    def compare_and_set(
+        self, current: InboxRecord, updated: InboxRecord, *, durable: bool = True
+    ) -> InboxRecord:
         """Write ``updated`` if the stored revision is still ``current.revision``.
 
         ``updated`` is usually ``dataclasses.replace(current, …)``; its revision is set
         here to ``current.revision + 1``. Raises :class:`InboxConflict` when the stored
         record moved on, :class:`InvalidTransition` for a change the states forbid.
+        ``durable`` False: committed without waiting for the disk (the module's
+        docstring says which changes may be).
         """
         for name in _IMMUTABLE:
             if getattr(updated, name) != getattr(current, name):
@@ -633,7 +649,14 @@ class Inbox:
         written = dataclasses.replace(updated, revision=current.revision + 1)
         values = _row_values(written)
         values["expected_revision"] = current.revision
-        cursor = self._db.execute(_UPDATE, values)
+        if durable:
+            cursor = self._db.execute(_UPDATE, values)
+        else:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                cursor = self._db.execute(_UPDATE, values)
+            finally:
+                self._db.execute("PRAGMA synchronous=FULL")
         if cursor.rowcount != 1:
             raise InboxConflict(current.offer_id, current.revision)
         return written

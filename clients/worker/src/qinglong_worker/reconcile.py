@@ -877,13 +877,17 @@ class Reconciler:
             return await self._refused(record, failure)
         result = answer.WhichOneof("result")
         if result == "renewed":
+            # A shutdown stop of an earlier incarnation that never happened: the process
+            # runs on under this one, and ends with its own outcome.
+            stop_reason = None if record.stop_reason == LOCAL_SHUTDOWN else record.stop_reason
             self._save(
                 record,
+                # The steady state, not waiting for the disk -- unless it changes more
+                # than the lease.
+                durable=stop_reason != record.stop_reason,
                 lease_version=answer.renewed.lease_version,
                 **_observation(sent, answer.renewed.lease_remaining.ToMilliseconds()),
-                # A shutdown stop of an earlier incarnation that never happened: the
-                # process runs on under this one, and ends with its own outcome.
-                stop_reason=None if record.stop_reason == LOCAL_SHUTDOWN else record.stop_reason,
+                stop_reason=stop_reason,
             )
             return Outcome.RUNNING
         if result == "stop_requested":
@@ -1018,7 +1022,7 @@ class Reconciler:
             record,
             path,
             fence_of,
-            lambda current, offset: self._save(current, output_offset=offset),
+            self._save_output_offset,
             seconds_left=lambda: (due_at - self._now().ms) / 1000,
             lease_seconds_left=lambda: self._lease_budget(record),
         )
@@ -1045,7 +1049,7 @@ class Reconciler:
                     record,
                     path,
                     fence_of,
-                    lambda current, offset: self._save(current, output_offset=offset),
+                    self._save_output_offset,
                 )
             )
         record = shipped.record
@@ -1327,9 +1331,15 @@ class Reconciler:
         )
         return written
 
-    def _save(self, record: InboxRecord, **changes: Any) -> InboxRecord:
+    def _save_output_offset(self, record: InboxRecord, offset: int) -> InboxRecord:
+        """What control acknowledged of the output; a lost one is shipped again."""
+        return self._save(record, durable=False, output_offset=offset)
+
+    def _save(self, record: InboxRecord, *, durable: bool = True, **changes: Any) -> InboxRecord:
+        """Persist ``changes``; ``durable`` False only for what a reboot makes moot (the
+        inbox's docstring): a running executor's renewal, the output offset."""
         updated = dataclasses.replace(record, updated_unix_ms=self._wall_clock(), **changes)
-        written = self._inbox.compare_and_set(record, updated)
+        written = self._inbox.compare_and_set(record, updated, durable=durable)
         local_lease.follow(self._processes, record, written)
         if written.state is not record.state and record.state in _CLAIMED_LAUNCH:
             # The identity (or the start failure) is durable in the inbox now.
