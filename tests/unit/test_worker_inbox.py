@@ -699,21 +699,26 @@ from qinglong_worker.inbox import Inbox
 path, offer_id, count, durable = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 inbox = Inbox.open(path)
 record = inbox.get(offer_id)
+os.write(2, b"renewals\\n")  # what opening the file syncs comes before this line
 for _ in range(count):
     renewed = dataclasses.replace(record, lease_version=(record.lease_version or 0) + 1)
     record = inbox.compare_and_set(record, renewed, durable=durable == "durable")
+if durable == "synced":
+    inbox.sync()
+    inbox.sync()  # nothing new since: no second sync
 os.kill(os.getpid(), signal.SIGKILL)
 """
 RENEWALS = 20
 
 
 def _renew_then_die(inbox_path: Path, offer_id: str, durability: str) -> int:
-    """Run :data:`_RENEWER` under strace; how many fsync/fdatasync it made."""
+    """Run :data:`_RENEWER` under strace; how many fsync/fdatasync it made from its
+    first renewal on."""
     trace = inbox_path.with_name(f"strace-{durability}")
     traced = subprocess.run(
         [
             "strace",
-            *("-f", "-e", "trace=fsync,fdatasync", "-o", str(trace)),
+            *("-f", "-e", "trace=fsync,fdatasync,write", "-o", str(trace)),
             *(sys.executable, "-c", _RENEWER, str(inbox_path), offer_id),
             *(str(RENEWALS), durability),
         ],
@@ -723,9 +728,9 @@ def _renew_then_die(inbox_path: Path, offer_id: str, durability: str) -> int:
     )
     # strace ends as its tracee did: killed by SIGKILL (not a failed script).
     assert traced.returncode == -signal.SIGKILL, traced.stderr.decode()[-2000:]
-    return sum(
-        1 for line in trace.read_text().splitlines() if "fsync(" in line or "fdatasync(" in line
-    )
+    lines = trace.read_text().splitlines()
+    (start,) = [n for n, line in enumerate(lines) if '"renewals\\n"' in line]
+    return sum(1 for line in lines[start:] if "fsync(" in line or "fdatasync(" in line)
 
 
 def test_renewals_not_marked_durable_wait_for_no_disk_yet_survive_kill_9(
@@ -741,17 +746,16 @@ def test_renewals_not_marked_durable_wait_for_no_disk_yet_survive_kill_9(
     inbox.close()
     synced = {
         durability: _renew_then_die(inbox_path, admitted.offer_id, durability)
-        for durability in ("relaxed", "durable")
+        for durability in ("relaxed", "synced", "durable")
     }
     print(f"fsyncs for {RENEWALS} renewals: {synced}")
-    assert synced["durable"] >= RENEWALS
-    assert synced["relaxed"] < RENEWALS // 4  # opening the file, not the renewals
+    assert synced == {"relaxed": 0, "synced": 1, "durable": RENEWALS}
     reopened = Inbox.open(inbox_path)
     try:
         stored = reopened.get(admitted.offer_id)
         assert stored is not None
-        assert stored.lease_version == 2 * RENEWALS
-        assert stored.revision == admitted.revision + 2 * RENEWALS
+        assert stored.lease_version == 3 * RENEWALS
+        assert stored.revision == admitted.revision + 3 * RENEWALS
         # The connection is back to FULL after a relaxed write: the next is durable.
         reopened.compare_and_set(
             stored, dataclasses.replace(stored, lease_version=0), durable=False

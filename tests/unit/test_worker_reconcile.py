@@ -11,6 +11,7 @@ import errno
 import itertools
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,8 +30,9 @@ from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
 from qinglong_protocol.errors import EXPECTED_OFFSET
+from qinglong_worker import inbox as inbox_module
 from qinglong_worker import process, supervisor
-from qinglong_worker.client import CallFailed
+from qinglong_worker.client import CallFailed, RetryPolicy
 from qinglong_worker.clock import BootInstant, boot_now
 from qinglong_worker.heartbeat import Heartbeat, heartbeat_age
 from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
@@ -2303,3 +2305,132 @@ async def test_only_renewals_and_output_offsets_are_written_without_waiting_for_
     for changed in relaxed:
         assert changed <= _LEASE_FIELDS or changed == {"output_offset"}, changed
     assert all(durable for changed, durable in writes if "state" in changed)
+
+
+class VersionedControl(ScriptedClient):
+    """Lease versions as control keeps them (domain/lease_control.py, fence.py): a
+    renewal at the present version advances it, one a version behind is answered as
+    the replay of a renewal whose answer was lost (R-LC-8), anything else is fenced; an
+    ending is taken only at the present version. And the real client's budget rule: a
+    call that holds a lease is not sent with less budget than one try, unless it is a
+    last word (client.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 1
+
+    def _fenced(self, method: str) -> CallFailed:
+        return CallFailed(
+            method, grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_LEASE_VERSION_FENCED
+        )
+
+    async def control_lease(
+        self,
+        request: ws.ControlLeaseRequest,
+        *,
+        budget_seconds: float | None = None,
+        last_word: bool = False,
+    ) -> ws.ControlLeaseResponse:
+        too_late = budget_seconds is not None and budget_seconds < RetryPolicy().min_try_seconds
+        if too_late and not last_word:
+            raise CallFailed("ControlLease", grpc.StatusCode.DEADLINE_EXCEEDED, None, tries=0)
+        self._record("ControlLease", request, budget_seconds)
+        expected = request.fence.expected_lease_version
+        if expected == self.version:
+            self.version += 1
+        elif expected != self.version - 1:
+            raise self._fenced("ControlLease")
+        return ws.ControlLeaseResponse(
+            renewed=worker_pb2.LeaseRenewed(
+                lease_version=self.version, lease_remaining=_duration(self.lease_ms)
+            )
+        )
+
+    async def complete_attempt(
+        self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None
+    ) -> ws.CompleteAttemptResponse:
+        self._record("CompleteAttempt", request, budget_seconds)
+        if request.fence.expected_lease_version != self.version:
+            raise self._fenced("CompleteAttempt")
+        self.completed = request
+        self.version += 1
+        return ws.CompleteAttemptResponse(
+            outcome=worker_pb2.COMPLETION_OUTCOME_COMPLETED, completed_lease_version=self.version
+        )
+
+
+async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_ending(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewals are written without waiting for the disk; the executor then exits 0 (its
+    supervisor records that durably) and the power goes before the Worker wrote so. What
+    the disk kept is the record as of the last sync, which came before the last call
+    that advanced the lease: at most one version behind control, as after a lost answer.
+    The Worker back from the reboot asks lease control once for it (a last word: its
+    local lease counts as over) and reports the executor's own ending, never lost."""
+    control = VersionedControl()
+    control.plans = world.client.plans
+    kept: list[Any] = [None]  # the record as the disk holds it
+    written: list[Any] = [None]  # the record as last committed
+    compare_and_set, sync = world.inbox.compare_and_set, world.inbox.sync
+
+    def recording(current: Any, updated: Any, *, durable: bool = True) -> Any:
+        written[0] = compare_and_set(current, updated, durable=durable)
+        if durable:
+            kept[0] = written[0]
+        return written[0]
+
+    def syncing() -> None:
+        sync()
+        kept[0] = written[0]
+
+    monkeypatch.setattr(world.inbox, "compare_and_set", recording)
+    monkeypatch.setattr(world.inbox, "sync", syncing)
+    worker = Reconciler(
+        inbox=world.inbox,
+        client=control,  # type: ignore[arg-type]
+        processes=world.processes,
+        lease_clock=_lease_clock(world.clock_offset_ms),
+        stop_grace_seconds=2.0,
+        log_dir=tmp_path,
+    )
+    gate = tmp_path / "go"
+    offer = world.offer(["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.02; done'])
+    assert worker.admit(offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1)
+    offer_id = offer.offer_id
+    await _reconciled_until(worker, offer_id, Outcome.RUNNING.__eq__)
+    for _ in range(3):
+        world.clock_offset_ms[0] += 3_000  # lease control falls due
+        assert await worker.reconcile(offer_id) is Outcome.RUNNING
+    running = _record_of(world, offer_id)
+    identity = identity_of(running)
+    assert identity is not None
+    gate.touch()
+    await asyncio.to_thread(world.processes._children[identity].wait)  # the status is on disk
+    ahead = control.version - kept[0].lease_version
+    print(f"control at version {control.version}, the disk kept {kept[0].lease_version}")
+    assert ahead <= 1, "control is never more than one version ahead of what the disk kept"
+
+    # The power goes: the row is what the disk kept; the next boot has another id.
+    monkeypatch.undo()
+    database = sqlite3.connect(world.inbox.path)
+    values = inbox_module._row_values(kept[0])
+    values["expected_revision"] = running.revision
+    assert database.execute(inbox_module._UPDATE, values).rowcount == 1
+    database.commit()
+    database.close()
+    next_boot = str(uuid.uuid4())
+    monkeypatch.setattr(process, "_this_boot", lambda: next_boot)
+    rebooted = Reconciler(
+        inbox=world.inbox,
+        client=control,  # type: ignore[arg-type]
+        processes=RecordingProcesses(world.inbox),
+        lease_clock=lambda: BootInstant(next_boot, 5_000),
+        stop_grace_seconds=2.0,
+        log_dir=tmp_path,
+    )
+    outcomes = await _reconciled_until(
+        rebooted, offer_id, lambda outcome: outcome in (Outcome.COMPLETED, Outcome.LEASE_LOST)
+    )
+    assert outcomes[-1] is Outcome.COMPLETED, control.calls[-4:]
+    assert control.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED

@@ -19,13 +19,14 @@ Except the changes a caller marks not durable (``durable=False``): those are com
 with ``synchronous=NORMAL`` -- written to the WAL without waiting for the disk, so they
 survive a crash or a ``kill -9`` of the Worker (the kernel holds them) but not a power
 loss, and any later durable change makes them durable with it (its fsync covers the
-whole WAL). The Worker marks so only what a reboot makes moot: a lease renewal of a
-running executor and how much output was shipped. Those are the steady state -- a write
-per running Attempt every lease-control interval, one per shipping pass -- and each fsync
-runs on the event loop's thread: on a slow disk (an SD card, a network volume) they held
-up every other record's lease control. After a power loss every executor is gone with
-the boot, so a lost renewal changes no outcome (the Attempt ends lost either way), and a
-lost offset is shipped again and answered as a replay.
+whole WAL), as does :meth:`Inbox.sync` (one fsync for all of them, only when there are
+any). The Worker marks so a lease renewal of a running executor and how much output was
+shipped: the steady state -- a write per running Attempt every lease-control interval,
+one per shipping pass -- whose fsyncs, on the event loop's thread, held up every other
+record's lease control on a slow disk (an SD card, a network volume). It syncs before
+every call that may advance or end a lease, so control is never more than the one
+version ahead of what survives a power loss that a lost answer leaves too (the renewal
+replay's case); a lost offset is shipped again and answered as a replay.
 
 One process uses an inbox at a time: :meth:`Inbox.open` takes an exclusive ``flock`` on
 ``<file>.lock`` and refuses a second opener with :class:`InboxLocked`.
@@ -493,6 +494,10 @@ CREATE TABLE IF NOT EXISTS offers (
 CREATE INDEX IF NOT EXISTS offers_by_state ON offers (state, seq);
 CREATE INDEX IF NOT EXISTS offers_by_quarantine ON offers (quarantine_reason, seq)
     WHERE quarantine_reason IS NOT NULL;
+CREATE TABLE IF NOT EXISTS syncs (
+    slot  INTEGER PRIMARY KEY CHECK (slot = 1),
+    count INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS session (
     slot              INTEGER PRIMARY KEY CHECK (slot = 1),
     revision          INTEGER NOT NULL CHECK (revision >= 1),
@@ -502,6 +507,13 @@ CREATE TABLE IF NOT EXISTS session (
     worker_generation INTEGER
 );
 """
+
+
+#: A durable commit of its own, whose fsync covers every change committed before it.
+_SYNC: Final = (
+    "INSERT INTO syncs (slot, count) VALUES (1, 1)"
+    " ON CONFLICT (slot) DO UPDATE SET count = syncs.count + 1"
+)
 
 
 def _create_private_file(path: Path) -> None:
@@ -520,6 +532,8 @@ class Inbox:
         self.path = path
         self._db = connection
         self._lock_descriptor = lock_descriptor
+        #: A change was committed without waiting for the disk since the last sync.
+        self._unsynced = False
         # The file this connection uses, held open as long as the inbox is: verify() reads
         # it through this descriptor and never opens the file again. Closing any other
         # descriptor of the database file would drop every POSIX lock this process holds
@@ -659,7 +673,16 @@ class Inbox:
                 self._db.execute("PRAGMA synchronous=FULL")
         if cursor.rowcount != 1:
             raise InboxConflict(current.offer_id, current.revision)
+        self._unsynced = not durable  # a durable commit synced every change before it
         return written
+
+    @_guarded
+    def sync(self) -> None:
+        """Make every change committed so far durable: one fsync (a durable commit of the
+        one-row ``syncs`` table), and none when nothing waits for one."""
+        if self._unsynced:
+            self._db.execute(_SYNC)
+            self._unsynced = False
 
     @_guarded
     def open_records(self, *, after_seq: int, limit: int) -> list[tuple[int, InboxRecord]]:

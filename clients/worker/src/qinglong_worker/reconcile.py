@@ -646,7 +646,7 @@ class Reconciler:
         """AcknowledgeStarting, check the activation, persist, spawn, persist identity."""
         try:
             starting = await self._client.acknowledge_starting(
-                ws.AcknowledgeStartingRequest(fence=fence_of(record)),
+                ws.AcknowledgeStartingRequest(fence=self._fence(record)),
                 budget_seconds=self._lease_budget(record),
             )
         except CallFailed as failure:
@@ -823,7 +823,7 @@ class Reconciler:
         try:
             await self._client.acknowledge_running(
                 ws.AcknowledgeRunningRequest(
-                    fence=fence_of(record),
+                    fence=self._fence(record),
                     executor_handle=identity.handle,
                     log_artifact_id=(
                         None
@@ -848,7 +848,7 @@ class Reconciler:
         summary = record.start_failure or _RESTARTED_WHILE_LAUNCHING
         try:
             failed = await self._client.report_start_failure(
-                ws.ReportStartFailureRequest(fence=fence_of(record), error_summary=summary),
+                ws.ReportStartFailureRequest(fence=self._fence(record), error_summary=summary),
                 budget_seconds=self._lease_budget(record),
             )
         except CallFailed as failure:
@@ -870,7 +870,7 @@ class Reconciler:
             # Retried with the same request (same expected version): a renewal whose
             # answer was lost is answered with the current projection (R-LC-8).
             answer = await self._client.control_lease(
-                ws.ControlLeaseRequest(fence=fence_of(record)),
+                ws.ControlLeaseRequest(fence=self._fence(record)),
                 budget_seconds=self._lease_budget(record),
             )
         except CallFailed as failure:
@@ -978,16 +978,20 @@ class Reconciler:
             )
         return await self._complete(record)
 
-    async def _keep_lease(self, record: InboxRecord) -> InboxRecord | Outcome:
+    async def _keep_lease(
+        self, record: InboxRecord, *, last_word: bool = False
+    ) -> InboxRecord | Outcome:
         """Lease control for an exited executor — while its output is still being
-        shipped, or to learn the version its ending was refused for: a new version is
-        persisted; a stop asked for now changes nothing (the process has already ended
-        with its own outcome); terminal closes the record."""
+        shipped, or to learn the version its ending was refused for (``last_word``: one
+        try even when the local lease is over): a new version is persisted; a stop asked
+        for now changes nothing (the process has already ended with its own outcome);
+        terminal closes the record."""
         sent = self._sent()
         try:
             answer = await self._client.control_lease(
-                ws.ControlLeaseRequest(fence=fence_of(record)),
+                ws.ControlLeaseRequest(fence=self._fence(record)),
                 budget_seconds=self._lease_budget(record),
+                last_word=last_word,
             )
         except CallFailed as failure:
             if failure.fenced:
@@ -1089,7 +1093,7 @@ class Reconciler:
         answers is final as usual."""
         outcome = record.completion_outcome or "failed"
         request = ws.CompleteAttemptRequest(
-            fence=fence_of(record),
+            fence=self._fence(record),
             callback_sequence=record.callback_sequence or FIRST_CALLBACK_SEQUENCE,
             outcome=_OUTCOMES[outcome],
             summary=exit_summary(record),
@@ -1154,7 +1158,9 @@ class Reconciler:
             record.lease_version,
             refusal.label,
         )
-        kept = await self._keep_lease(record)
+        # A last word: after a reboot (the version's answer lost with the power) the
+        # local lease counts as over, and without one try this ending would be lost.
+        kept = await self._keep_lease(record, last_word=True)
         if isinstance(kept, Outcome):
             return kept  # fenced for good (lease lost) or terminal: settled there
         if kept.lease_version == record.lease_version:
@@ -1179,7 +1185,7 @@ class Reconciler:
         try:
             # Asked after the ending, like it: one try even when the local lease is over.
             answer = await self._client.control_lease(
-                ws.ControlLeaseRequest(fence=fence_of(record)),
+                ws.ControlLeaseRequest(fence=self._fence(record)),
                 budget_seconds=self._lease_budget(record),
                 last_word=True,
             )
@@ -1330,6 +1336,14 @@ class Reconciler:
             "offer %s run %s: quarantined %s (%s)", record.offer_id, record.run_id, reason, detail
         )
         return written
+
+    def _fence(self, record: InboxRecord) -> fence_pb2.Fence:
+        """The fence of a call that may advance or end the lease, after the inbox made
+        every change durable (its docstring: control is then never more than one lease
+        version ahead of what survives a power loss, as after a lost answer). AppendOutput
+        compares no lease version and goes without."""
+        self._inbox.sync()
+        return fence_of(record)
 
     def _save_output_offset(self, record: InboxRecord, offset: int) -> InboxRecord:
         """What control acknowledged of the output; a lost one is shipped again."""
