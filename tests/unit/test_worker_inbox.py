@@ -704,8 +704,8 @@ for _ in range(count):
     renewed = dataclasses.replace(record, lease_version=(record.lease_version or 0) + 1)
     record = inbox.compare_and_set(record, renewed, durable=durable == "durable")
 if durable == "synced":
-    inbox.sync()
-    inbox.sync()  # nothing new since: no second sync
+    assert inbox.sync()
+    assert not inbox.sync()  # nothing new since: no second sync
 os.kill(os.getpid(), signal.SIGKILL)
 """
 RENEWALS = 20

@@ -532,8 +532,10 @@ class Inbox:
         self.path = path
         self._db = connection
         self._lock_descriptor = lock_descriptor
-        #: A change was committed without waiting for the disk since the last sync.
-        self._unsynced = False
+        #: A change may have been committed without waiting for the disk since the last
+        #: sync. True at first: a Worker killed before may have left such changes, and
+        #: nothing here should rest on opening the file happening to sync them.
+        self._unsynced = True
         # The file this connection uses, held open as long as the inbox is: verify() reads
         # it through this descriptor and never opens the file again. Closing any other
         # descriptor of the database file would drop every POSIX lock this process holds
@@ -677,12 +679,14 @@ class Inbox:
         return written
 
     @_guarded
-    def sync(self) -> None:
+    def sync(self) -> bool:
         """Make every change committed so far durable: one fsync (a durable commit of the
-        one-row ``syncs`` table), and none when nothing waits for one."""
-        if self._unsynced:
-            self._db.execute(_SYNC)
-            self._unsynced = False
+        one-row ``syncs`` table), and none when nothing waits for one; whether it synced."""
+        if not self._unsynced:
+            return False
+        self._db.execute(_SYNC)
+        self._unsynced = False
+        return True
 
     @_guarded
     def open_records(self, *, after_seq: int, limit: int) -> list[tuple[int, InboxRecord]]:
