@@ -28,9 +28,10 @@ from qinglong_protocol.tls import mutual_tls_channel_credentials
 
 from tests.support.devstack_process import DevStack
 from tests.support.fault_rig import FaultRig
-from tests.support.fault_tally import Tally, assert_verdict
+from tests.support.fault_tally import Expected, Tally, assert_verdict
 from tests.support.operator_client import OperatorClient
 from tests.support.polling import wait_until
+from tests.support.worker_process import WorkerProcess
 
 #: SPEC R-ERR-2: the bound for answering UNAVAILABLE when PostgreSQL is down (the stack
 #: runs with the default).
@@ -77,22 +78,42 @@ def _current_session(stack: DevStack) -> tuple[str, int]:
     return str(row[0]), int(row[1])
 
 
+def _two_runs_in_flight(
+    stack: DevStack, rig: FaultRig, label: str, *, seconds: float
+) -> tuple[WorkerProcess, Expected, ws.RenewSessionRequest]:
+    """A Worker running two Runs of ``seconds`` (one to exit 0, one 3); the Worker, the
+    one that succeeds, and a RenewSession of its current session to probe with."""
+    worker = rig.worker(max_concurrency=2).start()
+    succeeds = rig.trigger(f"{label}-ok", seconds=seconds, exit_code=0)
+    rig.trigger(f"{label}-fails", seconds=seconds, exit_code=3)
+    running = wait_until(lambda: len(rig.live_executors()) == 2, RUNNING_SECONDS)
+    assert running, "two executors never ran:\n" + worker.log_tail()
+    session_id, generation = _current_session(stack)
+    renew = ws.RenewSessionRequest(
+        worker_id=stack.worker_id, session_id=session_id, worker_generation=generation
+    )
+    return worker, succeeds, renew
+
+
+def _settled(rig: FaultRig, worker: WorkerProcess) -> list[str]:
+    """What went wrong at the end: a Run not terminal in time, a Worker that did not stop
+    cleanly on SIGINT."""
+    problems = []
+    if not rig.wait_terminal(CONVERGE_SECONDS):
+        problems.append(f"not every Run was terminal after {CONVERGE_SECONDS:.0f} s")
+    status = worker.stop()
+    if status != 0:
+        problems.append(f"the Worker exited {status} on SIGINT, not 0")
+    return problems
+
+
 def test_postgres_stop_start_fails_fast_and_loses_nothing(
     stack: DevStack,
     operator: OperatorClient,
     rig: FaultRig,
     report_tally: Callable[[Tally], None],
 ) -> None:
-    worker = rig.worker(max_concurrency=2).start()
-    succeeds = rig.trigger("in-flight-ok", seconds=10, exit_code=0)
-    rig.trigger("in-flight-fails", seconds=10, exit_code=3)
-    running = wait_until(lambda: len(rig.live_executors()) == 2, RUNNING_SECONDS)
-    assert running, "two executors never ran:\n" + worker.log_tail()
-
-    session_id, generation = _current_session(stack)
-    renew = ws.RenewSessionRequest(
-        worker_id=stack.worker_id, session_id=session_id, worker_generation=generation
-    )
+    worker, succeeds, renew = _two_runs_in_flight(stack, rig, "in-flight", seconds=10)
     problems: list[str] = []
     with grpc.secure_channel(
         stack.ingress_address, mutual_tls_channel_credentials(stack.worker_tls)
@@ -147,11 +168,7 @@ def test_postgres_stop_start_fails_fast_and_loses_nothing(
 
     # New work after the outage runs too.
     rig.trigger("after-outage", seconds=0.5, exit_code=0)
-    if not rig.wait_terminal(CONVERGE_SECONDS):
-        problems.append(f"not every Run was terminal after {CONVERGE_SECONDS:.0f} s")
-    status = worker.stop()
-    if status != 0:
-        problems.append(f"the Worker exited {status} on SIGINT, not 0")
+    problems += _settled(rig, worker)
 
     tally = rig.tally("PostgreSQL stop/start", extra_faults=1)
     tally.calls += len(probes)
@@ -200,16 +217,7 @@ def test_a_read_only_database_is_unavailable_not_internal_and_loses_nothing(
     state, not a fault of the call: callers get UNAVAILABLE with ingress's
     AUDIT_UNAVAILABLE (its audit row is every call's first write), and retry; the Runs in
     flight keep going and end with their executors' outcomes once it is writable again."""
-    worker = rig.worker(max_concurrency=2).start()
-    succeeds = rig.trigger("read-only-ok", seconds=8, exit_code=0)
-    rig.trigger("read-only-fails", seconds=8, exit_code=3)
-    running = wait_until(lambda: len(rig.live_executors()) == 2, RUNNING_SECONDS)
-    assert running, "two executors never ran:\n" + worker.log_tail()
-
-    session_id, generation = _current_session(stack)
-    renew = ws.RenewSessionRequest(
-        worker_id=stack.worker_id, session_id=session_id, worker_generation=generation
-    )
+    worker, succeeds, renew = _two_runs_in_flight(stack, rig, "read-only", seconds=8)
     problems: list[str] = []
     reasons: list[str] = []
     with grpc.secure_channel(
@@ -249,11 +257,7 @@ def test_a_read_only_database_is_unavailable_not_internal_and_loses_nothing(
             problems.append(f"{reason}: not UNAVAILABLE AUDIT_UNAVAILABLE")
     if not stack.running():
         problems.append("qinglong up exited: a service did not survive the read-only spell")
-    if not rig.wait_terminal(CONVERGE_SECONDS):
-        problems.append(f"not every Run was terminal after {CONVERGE_SECONDS:.0f} s")
-    status = worker.stop()
-    if status != 0:
-        problems.append(f"the Worker exited {status} on SIGINT, not 0")
+    problems += _settled(rig, worker)
 
     tally = rig.tally("PostgreSQL read-only", extra_faults=1)
     tally.calls += len(calls)

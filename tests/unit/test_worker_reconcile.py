@@ -154,9 +154,12 @@ class ScriptedClient:
 
     def _renew(self, request: ws.ControlLeaseRequest) -> ws.ControlLeaseResponse:
         self.lease_version = request.fence.expected_lease_version + 1
+        return self._renewed(self.lease_version)
+
+    def _renewed(self, version: int) -> ws.ControlLeaseResponse:
         return ws.ControlLeaseResponse(
             renewed=worker_pb2.LeaseRenewed(
-                lease_version=self.lease_version, lease_remaining=_duration(self.lease_ms)
+                lease_version=version, lease_remaining=_duration(self.lease_ms)
             )
         )
 
@@ -2340,11 +2343,7 @@ class VersionedControl(ScriptedClient):
             self.version += 1
         elif expected != self.version - 1:
             raise self._fenced("ControlLease")
-        return ws.ControlLeaseResponse(
-            renewed=worker_pb2.LeaseRenewed(
-                lease_version=self.version, lease_remaining=_duration(self.lease_ms)
-            )
-        )
+        return self._renewed(self.version)
 
     async def complete_attempt(
         self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None
