@@ -98,9 +98,10 @@ async def ship_output(
 ) -> Shipped:
     """Ship up to ``max_chunks`` chunks from ``record.output_offset``; ``persist`` records
     a new offset (a compare-and-set) and returns the record written — once a pass, not
-    once a chunk: each persist is an fsync on the event loop's thread, and on a slow disk
-    sixteen of them a tick held up every other record's lease control. A Worker that
-    stops mid-pass sends those chunks again, and each is answered as a replay.
+    once a chunk: each persist is a write on the event loop's thread (not waited for on
+    the disk, the inbox's docstring says why). A Worker that stops mid-pass, or loses the
+    last offsets with the power, sends those chunks again, and each is answered as a
+    replay.
 
     ``seconds_left``: the time left before the pass must end (when lease control falls
     due), checked before each chunk. ``lease_seconds_left``: the time left on the local
