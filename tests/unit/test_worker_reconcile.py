@@ -1249,15 +1249,29 @@ async def test_a_refused_shutdown_report_learns_the_runs_own_intent(world: World
     assert world.client.last_words[-1], "asked after the ending: one try even past the lease"
 
 
-async def test_a_renewal_clears_a_shutdown_stop_that_never_happened(world: World) -> None:
+async def test_a_renewal_clears_a_shutdown_stop_that_never_happened(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Worker that crashed between persisting the shutdown stop and signalling: the
-    next incarnation keeps the process, which ends with its own outcome."""
+    next incarnation keeps the process, which ends with its own outcome. The renewal that
+    clears the stop waits for the disk, unlike a plain one: lost with the power, the stop
+    would come back and the executor's own ending be reported as a shutdown."""
     offer_id = world.admit(["sh", "-c", "sleep 0.3; exit 0"])
     await world.reconciler.reconcile(offer_id)
     record = world.inbox.get(offer_id)
     assert record is not None
     world.inbox.compare_and_set(record, dataclasses.replace(record, stop_reason=LOCAL_SHUTDOWN))
+    durability: list[bool] = []
+    compare_and_set = world.inbox.compare_and_set
+
+    def recording(current: Any, updated: Any, *, durable: bool = True) -> Any:
+        durability.append(durable)
+        return compare_and_set(current, updated, durable=durable)
+
+    monkeypatch.setattr(world.inbox, "compare_and_set", recording)
     assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
+    assert durability == [True], "the renewal that cleared the stop is durable"
+    monkeypatch.undo()
     renewed = world.inbox.get(offer_id)
     assert renewed is not None
     assert renewed.stop_reason is None
