@@ -195,7 +195,11 @@ class ScriptedClient:
         )
 
     async def acknowledge_running(
-        self, request: ws.AcknowledgeRunningRequest, *, budget_seconds: float | None = None
+        self,
+        request: ws.AcknowledgeRunningRequest,
+        *,
+        budget_seconds: float | None = None,
+        last_word: bool = False,
     ) -> ws.AcknowledgeRunningResponse:
         self._record("AcknowledgeRunning", request, budget_seconds)
         assert bounds.is_sha256_hex(request.callback_token_digest)
@@ -2335,10 +2339,38 @@ class VersionedControl(ScriptedClient):
     def __init__(self) -> None:
         super().__init__()
         self.version = 1
+        self.unanswered = 0  # the next this many lease-holding calls get no answer
 
     def _fenced(self, method: str) -> CallFailed:
         return CallFailed(
             method, grpc.StatusCode.ABORTED, ErrorReason.ERROR_REASON_LEASE_VERSION_FENCED
+        )
+
+    def _sent(
+        self, method: str, request: Any, budget_seconds: float | None, last_word: bool
+    ) -> None:
+        """The client's budget rule, then the network: the call is recorded as sent, and
+        fails UNAVAILABLE while calls go unanswered."""
+        too_late = budget_seconds is not None and budget_seconds < RetryPolicy().min_try_seconds
+        if too_late and not last_word:
+            raise CallFailed(method, grpc.StatusCode.DEADLINE_EXCEEDED, None, tries=0)
+        self._record(method, request, budget_seconds)
+        if self.unanswered > 0:
+            self.unanswered -= 1
+            raise CallFailed(method, grpc.StatusCode.UNAVAILABLE, None)
+
+    async def acknowledge_running(
+        self,
+        request: ws.AcknowledgeRunningRequest,
+        *,
+        budget_seconds: float | None = None,
+        last_word: bool = False,
+    ) -> ws.AcknowledgeRunningResponse:
+        self._sent("AcknowledgeRunning", request, budget_seconds, last_word)
+        if request.fence.expected_lease_version != self.version:
+            raise self._fenced("AcknowledgeRunning")
+        return ws.AcknowledgeRunningResponse(
+            outcome=worker_pb2.RUNNING_OUTCOME_RUNNING, lease_version=self.version
         )
 
     async def control_lease(
@@ -2348,10 +2380,7 @@ class VersionedControl(ScriptedClient):
         budget_seconds: float | None = None,
         last_word: bool = False,
     ) -> ws.ControlLeaseResponse:
-        too_late = budget_seconds is not None and budget_seconds < RetryPolicy().min_try_seconds
-        if too_late and not last_word:
-            raise CallFailed("ControlLease", grpc.StatusCode.DEADLINE_EXCEEDED, None, tries=0)
-        self._record("ControlLease", request, budget_seconds)
+        self._sent("ControlLease", request, budget_seconds, last_word)
         expected = request.fence.expected_lease_version
         if expected == self.version:
             self.version += 1
@@ -2362,7 +2391,7 @@ class VersionedControl(ScriptedClient):
     async def complete_attempt(
         self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None
     ) -> ws.CompleteAttemptResponse:
-        self._record("CompleteAttempt", request, budget_seconds)
+        self._sent("CompleteAttempt", request, budget_seconds, last_word=True)
         if request.fence.expected_lease_version != self.version:
             raise self._fenced("CompleteAttempt")
         self.completed = request
@@ -2372,15 +2401,17 @@ class VersionedControl(ScriptedClient):
         )
 
 
+@pytest.mark.parametrize("unanswered", [0, 3])
 async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_ending(
-    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unanswered: int
 ) -> None:
     """Renewals are written without waiting for the disk; the executor then exits 0 (its
     supervisor records that durably) and the power goes before the Worker wrote so. What
     the disk kept is the record as of the last sync, which came before the last call
     that advanced the lease: at most one version behind control, as after a lost answer.
-    The Worker back from the reboot asks lease control once for it (a last word: its
-    local lease counts as over) and reports the executor's own ending, never lost."""
+    The Worker back from the reboot asks lease control for it (a last word: its local
+    lease counts as over) and reports the executor's own ending, never lost — also when
+    control's first answers are lost (`unanswered`): an ending waits for control's word."""
     control = VersionedControl()
     control.plans = world.client.plans
     kept: list[Any] = [None]  # the record as the disk holds it
@@ -2444,8 +2475,71 @@ async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_endi
         stop_grace_seconds=2.0,
         log_dir=tmp_path,
     )
+    control.unanswered = unanswered
     outcomes = await _reconciled_until(
         rebooted, offer_id, lambda outcome: outcome in (Outcome.COMPLETED, Outcome.LEASE_LOST)
     )
     assert outcomes[-1] is Outcome.COMPLETED, control.calls[-4:]
     assert control.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+    assert outcomes.count(Outcome.WAITING) == unanswered, outcomes
+
+
+@pytest.mark.parametrize("control_expired_it", [False, True])
+async def test_a_reboot_reports_an_executor_that_ended_before_its_start_was_acknowledged(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, control_expired_it: bool
+) -> None:
+    """The executor exits 0 while AcknowledgeRunning goes unanswered, and the machine
+    reboots: the record is `started`, its local lease counts as over. Nothing runs, so the
+    start and then the ending are sent as last words, each waiting for control's answer
+    (two lost), and the Run gets the executor's own outcome — unless control has expired
+    the lease meanwhile: its fence then closes the record as lease lost, nothing ended."""
+    control = VersionedControl()
+    control.plans = world.client.plans
+    worker = Reconciler(
+        inbox=world.inbox,
+        client=control,  # type: ignore[arg-type]
+        processes=world.processes,
+        lease_clock=_lease_clock(world.clock_offset_ms),
+        stop_grace_seconds=2.0,
+        log_dir=tmp_path,
+    )
+    offer = world.offer(["sh", "-c", "exit 0"])
+    assert worker.admit(offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1)
+    control.unanswered = 1_000_000  # the network is gone once the executor started
+    await _reconciled_until(worker, offer.offer_id, Outcome.WAITING.__eq__)
+    started = _record_of(world, offer.offer_id)
+    assert started.state is RecordState.STARTED
+    identity = identity_of(started)
+    assert identity is not None
+    await asyncio.to_thread(world.processes._children[identity].wait)  # the status is on disk
+
+    next_boot = str(uuid.uuid4())
+    monkeypatch.setattr(process, "_this_boot", lambda: next_boot)
+    rebooted = Reconciler(
+        inbox=world.inbox,
+        client=control,  # type: ignore[arg-type]
+        processes=RecordingProcesses(world.inbox),
+        lease_clock=lambda: BootInstant(next_boot, 5_000),
+        stop_grace_seconds=2.0,
+        log_dir=tmp_path,
+    )
+    control.unanswered = 2
+    if control_expired_it:
+        control.version += 1  # as control's expiry leaves it: no fence of ours matches
+    sent_before = len(control.calls)
+    outcomes = await _reconciled_until(
+        rebooted,
+        offer.offer_id,
+        lambda outcome: outcome in (Outcome.COMPLETED, Outcome.LEASE_LOST),
+    )
+    after_reboot = control.calls[sent_before:]
+    assert outcomes.count(Outcome.WAITING) == 2, outcomes
+    if control_expired_it:
+        assert outcomes[-1] is Outcome.LEASE_LOST
+        assert "CompleteAttempt" not in after_reboot
+        closed = _record_of(world, offer.offer_id)
+        assert closed.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
+    else:
+        assert outcomes[-1] is Outcome.COMPLETED, after_reboot
+        assert control.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
+        assert after_reboot[-2:] == ["AcknowledgeRunning", "CompleteAttempt"]

@@ -32,11 +32,12 @@ problem, and ``CANCELLED`` (our own shutdown closing the channel).
 Retries are bounded by a *budget* in seconds: the caller's (for a lease-holding command,
 the time left on the record's local lease — after that SPEC R-W-2 step 3 applies, and
 the process is stopped locally) or :attr:`RetryPolicy.default_budget_seconds`. No try's
-deadline outlives the budget — but a *last word* (``last_word``: the ending, after the
-lease ran out) gets one plain try even with none left, and any other call with less than
-one try's budget is not made. Between tries the call sleeps a jittered, exponentially
-growing delay; the sleeping happens inside the caller's task (the reconcile), so no
-timer exists per run, and cancelling that task (shutdown) ends the retries at once.
+deadline outlives the budget — but a *last word* (``last_word``: what reports an ended
+executor, after the lease ran out) gets one plain try even with none left, and any other
+call with less than one try's budget is not made. Between tries the call sleeps a
+jittered, exponentially growing delay; the sleeping happens inside the caller's task
+(the reconcile), so no timer exists per run, and cancelling that task (shutdown) ends the
+retries at once.
 """
 
 from __future__ import annotations
@@ -301,9 +302,13 @@ class WorkerClient:
         return await self._call("AcknowledgeStarting", request, budget_seconds)
 
     async def acknowledge_running(
-        self, request: ws.AcknowledgeRunningRequest, *, budget_seconds: float | None = None
+        self,
+        request: ws.AcknowledgeRunningRequest,
+        *,
+        budget_seconds: float | None = None,
+        last_word: bool = False,
     ) -> ws.AcknowledgeRunningResponse:
-        return await self._call("AcknowledgeRunning", request, budget_seconds)
+        return await self._call("AcknowledgeRunning", request, budget_seconds, last_word=last_word)
 
     async def report_start_failure(
         self, request: ws.ReportStartFailureRequest, *, budget_seconds: float | None = None
@@ -349,7 +354,8 @@ class WorkerClient:
         (`use_identity`) closes the old channel, and a retry must not use it.
 
         ``last_word``: a report that nothing runs any more (a completion, a start
-        failure) gets one plain try even with no budget left. Any other call holds a
+        failure, the start of an executor that has already ended) gets one plain try
+        even with no budget left. Any other call holds a
         lease: with less budget than one try it is not made at all (it fails as
         DEADLINE_EXCEEDED, transient), so it never runs past the local lease."""
         policy = self._settings.retry

@@ -48,7 +48,11 @@ command never beyond the record's local lease time (SPEC R-LC-8). Only a genuine
 longer ours) means the authority is lost: the process is stopped like in step 3 and the
 reason kept in ``detail``. Any other refusal and a failure that outlived its retries
 change nothing; the next tick tries again, and step 3 ends the wait once the lease has
-run out locally.
+run out locally — except for an executor that has ended by itself: its report (the
+ending, and the start before it if that was never acknowledged) is a *last word*, one
+try per pass past the local lease too, until control answers. The local estimate bounds
+how long an executor runs without control's word; control judges a report by its own
+clock, and giving one up would turn the executor's own outcome into ``lost``.
 
 Shutdown (SPEC §4, graceful drain): in :attr:`Mode.DRAINING` nothing new is claimed or
 started, while running Attempts are supervised as usual; in :attr:`Mode.STOPPING` a
@@ -588,6 +592,11 @@ class Reconciler:
             if not self.lease_lost_locally(record):
                 return Outcome.WAITING
             # Still undecided past the lease: (3) quarantines it as unverified.
+        if state is RecordState.STARTED and self._ended_unacknowledged(record):
+            # Ended before its start was acknowledged, and the local lease is over (a
+            # reboot took the answer and the estimate): nothing runs, so the start and
+            # then the ending are reported as last words, like any ending (2).
+            return await self._acknowledge_running(record, last_word=True)
         if self.lease_lost_locally(record):  # (3) no control call
             return await self._lease_lost(record, "local lease estimate expired")
         if state is RecordState.CLAIMED:
@@ -816,7 +825,18 @@ class Reconciler:
         self._save(record, start_failure=summary)
         return True
 
-    async def _acknowledge_running(self, record: InboxRecord) -> Outcome | None:
+    def _ended_unacknowledged(self, record: InboxRecord) -> bool:
+        """A started record past its local lease whose executor ended with an ending of
+        its own (not one its supervisor or the machine made: those are lost)."""
+        if not self.lease_lost_locally(record):
+            return False
+        identity = identity_of(record)
+        status = None if identity is None else self._processes.poll(identity)
+        return status is not None and _lost_execution(record, status) is None
+
+    async def _acknowledge_running(
+        self, record: InboxRecord, *, last_word: bool = False
+    ) -> Outcome | None:
         identity = identity_of(record)
         if identity is None or record.callback_token is None or record.callback_sequence is None:
             return await self._lease_lost(record, "executor identity missing")
@@ -834,9 +854,14 @@ class Reconciler:
                     callback_token_digest=callback_digest(record.callback_token),
                 ),
                 budget_seconds=self._lease_budget(record),
+                last_word=last_word,
             )
         except CallFailed as failure:
-            return await self._refused(record, failure)
+            if not last_word:
+                return await self._refused(record, failure)
+            if failure.transient:
+                return self._ending_waits(record, failure, "start of an ended executor")
+            return await self._lease_lost(record, failure.label)
         self._phases.running(record.offer_id)
         self._save(record, state=RecordState.RUNNING_ACKNOWLEDGED)
         # A short process may already be done: recover its completion right away.
@@ -1168,16 +1193,16 @@ class Reconciler:
         return await self._complete(kept, refenced=True)
 
     def _ending_waits(self, record: InboxRecord, failure: CallFailed, what: str) -> Outcome:
-        """An ending not taken yet: the next pass tries again while the local lease
-        lasts; past it, the lease is lost."""
-        if self.lease_lost_locally(record):
-            self._quarantine(
-                record,
-                QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED,
-                f"{what} ({failure.label}); local lease expired",
-            )
-            return Outcome.LEASE_LOST
-        return self._waiting(record, failure)
+        """An ending control did not answer waits for its answer, the next pass trying
+        again — past the local lease too. The local estimate bounds how long an executor
+        may run without control's word; this one has ended, so it protects nothing here,
+        and control judges the report by its own clock (a lease it expired refuses it,
+        and the record then closes as lease lost). Given up at the local lease instead,
+        an unanswered try would turn the executor's own outcome into ``lost`` — and the
+        Run would run again: after a reboot, which leaves no local estimate, at the
+        first unanswered try while control still holds the lease."""
+        log.info("offer %s: %s (%s); will retry", record.offer_id, what, failure)
+        return Outcome.WAITING
 
     async def _learn_stop_intent(self, record: InboxRecord, refusal: CallFailed) -> Outcome | None:
         """A shutdown stop was refused as a state conflict: ask lease control why."""
