@@ -18,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -56,11 +57,11 @@ def printed_bytes() -> bytes:
     return b"".join(f"{n:08d} ".encode() + b"x" * (LINE_BYTES - 10) + b"\n" for n in range(LINES))
 
 
-def printing_command(marks: Path) -> list[str]:
-    """The printer, wrapped in the fault suite's start/end marks (one execution each)."""
+def printing_command(marks: Path, program: str = _PRINTER) -> list[str]:
+    """A printer, wrapped in the fault suite's start/end marks (one execution each)."""
     target = shlex.quote(str(marks))
     ids = '"$QINGLONG_RUN_ID" "${QINGLONG_ATTEMPT_ID:-none}" "$$"'
-    printer = shlex.quote(_PRINTER)
+    printer = shlex.quote(program)
     script = (
         f"echo start {ids} >> {target}; "
         f"{shlex.quote(sys.executable)} -c {printer} || exit 1; "
@@ -119,6 +120,42 @@ def test_output_is_read_back_whole_after_kill_9_while_shipping(
     problems += follow_problems(followed, expected, follow_err.decode(), follower.returncode)
     if appends <= len(back.chunks):
         problems.append("no chunk was re-sent: the kill did not land between commit and answer")
+    rig.assert_restarted_worker_verdict(tally, problems, worker, status)
+
+
+#: Printed at once, then the executor ends: shipped after it ended, pass after pass.
+BURST_LINES: Final = 8 * 1024 * 1024 // 128
+_BURST_PRINTER: Final = f"import sys\nsys.stdout.write(('y' * 127 + '\\n') * {BURST_LINES})\n"
+
+
+def test_a_large_output_printed_at_the_end_is_whole_before_the_run_ends(
+    rig: FaultRig, report_tally: Callable[[Tally], None]
+) -> None:
+    """8 MiB printed in one go by an executor that then exits: the Worker ships it over
+    several passes after the exit, and only then reports the ending, so the Run is
+    terminal with every byte stored. Prints how long the Run's end waited for it."""
+    worker = rig.worker(max_concurrency=1).start()
+    started = time.monotonic()
+    run_id = rig.operator.trigger(printing_command(rig.marks, _BURST_PRINTER), name="burst")
+    rig.expected.append(Expected(run_id, "succeeded", exit_code=0, label="output burst"))
+    problems: list[str] = []
+    if not rig.wait_terminal(CONVERGE_SECONDS):
+        problems.append(f"the Run was not terminal after {CONVERGE_SECONDS:.0f} s")
+    seconds = time.monotonic() - started
+    shipped, reported = stored_end(rig.stack.migration_url, run_id)
+    status = worker.stop()
+
+    expected = b"y" * 127 + b"\n"
+    expected *= BURST_LINES
+    line = (
+        f"run output burst: bytes printed {len(expected)}, stored when the Run ended {shipped},"
+        f" reported with the ending {reported}; trigger to terminal {seconds:.1f} s"
+        f" ({len(expected) / 2**20 / seconds:.1f} MiB/s)"
+    )
+    tally = rig.noted_tally("run output burst", line, report_tally, extra_faults=0)
+    problems += read_back(rig.stack.stack_path, rig.stack.migration_url, run_id).problems(expected)
+    if (shipped, reported) != (len(expected), len(expected)):
+        problems.append("the Run ended before its output was stored whole")
     rig.assert_restarted_worker_verdict(tally, problems, worker, status)
 
 

@@ -1655,7 +1655,7 @@ async def test_an_offset_gap_resumes_from_the_expected_offset(world: World, tmp_
     offer_id = world.admit(_printing(size, until=go_on))
     assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
     await _written(world, offer_id, size)
-    await world.reconciler.reconcile(offer_id)  # one pass: 16 chunks
+    await world.reconciler.reconcile(offer_id)  # one pass: CHUNKS_PER_PASS chunks
     assert _record_of(world, offer_id).output_offset == CHUNKS_PER_PASS * CHUNK
     # The control plane holds less than the inbox says: the next chunk is a gap.
     del world.client.output[1000:]
@@ -1720,7 +1720,7 @@ async def test_output_left_at_a_terminal_answer_is_shipped_by_a_restarted_worker
 async def test_a_shutdown_reports_after_one_pass_and_the_rest_is_shipped_later(
     world: World, tmp_path: Path
 ) -> None:
-    size = _chunks(CHUNKS_PER_PASS + 4)  # more than 1 MiB
+    size = _chunks(CHUNKS_PER_PASS + 4)  # more than one pass
     # Ends only when told: one that ended before the first pass was over would be
     # shipped and reported by it, however loaded the machine.
     go_on = tmp_path / "go-on"
@@ -2232,7 +2232,7 @@ async def test_a_pass_persists_its_output_offset_once_not_once_a_chunk(world: Wo
     assert await world.reconciler.reconcile(offer_id) is Outcome.RUNNING
     await _written(world, offer_id, size)
     before = _record_of(world, offer_id)
-    await world.reconciler.reconcile(offer_id)  # one pass: 16 chunks
+    await world.reconciler.reconcile(offer_id)  # one pass: CHUNKS_PER_PASS chunks
     after = _record_of(world, offer_id)
     assert after.output_offset == CHUNKS_PER_PASS * CHUNK
     assert after.revision == before.revision + 1
