@@ -2543,3 +2543,72 @@ async def test_a_reboot_reports_an_executor_that_ended_before_its_start_was_ackn
         assert outcomes[-1] is Outcome.COMPLETED, after_reboot
         assert control.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
         assert after_reboot[-2:] == ["AcknowledgeRunning", "CompleteAttempt"]
+
+
+async def test_the_workers_own_stop_of_a_started_executor_is_not_reported_as_its_ending(
+    world: World, tmp_path: Path
+) -> None:
+    """A started record whose executor this Worker signalled (as it does a launch still
+    unanswered when its local lease ran out, adopted afterwards) and whose local lease is
+    over: the stop is the Worker's, not the task's ending, so nothing is reported and the
+    record closes as lease lost (found in review)."""
+    control = VersionedControl()
+    control.plans = world.client.plans
+    worker = Reconciler(
+        inbox=world.inbox,
+        client=control,  # type: ignore[arg-type]
+        processes=world.processes,
+        lease_clock=_lease_clock(world.clock_offset_ms),
+        stop_grace_seconds=2.0,
+        log_dir=tmp_path,
+    )
+    offer = world.offer(["sleep", "30"])
+    assert worker.admit(offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1)
+    control.unanswered = 1_000_000
+    await _reconciled_until(worker, offer.offer_id, Outcome.WAITING.__eq__)
+    started = _record_of(world, offer.offer_id)
+    assert started.state is RecordState.STARTED
+    identity = identity_of(started)
+    assert identity is not None
+    assert await world.processes.stop(identity, grace_seconds=2.0) is StopResult.STOPPED
+    world.clock_offset_ms[0] += 600_000  # the local lease has run out
+    control.unanswered = 0
+    outcomes = await _reconciled_until(
+        worker, offer.offer_id, lambda o: o in (Outcome.COMPLETED, Outcome.LEASE_LOST)
+    )
+    assert outcomes[-1] is Outcome.LEASE_LOST
+    assert "CompleteAttempt" not in control.calls
+
+
+async def test_a_launch_stopped_past_its_lease_and_adopted_is_not_reported_failed(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real supervisor slow to answer its launch (its answer's rename waits 1 s, as on a
+    slow disk) after it started the executor; the local lease runs out meanwhile, the
+    Worker stops the supervisor (SIGTERM, forwarded to the executor), then adopts the
+    launch as started. The executor's end by that SIGTERM is not the task's failure."""
+    script = tmp_path / "slow_answer_supervisor.py"
+    script.write_text(
+        "import os, runpy, sys, time\n"
+        "_rename = os.rename\n"
+        "def slow(src, dst, *a, **k):\n"
+        "    if 'launch-' in str(dst):\n"
+        "        time.sleep(1.0)\n"
+        "    return _rename(src, dst, *a, **k)\n"
+        "os.rename = slow\n"
+        f"sys.argv[0] = {str(process.SUPERVISOR_SCRIPT)!r}\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    monkeypatch.setattr(process, "SUPERVISOR_SCRIPT", script)
+    monkeypatch.setattr(process, "_READY_TIMEOUT_SECONDS", 0.3)
+    offer_id = world.admit(["sleep", "30"])
+    assert await world.reconciler.reconcile(offer_id) is Outcome.WAITING
+    assert _record_of(world, offer_id).state is RecordState.LAUNCHING
+    world.clock_offset_ms[0] += 600_000  # the local lease runs out while it is pending
+    outcomes = await _reconciled_until(
+        world.reconciler,
+        offer_id,
+        lambda o: o in (Outcome.COMPLETED, Outcome.LEASE_LOST, Outcome.START_FAILED),
+    )
+    assert outcomes[-1] is Outcome.LEASE_LOST, world.client.calls
+    assert "CompleteAttempt" not in world.client.calls

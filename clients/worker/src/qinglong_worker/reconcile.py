@@ -826,13 +826,17 @@ class Reconciler:
         return True
 
     def _ended_unacknowledged(self, record: InboxRecord) -> bool:
-        """A started record past its local lease whose executor ended with an ending of
-        its own (not one its supervisor or the machine made: those are lost)."""
+        """A started record past its local lease whose executor ended by itself, with an
+        exit code: not by the hand of its supervisor or the machine, nor of this Worker
+        (a launch still unanswered when its lease ran out is stopped, then adopted as
+        started) — such endings are lost, not the task's."""
         if not self.lease_lost_locally(record):
             return False
         identity = identity_of(record)
         status = None if identity is None else self._processes.poll(identity)
-        return status is not None and _lost_execution(record, status) is None
+        if identity is None or status is None or _lost_execution(record, status) is not None:
+            return False
+        return _ended_by_itself(record, status, self._processes.signalled(identity))
 
     async def _acknowledge_running(
         self, record: InboxRecord, *, last_word: bool = False
@@ -1021,7 +1025,9 @@ class Reconciler:
         except CallFailed as failure:
             if failure.fenced:
                 return await self._lease_lost(record, failure.label)
-            return record  # the next pass tries again; the local lease bounds the wait
+            # The next pass tries again: while output flows, until the local lease runs
+            # out; for an ending's last word, until control answers (_ending_waits).
+            return record
         result = answer.WhichOneof("result")
         if result == "renewed" or result == "stop_requested":
             granted = answer.renewed if result == "renewed" else answer.stop_requested
@@ -1200,8 +1206,21 @@ class Reconciler:
         and the record then closes as lease lost). Given up at the local lease instead,
         an unanswered try would turn the executor's own outcome into ``lost`` — and the
         Run would run again: after a reboot, which leaves no local estimate, at the
-        first unanswered try while control still holds the lease."""
-        log.info("offer %s: %s (%s); will retry", record.offer_id, what, failure)
+        first unanswered try while control still holds the lease.
+
+        The record stays open meanwhile, so the Worker takes no new work (a durable
+        recovery fact, :mod:`qinglong_worker.lifecycle`); past the local lease each try
+        is logged as a warning, so an operator sees why."""
+        if self.lease_lost_locally(record):
+            log.warning(
+                "offer %s: %s (%s) past the local lease; the ending waits for control's"
+                " answer, and no new work is taken meanwhile",
+                record.offer_id,
+                what,
+                failure.label,
+            )
+        else:
+            log.info("offer %s: %s (%s); will retry", record.offer_id, what, failure)
         return Outcome.WAITING
 
     async def _learn_stop_intent(self, record: InboxRecord, refusal: CallFailed) -> Outcome | None:
