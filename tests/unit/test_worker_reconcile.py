@@ -2332,14 +2332,17 @@ class VersionedControl(ScriptedClient):
     """Lease versions as control keeps them (domain/lease_control.py, fence.py): a
     renewal at the present version advances it, one a version behind is answered as
     the replay of a renewal whose answer was lost (R-LC-8), anything else is fenced; an
-    ending is taken only at the present version. And the real client's budget rule: a
-    call that holds a lease is not sent with less budget than one try, unless it is a
-    last word (client.py)."""
+    ending is taken only at the present version, and sent again after it was taken it
+    is answered as the same completion (completion.py's replay), while lease control
+    answers terminal. And the real client's budget rule: a call that holds a lease is
+    not sent with less budget than one try, unless it is a last word (client.py)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.version = 1
         self.unanswered = 0  # the next this many lease-holding calls get no answer
+        self.endings_unanswered = 0  # the next this many endings commit; the answer is lost
+        self.completions = 0  # endings committed
 
     def _fenced(self, method: str) -> CallFailed:
         return CallFailed(
@@ -2381,6 +2384,10 @@ class VersionedControl(ScriptedClient):
         last_word: bool = False,
     ) -> ws.ControlLeaseResponse:
         self._sent("ControlLease", request, budget_seconds, last_word)
+        if self.completions:
+            return ws.ControlLeaseResponse(
+                terminal=worker_pb2.LeaseTerminal(run_state=lifecycle_pb2.RUN_STATE_SUCCEEDED)
+            )
         expected = request.fence.expected_lease_version
         if expected == self.version:
             self.version += 1
@@ -2392,18 +2399,31 @@ class VersionedControl(ScriptedClient):
         self, request: ws.CompleteAttemptRequest, *, budget_seconds: float | None = None
     ) -> ws.CompleteAttemptResponse:
         self._sent("CompleteAttempt", request, budget_seconds, last_word=True)
+        answer = ws.CompleteAttemptResponse(
+            outcome=worker_pb2.COMPLETION_OUTCOME_COMPLETED,
+            completed_lease_version=self.version + (0 if self.completions else 1),
+        )
+        replay = self.completions and request.fence.expected_lease_version == self.version - 1
+        if replay and request.outcome == self.completed.outcome:
+            return answer
         if request.fence.expected_lease_version != self.version:
             raise self._fenced("CompleteAttempt")
         self.completed = request
+        self.completions += 1
         self.version += 1
-        return ws.CompleteAttemptResponse(
-            outcome=worker_pb2.COMPLETION_OUTCOME_COMPLETED, completed_lease_version=self.version
-        )
+        if self.endings_unanswered > 0:
+            self.endings_unanswered -= 1
+            raise CallFailed("CompleteAttempt", grpc.StatusCode.UNAVAILABLE, None)
+        return answer
 
 
-@pytest.mark.parametrize("unanswered", [0, 3])
+@pytest.mark.parametrize(("unanswered", "endings_unanswered"), [(0, 0), (3, 0), (0, 1)])
 async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_ending(
-    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unanswered: int
+    world: World,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    unanswered: int,
+    endings_unanswered: int,
 ) -> None:
     """Renewals are written without waiting for the disk; the executor then exits 0 (its
     supervisor records that durably) and the power goes before the Worker wrote so. What
@@ -2411,7 +2431,9 @@ async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_endi
     that advanced the lease: at most one version behind control, as after a lost answer.
     The Worker back from the reboot asks lease control for it (a last word: its local
     lease counts as over) and reports the executor's own ending, never lost — also when
-    control's first answers are lost (`unanswered`): an ending waits for control's word."""
+    control's first answers are lost (`unanswered`): an ending waits for control's word;
+    and when control took the ending but its answer was lost (`endings_unanswered`), the
+    ending sent again is answered as the same completion, taken once."""
     control = VersionedControl()
     control.plans = world.client.plans
     kept: list[Any] = [None]  # the record as the disk holds it
@@ -2476,12 +2498,19 @@ async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_endi
         log_dir=tmp_path,
     )
     control.unanswered = unanswered
+    control.endings_unanswered = endings_unanswered
     outcomes = await _reconciled_until(
         rebooted, offer_id, lambda outcome: outcome in (Outcome.COMPLETED, Outcome.LEASE_LOST)
     )
     assert outcomes[-1] is Outcome.COMPLETED, control.calls[-4:]
     assert control.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
-    assert outcomes.count(Outcome.WAITING) == unanswered, outcomes
+    assert control.completions == 1
+    assert outcomes.count(Outcome.WAITING) == unanswered + endings_unanswered, outcomes
+    done = _record_of(world, offer_id)
+    assert (done.state, done.lease_version) == (
+        RecordState.COMPLETION_ACKNOWLEDGED,
+        control.version,
+    )
 
 
 @pytest.mark.parametrize("control_expired_it", [False, True])
