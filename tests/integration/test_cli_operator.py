@@ -46,6 +46,25 @@ async def test_task_create_trigger_list_as_json_with_numbers(stack_file: Path) -
     assert (none.code, none.out) == (0, "")
 
 
+async def test_a_run_pins_the_revision_asked_for_or_the_newest(stack_file: Path) -> None:
+    stack = ("--stack", str(stack_file))
+    created = await qinglong("task", "create", *stack, "--name", "pinned", "--", "echo", "1")
+    task_id = json.loads(created.out)["taskId"]
+    revised = await qinglong("task", "revise", task_id, *stack, "--", "echo", "2")
+    assert json.loads(revised.out)["revisionNumber"] == 2
+    first = await qinglong("run", "trigger", "--task", task_id, "--revision", "1", *stack)
+    newest = await qinglong("run", "trigger", "--task", task_id, *stack)
+    assert json.loads(first.out)["revisionNumber"] == 1
+    assert json.loads(newest.out)["revisionNumber"] == 2
+    missing = await qinglong("run", "trigger", "--task", task_id, "--revision", "3", *stack)
+    assert (missing.code, missing.out) == (1, "")
+    assert missing.err.startswith("error: NOT_FOUND REVISION_NOT_FOUND")
+    zero = await qinglong("run", "trigger", "--task", task_id, "--revision", "0", *stack)
+    assert zero.code == 1
+    assert zero.err.startswith("error: INVALID_ARGUMENT FIELD_INVALID")
+    assert "  revision_number: " in zero.err
+
+
 def task_names(stack: Stack) -> list[str]:
     with psycopg.connect(stack.database.urls.migration) as conn:
         return [row[0] for row in conn.execute("SELECT display_name FROM qinglong.tasks")]

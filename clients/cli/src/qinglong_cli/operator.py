@@ -116,9 +116,16 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
     run = commands.add_parser("run", help="trigger, read, watch and cancel runs").add_subparsers(
         dest="action", required=True
     )
-    trigger = run.add_parser("trigger", help="queue a run of a task's latest revision")
+    trigger = run.add_parser("trigger", help="queue a run of a task's revision")
     common(trigger)
     trigger.add_argument("--task", required=True, help="task id")
+    trigger.add_argument(
+        "--revision",
+        type=int,
+        metavar="N",
+        help="the revision number to pin (default: the newest at trigger time), e.g. to run"
+        " an earlier one again",
+    )
     add_request_id_flag(trigger)
     for name, help_text in (
         ("get", "show a run"),
@@ -264,7 +271,10 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
         triggered = await sent_once(
             runs.TriggerRun(
                 run_service_pb2.TriggerRunRequest(
-                    project_id=project, task_id=args.task, request_id=request_id
+                    project_id=project,
+                    task_id=args.task,
+                    revision_number=args.revision,
+                    request_id=request_id,
                 ),
                 **call,
             ),
