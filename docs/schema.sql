@@ -535,6 +535,7 @@ CREATE TABLE qinglong.runs (
     error_code text,
     error_summary text,
     retry_at_ms qinglong.epoch_ms,
+    parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
     CONSTRAINT runs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text]))),
     CONSTRAINT runs_cancel_requested_by_check CHECK (((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))),
@@ -777,6 +778,9 @@ ALTER TABLE ONLY qinglong.run_leases
 
 ALTER TABLE ONLY qinglong.run_leases
     ADD CONSTRAINT run_leases_pkey PRIMARY KEY (attempt_id);
+
+ALTER TABLE qinglong.runs
+    ADD CONSTRAINT runs_parameters_object CHECK ((jsonb_typeof(parameters) = 'object'::text)) NOT VALID;
 
 ALTER TABLE ONLY qinglong.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);

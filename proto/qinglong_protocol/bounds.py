@@ -86,6 +86,27 @@ ENROLLMENT_REQUEST_MAX_BYTES: Final = 8 * 1024
 #: TaskService carries execution plans (argv up to 64 KiB in total).
 TASK_SERVICE_REQUEST_MAX_BYTES: Final = 128 * 1024
 
+# --- Run parameters ---------------------------------------------------------------
+
+_PARAMETERS = field_rules(_RS.TriggerRunRequest, "parameters").map
+RUN_PARAMETERS_MAX: Final = _PARAMETERS.max_pairs
+RUN_PARAMETER_VALUE_MAX_BYTES: Final = _PARAMETERS.values.string.max_bytes
+RUN_PARAMETER_NAME_PATTERN: Final = re.compile(
+    r"\A" + _PARAMETERS.keys.string.pattern.removeprefix("^").removesuffix("$") + r"\Z"
+)
+#: The longest name the pattern matches (a test holds the two together).
+RUN_PARAMETER_NAME_MAX_LENGTH: Final = 64
+#: An executor receives each parameter as this prefix and its name: a name cannot
+#: shadow PATH or any other variable the executor or its Worker relies on.
+RUN_PARAMETER_ENVIRONMENT_PREFIX: Final = "QINGLONG_PARAM_"
+#: One map entry on the wire besides its name and value: the entry's tag and length,
+#: the key's and the value's (at most 1 + 3 + 1 + 1 + 1 + 2 bytes).
+_MAP_ENTRY_FRAMING_BYTES: Final = 9
+#: TriggerRun: any RunService request, plus what its parameters may carry at most.
+TRIGGER_RUN_REQUEST_MAX_BYTES: Final = RUN_SERVICE_REQUEST_MAX_BYTES + RUN_PARAMETERS_MAX * (
+    RUN_PARAMETER_NAME_MAX_LENGTH + RUN_PARAMETER_VALUE_MAX_BYTES + _MAP_ENTRY_FRAMING_BYTES
+)
+
 # --- Identifiers --------------------------------------------------------------
 
 #: Server-generated ids (run, attempt, offer, session, task, revision, event,

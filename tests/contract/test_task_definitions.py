@@ -146,6 +146,28 @@ async def test_a_retry_that_asks_for_something_else_is_a_mismatch(world: World) 
     assert latest.latest_revision_number == 2
 
 
+async def test_a_runs_parameters_are_kept_and_part_of_its_trigger(world: World) -> None:
+    """Stored as given (read back by GetRun, left out of a listing); a retry of the
+    trigger must carry the same ones: other values, fewer or none are REPLAY_MISMATCH."""
+    task = await definitions.create_task(world.conn, PROJECT, "p", {}, "create-p", "alice", PLAN)
+    given = {"TARGET": "eu=west \u6625", "EMPTY": ""}
+
+    def trigger(parameters: dict[str, str]) -> runs.TriggerRun:
+        return runs.TriggerRun(PROJECT, task.task_id, None, "trigger-p", parameters)
+
+    run = await runs.trigger_run(world.conn, trigger(given), OPERATOR)
+    assert run.parameters == given
+    assert (await runs.get_run(world.conn, PROJECT, run.run_id)).parameters == given
+    again = await runs.trigger_run(world.conn, trigger(dict(reversed(given.items()))), OPERATOR)
+    assert again.run_id == run.run_id
+    for other in ({"TARGET": "us"}, {"TARGET": given["TARGET"]}, {}):
+        with pytest.raises(Refused) as refused:
+            await runs.trigger_run(world.conn, trigger(other), OPERATOR)
+        assert refused.value.reason is Reason.REPLAY_MISMATCH, other
+    page = await runs.list_runs(world.conn, PROJECT, limit=10, task_id=task.task_id)
+    assert [(listed.run_id, listed.parameters) for listed in page.runs] == [(run.run_id, {})]
+
+
 async def test_triggering_an_unknown_task_is_task_not_found(world: World) -> None:
     unknown = runs.TriggerRun(PROJECT, uuid.UUID(int=1), None, "trigger-unknown")
     with pytest.raises(Refused) as refused:

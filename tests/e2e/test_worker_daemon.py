@@ -65,7 +65,12 @@ class Operator:
     metadata: tuple[tuple[str, str], ...]
     project_id: str
 
-    def trigger(self, command: list[str], timeout_ms: int = 60_000) -> str:
+    def trigger(
+        self,
+        command: list[str],
+        timeout_ms: int = 60_000,
+        parameters: dict[str, str] | None = None,
+    ) -> str:
         task = self.tasks.CreateTask(
             task_service_pb2.CreateTaskRequest(
                 project_id=self.project_id, request_id=uuid.uuid4().hex, display_name="e2e"
@@ -92,6 +97,7 @@ class Operator:
                 project_id=self.project_id,
                 task_id=task.task.task_id,
                 request_id=uuid.uuid4().hex,
+                parameters=parameters,
             ),
             metadata=self.metadata,
             timeout=10,
@@ -338,6 +344,33 @@ def test_worker_runs_a_run_to_succeeded(
         assert (printed, error) == (b"hi\n", b""), output_format
     assert worker.inbox.stat().st_mode & 0o077 == 0
     worker.assert_log_holds_no_secret()
+
+
+def test_a_runs_parameters_reach_its_executor_as_environment_variables(
+    dev_stack: DevStack, operator: Operator, tmp_path: Path
+) -> None:
+    """TriggerRun's parameters travel with the offer and the claim to the Worker, which
+    hands each to the executor as QINGLONG_PARAM_<name>, the value byte for byte; the
+    Worker's own QINGLONG_* settings never reach it."""
+    parameters = {"GREETING": "h\u00e9llo = 'world' \u6625", "EMPTY": "", "N_2": "$HOME"}
+    script = (
+        'printf "%s|%s|%s|" "$QINGLONG_PARAM_GREETING" "$QINGLONG_PARAM_EMPTY"'
+        ' "$QINGLONG_PARAM_N_2"; env | grep -c "^QINGLONG_PARAM_"'
+    )
+    run_id = operator.trigger(["sh", "-c", script], parameters=parameters)
+    worker = Worker(dev_stack.path, tmp_path / "worker" / "inbox.db")
+    try:
+        run = operator.wait_for(run_id, RUN_STATE.RUN_STATE_SUCCEEDED)
+    finally:
+        assert worker.stop() == 0, worker.log.read_text()
+    assert dict(run.parameters) == parameters
+    output = operator.runs.ReadRunOutput(
+        run_service_pb2.ReadRunOutputRequest(project_id=operator.project_id, run_id=run_id),
+        metadata=operator.metadata,
+        timeout=10,
+    )
+    expected = f"{parameters['GREETING']}||$HOME|3\n"
+    assert output.data.decode() == expected
 
 
 def _probe(inbox: Path, stale_seconds: float) -> subprocess.CompletedProcess[str]:

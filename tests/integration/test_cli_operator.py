@@ -65,6 +65,39 @@ async def test_a_run_pins_the_revision_asked_for_or_the_newest(stack_file: Path)
     assert "  revision_number: " in zero.err
 
 
+async def test_a_run_carries_its_parameters_and_a_retry_must_repeat_them(
+    stack_file: Path,
+) -> None:
+    stack = ("--stack", str(stack_file))
+    created = await qinglong("task", "create", *stack, "--name", "params", "--", "true")
+    task_id = json.loads(created.out)["taskId"]
+    params = ("--param", "TARGET=eu=west 1", "--param", "EMPTY=")
+    trigger = ("run", "trigger", "--task", task_id, *stack, "--request-id", "params-1")
+    first = await qinglong(*trigger, *params)
+    assert (first.code, first.err) == (0, "")
+    run = json.loads(first.out)
+    assert run["parameters"] == {"TARGET": "eu=west 1", "EMPTY": ""}
+    got = json.loads((await qinglong("run", "get", run["runId"], *stack)).out)
+    assert got["parameters"] == run["parameters"]
+    listed = [json.loads(line) for line in (await qinglong("run", "list", *stack)).out.splitlines()]
+    mine = [item for item in listed if item["runId"] == run["runId"]]
+    assert mine
+    assert "parameters" not in mine[0]  # a page of Runs leaves them out
+    again = await qinglong(*trigger, *params)
+    assert json.loads(again.out)["runId"] == run["runId"]
+    other = await qinglong(*trigger, "--param", "TARGET=us")
+    assert other.code == 1
+    assert other.err.startswith("error: ABORTED REPLAY_MISMATCH")
+    lower = await qinglong("run", "trigger", "--task", task_id, *stack, "--param", "target=x")
+    assert lower.code == 1
+    assert lower.err.startswith("error: INVALID_ARGUMENT FIELD_INVALID")
+    assert "parameters" in lower.err
+    no_value = await qinglong("run", "trigger", "--task", task_id, *stack, "--param", "SECRETX")
+    assert no_value.code != 0
+    assert "NAME=VALUE" in no_value.err
+    assert "SECRETX" not in no_value.err
+
+
 def task_names(stack: Stack) -> list[str]:
     with psycopg.connect(stack.database.urls.migration) as conn:
         return [row[0] for row in conn.execute("SELECT display_name FROM qinglong.tasks")]

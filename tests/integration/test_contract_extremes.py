@@ -46,6 +46,7 @@ from tests.support.contract_fields import (
     field_rule,
     fill,
     label_key_max_length,
+    map_key,
 )
 from tests.support.jsonb import jsonb_text_bytes
 from tests.support.stack import PROJECT, Stack
@@ -100,11 +101,11 @@ def request_id(message: type[Message], prefix: str, field: str = "request_id") -
 LABELS: Final = rule(ts.CreateTaskRequest, "labels", Kind.LABELS)
 
 
-def max_labels(value: str) -> dict[str, str]:
-    """The most labels, each key at its longest, each value ``value``."""
-    key_length = label_key_max_length(LABELS)
-    keys = [f"{chr(ord('a') + i)}".ljust(key_length, "z") for i in range(LABELS.items[1])]
-    assert all(LABELS.regex.fullmatch(key) for key in keys)
+def max_labels(value: str, declared: FieldRule = LABELS) -> dict[str, str]:
+    """The most entries of a map (labels by default), each key at its longest, each value
+    ``value``."""
+    key_length = label_key_max_length(declared)
+    keys = [map_key(declared, i, key_length) for i in range(declared.items[1])]
     return dict.fromkeys(keys, value)
 
 
@@ -282,13 +283,15 @@ def _argv_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
 def _label_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:
     most, value_max = declared.items[1], declared.lengths[1]
     key_max = label_key_max_length(declared)
-    yield "the most and longest, in 4-byte characters", max_labels(fill(WIDE, value_max)), True
-    yield "an empty value", {"k": ""}, True
-    yield "one entry too many", {f"k{i}": "v" for i in range(most + 1)}, False
-    yield "a key one character too long", {"k" * (key_max + 1): "v"}, False
-    yield "an upper-case key", {"Key": "v"}, False
-    yield "a value one byte too long", {"k": "a" * (value_max + 1)}, False
-    yield "a C1 control in a value", {"k": "a\x85"}, False
+    key = map_key(declared)
+    longest = max_labels(fill(WIDE, value_max), declared)
+    yield "the most and longest, in 4-byte characters", longest, True
+    yield "an empty value", {key: ""}, True
+    yield "one entry too many", {map_key(declared, i): "v" for i in range(most + 1)}, False
+    yield "a key one character too long", {key * (key_max + 1): "v"}, False
+    yield "a mixed-case key", {"Key": "v"}, False
+    yield "a value one byte too long", {key: "a" * (value_max + 1)}, False
+    yield "a C1 control in a value", {key: "a\x85"}, False
 
 
 def _bytes_probes(declared: FieldRule) -> Iterator[tuple[str, Any, bool]]:

@@ -85,6 +85,7 @@ from tests.support.contract_fields import (
     argv_of_most_items,
     field_rule,
     label_key_max_length,
+    map_key,
     ruled_fields,
 )
 from tests.support.postgres import Clusters
@@ -930,7 +931,11 @@ class Builder:
         for index in range(count):
             bad = hostile and index < 2 and self.draw(st.booleans())
             # A distinct prefix per entry: a map keeps one value per key.
-            key = self.draw(HOSTILE_TEXT) if bad else f"k{index:02d}{self.draw(key_ok)}"[:key_max]
+            key = (
+                self.draw(HOSTILE_TEXT)
+                if bad
+                else (map_key(rule, index) + self.draw(key_ok))[:key_max]
+            )
             value = self.draw(HOSTILE_TEXT) if bad else self.draw(value_ok)
             raw_key = key if isinstance(key, bytes) else key.encode()
             raw_value = value if isinstance(value, bytes) else value.encode()
@@ -1212,7 +1217,7 @@ def base_request(descriptor: Descriptor, known: Known) -> Message:
     for f in descriptor.fields:
         rule = RULES[f.full_name]
         if rule.kind is Kind.LABELS:
-            getattr(message, f.name).update({"team": "core"})
+            getattr(message, f.name).update({map_key(rule, 0, 4): "core"})
         elif rule.kind is Kind.TIMESTAMP:
             continue  # a time filter is optional; absent is within bounds
         elif f.message_type is not None:
@@ -1375,8 +1380,8 @@ def map_edges(f: FieldDescriptor, rule: FieldRule) -> list[bytes]:
             for k, v in pairs
         )
 
-    longest_keys = [f"k{i:02d}".ljust(key_max, "z") for i in range(most)]
-    assert all(rule.regex.fullmatch(key) for key in longest_keys)
+    longest_keys = [map_key(rule, i, key_max) for i in range(most)]
+    key = map_key(rule).encode()
     heavy = [
         entries(
             [(key.encode(), (c * (value_max // len(c.encode()))).encode()) for key in longest_keys]
@@ -1385,14 +1390,14 @@ def map_edges(f: FieldDescriptor, rule: FieldRule) -> list[bytes]:
     ]
     return [
         *heavy,
-        entries([(f"k{i}".encode(), b"v") for i in range(most + 1)]),
+        entries([(map_key(rule, i).encode(), b"v") for i in range(most + 1)]),
         entries([(b"Bad Key", b"v")]),
         entries([(b"", b"v")]),
-        entries([(b"k" * (key_max + 1), b"v")]),
-        entries([(b"k", b"\x00")]),
-        entries([(b"k", b"a" * (value_max + 1))]),
-        entries([(b"k" + INVALID_UTF8[0], b"v")]),
-        entries([(b"k", INVALID_UTF8[4])]),
+        entries([(key * (key_max + 1), b"v")]),
+        entries([(key, b"\x00")]),
+        entries([(key, b"a" * (value_max + 1))]),
+        entries([(key + INVALID_UTF8[0], b"v")]),
+        entries([(key, INVALID_UTF8[4])]),
     ]
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "fill",
     "is_printable_pattern",
     "label_key_max_length",
+    "map_key",
     "pattern_width",
     "ruled_fields",
 ]
@@ -470,3 +471,15 @@ def label_key_max_length(rule: FieldRule) -> int:
     if longest is None:
         raise LookupError("a label key of unbounded length")
     return longest
+
+
+def map_key(rule: FieldRule, index: int | None = None, length: int = 0) -> str:
+    """A key the map's key pattern accepts: one letter (in the case the pattern takes:
+    lower for labels, upper for Run parameters), then ``index`` in two digits (distinct
+    keys), padded to ``length``."""
+    letter = "k" if rule.regex.fullmatch("k") else "K"
+    key = letter if index is None else f"{letter}{index:02d}"
+    key = key.ljust(length, "z" if letter == "k" else "Z")
+    if not rule.regex.fullmatch(key):
+        raise LookupError(f"no key of this shape fits {rule.regex.pattern!r}: {key!r}")
+    return key

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
@@ -670,6 +671,7 @@ def test_text_and_number_validators() -> None:
             bounds.LEASE_CAPABILITY_PATTERN,
             (bounds.LEASE_CAPABILITY_LENGTH, bounds.LEASE_CAPABILITY_LENGTH),
         ),
+        (bounds.RUN_PARAMETER_NAME_PATTERN, (1, bounds.RUN_PARAMETER_NAME_MAX_LENGTH)),
     ],
 )
 def test_length_constants_are_what_the_contract_patterns_match(
@@ -678,3 +680,28 @@ def test_length_constants_are_what_the_contract_patterns_match(
     """The lengths bounds.py names for messages and CLI help are the widths of the
     contract's own patterns, so the two cannot drift apart."""
     assert pattern_width(pattern) == width
+
+
+def test_the_largest_trigger_the_contract_allows_fits_its_byte_cap() -> None:
+    """Every parameter at its longest name and value (three-byte characters, the most
+    bytes a value's limit holds) and every other field at its longest: the request is
+    valid by the contract's rules and within TriggerRun's byte cap, so no valid trigger is
+    refused as too large."""
+    value = "\u6625" * (bounds.RUN_PARAMETER_VALUE_MAX_BYTES // 3)
+    names = [
+        f"P{index:02d}".ljust(bounds.RUN_PARAMETER_NAME_MAX_LENGTH, "X")
+        for index in range(bounds.RUN_PARAMETERS_MAX)
+    ]
+    request = rs.TriggerRunRequest(
+        project_id="p" * bounds.SLUG_MAX_LENGTH,
+        task_id=str(uuid.uuid4()),
+        revision_number=bounds.MAX_SAFE_INTEGER,
+        request_id="r" * bounds.REQUEST_ID_MAX_LENGTH,
+        parameters=dict.fromkeys(names, value),
+    )
+    assert request_violations(request) == []
+    assert request.ByteSize() <= bounds.TRIGGER_RUN_REQUEST_MAX_BYTES
+    one_more = rs.TriggerRunRequest()
+    one_more.CopyFrom(request)
+    one_more.parameters["Z"] = "z"
+    assert [v.field for v in request_violations(one_more)] == ["parameters"]

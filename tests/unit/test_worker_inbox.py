@@ -31,6 +31,7 @@ from qinglong_worker.inbox import (
     QuarantineReason,
     RecordState,
     SessionRecord,
+    parameters_of,
 )
 from qinglong_worker.reconcile import new_capability
 from qinglong_worker.settings import parse_worker_settings
@@ -429,6 +430,8 @@ def _reopened_at_schema(inbox: Inbox, version: int) -> Inbox:
     inbox.close()
     path = inbox.path
     with sqlite3.connect(path) as old:
+        if version <= 7:
+            old.execute("ALTER TABLE offers DROP COLUMN parameters")
         if version <= 4:
             old.execute("ALTER TABLE offers DROP COLUMN lease_observed_boot_id")
             old.execute("ALTER TABLE offers DROP COLUMN lease_observed_boot_ms")
@@ -514,13 +517,14 @@ def test_an_inbox_of_schema_3_gains_the_executors_boot(inbox_path: Path) -> None
         inbox.close()
 
 
-@pytest.mark.parametrize("older", [5, 6])
-def test_an_inbox_of_schema_5_or_6_is_read_unchanged_and_marked_7(
+@pytest.mark.parametrize("older", [5, 6, 7])
+def test_an_inbox_of_schema_5_to_7_is_read_unchanged_and_marked_8(
     inbox_path: Path, older: int
 ) -> None:
     """Schemas 6 (supervisors watch lease files) and 7 (a record may be given back for a
-    fault of the machine) change no table: an older record is read unchanged, and the
-    file then says 7, which an older Worker refuses."""
+    fault of the machine) change no table, and 8 adds the Run's parameters: an older
+    record is read unchanged (with no parameters), and the file then says 8, which an
+    older Worker refuses."""
     inbox = Inbox.open(inbox_path)
     record = _record()
     inbox.admit(record)
@@ -530,7 +534,7 @@ def test_an_inbox_of_schema_5_or_6_is_read_unchanged_and_marked_7(
     finally:
         inbox.close()
     with sqlite3.connect(inbox_path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone() == (7,) == (SCHEMA_VERSION,)
+        assert reopened.execute("PRAGMA user_version").fetchone() == (8,) == (SCHEMA_VERSION,)
 
 
 def test_an_inbox_of_schema_4_counts_its_wall_clock_leases_as_lost(inbox_path: Path) -> None:
@@ -761,5 +765,30 @@ def test_renewals_not_marked_durable_wait_for_no_disk_yet_survive_kill_9(
             stored, dataclasses.replace(stored, lease_version=0), durable=False
         )
         assert reopened._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    finally:
+        reopened.close()
+
+
+def test_a_runs_parameters_are_kept_exactly(inbox_path: Path) -> None:
+    """Names sorted, values byte for byte (newlines, `=`, quotes, non-ASCII), across a
+    reopen; a record without any has none."""
+    inbox = Inbox.open(inbox_path)
+    given = {"TARGET": "prod=eu\n'west' \u00e9\u6625", "A_1": "", "LEVEL": '"3"'}
+    record = dataclasses.replace(_record(), parameters=parameters_of(given))
+    plain = _record()
+    try:
+        inbox.admit(record)
+        inbox.admit(plain)
+    finally:
+        inbox.close()
+    reopened = Inbox.open(inbox_path)
+    try:
+        kept = reopened.get(record.offer_id)
+        assert kept is not None
+        assert kept.parameters == (("A_1", ""), ("LEVEL", '"3"'), ("TARGET", given["TARGET"]))
+        assert dict(kept.parameters) == given
+        none = reopened.get(plain.offer_id)
+        assert none is not None
+        assert none.parameters == ()
     finally:
         reopened.close()

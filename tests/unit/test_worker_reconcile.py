@@ -99,6 +99,7 @@ class ScriptedClient:
         self.offers: list[worker_pb2.Offer] = []
         self.seen_versions: list[int] = []
         self.plans: dict[str, execution_pb2.ExecutionPlan] = {}
+        self.parameters: dict[str, dict[str, str]] = {}  # by offer, in its claim's spec
         self.completed = ws.CompleteAttemptRequest()
         self.completion_refusals: list[CallFailed] = []
         # Output as a correct server keeps it: one stream, idempotent by offset.
@@ -183,7 +184,10 @@ class ScriptedClient:
             lease_generation=1,
             lease_version=1,
             lease_remaining=_duration(self.lease_ms),
-            spec=worker_pb2.ExecutionSpec(plan=self.plans[request.offer_id]),
+            spec=worker_pb2.ExecutionSpec(
+                plan=self.plans[request.offer_id],
+                parameters=self.parameters.get(request.offer_id, {}),
+            ),
         )
 
     async def acknowledge_starting(
@@ -1566,6 +1570,26 @@ async def test_output_is_shipped_whole_before_completion_and_named_by_running(
     # `running` named the stream by the Attempt the claim returned (R-ACK-5).
     assert record.attempt_id is not None
     assert world.client.log_artifact_ids == [f"attempts/{record.attempt_id}/output"]
+
+
+async def test_the_executor_receives_the_parameters_of_the_claim(world: World) -> None:
+    """Each parameter as QINGLONG_PARAM_<name>, as the claim gave it (the claim's spec is
+    the one the Run runs with), and no other QINGLONG_PARAM_ variable."""
+    offer = world.offer(["sh", "-c", "env | grep '^QINGLONG_' | sort"])
+    offer.spec.parameters["TARGET"] = "from the offer"
+    world.client.parameters[offer.offer_id] = {"TARGET": "eu=west 1", "EMPTY": ""}
+    assert world.reconciler.admit(
+        offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1
+    )
+    record = world.inbox.get(offer.offer_id)
+    assert record is not None
+    assert record.parameters == (("TARGET", "from the offer"),)
+    await _until_completed(world.reconciler, offer.offer_id)
+    printed = bytes(world.client.output).decode().splitlines()
+    assert [line for line in printed if line.startswith("QINGLONG_PARAM_")] == [
+        "QINGLONG_PARAM_EMPTY=",
+        "QINGLONG_PARAM_TARGET=eu=west 1",
+    ]
 
 
 async def test_shipping_resumes_from_the_inbox_and_resends_harmlessly(

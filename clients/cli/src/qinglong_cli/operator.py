@@ -126,6 +126,14 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         help="the revision number to pin (default: the newest at trigger time), e.g. to run"
         " an earlier one again",
     )
+    trigger.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a parameter of the run; its executor reads it as $QINGLONG_PARAM_NAME"
+        " (NAME: upper-case letters, digits and _, starting with a letter); repeatable",
+    )
     add_request_id_flag(trigger)
     for name, help_text in (
         ("get", "show a run"),
@@ -208,6 +216,21 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
     return plan
 
 
+def _parameters(given: list[str]) -> dict[str, str]:
+    """``--param NAME=VALUE`` flags as TriggerRun's map; the server judges names and
+    values against the contract, this only splits them (at the first ``=``)."""
+    parameters: dict[str, str] = {}
+    for flag in given:
+        name, equals, value = flag.partition("=")
+        if not equals:
+            # Not echoed: what was typed may be a value, and values may be secrets.
+            raise ConfigurationError("--param needs NAME=VALUE (one has no '=')")
+        if name in parameters:
+            raise ConfigurationError(f"--param {name} is given twice")
+        parameters[name] = value
+    return parameters
+
+
 def _or_default(value: int | None, default: int) -> int:
     return default if value is None else value
 
@@ -275,6 +298,7 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
                     task_id=args.task,
                     revision_number=args.revision,
                     request_id=request_id,
+                    parameters=_parameters(args.param),
                 ),
                 **call,
             ),

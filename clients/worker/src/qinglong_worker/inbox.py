@@ -53,7 +53,7 @@ from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
 from qinglong_worker.clock import BootInstant
 
-SCHEMA_VERSION: Final = 7
+SCHEMA_VERSION: Final = 8
 #: What each older schema version lacks, added in place when a Worker opens its inbox.
 #: An older Worker refuses a newer inbox ("unsupported inbox schema version"): there is
 #: no downgrade.
@@ -78,6 +78,9 @@ _UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
     # Schema 7 changes no table either: a record may be quarantined
     # `not_started_worker_fault`, which a Worker of schema 6 cannot read.
     6: (),
+    # Schema 8: a Run's parameters (a Worker of schema 7 would start its executor
+    # without them).
+    7: ("ALTER TABLE offers ADD COLUMN parameters TEXT NOT NULL DEFAULT '{}'",),
 }
 #: A schema-1 inbox predates output shipping: its closed records promised none, so their
 #: files (if any) are not shipped now. (A schema-2 record closed with output left
@@ -306,6 +309,9 @@ class InboxRecord:
     # before the Worker measured leases so (schema 4 and earlier).
     lease_observed_boot_ms: int | None = None
     lease_observed_boot_id: str | None = None
+    # The Run's parameters (name, value), sorted by name, as the offer and then the claim
+    # gave them: the executor receives each as QINGLONG_PARAM_<name>. Schema 8.
+    parameters: tuple[tuple[str, str], ...] = ()
 
     @property
     def lease_observed(self) -> BootInstant | None:
@@ -372,7 +378,7 @@ _COLUMN_LIST: Final = """
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
     start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped,
-    executor_boot_id, lease_observed_boot_ms, lease_observed_boot_id
+    executor_boot_id, lease_observed_boot_ms, lease_observed_boot_id, parameters
 """
 # Rows are read with `SELECT *` and mapped by column name (the extra `seq` is the cursor).
 
@@ -384,7 +390,7 @@ INSERT INTO offers (seq,
     deadline_unix_ms, deadline_remaining_ms, executor_pid, executor_start_ticks,
     callback_sequence, callback_token, stop_reason, exit_code, exit_signal, completion_outcome,
     start_failure, quarantine_reason, detail, output_offset, output_given_up, output_shipped,
-    executor_boot_id, lease_observed_boot_ms, lease_observed_boot_id
+    executor_boot_id, lease_observed_boot_ms, lease_observed_boot_id, parameters
 ) SELECT (SELECT coalesce(max(seq), 0) + 1 FROM offers),
     :offer_id, :revision, :state, :worker_id, :session_id, :worker_generation, :project_id,
     :run_id, :capability, :argv, :timeout_ms, :created_unix_ms, :updated_unix_ms, :attempt_id,
@@ -393,7 +399,7 @@ INSERT INTO offers (seq,
     :callback_sequence, :callback_token, :stop_reason, :exit_code, :exit_signal,
     :completion_outcome, :start_failure, :quarantine_reason, :detail, :output_offset,
     :output_given_up, :output_shipped, :executor_boot_id, :lease_observed_boot_ms,
-    :lease_observed_boot_id
+    :lease_observed_boot_id, :parameters
     WHERE NOT EXISTS (SELECT 1 FROM offers WHERE offer_id = :offer_id)
 """
 _UPDATE: Final = """
@@ -413,7 +419,7 @@ UPDATE offers SET revision = :revision,
     output_offset = :output_offset, output_given_up = :output_given_up,
     output_shipped = :output_shipped, executor_boot_id = :executor_boot_id,
     lease_observed_boot_ms = :lease_observed_boot_ms,
-    lease_observed_boot_id = :lease_observed_boot_id
+    lease_observed_boot_id = :lease_observed_boot_id, parameters = :parameters
  WHERE offer_id = :offer_id AND revision = :expected_revision
 """
 _COLUMNS: Final = tuple(f.name for f in dataclasses.fields(InboxRecord))
@@ -489,7 +495,8 @@ CREATE TABLE IF NOT EXISTS offers (
     output_shipped         INTEGER NOT NULL DEFAULT 0,
     executor_boot_id       TEXT,
     lease_observed_boot_ms INTEGER,
-    lease_observed_boot_id TEXT
+    lease_observed_boot_id TEXT,
+    parameters             TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS offers_by_state ON offers (state, seq);
 CREATE INDEX IF NOT EXISTS offers_by_quarantine ON offers (quarantine_reason, seq)
@@ -828,6 +835,11 @@ class Inbox:
         return written
 
 
+def parameters_of(given: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """A Run's parameters as a record keeps them: (name, value) pairs, sorted by name."""
+    return tuple(sorted((str(name), str(value)) for name, value in given.items()))
+
+
 def _state_list(states: Iterable[RecordState]) -> str:
     return json.dumps([str(state) for state in states])
 
@@ -838,6 +850,8 @@ def _row_values(record: InboxRecord) -> dict[str, Any]:
         value = getattr(record, name)
         if name == "argv":
             value = json.dumps(list(value))
+        elif name == "parameters":
+            value = json.dumps(dict(value), sort_keys=True)
         elif isinstance(value, StrEnum):
             value = str(value)
         values[name] = value
@@ -848,6 +862,7 @@ def _record(row: sqlite3.Row) -> InboxRecord:
     values = {name: row[name] for name in _COLUMNS}
     values["state"] = RecordState(values["state"])
     values["argv"] = tuple(str(item) for item in json.loads(values["argv"]))
+    values["parameters"] = parameters_of(json.loads(values["parameters"]))
     if values["quarantine_reason"] is not None:
         values["quarantine_reason"] = QuarantineReason(values["quarantine_reason"])
     values["output_shipped"] = bool(values["output_shipped"])

@@ -70,7 +70,7 @@ import functools
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
@@ -91,6 +91,7 @@ from qinglong_worker.inbox import (
     InboxUnreadable,
     QuarantineReason,
     RecordState,
+    parameters_of,
 )
 from qinglong_worker.launch import LaunchState, forget_launch, launch_key, resolve_launch
 from qinglong_worker.metrics import StartPhases
@@ -475,6 +476,7 @@ class Reconciler:
             capability=new_capability(),
             argv=tuple(plan.command),
             timeout_ms=plan.timeout_ms if plan.HasField("timeout_ms") else None,
+            parameters=parameters_of(offer.spec.parameters),
             created_unix_ms=now,
             updated_unix_ms=now,
         )
@@ -648,6 +650,7 @@ class Reconciler:
             **_observation(sent, claimed.lease_remaining.ToMilliseconds()),
             argv=tuple(plan.command),
             timeout_ms=plan.timeout_ms if plan.HasField("timeout_ms") else None,
+            parameters=parameters_of(claimed.spec.parameters),
         )
         return None
 
@@ -714,6 +717,7 @@ class Reconciler:
                 timeout_ms=record.timeout_ms,
                 deadline_unix_ms=record.deadline_unix_ms,
                 extra_environment={
+                    **parameter_environment(record.parameters),
                     "QINGLONG_PROJECT_ID": record.project_id,
                     "QINGLONG_RUN_ID": record.run_id,
                     "QINGLONG_ATTEMPT_ID": record.attempt_id or "",
@@ -1434,6 +1438,14 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
     was cancelled); a failure that matters (an unreadable inbox) shows at the next tick."""
     if not task.cancelled():
         task.exception()
+
+
+def parameter_environment(parameters: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """A Run's parameters as its executor receives them: ``QINGLONG_PARAM_<name>``, the
+    value unchanged (the contract keeps names to ``[A-Z][A-Z0-9_]*`` and values free of
+    control characters, NUL among them, so each is a valid variable)."""
+    prefix = bounds.RUN_PARAMETER_ENVIRONMENT_PREFIX
+    return {prefix + name: value for name, value in parameters}
 
 
 def _launch_key(record: InboxRecord) -> str:

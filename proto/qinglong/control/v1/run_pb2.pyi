@@ -3,9 +3,11 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from qinglong.rpc.v1 import lifecycle_pb2 as _lifecycle_pb2
 import builtins as _builtins
 import sys
@@ -27,6 +29,26 @@ class Run(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ParametersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
@@ -46,6 +68,7 @@ class Run(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     RETRY_AT_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Server-generated id.
     Bound: UUID, 36 chars, lowercase canonical form.
@@ -121,6 +144,12 @@ class Run(_message.Message):
     def retry_at(self) -> _timestamp_pb2.Timestamp:
         """DB time a RETRY_WAIT Run becomes QUEUED again; unset in other states."""
 
+    @_builtins.property
+    def parameters(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The parameters it was triggered with (TriggerRunRequest.parameters).
+        Bound: 0..32 entries; key 1..64 chars matching ^[A-Z][A-Z0-9_]{0,63}$; value 0..1024 bytes (UTF-8), no control characters.
+        """
+
     def __init__(
         self,
         *,
@@ -143,10 +172,11 @@ class Run(_message.Message):
         error_code: _builtins.str = ...,
         retry_at: _timestamp_pb2.Timestamp | None = ...,
         max_attempts: _builtins.int = ...,
+        parameters: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "retry_at", b"retry_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_count", b"attempt_count", "cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "event_sequence", b"event_sequence", "finished_at", b"finished_at", "latest_attempt_id", b"latest_attempt_id", "latest_attempt_state", b"latest_attempt_state", "max_attempts", b"max_attempts", "project_id", b"project_id", "retry_at", b"retry_at", "revision_number", b"revision_number", "run_id", b"run_id", "started_at", b"started_at", "state", b"state", "task_id", b"task_id", "task_revision_id", b"task_revision_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_count", b"attempt_count", "cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "event_sequence", b"event_sequence", "finished_at", b"finished_at", "latest_attempt_id", b"latest_attempt_id", "latest_attempt_state", b"latest_attempt_state", "max_attempts", b"max_attempts", "parameters", b"parameters", "project_id", b"project_id", "retry_at", b"retry_at", "revision_number", b"revision_number", "run_id", b"run_id", "started_at", b"started_at", "state", b"state", "task_id", b"task_id", "task_revision_id", b"task_revision_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

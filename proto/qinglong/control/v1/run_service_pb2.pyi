@@ -59,10 +59,31 @@ class TriggerRunRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ParametersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
     REVISION_NUMBER_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """The owning project."""
     task_id: _builtins.str
@@ -74,6 +95,13 @@ class TriggerRunRequest(_message.Message):
     the first call created instead of triggering another; reuse for another
     task, or another revision than the Run pinned, fails REPLAY_MISMATCH.
     """
+    @_builtins.property
+    def parameters(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The Run's parameters: its executor receives each as the environment
+        variable QINGLONG_PARAM_<name>. Part of the request's identity: a retry
+        with the same request_id and other parameters fails REPLAY_MISMATCH.
+        """
+
     def __init__(
         self,
         *,
@@ -81,10 +109,11 @@ class TriggerRunRequest(_message.Message):
         task_id: _builtins.str = ...,
         revision_number: _builtins.int | None = ...,
         request_id: _builtins.str = ...,
+        parameters: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_revision_number", b"_revision_number", "revision_number", b"revision_number"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_revision_number", b"_revision_number", "project_id", b"project_id", "request_id", b"request_id", "revision_number", b"revision_number", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_revision_number", b"_revision_number", "parameters", b"parameters", "project_id", b"project_id", "request_id", b"request_id", "revision_number", b"revision_number", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__revision_number: _TypeAlias = _typing.Literal["revision_number"]  # noqa: Y015
     _WhichOneofArgType__revision_number: _TypeAlias = _typing.Literal["_revision_number", b"_revision_number"]  # noqa: Y015

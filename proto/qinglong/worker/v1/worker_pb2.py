@@ -28,33 +28,37 @@ from qinglong.rpc.v1 import execution_pb2 as qinglong_dot_rpc_dot_v1_dot_executi
 from qinglong.rpc.v1 import lifecycle_pb2 as qinglong_dot_rpc_dot_v1_dot_lifecycle__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fqinglong/worker/v1/worker.proto\x12\x12qinglong.worker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fqinglong/rpc/v1/execution.proto\x1a\x1fqinglong/rpc/v1/lifecycle.proto\"\x81\x01\n\rExecutionSpec\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x18\n\x10task_revision_id\x18\x02 \x01(\t\x12\x17\n\x0frevision_number\x18\x03 \x01(\x03\x12,\n\x04plan\x18\x04 \x01(\x0b\x32\x1e.qinglong.rpc.v1.ExecutionPlan\"\xa2\x01\n\x05Offer\x12\x10\n\x08offer_id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12/\n\x04spec\x18\x04 \x01(\x0b\x32!.qinglong.worker.v1.ExecutionSpec\x12\x32\n\x0foffer_remaining\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb8\x01\n\x12\x41\x63tivationSnapshot\x12\x17\n\ntimeout_ms\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x12\x64\x65\x61\x64line_remaining\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rlease_version\x18\x04 \x01(\x03\x42\r\n\x0b_timeout_ms\"\x90\x01\n\x0cLeaseRenewed\x12\x15\n\rlease_version\x18\x01 \x01(\x03\x12\x32\n\x0flease_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12\x64\x65\x61\x64line_remaining\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x85\x02\n\x12LeaseStopRequested\x12\x15\n\rlease_version\x18\x01 \x01(\x03\x12\x32\n\x0flease_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12\x64\x65\x61\x64line_remaining\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\rcancel_reason\x18\x04 \x01(\x0e\x32\x1d.qinglong.rpc.v1.CancelReason\x12\x37\n\x13\x63\x61ncel_requested_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x87\x01\n\rLeaseTerminal\x12,\n\trun_state\x18\x01 \x01(\x0e\x32\x19.qinglong.rpc.v1.RunState\x12\x34\n\rattempt_state\x18\x02 \x01(\x0e\x32\x1d.qinglong.rpc.v1.AttemptState\x12\x12\n\nerror_code\x18\x03 \x01(\t*c\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ONLINE\x10\x01\x12\x1a\n\x16SESSION_STATE_DRAINING\x10\x02*\x9f\x01\n\x0fStartingOutcome\x12 \n\x1cSTARTING_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19STARTING_OUTCOME_STARTING\x10\x01\x12%\n!STARTING_OUTCOME_ALREADY_STARTING\x10\x02\x12$\n STARTING_OUTCOME_ALREADY_RUNNING\x10\x03*s\n\x0eRunningOutcome\x12\x1f\n\x1bRUNNING_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17RUNNING_OUTCOME_RUNNING\x10\x01\x12#\n\x1fRUNNING_OUTCOME_ALREADY_RUNNING\x10\x02*\xaa\x01\n\x0e\x41ttemptOutcome\x12\x1f\n\x1b\x41TTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x41TTEMPT_OUTCOME_SUCCEEDED\x10\x01\x12\x1a\n\x16\x41TTEMPT_OUTCOME_FAILED\x10\x02\x12\x1d\n\x19\x41TTEMPT_OUTCOME_CANCELLED\x10\x03\x12\x1d\n\x19\x41TTEMPT_OUTCOME_TIMED_OUT\x10\x04*\x83\x01\n\x11\x43ompletionOutcome\x12\"\n\x1e\x43OMPLETION_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1c\x43OMPLETION_OUTCOME_COMPLETED\x10\x01\x12(\n$COMPLETION_OUTCOME_ALREADY_COMPLETED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fqinglong/worker/v1/worker.proto\x12\x12qinglong.worker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fqinglong/rpc/v1/execution.proto\x1a\x1fqinglong/rpc/v1/lifecycle.proto\"\xfb\x01\n\rExecutionSpec\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x18\n\x10task_revision_id\x18\x02 \x01(\t\x12\x17\n\x0frevision_number\x18\x03 \x01(\x03\x12,\n\x04plan\x18\x04 \x01(\x0b\x32\x1e.qinglong.rpc.v1.ExecutionPlan\x12\x45\n\nparameters\x18\x05 \x03(\x0b\x32\x31.qinglong.worker.v1.ExecutionSpec.ParametersEntry\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa2\x01\n\x05Offer\x12\x10\n\x08offer_id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12/\n\x04spec\x18\x04 \x01(\x0b\x32!.qinglong.worker.v1.ExecutionSpec\x12\x32\n\x0foffer_remaining\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb8\x01\n\x12\x41\x63tivationSnapshot\x12\x17\n\ntimeout_ms\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x12\x64\x65\x61\x64line_remaining\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rlease_version\x18\x04 \x01(\x03\x42\r\n\x0b_timeout_ms\"\x90\x01\n\x0cLeaseRenewed\x12\x15\n\rlease_version\x18\x01 \x01(\x03\x12\x32\n\x0flease_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12\x64\x65\x61\x64line_remaining\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x85\x02\n\x12LeaseStopRequested\x12\x15\n\rlease_version\x18\x01 \x01(\x03\x12\x32\n\x0flease_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12\x64\x65\x61\x64line_remaining\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\rcancel_reason\x18\x04 \x01(\x0e\x32\x1d.qinglong.rpc.v1.CancelReason\x12\x37\n\x13\x63\x61ncel_requested_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x87\x01\n\rLeaseTerminal\x12,\n\trun_state\x18\x01 \x01(\x0e\x32\x19.qinglong.rpc.v1.RunState\x12\x34\n\rattempt_state\x18\x02 \x01(\x0e\x32\x1d.qinglong.rpc.v1.AttemptState\x12\x12\n\nerror_code\x18\x03 \x01(\t*c\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ONLINE\x10\x01\x12\x1a\n\x16SESSION_STATE_DRAINING\x10\x02*\x9f\x01\n\x0fStartingOutcome\x12 \n\x1cSTARTING_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19STARTING_OUTCOME_STARTING\x10\x01\x12%\n!STARTING_OUTCOME_ALREADY_STARTING\x10\x02\x12$\n STARTING_OUTCOME_ALREADY_RUNNING\x10\x03*s\n\x0eRunningOutcome\x12\x1f\n\x1bRUNNING_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17RUNNING_OUTCOME_RUNNING\x10\x01\x12#\n\x1fRUNNING_OUTCOME_ALREADY_RUNNING\x10\x02*\xaa\x01\n\x0e\x41ttemptOutcome\x12\x1f\n\x1b\x41TTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x41TTEMPT_OUTCOME_SUCCEEDED\x10\x01\x12\x1a\n\x16\x41TTEMPT_OUTCOME_FAILED\x10\x02\x12\x1d\n\x19\x41TTEMPT_OUTCOME_CANCELLED\x10\x03\x12\x1d\n\x19\x41TTEMPT_OUTCOME_TIMED_OUT\x10\x04*\x83\x01\n\x11\x43ompletionOutcome\x12\"\n\x1e\x43OMPLETION_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1c\x43OMPLETION_OUTCOME_COMPLETED\x10\x01\x12(\n$COMPLETION_OUTCOME_ALREADY_COMPLETED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qinglong.worker.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONSTATE']._serialized_start=1219
-  _globals['_SESSIONSTATE']._serialized_end=1318
-  _globals['_STARTINGOUTCOME']._serialized_start=1321
-  _globals['_STARTINGOUTCOME']._serialized_end=1480
-  _globals['_RUNNINGOUTCOME']._serialized_start=1482
-  _globals['_RUNNINGOUTCOME']._serialized_end=1597
-  _globals['_ATTEMPTOUTCOME']._serialized_start=1600
-  _globals['_ATTEMPTOUTCOME']._serialized_end=1770
-  _globals['_COMPLETIONOUTCOME']._serialized_start=1773
-  _globals['_COMPLETIONOUTCOME']._serialized_end=1904
+  _globals['_EXECUTIONSPEC_PARAMETERSENTRY']._loaded_options = None
+  _globals['_EXECUTIONSPEC_PARAMETERSENTRY']._serialized_options = b'8\001'
+  _globals['_SESSIONSTATE']._serialized_start=1341
+  _globals['_SESSIONSTATE']._serialized_end=1440
+  _globals['_STARTINGOUTCOME']._serialized_start=1443
+  _globals['_STARTINGOUTCOME']._serialized_end=1602
+  _globals['_RUNNINGOUTCOME']._serialized_start=1604
+  _globals['_RUNNINGOUTCOME']._serialized_end=1719
+  _globals['_ATTEMPTOUTCOME']._serialized_start=1722
+  _globals['_ATTEMPTOUTCOME']._serialized_end=1892
+  _globals['_COMPLETIONOUTCOME']._serialized_start=1895
+  _globals['_COMPLETIONOUTCOME']._serialized_end=2026
   _globals['_EXECUTIONSPEC']._serialized_start=187
-  _globals['_EXECUTIONSPEC']._serialized_end=316
-  _globals['_OFFER']._serialized_start=319
-  _globals['_OFFER']._serialized_end=481
-  _globals['_ACTIVATIONSNAPSHOT']._serialized_start=484
-  _globals['_ACTIVATIONSNAPSHOT']._serialized_end=668
-  _globals['_LEASERENEWED']._serialized_start=671
-  _globals['_LEASERENEWED']._serialized_end=815
-  _globals['_LEASESTOPREQUESTED']._serialized_start=818
-  _globals['_LEASESTOPREQUESTED']._serialized_end=1079
-  _globals['_LEASETERMINAL']._serialized_start=1082
-  _globals['_LEASETERMINAL']._serialized_end=1217
+  _globals['_EXECUTIONSPEC']._serialized_end=438
+  _globals['_EXECUTIONSPEC_PARAMETERSENTRY']._serialized_start=389
+  _globals['_EXECUTIONSPEC_PARAMETERSENTRY']._serialized_end=438
+  _globals['_OFFER']._serialized_start=441
+  _globals['_OFFER']._serialized_end=603
+  _globals['_ACTIVATIONSNAPSHOT']._serialized_start=606
+  _globals['_ACTIVATIONSNAPSHOT']._serialized_end=790
+  _globals['_LEASERENEWED']._serialized_start=793
+  _globals['_LEASERENEWED']._serialized_end=937
+  _globals['_LEASESTOPREQUESTED']._serialized_start=940
+  _globals['_LEASESTOPREQUESTED']._serialized_end=1201
+  _globals['_LEASETERMINAL']._serialized_start=1204
+  _globals['_LEASETERMINAL']._serialized_end=1339
 # @@protoc_insertion_point(module_scope)

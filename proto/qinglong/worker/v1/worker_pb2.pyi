@@ -3,10 +3,12 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from qinglong.rpc.v1 import execution_pb2 as _execution_pb2
 from qinglong.rpc.v1 import lifecycle_pb2 as _lifecycle_pb2
@@ -168,10 +170,31 @@ class ExecutionSpec(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ParametersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TASK_ID_FIELD_NUMBER: _builtins.int
     TASK_REVISION_ID_FIELD_NUMBER: _builtins.int
     REVISION_NUMBER_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The Task the revision belongs to.
     Bound: UUID, 36 chars, lowercase canonical form.
@@ -190,6 +213,13 @@ class ExecutionSpec(_message.Message):
         presence disagrees with plan.timeout_ms (R-TO-2).
         """
 
+    @_builtins.property
+    def parameters(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The Run's parameters: the executor receives each as the environment
+        variable QINGLONG_PARAM_<name>, with the value unchanged.
+        Bound: 0..32 entries; key 1..64 chars matching ^[A-Z][A-Z0-9_]{0,63}$; value 0..1024 bytes (UTF-8), no control characters.
+        """
+
     def __init__(
         self,
         *,
@@ -197,10 +227,11 @@ class ExecutionSpec(_message.Message):
         task_revision_id: _builtins.str = ...,
         revision_number: _builtins.int = ...,
         plan: _execution_pb2.ExecutionPlan | None = ...,
+        parameters: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "revision_number", b"revision_number", "task_id", b"task_id", "task_revision_id", b"task_revision_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parameters", b"parameters", "plan", b"plan", "revision_number", b"revision_number", "task_id", b"task_id", "task_revision_id", b"task_revision_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -416,6 +416,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             uuid.UUID(public.task_id),
             revision_number,
             public.request_id,
+            dict(public.parameters),
         )
         async with self._pool.connection() as conn:
             view = await runs.trigger_run(conn, command, actor)

@@ -232,12 +232,14 @@ def execution_plan(
     return plan
 
 
-def execution_spec(plan: Plan) -> worker_pb2.ExecutionSpec:
+def execution_spec(plan: Plan | PlacedOffer) -> worker_pb2.ExecutionSpec:
+    """What a Worker executes: the pinned revision's plan and the Run's parameters."""
     return worker_pb2.ExecutionSpec(
         task_id=str(plan.task_id),
         task_revision_id=str(plan.revision_id),
         revision_number=plan.revision_number,
         plan=execution_plan(plan.executor_type, plan.command, plan.timeout_ms),
+        parameters=plan.parameters,
     )
 
 
@@ -246,12 +248,7 @@ def offer(placed: PlacedOffer, now_ms: int) -> worker_pb2.Offer:
         offer_id=str(placed.offer_id),
         project_id=placed.project_id,
         run_id=str(placed.run_id),
-        spec=worker_pb2.ExecutionSpec(
-            task_id=str(placed.task_id),
-            task_revision_id=str(placed.revision_id),
-            revision_number=placed.revision_number,
-            plan=execution_plan(placed.executor_type, placed.command, placed.timeout_ms),
-        ),
+        spec=execution_spec(placed),
         offer_remaining=duration(placed.expires_at_ms - now_ms),
     )
 
@@ -294,6 +291,7 @@ def run(view: RunView) -> run_pb2.Run:
         created_at=timestamp(view.created_at_ms),
         error_code=view.error_code or "",
         max_attempts=view.max_attempts,
+        parameters=view.parameters,
     )
     if view.cancel_reason is not None and view.cancel_requested_at_ms is not None:
         message.cancel_intent.reason = cancel_reason(view.cancel_reason)

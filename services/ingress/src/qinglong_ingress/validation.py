@@ -98,6 +98,7 @@ PUBLIC_SERVICES: Final[Sequence[tuple[ServiceDescriptor, int]]] = (
 #: Methods whose cap differs from (or is pinned separately from) their service's.
 _METHOD_CAPS: Final[Mapping[str, int]] = {
     "/qinglong.worker.v1.WorkerService/ControlLease": bounds.LEASE_CONTROL_REQUEST_MAX_BYTES,
+    "/qinglong.control.v1.RunService/TriggerRun": bounds.TRIGGER_RUN_REQUEST_MAX_BYTES,
     "/qinglong.worker.v1.WorkerService/AppendOutput": bounds.APPEND_OUTPUT_REQUEST_MAX_BYTES,
 }
 

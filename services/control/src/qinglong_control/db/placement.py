@@ -53,6 +53,7 @@ class PlacedOffer:
     executor_type: str
     command: list[str]
     timeout_ms: int | None
+    parameters: dict[str, str]
     expires_at_ms: int
 
 
@@ -120,6 +121,7 @@ class Plan:
     revision_id: uuid.UUID
     revision_number: int
     task_id: uuid.UUID
+    parameters: dict[str, str]
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row
+from psycopg.types.json import Jsonb
 
 from qinglong_control.db.command_tx import command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
@@ -38,6 +39,8 @@ class RunView:
     error_code: str | None
     retry_at_ms: int | None
     max_attempts: int
+    parameters: dict[str, str] = field(default_factory=dict)
+    """Read by get_run only (empty in a listing)."""
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,14 @@ class TriggerRun:
     task_id: uuid.UUID
     revision_number: int | None
     request_id: str
+    parameters: dict[str, str] = field(default_factory=dict)
 
 
 async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Actor) -> RunView:
     """Queue a Run of a pinned revision in an active project; a retried request returns
     the same Run, and one that names another task, or another revision than the Run
-    pinned, is REPLAY_MISMATCH (a retry without a revision number matches whichever the
-    first call pinned)."""
+    pinned, or other parameters, is REPLAY_MISMATCH (a retry without a revision number
+    matches whichever the first call pinned)."""
     values: dict[str, object] = {
         "run_id": uuid.uuid4(),
         "project_id": command.project_id,
@@ -94,6 +98,7 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
         "revision_number": command.revision_number,
         "request_id": command.request_id,
         "actor_id": actor.id,
+        "parameters": Jsonb(command.parameters),
     }
     async with command_transaction(conn) as tx:
         await tx.execute("lock.trigger", _LOCK_TRIGGER, values)
@@ -107,10 +112,14 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
         now_row = await now.fetchone()
         assert now_row is not None
         if earlier is not None:
-            run_id, task_id, pinned = earlier
+            run_id, task_id, pinned, parameters = earlier
             if task_id != command.task_id or command.revision_number not in (None, pinned):
                 raise Refused(
                     Reason.REPLAY_MISMATCH, "request_id triggered a Run of another task or revision"
+                )
+            if parameters != command.parameters:
+                raise Refused(
+                    Reason.REPLAY_MISMATCH, "request_id triggered a Run with other parameters"
                 )
             values["run_id"] = run_id
         else:

@@ -118,7 +118,7 @@ ON CONFLICT (run_id) WHERE state = 'open' DO NOTHING
 -- of the projects its Worker serves now (an offer made before they changed is not shown
 -- again, and cannot be claimed).
 SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revision_number,
-       tr.executor_type, tr.command, tr.timeout_ms, o.expires_at_ms
+       tr.executor_type, tr.command, tr.timeout_ms, r.parameters, o.expires_at_ms
   FROM qinglong.offers o
   JOIN qinglong.runs r ON r.run_id = o.run_id
   JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
@@ -152,7 +152,7 @@ SELECT a.attempt_id, l.lease_generation, l.version AS lease_version, l.status AS
 
 -- name: plan
 SELECT tr.executor_type, tr.command, tr.timeout_ms, tr.revision_id, tr.revision_number,
-       r.task_id
+       r.task_id, r.parameters
   FROM qinglong.runs r JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
  WHERE r.run_id = %s
 

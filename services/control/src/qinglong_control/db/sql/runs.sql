@@ -1,9 +1,11 @@
 -- Statements of db/runs.py.
 
 -- name: get_run
--- A Run as operators see it (the view of migration 0003).
-SELECT * FROM qinglong.run_projection
- WHERE project_id = %(project_id)s AND run_id = %(run_id)s
+-- A Run as operators see it (the view of migration 0003), with its parameters (which
+-- list_runs leaves out: a page of Runs stays small).
+SELECT v.*, r.parameters
+  FROM qinglong.run_projection v JOIN qinglong.runs r ON r.run_id = v.run_id
+ WHERE v.project_id = %(project_id)s AND v.run_id = %(run_id)s
 
 -- name: list_runs
 -- Newest first, keyset-paginated by (created_at_ms, run_id).
@@ -22,8 +24,9 @@ SELECT pg_advisory_xact_lock(
     hashtextextended('qinglong.trigger:' || %(project_id)s || ':' || %(request_id)s, 0))
 
 -- name: existing_trigger
--- The Run a request id triggered already, with what it pinned: a retry must ask for it.
-SELECT r.run_id, r.task_id, tr.revision_number
+-- The Run a request id triggered already, with what it pinned and the parameters it was
+-- given: a retry must ask for the same.
+SELECT r.run_id, r.task_id, tr.revision_number, r.parameters
   FROM qinglong.runs r JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
  WHERE r.project_id = %(project_id)s AND r.trigger_request_id = %(request_id)s
 
@@ -42,9 +45,9 @@ SELECT tr.revision_id, tr.executor_type
 -- A Run is created straight into `queued` with its first Event; the revision is pinned.
 INSERT INTO qinglong.runs
        (run_id, project_id, task_id, revision_id, state, executor_type,
-        trigger_request_id, triggered_by, created_at_ms, updated_at_ms)
+        trigger_request_id, triggered_by, created_at_ms, updated_at_ms, parameters)
 VALUES (%(run_id)s, %(project_id)s, %(task_id)s, %(revision_id)s, 'queued', %(executor_type)s,
-        %(request_id)s, %(actor_id)s, %(now)s, %(now)s)
+        %(request_id)s, %(actor_id)s, %(now)s, %(now)s, %(parameters)s)
 
 -- name: list_events
 -- A user's or agent's actor_id is their principal id, so the name is looked up by the
