@@ -85,6 +85,14 @@ APPROVAL_SERVICE_REQUEST_MAX_BYTES: Final = 8 * 1024
 ENROLLMENT_REQUEST_MAX_BYTES: Final = 8 * 1024
 #: TaskService carries execution plans (argv up to 64 KiB in total).
 TASK_SERVICE_REQUEST_MAX_BYTES: Final = 128 * 1024
+#: The largest answer a Worker takes (its channel's receive limit: gRPC's default).
+WORKER_RESPONSE_MAX_BYTES: Final = 4 * 1024 * 1024
+#: PullOffers answers fewer offers rather than more bytes than this (those left out stay
+#: open and come first in the next pull): the rest of the limit is room for the answer's
+#: own fields and for the wrapper it travels in from control to ingress.
+PULL_OFFERS_RESPONSE_MAX_BYTES: Final = WORKER_RESPONSE_MAX_BYTES - 64 * 1024
+#: A repeated message field's entry around the message: its tag and length (1 + 5 bytes).
+_REPEATED_ENTRY_FRAMING_BYTES: Final = 6
 
 # --- Run parameters ---------------------------------------------------------------
 
@@ -236,6 +244,19 @@ def is_command_argv(argv: Sequence[str]) -> bool:
             return False
         total += size
     return total <= COMMAND_ARGV_MAX_TOTAL_BYTES
+
+
+def offers_that_fit(sizes: Sequence[int]) -> int:
+    """How many of the offers (their serialized sizes, oldest first) one PullOffers answer
+    carries: the longest prefix within :data:`PULL_OFFERS_RESPONSE_MAX_BYTES`, and at least
+    one (an offer at the contract's limits, 64 KiB of argv and every parameter at its
+    longest, is about 100 KB; 64 of them would pass the Worker's receive limit)."""
+    total = 0
+    for count, size in enumerate(sizes):
+        total += _REPEATED_ENTRY_FRAMING_BYTES + size
+        if count and total > PULL_OFFERS_RESPONSE_MAX_BYTES:
+            return count
+    return len(sizes)
 
 
 def decode_lease_capability(value: str) -> bytes | None:

@@ -6,6 +6,7 @@ token's default lifetime, token lengths) are constants held to those comments.""
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from qinglong.control.v1 import run_service_pb2
 from qinglong.runtime.v1 import runtime_service_pb2
 from qinglong_control import wire
 from qinglong_control.contract_bounds import check_public_request, public_request_types
+from qinglong_control.db.placement import Offers, PlacedOffer
 from qinglong_control.domain import administration
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.server import RUNTIME_SERVICE
@@ -107,3 +109,45 @@ def test_control_writes_no_bound_of_its_own(module: str) -> None:
     numbers = {int(n) for n in re.findall(r"(?<![\w.^-])\d+(?![\w.])", text)}
     assert numbers <= {0, 1, 3, 4}, sorted(numbers)
     assert re.findall(r"bounds\.\w*(?:_MIN|_MAX_BYTES|_MAX_CHARS)\b", text) == []
+
+
+def _largest_offer(index: int) -> PlacedOffer:
+    """An offer at the contract's limits: argv of 64 KiB and every parameter at its
+    longest (three-byte characters)."""
+    argv_item = "a" * (bounds.COMMAND_ARGV_MAX_TOTAL_BYTES // bounds.COMMAND_ARGV_MAX_ITEMS)
+    value = "\u6625" * (bounds.RUN_PARAMETER_VALUE_MAX_BYTES // 3)
+    names = [
+        f"P{n:02d}".ljust(bounds.RUN_PARAMETER_NAME_MAX_LENGTH, "X")
+        for n in range(bounds.RUN_PARAMETERS_MAX)
+    ]
+    return PlacedOffer(
+        offer_id=uuid.UUID(int=index + 1),
+        run_id=uuid.UUID(int=1000 + index),
+        project_id="p" * bounds.SLUG_MAX_LENGTH,
+        task_id=uuid.uuid4(),
+        revision_id=uuid.uuid4(),
+        revision_number=bounds.MAX_SAFE_INTEGER,
+        executor_type="remote_worker",
+        command=[argv_item] * bounds.COMMAND_ARGV_MAX_ITEMS,
+        timeout_ms=bounds.TIMEOUT_MS_MAX,
+        parameters=dict.fromkeys(names, value),
+        expires_at_ms=2_000,
+    )
+
+
+def test_pull_offers_answers_fewer_offers_rather_than_more_than_a_worker_takes() -> None:
+    """64 offers at the contract's limits are about 6.5 MB, past the Worker's 4 MiB
+    receive limit: the answer is the oldest that fit, wrapped as control sends it; fewer
+    offers all come."""
+    placed = [_largest_offer(index) for index in range(bounds.MAX_OFFERS_MAX)]
+    answer = wire.pull_offers_response(Offers(placed, now_ms=1_000))
+    wrapped = runtime_service_pb2.PullOffersResponse(response=answer)
+    assert 1 <= len(answer.offers) < len(placed)
+    assert wrapped.ByteSize() <= bounds.WORKER_RESPONSE_MAX_BYTES
+    assert [offer.offer_id for offer in answer.offers] == [
+        str(offer.offer_id) for offer in placed[: len(answer.offers)]
+    ]
+    few = wire.pull_offers_response(Offers(placed[:3], now_ms=1_000))
+    assert len(few.offers) == 3
+    assert bounds.offers_that_fit([]) == 0
+    assert bounds.offers_that_fit([2 * bounds.PULL_OFFERS_RESPONSE_MAX_BYTES] * 2) == 1

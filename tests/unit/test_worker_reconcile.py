@@ -1592,6 +1592,28 @@ async def test_the_executor_receives_the_parameters_of_the_claim(world: World) -
     ]
 
 
+@pytest.mark.parametrize(
+    ("name", "value"), [("BAD=NAME", "x"), ("lower", "x"), ("NUL", "a\x00b"), ("LONG", "a" * 1025)]
+)
+async def test_parameters_that_break_the_contract_refuse_the_start(
+    world: World, name: str, value: str
+) -> None:
+    """A claim whose parameters the contract forbids (a control plane's fault): nothing
+    runs, and the start failure is reported, never an exception out of the spawn."""
+    offer = world.offer(["sh", "-c", "exit 0"])
+    world.client.parameters[offer.offer_id] = {name: value}
+    assert world.reconciler.admit(
+        offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1
+    )
+    await _reconciled_until(world.reconciler, offer.offer_id, Outcome.START_FAILED.__eq__)
+    record = _record_of(world, offer.offer_id)
+    assert record.start_failure is not None
+    assert "breaks the contract" in record.start_failure
+    assert value not in record.start_failure or value == "x"
+    assert record.executor_pid is None
+    assert "ReportStartFailure" in world.client.calls
+
+
 async def test_shipping_resumes_from_the_inbox_and_resends_harmlessly(
     world: World, tmp_path: Path
 ) -> None:

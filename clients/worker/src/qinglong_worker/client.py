@@ -55,6 +55,7 @@ from google.protobuf.message import Message
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong.worker.v1 import worker_service_pb2_grpc
+from qinglong_protocol import bounds
 from qinglong_protocol.errors import error_info_of, reason_from_name, reason_name
 from qinglong_protocol.keepalive import keepalive_options
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
@@ -69,7 +70,7 @@ _Response = TypeVar("_Response", bound=Message)
 #: Keep-alive pings no more often than grpc servers accept by default (5 minutes).
 _CHANNEL_OPTIONS: Final = (
     *keepalive_options(every_ms=300_000, timeout_ms=20_000),
-    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    ("grpc.max_receive_message_length", bounds.WORKER_RESPONSE_MAX_BYTES),
 )
 #: Reasons that say nothing was decided (storage, audit or the runtime could not be
 #: reached): always retried within the budget.

@@ -1442,10 +1442,20 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
 
 def parameter_environment(parameters: Iterable[tuple[str, str]]) -> dict[str, str]:
     """A Run's parameters as its executor receives them: ``QINGLONG_PARAM_<name>``, the
-    value unchanged (the contract keeps names to ``[A-Z][A-Z0-9_]*`` and values free of
-    control characters, NUL among them, so each is a valid variable)."""
+    value unchanged. The contract keeps names to ``[A-Z][A-Z0-9_]*`` and values to
+    1024 bytes without control characters; a name outside the pattern or a value with
+    NUL or over the bound (a control plane's fault, or a row changed by hand) refuses the
+    start, reported as a start failure — a name with ``=`` or a value with NUL would
+    otherwise fail the spawn in a way nothing reports."""
     prefix = bounds.RUN_PARAMETER_ENVIRONMENT_PREFIX
-    return {prefix + name: value for name, value in parameters}
+    environment: dict[str, str] = {}
+    for name, value in parameters:
+        if bounds.RUN_PARAMETER_NAME_PATTERN.match(name) is None:
+            raise ExecutorRefused("a Run parameter's name breaks the contract")
+        if "\x00" in value or bounds.utf8_length(value) > bounds.RUN_PARAMETER_VALUE_MAX_BYTES:
+            raise ExecutorRefused(f"Run parameter {name}'s value breaks the contract")
+        environment[prefix + name] = value
+    return environment
 
 
 def _launch_key(record: InboxRecord) -> str:

@@ -180,11 +180,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             placed = await placement.pull_offers(
                 conn, session_claim(public), public.max_offers, self._timings
             )
-        return rt.PullOffersResponse(
-            response=worker_service_pb2.PullOffersResponse(
-                offers=[wire.offer(o, placed.now_ms) for o in placed.offers]
-            )
-        )
+        return rt.PullOffersResponse(response=wire.pull_offers_response(placed))
 
     async def ClaimOffer(self, request: rt.ClaimOfferRequest, context: Context) -> Any:
         public = request.request

@@ -24,7 +24,7 @@ from qinglong_protocol import bounds
 from qinglong_control import paging
 from qinglong_control.db.definitions import RevisionPlan, RevisionView, TaskView
 from qinglong_control.db.events import Actor
-from qinglong_control.db.placement import PlacedOffer, Plan
+from qinglong_control.db.placement import Offers, PlacedOffer, Plan
 from qinglong_control.db.runs import EventView, RunView
 from qinglong_control.domain.approvals import APPROVAL_EVENT_PREFIX
 from qinglong_control.domain.cancellation import BindingSnapshot, CancelOutcome
@@ -241,6 +241,15 @@ def execution_spec(plan: Plan | PlacedOffer) -> worker_pb2.ExecutionSpec:
         plan=execution_plan(plan.executor_type, plan.command, plan.timeout_ms),
         parameters=plan.parameters,
     )
+
+
+def pull_offers_response(placed: Offers) -> worker_service_pb2.PullOffersResponse:
+    """The session's open offers, oldest first, as many as a Worker takes in one answer
+    (:func:`qinglong_protocol.bounds.offers_that_fit`). Those left out stay open, and the
+    next pull answers them first."""
+    messages = [offer(placed_offer, placed.now_ms) for placed_offer in placed.offers]
+    fit = bounds.offers_that_fit([message.ByteSize() for message in messages])
+    return worker_service_pb2.PullOffersResponse(offers=messages[:fit])
 
 
 def offer(placed: PlacedOffer, now_ms: int) -> worker_pb2.Offer:
