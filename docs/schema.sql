@@ -688,6 +688,7 @@ CREATE TABLE qinglong.worker_sessions (
     renewed_at_ms qinglong.epoch_ms NOT NULL,
     expires_at_ms qinglong.epoch_ms NOT NULL,
     closed_at_ms qinglong.epoch_ms,
+    passes_run_parameters boolean DEFAULT false NOT NULL,
     CONSTRAINT worker_sessions_agent_version_check CHECK ((length(agent_version) <= 64)),
     CONSTRAINT worker_sessions_check CHECK ((((expires_at_ms)::bigint >= (renewed_at_ms)::bigint) AND ((renewed_at_ms)::bigint >= (opened_at_ms)::bigint))),
     CONSTRAINT worker_sessions_check1 CHECK (((status = ANY (ARRAY['online'::text, 'draining'::text])) = (closed_at_ms IS NULL))),

@@ -17,7 +17,7 @@ from qinglong_control.domain.timings import Timings
 from qinglong_protocol.bounds import encode_lease_capability
 
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import PROJECT, World, enroll
+from tests.support.world import PROJECT, World, enroll, fresh_claim
 
 
 def new_digest() -> object:
@@ -56,7 +56,11 @@ async def test_a_retried_open_session_must_ask_the_same_of_a_live_session(
         first.session_id,
         first.worker_generation,
     )
-    for other in (replace(asked, max_concurrency=16), replace(asked, agent_version="test-2")):
+    for other in (
+        replace(asked, max_concurrency=16),
+        replace(asked, agent_version="test-2"),
+        replace(asked, passes_run_parameters=True),
+    ):
         with pytest.raises(Refused) as mismatch:
             await sessions.open_session(world.conn, other, world.timings)
         assert mismatch.value.reason is Reason.REPLAY_MISMATCH
@@ -93,6 +97,27 @@ async def test_pull_gives_stable_offers_and_respects_capacity(world: World) -> N
     other = await world.session("worker-b")
     theirs = await placement.pull_offers(world.conn, other, 8, world.timings)
     assert [o.run_id for o in theirs.offers] == [runs[2]]
+
+
+async def test_a_run_with_parameters_goes_only_to_a_worker_that_passes_them_on(
+    world: World,
+) -> None:
+    """A Worker of an earlier version does not know Run parameters, and would run such a
+    Run without them: its session (which does not say it passes them on) is offered only
+    the Runs without any, and the one with parameters waits for a Worker that says so,
+    whose offer and claim carry them."""
+    given = {"TARGET": "eu"}
+    with_parameters = await world.queued_run(parameters=given)
+    plain = await world.queued_run()
+    older = await world.session("worker-a", passes_parameters=False)
+    offered = await placement.pull_offers(world.conn, older, 8, world.timings)
+    assert [o.run_id for o in offered.offers] == [plain]
+    newer = await world.session("worker-b")
+    [offer] = (await placement.pull_offers(world.conn, newer, 8, world.timings)).offers
+    assert (offer.run_id, offer.parameters) == (with_parameters, given)
+    request, _ = fresh_claim(newer, offer.offer_id, with_parameters)
+    claimed = await placement.claim_offer(world.conn, request, world.timings)
+    assert claimed.plan.parameters == given
 
 
 async def test_draining_session_gets_no_offers_and_releases_its_own(world: World) -> None:

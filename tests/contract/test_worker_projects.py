@@ -152,7 +152,8 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
 ) -> None:
     """The statement writes the conditions of placement once per kind of Worker: a
     scoped Worker too is offered no Run with a live offer elsewhere, none with a cancel
-    intent, and none of a disabled project."""
+    intent, none with parameters when it does not pass them on, and none of a disabled
+    project."""
     offered_elsewhere = await world.queued_run(project=OTHER)
     assert set(await pulled(world, await world.session("worker-b"))) == {offered_elsewhere}
     cancelled = await world.queued_run(project=OTHER)
@@ -162,8 +163,9 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
         (cancelled,),
     )
     placeable = await world.queued_run(project=OTHER)
+    await world.queued_run(project=OTHER, parameters={"TARGET": "eu"})
     await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
-    scoped = await world.session("worker-a")
+    scoped = await world.session("worker-a", passes_parameters=False)
     assert set(await pulled(world, scoped)) == {placeable}
     await admin.disable_project(admin_conn, OTHER)
     await world.queued_run(project=PROJECT)  # another project's: not its to take either

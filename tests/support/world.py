@@ -78,20 +78,27 @@ class World:
         timeout_ms: int | None = 60_000,
         retry_policy: RetryPolicy = NO_RETRY,
         project: str = PROJECT,
+        parameters: dict[str, str] | None = None,
     ) -> uuid.UUID:
         task_id = await self.task(timeout_ms, retry_policy, project)
-        run = await runs.trigger_run(
-            self.conn,
-            runs.TriggerRun(project, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}"),
-            OPERATOR,
+        trigger = runs.TriggerRun(
+            project, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}", parameters or {}
         )
+        run = await runs.trigger_run(self.conn, trigger, OPERATOR)
         return run.run_id
 
-    async def session(self, worker_id: str, request_id: str | None = None) -> SessionClaim:
+    async def session(
+        self, worker_id: str, request_id: str | None = None, *, passes_parameters: bool = True
+    ) -> SessionClaim:
         opened = await sessions.open_session(
             self.conn,
             sessions.OpenSession(
-                worker_id, request_id or uuid.uuid4().hex, ("remote_worker",), 8, "test"
+                worker_id,
+                request_id or uuid.uuid4().hex,
+                ("remote_worker",),
+                8,
+                "test",
+                passes_parameters,
             ),
             self.timings,
         )

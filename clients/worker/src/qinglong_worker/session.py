@@ -228,6 +228,8 @@ class SessionKeeper:
                     agent_version=agent_version(),
                     executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
                     max_concurrent_attempts=self._max_concurrency,
+                    # Its executors receive a Run's parameters (reconcile.py).
+                    passes_run_parameters=True,
                 )
             )
         except CallFailed as failure:

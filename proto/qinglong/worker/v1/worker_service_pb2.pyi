@@ -35,11 +35,13 @@ class OpenSessionRequest(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     EXECUTOR_TYPES_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENT_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    PASSES_RUN_PARAMETERS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """AIP-155 idempotency key: a retry with the same worker_id and request_id
     returns the session the first call opened instead of opening another one.
     The retry must repeat the request (other executor_types,
-    max_concurrent_attempts or agent_version: ABORTED REPLAY_MISMATCH), and that
+    max_concurrent_attempts, agent_version or passes_run_parameters: ABORTED
+    REPLAY_MISMATCH), and that
     session must still be live (replaced or closed: SESSION_FENCED; expired:
     SESSION_EXPIRED); the Worker then opens one under a new request_id.
     """
@@ -49,6 +51,12 @@ class OpenSessionRequest(_message.Message):
     """The Worker build, for operators only; never used for decisions."""
     max_concurrent_attempts: _builtins.int
     """How many live Attempts this session may own at once; placement respects it."""
+    passes_run_parameters: _builtins.bool
+    """The Worker hands a Run's parameters to its executor (QINGLONG_PARAM_<name>).
+    A session without it is offered no Run that has parameters: a Worker of an
+    earlier version, which does not know them, would run such a Run without
+    them. Part of the request like the fields above.
+    """
     @_builtins.property
     def executor_types(self) -> _containers.RepeatedScalarFieldContainer[_execution_pb2.ExecutorType.ValueType]:
         """Executor types this Worker can run; placement only offers matching Runs."""
@@ -61,10 +69,11 @@ class OpenSessionRequest(_message.Message):
         agent_version: _builtins.str = ...,
         executor_types: _abc.Iterable[_execution_pb2.ExecutorType.ValueType] | None = ...,
         max_concurrent_attempts: _builtins.int = ...,
+        passes_run_parameters: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "executor_types", b"executor_types", "max_concurrent_attempts", b"max_concurrent_attempts", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "executor_types", b"executor_types", "max_concurrent_attempts", b"max_concurrent_attempts", "passes_run_parameters", b"passes_run_parameters", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

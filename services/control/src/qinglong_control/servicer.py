@@ -145,6 +145,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             types,
             public.max_concurrent_attempts,
             public.agent_version,
+            public.passes_run_parameters,
         )
         async with self._pool.connection() as conn:
             view = await sessions.open_session(conn, command, self._timings)

@@ -54,10 +54,16 @@ class OpenSession:
     executor_types: tuple[str, ...]
     max_concurrency: int
     agent_version: str
+    passes_run_parameters: bool = False
 
     @property
     def terms(self) -> SessionRequest:
-        return SessionRequest(self.executor_types, self.max_concurrency, self.agent_version)
+        return SessionRequest(
+            self.executor_types,
+            self.max_concurrency,
+            self.agent_version,
+            self.passes_run_parameters,
+        )
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ async def open_session(
             "executor_types": list(command.executor_types),
             "max_concurrency": command.max_concurrency,
             "agent_version": command.agent_version,
+            "passes_run_parameters": command.passes_run_parameters,
             "request_id": command.request_id,
             "now": now_ms,
             "expires": now_ms + timings.session_ttl_ms,
@@ -174,9 +181,12 @@ def _opened_before(
     executor_types: list[str],
     max_concurrency: int,
     agent_version: str,
+    passes_run_parameters: bool,
 ) -> OpenedBefore:
     """A row of `session_by_request` as the domain compares it."""
-    terms = SessionRequest(tuple(executor_types), max_concurrency, agent_version)
+    terms = SessionRequest(
+        tuple(executor_types), max_concurrency, agent_version, passes_run_parameters
+    )
     return OpenedBefore(session_id, generation, status, expires_at_ms, terms)
 
 

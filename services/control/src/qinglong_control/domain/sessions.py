@@ -48,6 +48,7 @@ class SessionRequest:
     executor_types: tuple[str, ...]
     max_concurrency: int
     agent_version: str
+    passes_run_parameters: bool = False
 
 
 @dataclass(frozen=True)

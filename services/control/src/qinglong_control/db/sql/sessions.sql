@@ -9,7 +9,7 @@ SELECT status FROM qinglong.worker_identities WHERE worker_id = %s
 
 -- name: session_by_request
 SELECT session_id, generation, status, expires_at_ms,
-       executor_types, max_concurrency, agent_version
+       executor_types, max_concurrency, agent_version, passes_run_parameters
   FROM qinglong.worker_sessions
  WHERE worker_id = %s AND open_request_id = %s
 
@@ -34,9 +34,11 @@ UPDATE qinglong.offers SET state = 'withdrawn'
 -- name: insert_session
 INSERT INTO qinglong.worker_sessions
        (session_id, worker_id, generation, status, executor_types, max_concurrency,
-        agent_version, open_request_id, opened_at_ms, renewed_at_ms, expires_at_ms)
+        agent_version, open_request_id, opened_at_ms, renewed_at_ms, expires_at_ms,
+        passes_run_parameters)
 VALUES (%(session_id)s, %(worker_id)s, %(generation)s, 'online', %(executor_types)s,
-        %(max_concurrency)s, %(agent_version)s, %(request_id)s, %(now)s, %(now)s, %(expires)s)
+        %(max_concurrency)s, %(agent_version)s, %(request_id)s, %(now)s, %(now)s, %(expires)s,
+        %(passes_run_parameters)s)
 
 -- name: lock_session
 SELECT session_id, worker_id, generation, status, expires_at_ms
