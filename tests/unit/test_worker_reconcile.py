@@ -35,7 +35,7 @@ from qinglong_worker import process, supervisor
 from qinglong_worker.client import CallFailed, RetryPolicy
 from qinglong_worker.clock import BootInstant, boot_now
 from qinglong_worker.heartbeat import Heartbeat, heartbeat_age
-from qinglong_worker.inbox import Inbox, QuarantineReason, RecordState
+from qinglong_worker.inbox import Inbox, InboxRecord, QuarantineReason, RecordState
 from qinglong_worker.launch import launch_key
 from qinglong_worker.lifecycle import InboxFailed, Lifecycle, LifecycleSettings, ShutdownSignals
 from qinglong_worker.output import CALL_BUDGET_SECONDS, CHUNKS_PER_PASS, log_file
@@ -2463,6 +2463,52 @@ class VersionedControl(ScriptedClient):
         return answer
 
 
+def _versioned_worker(world: World, tmp_path: Path) -> tuple[Reconciler, VersionedControl]:
+    """A Reconciler of this boot against a control plane that keeps lease versions."""
+    control = VersionedControl()
+    control.plans = world.client.plans
+    worker = Reconciler(
+        inbox=world.inbox,
+        client=control,  # type: ignore[arg-type]
+        processes=world.processes,
+        lease_clock=_lease_clock(world.clock_offset_ms),
+        stop_grace_seconds=2.0,
+        log_dir=tmp_path,
+    )
+    return worker, control
+
+
+def _after_a_reboot(
+    world: World, control: VersionedControl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Reconciler:
+    """The Worker back on the same inbox in the next boot (another boot id: every
+    executor identity and lease observation of the last one is of another boot)."""
+    next_boot = str(uuid.uuid4())
+    monkeypatch.setattr(process, "_this_boot", lambda: next_boot)
+    return Reconciler(
+        inbox=world.inbox,
+        client=control,  # type: ignore[arg-type]
+        processes=RecordingProcesses(world.inbox),
+        lease_clock=lambda: BootInstant(next_boot, 5_000),
+        stop_grace_seconds=2.0,
+        log_dir=tmp_path,
+    )
+
+
+async def _started_unacknowledged(
+    world: World, worker: Reconciler, control: VersionedControl, argv: list[str]
+) -> InboxRecord:
+    """A record `started` whose AcknowledgeRunning went unanswered (the network gone once
+    the executor started)."""
+    offer = world.offer(argv)
+    assert worker.admit(offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1)
+    control.unanswered = 1_000_000
+    await _reconciled_until(worker, offer.offer_id, Outcome.WAITING.__eq__)
+    started = _record_of(world, offer.offer_id)
+    assert started.state is RecordState.STARTED
+    return started
+
+
 @pytest.mark.parametrize(("unanswered", "endings_unanswered"), [(0, 0), (3, 0), (0, 1)])
 async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_ending(
     world: World,
@@ -2480,8 +2526,7 @@ async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_endi
     control's first answers are lost (`unanswered`): an ending waits for control's word;
     and when control took the ending but its answer was lost (`endings_unanswered`), the
     ending sent again is answered as the same completion, taken once."""
-    control = VersionedControl()
-    control.plans = world.client.plans
+    worker, control = _versioned_worker(world, tmp_path)
     kept: list[Any] = [None]  # the record as the disk holds it
     written: list[Any] = [None]  # the record as last committed
     compare_and_set, sync = world.inbox.compare_and_set, world.inbox.sync
@@ -2500,14 +2545,6 @@ async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_endi
 
     monkeypatch.setattr(world.inbox, "compare_and_set", recording)
     monkeypatch.setattr(world.inbox, "sync", syncing)
-    worker = Reconciler(
-        inbox=world.inbox,
-        client=control,  # type: ignore[arg-type]
-        processes=world.processes,
-        lease_clock=_lease_clock(world.clock_offset_ms),
-        stop_grace_seconds=2.0,
-        log_dir=tmp_path,
-    )
     gate = tmp_path / "go"
     offer = world.offer(["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.02; done'])
     assert worker.admit(offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1)
@@ -2533,16 +2570,7 @@ async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_endi
     assert database.execute(inbox_module._UPDATE, values).rowcount == 1
     database.commit()
     database.close()
-    next_boot = str(uuid.uuid4())
-    monkeypatch.setattr(process, "_this_boot", lambda: next_boot)
-    rebooted = Reconciler(
-        inbox=world.inbox,
-        client=control,  # type: ignore[arg-type]
-        processes=RecordingProcesses(world.inbox),
-        lease_clock=lambda: BootInstant(next_boot, 5_000),
-        stop_grace_seconds=2.0,
-        log_dir=tmp_path,
-    )
+    rebooted = _after_a_reboot(world, control, tmp_path, monkeypatch)
     control.unanswered = unanswered
     control.endings_unanswered = endings_unanswered
     outcomes = await _reconciled_until(
@@ -2568,43 +2596,20 @@ async def test_a_reboot_reports_an_executor_that_ended_before_its_start_was_ackn
     start and then the ending are sent as last words, each waiting for control's answer
     (two lost), and the Run gets the executor's own outcome — unless control has expired
     the lease meanwhile: its fence then closes the record as lease lost, nothing ended."""
-    control = VersionedControl()
-    control.plans = world.client.plans
-    worker = Reconciler(
-        inbox=world.inbox,
-        client=control,  # type: ignore[arg-type]
-        processes=world.processes,
-        lease_clock=_lease_clock(world.clock_offset_ms),
-        stop_grace_seconds=2.0,
-        log_dir=tmp_path,
-    )
-    offer = world.offer(["sh", "-c", "exit 0"])
-    assert worker.admit(offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1)
-    control.unanswered = 1_000_000  # the network is gone once the executor started
-    await _reconciled_until(worker, offer.offer_id, Outcome.WAITING.__eq__)
-    started = _record_of(world, offer.offer_id)
-    assert started.state is RecordState.STARTED
+    worker, control = _versioned_worker(world, tmp_path)
+    started = await _started_unacknowledged(world, worker, control, ["sh", "-c", "exit 0"])
     identity = identity_of(started)
     assert identity is not None
     await asyncio.to_thread(world.processes._children[identity].wait)  # the status is on disk
 
-    next_boot = str(uuid.uuid4())
-    monkeypatch.setattr(process, "_this_boot", lambda: next_boot)
-    rebooted = Reconciler(
-        inbox=world.inbox,
-        client=control,  # type: ignore[arg-type]
-        processes=RecordingProcesses(world.inbox),
-        lease_clock=lambda: BootInstant(next_boot, 5_000),
-        stop_grace_seconds=2.0,
-        log_dir=tmp_path,
-    )
+    rebooted = _after_a_reboot(world, control, tmp_path, monkeypatch)
     control.unanswered = 2
     if control_expired_it:
         control.version += 1  # as control's expiry leaves it: no fence of ours matches
     sent_before = len(control.calls)
     outcomes = await _reconciled_until(
         rebooted,
-        offer.offer_id,
+        started.offer_id,
         lambda outcome: outcome in (Outcome.COMPLETED, Outcome.LEASE_LOST),
     )
     after_reboot = control.calls[sent_before:]
@@ -2612,7 +2617,7 @@ async def test_a_reboot_reports_an_executor_that_ended_before_its_start_was_ackn
     if control_expired_it:
         assert outcomes[-1] is Outcome.LEASE_LOST
         assert "CompleteAttempt" not in after_reboot
-        closed = _record_of(world, offer.offer_id)
+        closed = _record_of(world, started.offer_id)
         assert closed.quarantine_reason is QuarantineReason.LEASE_LOST_LOCAL_EXECUTION_STOPPED
     else:
         assert outcomes[-1] is Outcome.COMPLETED, after_reboot
@@ -2627,29 +2632,15 @@ async def test_the_workers_own_stop_of_a_started_executor_is_not_reported_as_its
     unanswered when its local lease ran out, adopted afterwards) and whose local lease is
     over: the stop is the Worker's, not the task's ending, so nothing is reported and the
     record closes as lease lost (found in review)."""
-    control = VersionedControl()
-    control.plans = world.client.plans
-    worker = Reconciler(
-        inbox=world.inbox,
-        client=control,  # type: ignore[arg-type]
-        processes=world.processes,
-        lease_clock=_lease_clock(world.clock_offset_ms),
-        stop_grace_seconds=2.0,
-        log_dir=tmp_path,
-    )
-    offer = world.offer(["sleep", "30"])
-    assert worker.admit(offer=offer, worker_id=WORKER, session_id=SESSION, worker_generation=1)
-    control.unanswered = 1_000_000
-    await _reconciled_until(worker, offer.offer_id, Outcome.WAITING.__eq__)
-    started = _record_of(world, offer.offer_id)
-    assert started.state is RecordState.STARTED
+    worker, control = _versioned_worker(world, tmp_path)
+    started = await _started_unacknowledged(world, worker, control, ["sleep", "30"])
     identity = identity_of(started)
     assert identity is not None
     assert await world.processes.stop(identity, grace_seconds=2.0) is StopResult.STOPPED
     world.clock_offset_ms[0] += 600_000  # the local lease has run out
     control.unanswered = 0
     outcomes = await _reconciled_until(
-        worker, offer.offer_id, lambda o: o in (Outcome.COMPLETED, Outcome.LEASE_LOST)
+        worker, started.offer_id, lambda o: o in (Outcome.COMPLETED, Outcome.LEASE_LOST)
     )
     assert outcomes[-1] is Outcome.LEASE_LOST
     assert "CompleteAttempt" not in control.calls
