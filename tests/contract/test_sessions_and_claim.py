@@ -120,6 +120,25 @@ async def test_a_run_with_parameters_goes_only_to_a_worker_that_passes_them_on(
     assert claimed.plan.parameters == given
 
 
+async def test_each_renewal_says_again_whether_the_worker_passes_parameters_on(
+    world: World,
+) -> None:
+    """A restarted Worker resumes its session, whatever version opened it: the renewal of
+    an upgraded Worker makes its old session take Runs with parameters, and one of a
+    Worker of an earlier version (which says nothing) stops that again."""
+    with_parameters = await world.queued_run(parameters={"TARGET": "eu"})
+    session = await world.session("worker-a", passes_parameters=False)
+    assert (await placement.pull_offers(world.conn, session, 8, world.timings)).offers == []
+    await sessions.renew_session(world.conn, session, world.timings, passes_run_parameters=True)
+    [offer] = (await placement.pull_offers(world.conn, session, 8, world.timings)).offers
+    assert offer.run_id == with_parameters
+    await world.conn.execute(
+        "UPDATE qinglong.offers SET state = 'withdrawn' WHERE offer_id = %s", (offer.offer_id,)
+    )
+    await sessions.renew_session(world.conn, session, world.timings)  # an older Worker
+    assert (await placement.pull_offers(world.conn, session, 8, world.timings)).offers == []
+
+
 async def test_draining_session_gets_no_offers_and_releases_its_own(world: World) -> None:
     run_id = await world.queued_run()
     session = await world.session("worker-a")

@@ -163,10 +163,13 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
         (cancelled,),
     )
     placeable = await world.queued_run(project=OTHER)
-    await world.queued_run(project=OTHER, parameters={"TARGET": "eu"})
+    with_parameters = await world.queued_run(project=OTHER, parameters={"TARGET": "eu"})
     await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
     scoped = await world.session("worker-a", passes_parameters=False)
     assert set(await pulled(world, scoped)) == {placeable}
+    # Its next session (its offers withdrawn), passing parameters on, takes both.
+    passing = await world.session("worker-a")
+    assert set(await pulled(world, passing)) == {placeable, with_parameters}
     await admin.disable_project(admin_conn, OTHER)
     await world.queued_run(project=PROJECT)  # another project's: not its to take either
     fresh = await world.session("worker-a")

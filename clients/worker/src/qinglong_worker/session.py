@@ -35,6 +35,9 @@ from qinglong_worker.clock import boot_clock_seconds
 from qinglong_worker.inbox import OPEN_STATES, Inbox, SessionRecord
 
 log = logging.getLogger(__name__)
+#: This Worker hands a Run's parameters to its executor (reconcile.py): it says so when
+#: it opens and renews its session, so that placement offers it Runs that have some.
+PASSES_RUN_PARAMETERS: Final = True
 
 #: Renew after this fraction of the remaining lifetime when the server suggests nothing.
 _RENEW_FRACTION: Final = 1 / 3
@@ -192,7 +195,10 @@ class SessionKeeper:
         budget = None if active is None else max(0.0, active.expires_at - now)
         renewed = await self._client.renew_session(
             ws.RenewSessionRequest(
-                worker_id=self._worker_id, session_id=session_id, worker_generation=generation
+                worker_id=self._worker_id,
+                session_id=session_id,
+                worker_generation=generation,
+                passes_run_parameters=PASSES_RUN_PARAMETERS,
             ),
             budget_seconds=budget,
         )
@@ -228,8 +234,7 @@ class SessionKeeper:
                     agent_version=agent_version(),
                     executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
                     max_concurrent_attempts=self._max_concurrency,
-                    # Its executors receive a Run's parameters (reconcile.py).
-                    passes_run_parameters=True,
+                    passes_run_parameters=PASSES_RUN_PARAMETERS,
                 )
             )
         except CallFailed as failure:

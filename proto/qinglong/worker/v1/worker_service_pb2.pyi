@@ -136,22 +136,29 @@ class RenewSessionRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     WORKER_GENERATION_FIELD_NUMBER: _builtins.int
+    PASSES_RUN_PARAMETERS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The stable worker id; must equal the mTLS principal."""
     session_id: _builtins.str
     """The session to renew."""
     worker_generation: _builtins.int
     """The session's generation; an older generation fails SESSION_FENCED."""
+    passes_run_parameters: _builtins.bool
+    """As in OpenSessionRequest: the renewing Worker hands a Run's parameters to
+    its executor. Each renewal sets it, so a session that a restarted Worker
+    of another version resumed says what the present one does.
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         session_id: _builtins.str = ...,
         worker_generation: _builtins.int = ...,
+        passes_run_parameters: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "worker_generation", b"worker_generation", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["passes_run_parameters", b"passes_run_parameters", "session_id", b"session_id", "worker_generation", b"worker_generation", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

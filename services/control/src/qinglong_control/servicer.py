@@ -157,9 +157,15 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
         )
 
     async def RenewSession(self, request: rt.RenewSessionRequest, context: Context) -> Any:
-        worker_of(request.caller, request.request.worker_id)
+        public = request.request
+        worker_of(request.caller, public.worker_id)
         async with self._pool.connection() as conn:
-            view = await sessions.renew_session(conn, session_claim(request.request), self._timings)
+            view = await sessions.renew_session(
+                conn,
+                session_claim(public),
+                self._timings,
+                passes_run_parameters=public.passes_run_parameters,
+            )
         state = session_response(view, 0)
         del state["renew_interval"]
         return rt.RenewSessionResponse(response=worker_service_pb2.RenewSessionResponse(**state))

@@ -125,8 +125,14 @@ async def open_session(
 
 
 async def renew_session(
-    conn: AsyncConnection[Any], claim: SessionClaim, timings: Timings
+    conn: AsyncConnection[Any],
+    claim: SessionClaim,
+    timings: Timings,
+    *,
+    passes_run_parameters: bool = False,
 ) -> SessionView:
+    """Extend the session; ``passes_run_parameters`` is what the renewing Worker says now
+    (a Worker of an earlier version says nothing: False)."""
     async with command_transaction(conn) as tx:
         row, now_ms = await _lock_session(tx, claim)
         await tx.execute(
@@ -136,6 +142,7 @@ async def renew_session(
                 "now": now_ms,
                 "expires": now_ms + timings.session_ttl_ms,
                 "session_id": row.session_id,
+                "passes_run_parameters": passes_run_parameters,
             },
         )
         return SessionView(row.session_id, row.generation, row.status, timings.session_ttl_ms)

@@ -45,7 +45,11 @@ SELECT session_id, worker_id, generation, status, expires_at_ms
   FROM qinglong.worker_sessions WHERE session_id = %s FOR UPDATE
 
 -- name: renew_session
-UPDATE qinglong.worker_sessions SET renewed_at_ms = %(now)s, expires_at_ms = %(expires)s
+-- The renewing Worker says again whether it passes Run parameters on: a Worker restarted
+-- on another version resumes its session, and placement must follow the present one.
+UPDATE qinglong.worker_sessions
+   SET renewed_at_ms = %(now)s, expires_at_ms = %(expires)s,
+       passes_run_parameters = %(passes_run_parameters)s
  WHERE session_id = %(session_id)s
 
 -- name: drain_session
