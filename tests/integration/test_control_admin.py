@@ -335,6 +335,7 @@ async def test_workers_join_tokens_fleet_and_disable_over_mtls(
                     executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
                     max_concurrent_attempts=3,
                     agent_version="v1.2.3",
+                    passes_run_parameters=True,
                 ),
             )
         )
@@ -352,6 +353,25 @@ async def test_workers_join_tokens_fleet_and_disable_over_mtls(
     assert list(worker.session.executor_types) == [execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER]
     assert worker.session.remaining.ToMilliseconds() > 0
     assert worker.session_count == 1
+    assert worker.session.passes_run_parameters
+    # A Worker of an earlier version resuming the session renews it saying nothing of
+    # parameters: the fleet shows that it is no longer offered Runs that have some.
+    await stub.RenewSession(
+        rt.RenewSessionRequest(
+            caller=worker_caller,
+            request=worker_service_pb2.RenewSessionRequest(
+                worker_id=WORKER,
+                session_id=opened.session_id,
+                worker_generation=opened.worker_generation,
+            ),
+        )
+    )
+    renewed = (
+        await stub.ListWorkers(
+            rt.ListWorkersRequest(caller=ROOT, request=api.ListWorkersRequest(page_size=1))
+        )
+    ).response.workers[0]
+    assert not renewed.session.passes_run_parameters
 
     disabled = (
         await stub.DisableWorker(

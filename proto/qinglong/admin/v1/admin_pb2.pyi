@@ -473,6 +473,7 @@ class WorkerSession(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     EXECUTOR_TYPES_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENT_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    PASSES_RUN_PARAMETERS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session.
     Bound: UUID, 36 chars, lowercase canonical form.
@@ -492,6 +493,11 @@ class WorkerSession(_message.Message):
     max_concurrent_attempts: _builtins.int
     """Its capacity.
     Range: 1..64.
+    """
+    passes_run_parameters: _builtins.bool
+    """Whether its Worker said, when it last opened or renewed it, that it hands a
+    Run's parameters to its executor; only then is it offered Runs that have
+    parameters (a Worker of an earlier version does not).
     """
     @_builtins.property
     def renew_time(self) -> _timestamp_pb2.Timestamp:
@@ -518,10 +524,11 @@ class WorkerSession(_message.Message):
         agent_version: _builtins.str = ...,
         executor_types: _abc.Iterable[_execution_pb2.ExecutorType.ValueType] | None = ...,
         max_concurrent_attempts: _builtins.int = ...,
+        passes_run_parameters: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining", "renew_time", b"renew_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "executor_types", b"executor_types", "generation", b"generation", "max_concurrent_attempts", b"max_concurrent_attempts", "remaining", b"remaining", "renew_time", b"renew_time", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "executor_types", b"executor_types", "generation", b"generation", "max_concurrent_attempts", b"max_concurrent_attempts", "passes_run_parameters", b"passes_run_parameters", "remaining", b"remaining", "renew_time", b"renew_time", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

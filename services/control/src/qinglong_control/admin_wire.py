@@ -188,6 +188,7 @@ def worker(row: WorkerRow) -> admin_pb2.Worker:
                 agent_version=session.agent_version,
                 executor_types=[wire.EXECUTOR_TYPE_VALUES[t] for t in session.executor_types],
                 max_concurrent_attempts=session.max_concurrency,
+                passes_run_parameters=session.passes_run_parameters,
             )
         )
     return message

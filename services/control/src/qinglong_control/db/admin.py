@@ -666,6 +666,7 @@ def _worker(
     agent_version: str | None,
     executor_types: list[str] | None,
     max_concurrency: int | None,
+    passes_run_parameters: bool | None,
     project_ids: list[str] | None,
     **worker: Any,
 ) -> WorkerRow:
@@ -682,6 +683,7 @@ def _worker(
             agent_version=agent_version or "",
             executor_types=tuple(executor_types or ()),
             max_concurrency=max_concurrency or 0,
+            passes_run_parameters=bool(passes_run_parameters),
         )
     projects = None if project_ids is None else tuple(project_ids)
     return WorkerRow(session=session, project_ids=projects, **worker)

@@ -139,6 +139,7 @@ class SessionSummary:
     agent_version: str
     executor_types: tuple[str, ...]
     max_concurrency: int
+    passes_run_parameters: bool = False
 
 
 @dataclass(frozen=True)
