@@ -24,6 +24,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import REGISTRY
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_pb2
@@ -2573,6 +2574,7 @@ async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_endi
     rebooted = _after_a_reboot(world, control, tmp_path, monkeypatch)
     control.unanswered = unanswered
     control.endings_unanswered = endings_unanswered
+    late_before = REGISTRY.get_sample_value("qinglong_worker_late_last_words_total")
     outcomes = await _reconciled_until(
         rebooted, offer_id, lambda outcome: outcome in (Outcome.COMPLETED, Outcome.LEASE_LOST)
     )
@@ -2580,6 +2582,12 @@ async def test_a_power_loss_after_an_executor_ended_by_itself_keeps_its_own_endi
     assert control.completed.outcome == worker_pb2.ATTEMPT_OUTCOME_SUCCEEDED
     assert control.completions == 1
     assert outcomes.count(Outcome.WAITING) == unanswered + endings_unanswered, outcomes
+    late = REGISTRY.get_sample_value("qinglong_worker_late_last_words_total")
+    assert late is not None
+    assert late_before is not None
+    # Counted while past the local lease; an ending whose answer was lost after lease
+    # control answered in this boot waits within the lease that answer gave: not late.
+    assert late - late_before == unanswered
     done = _record_of(world, offer_id)
     assert (done.state, done.lease_version) == (
         RecordState.COMPLETION_ACKNOWLEDGED,

@@ -27,6 +27,12 @@ FENCE_REJECTIONS: Final = Counter(
     " is not the present one, by method and reason",
     ["method", "reason"],
 )
+LATE_LAST_WORDS: Final = Counter(
+    "qinglong_worker_late_last_words",
+    "Reports of an executor that ended by itself (its ending, or its start first) that"
+    " control did not answer after the record's local lease ran out: each is sent again at"
+    " the next tick, and the Worker takes no new work meanwhile",
+)
 START_PHASE_DURATION: Final = Histogram(
     "qinglong_worker_start_phase_seconds",
     "From a claim's answer to AcknowledgeStarting's (claim_to_starting: includes nothing"

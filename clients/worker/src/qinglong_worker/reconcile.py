@@ -81,7 +81,7 @@ from qinglong.worker.v1 import worker_pb2
 from qinglong.worker.v1 import worker_service_pb2 as ws
 from qinglong_protocol import bounds
 
-from qinglong_worker import local_lease, supervisor
+from qinglong_worker import local_lease, metrics, supervisor
 from qinglong_worker.client import CallFailed, WorkerClient
 from qinglong_worker.clock import BootInstant, boot_now, wall_clock_ms
 from qinglong_worker.inbox import (
@@ -1214,8 +1214,10 @@ class Reconciler:
 
         The record stays open meanwhile, so the Worker takes no new work (a durable
         recovery fact, :mod:`qinglong_worker.lifecycle`); past the local lease each try
-        is logged as a warning, so an operator sees why."""
+        is logged as a warning and counted (``qinglong_worker_late_last_words_total``), so
+        an operator sees why."""
         if self.lease_lost_locally(record):
+            metrics.LATE_LAST_WORDS.inc()
             log.warning(
                 "offer %s: %s (%s) past the local lease; the ending waits for control's"
                 " answer, and no new work is taken meanwhile",
