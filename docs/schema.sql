@@ -536,6 +536,7 @@ CREATE TABLE qinglong.runs (
     error_summary text,
     retry_at_ms qinglong.epoch_ms,
     parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
+    worker_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
     CONSTRAINT runs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text]))),
     CONSTRAINT runs_cancel_requested_by_check CHECK (((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))),
@@ -569,6 +570,7 @@ CREATE TABLE qinglong.task_revisions (
     retry_max_backoff_ms bigint DEFAULT 1000 NOT NULL,
     retry_multiplier_percent integer DEFAULT 200 NOT NULL,
     retry_on text[] DEFAULT '{}'::text[] NOT NULL,
+    worker_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
     CONSTRAINT task_revisions_command_check CHECK (((jsonb_typeof(command) = 'array'::text) AND ((jsonb_array_length(command) >= 1) AND (jsonb_array_length(command) <= 64)))),
     CONSTRAINT task_revisions_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT task_revisions_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200))),
@@ -689,6 +691,7 @@ CREATE TABLE qinglong.worker_sessions (
     expires_at_ms qinglong.epoch_ms NOT NULL,
     closed_at_ms qinglong.epoch_ms,
     passes_run_parameters boolean DEFAULT false NOT NULL,
+    labels jsonb DEFAULT '{}'::jsonb NOT NULL,
     CONSTRAINT worker_sessions_agent_version_check CHECK ((length(agent_version) <= 64)),
     CONSTRAINT worker_sessions_check CHECK ((((expires_at_ms)::bigint >= (renewed_at_ms)::bigint) AND ((renewed_at_ms)::bigint >= (opened_at_ms)::bigint))),
     CONSTRAINT worker_sessions_check1 CHECK (((status = ANY (ARRAY['online'::text, 'draining'::text])) = (closed_at_ms IS NULL))),
@@ -792,6 +795,9 @@ ALTER TABLE ONLY qinglong.runs
 ALTER TABLE ONLY qinglong.runs
     ADD CONSTRAINT runs_project_id_trigger_request_id_key UNIQUE (project_id, trigger_request_id);
 
+ALTER TABLE qinglong.runs
+    ADD CONSTRAINT runs_worker_selector_object CHECK ((jsonb_typeof(worker_selector) = 'object'::text)) NOT VALID;
+
 ALTER TABLE qinglong.security_audit
     ADD CONSTRAINT security_audit_credential_is_an_operators CHECK (((credential_id IS NULL) OR (principal_kind = ANY (ARRAY['user'::text, 'agent'::text])))) NOT VALID;
 
@@ -809,6 +815,9 @@ ALTER TABLE ONLY qinglong.task_revisions
 
 ALTER TABLE ONLY qinglong.task_revisions
     ADD CONSTRAINT task_revisions_task_id_revision_number_key UNIQUE (task_id, revision_number);
+
+ALTER TABLE qinglong.task_revisions
+    ADD CONSTRAINT task_revisions_worker_selector_object CHECK ((jsonb_typeof(worker_selector) = 'object'::text)) NOT VALID;
 
 ALTER TABLE ONLY qinglong.tasks
     ADD CONSTRAINT tasks_pkey PRIMARY KEY (task_id);
@@ -842,6 +851,9 @@ ALTER TABLE qinglong.worker_join_tokens
 
 ALTER TABLE ONLY qinglong.worker_join_tokens
     ADD CONSTRAINT worker_join_tokens_pkey PRIMARY KEY (token_digest);
+
+ALTER TABLE qinglong.worker_sessions
+    ADD CONSTRAINT worker_sessions_labels_object CHECK ((jsonb_typeof(labels) = 'object'::text)) NOT VALID;
 
 ALTER TABLE ONLY qinglong.worker_sessions
     ADD CONSTRAINT worker_sessions_pkey PRIMARY KEY (session_id);

@@ -115,6 +115,36 @@ TRIGGER_RUN_REQUEST_MAX_BYTES: Final = RUN_SERVICE_REQUEST_MAX_BYTES + RUN_PARAM
     RUN_PARAMETER_NAME_MAX_LENGTH + RUN_PARAMETER_VALUE_MAX_BYTES + _MAP_ENTRY_FRAMING_BYTES
 )
 
+# --- Labels: a Worker's, and those a plan's worker_selector asks for ----------------
+
+#: A label's key (a Task's labels, a Worker's labels, a worker_selector's keys).
+LABEL_KEY_PATTERN: Final = predefined_pattern(rules_pb2.label_key)
+#: The longest key the pattern matches (a test holds the two together).
+LABEL_KEY_MAX_LENGTH: Final = 63
+_WORKER_LABELS = field_rules(_WS.OpenSessionRequest, "labels").map
+#: A Worker's labels, and the entries of a plan's worker_selector (a test holds the
+#: selector's declaration to these).
+WORKER_LABELS_MAX: Final = _WORKER_LABELS.max_pairs
+WORKER_LABEL_VALUE_MAX_BYTES: Final = _WORKER_LABELS.values.string.max_bytes
+_PRINTABLE = predefined_pattern(rules_pb2.printable)
+
+
+def worker_label_problem(key: str, value: str) -> str | None:
+    """Why the contract refuses ``key=value`` as a Worker label, or None (for a Worker,
+    which checks its configuration before it opens a session: it has no validator)."""
+    if not LABEL_KEY_PATTERN.match(key):
+        return (
+            f"label key {key!r} must be 1..{LABEL_KEY_MAX_LENGTH} characters of a-z, 0-9,"
+            " '_', '.', '-', starting with a-z"
+        )
+    if utf8_length(value) > WORKER_LABEL_VALUE_MAX_BYTES or not _PRINTABLE.match(value):
+        return (
+            f"label {key}'s value must be at most {WORKER_LABEL_VALUE_MAX_BYTES} bytes,"
+            " without control characters"
+        )
+    return None
+
+
 # --- Identifiers --------------------------------------------------------------
 
 #: Server-generated ids (run, attempt, offer, session, task, revision, event,

@@ -60,6 +60,7 @@ async def test_a_retried_open_session_must_ask_the_same_of_a_live_session(
         replace(asked, max_concurrency=16),
         replace(asked, agent_version="test-2"),
         replace(asked, passes_run_parameters=True),
+        replace(asked, labels={"gpu": "a100"}),
     ):
         with pytest.raises(Refused) as mismatch:
             await sessions.open_session(world.conn, other, world.timings)
@@ -137,6 +138,64 @@ async def test_each_renewal_says_again_whether_the_worker_passes_parameters_on(
     )
     await sessions.renew_session(world.conn, session, world.timings)  # an older Worker
     assert (await placement.pull_offers(world.conn, session, 8, world.timings)).offers == []
+
+
+async def test_a_run_with_a_worker_selector_goes_only_to_a_worker_with_those_labels(
+    world: World,
+) -> None:
+    """Placement offers a Run whose revision has a worker_selector only to a session whose
+    labels include every entry of it (more labels are fine; another value is not), and a
+    Run without a selector to any session."""
+    needs_gpu = await world.queued_run(worker_selector={"gpu": "a100", "zone": "eu"})
+    plain = await world.queued_run()
+    unlabelled = await world.session("worker-a")
+    offered = await placement.pull_offers(world.conn, unlabelled, 8, world.timings)
+    assert [o.run_id for o in offered.offers] == [plain]
+    for labels in ({"gpu": "t4", "zone": "eu"}, {"gpu": "a100"}, {"GPU": "a100", "zone": "eu"}):
+        other = await world.session("worker-b", labels=labels)
+        offered = await placement.pull_offers(world.conn, other, 8, world.timings)
+        assert offered.offers == [], labels
+    matching = await world.session("worker-b", labels={"gpu": "a100", "zone": "eu", "os": "l"})
+    [offer] = (await placement.pull_offers(world.conn, matching, 8, world.timings)).offers
+    assert offer.run_id == needs_gpu
+    request, _ = fresh_claim(matching, offer.offer_id, needs_gpu)
+    claimed = await placement.claim_offer(world.conn, request, world.timings)
+    assert not claimed.replayed
+    assert claimed.lease_version == 1
+
+
+async def test_each_renewal_sets_the_labels_and_withdraws_offers_they_no_longer_fit(
+    world: World,
+) -> None:
+    """A Worker restarted with other labels resumes its session: its renewal replaces the
+    session's labels, placement follows them, and an open offer of a Run the new labels
+    no longer qualify for goes back to the pool (its inbox may still hold it); an offer
+    they still qualify for stays open."""
+    needs_gpu = await world.queued_run(worker_selector={"gpu": "a100"})
+    needs_linux = await world.queued_run(worker_selector={"os": "linux"})
+    session = await world.session("worker-a", labels={"gpu": "a100", "os": "linux"})
+    offered = await placement.pull_offers(world.conn, session, 8, world.timings)
+    assert {o.run_id for o in offered.offers} == {needs_gpu, needs_linux}
+    await sessions.renew_session(world.conn, session, world.timings, labels={"os": "linux"})
+    states = await world.conn.execute(
+        "SELECT run_id, state FROM qinglong.offers WHERE session_id = %s",
+        (session.session_id,),
+    )
+    assert dict(await states.fetchall()) == {needs_gpu: "withdrawn", needs_linux: "open"}
+    again = await placement.pull_offers(world.conn, session, 8, world.timings)
+    assert [o.run_id for o in again.offers] == [needs_linux]
+    gpu_offer = next(o for o in offered.offers if o.run_id == needs_gpu)
+    request, _ = fresh_claim(session, gpu_offer.offer_id, needs_gpu)
+    with pytest.raises(Refused):
+        await placement.claim_offer(world.conn, request, world.timings)
+    labelled = await world.conn.execute(
+        "SELECT labels FROM qinglong.worker_sessions WHERE session_id = %s",
+        (session.session_id,),
+    )
+    assert await labelled.fetchone() == ({"os": "linux"},)
+    other = await world.session("worker-b", labels={"gpu": "a100"})
+    [taken] = (await placement.pull_offers(world.conn, other, 8, world.timings)).offers
+    assert taken.run_id == needs_gpu
 
 
 async def test_draining_session_gets_no_offers_and_releases_its_own(world: World) -> None:

@@ -168,6 +168,43 @@ async def test_a_runs_parameters_are_kept_and_part_of_its_trigger(world: World) 
     assert [(listed.run_id, listed.parameters) for listed in page.runs] == [(run.run_id, {})]
 
 
+async def test_a_worker_selector_is_part_of_the_plan_and_each_run_keeps_its_own(
+    world: World,
+) -> None:
+    """The selector is read back with its revision and compared by a retry like the rest
+    of the plan; each Run keeps the selector of the revision it pinned, so a later
+    revision with another selector changes no Run already queued."""
+    gpu = definitions.RevisionPlan(
+        "remote_worker", ["train"], None, worker_selector={"gpu": "a100"}
+    )
+    task = await definitions.create_task(world.conn, PROJECT, "s", {}, "create-s", "alice", gpu)
+    first = await definitions.get_revision(world.conn, PROJECT, task.task_id, revision_number=1)
+    assert first.plan == gpu
+    assert first.worker_selector == {"gpu": "a100"}
+    other = definitions.RevisionPlan("remote_worker", ["train"], None, worker_selector={})
+    with pytest.raises(Refused) as refused:
+        await definitions.create_task(world.conn, PROJECT, "s", {}, "create-s", "alice", other)
+    assert refused.value.reason is Reason.REPLAY_MISMATCH
+    queued = await runs.trigger_run(
+        world.conn, runs.TriggerRun(PROJECT, task.task_id, None, "trigger-s1"), OPERATOR
+    )
+    tpu = definitions.RevisionPlan("remote_worker", ["train"], None, worker_selector={"tpu": "v5"})
+    await definitions.create_revision(
+        world.conn, definitions.NewRevision.of(PROJECT, task.task_id, "revise-s", tpu), "alice"
+    )
+    later = await runs.trigger_run(
+        world.conn, runs.TriggerRun(PROJECT, task.task_id, None, "trigger-s2"), OPERATOR
+    )
+    kept = await world.conn.execute(
+        "SELECT run_id, worker_selector FROM qinglong.runs WHERE run_id IN (%s, %s)",
+        (queued.run_id, later.run_id),
+    )
+    assert dict(await kept.fetchall()) == {
+        queued.run_id: {"gpu": "a100"},
+        later.run_id: {"tpu": "v5"},
+    }
+
+
 async def test_triggering_an_unknown_task_is_task_not_found(world: World) -> None:
     unknown = runs.TriggerRun(PROJECT, uuid.UUID(int=1), None, "trigger-unknown")
     with pytest.raises(Refused) as refused:

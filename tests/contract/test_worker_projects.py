@@ -152,8 +152,8 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
 ) -> None:
     """The statement writes the conditions of placement once per kind of Worker: a
     scoped Worker too is offered no Run with a live offer elsewhere, none with a cancel
-    intent, none with parameters when it does not pass them on, and none of a disabled
-    project."""
+    intent, none with parameters when it does not pass them on, none whose selector its
+    labels do not satisfy, and none of a disabled project."""
     offered_elsewhere = await world.queued_run(project=OTHER)
     assert set(await pulled(world, await world.session("worker-b"))) == {offered_elsewhere}
     cancelled = await world.queued_run(project=OTHER)
@@ -164,12 +164,15 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
     )
     placeable = await world.queued_run(project=OTHER)
     with_parameters = await world.queued_run(project=OTHER, parameters={"TARGET": "eu"})
+    needs_gpu = await world.queued_run(project=OTHER, worker_selector={"gpu": "a100"})
     await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
     scoped = await world.session("worker-a", passes_parameters=False)
     assert set(await pulled(world, scoped)) == {placeable}
     # Its next session (its offers withdrawn), passing parameters on, takes both.
     passing = await world.session("worker-a")
     assert set(await pulled(world, passing)) == {placeable, with_parameters}
+    labelled = await world.session("worker-a", labels={"gpu": "a100"})
+    assert set(await pulled(world, labelled)) == {placeable, with_parameters, needs_gpu}
     await admin.disable_project(admin_conn, OTHER)
     await world.queued_run(project=PROJECT)  # another project's: not its to take either
     fresh = await world.session("worker-a")

@@ -70,6 +70,7 @@ class Operator:
         command: list[str],
         timeout_ms: int = 60_000,
         parameters: dict[str, str] | None = None,
+        worker_selector: dict[str, str] | None = None,
     ) -> str:
         task = self.tasks.CreateTask(
             task_service_pb2.CreateTaskRequest(
@@ -87,6 +88,7 @@ class Operator:
                     executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER,
                     command=command,
                     timeout_ms=timeout_ms,
+                    worker_selector=worker_selector,
                 ),
             ),
             metadata=self.metadata,
@@ -371,6 +373,63 @@ def test_a_runs_parameters_reach_its_executor_as_environment_variables(
     )
     expected = f"{parameters['GREETING']}||$HOME|3\n"
     assert output.data.decode() == expected
+
+
+def test_a_run_that_needs_labels_waits_for_a_worker_that_declares_them(
+    dev_stack: DevStack, operator: Operator, tmp_path: Path
+) -> None:
+    """A Run whose revision selects gpu=a100 is not offered to the daemon while it
+    declares no labels (a plain Run queued after it runs meanwhile); the daemon restarted
+    with --label gpu=a100 resumes its session, its renewal declares the label, and the
+    Run runs."""
+    inbox = tmp_path / "worker" / "inbox.db"
+    needs_gpu = operator.trigger(["echo", "on a gpu"], worker_selector={"gpu": "a100"})
+    plain = operator.trigger(["echo", "anywhere"])
+    worker = Worker(dev_stack.path, inbox)
+    try:
+        operator.wait_for(plain, RUN_STATE.RUN_STATE_SUCCEEDED)
+        time.sleep(2)  # ten more pulls, at least
+        assert operator.run(needs_gpu).state == RUN_STATE.RUN_STATE_QUEUED
+    finally:
+        assert worker.stop() == 0, worker.log.read_text()
+    labelled = Worker(dev_stack.path, inbox, "--label", "gpu=a100", "--label", "zone=eu")
+    try:
+        operator.wait_for(needs_gpu, RUN_STATE.RUN_STATE_SUCCEEDED)
+    finally:
+        assert labelled.stop() == 0, labelled.log.read_text()
+    assert "resumed" in worker.log.read_text()  # the same session, relabelled
+
+
+def test_a_worker_refuses_to_start_with_a_label_the_contract_refuses(tmp_path: Path) -> None:
+    """A label ingress would refuse would fail every OpenSession: the daemon says which
+    and exits before it connects."""
+    result = subprocess.run(
+        [
+            str(QINGLONG_WORKER),
+            "run",
+            "--worker-id",
+            "w",
+            "--ingress-address",
+            "127.0.0.1:1",
+            "--tls-ca",
+            "ca",
+            "--tls-cert",
+            "cert",
+            "--tls-key",
+            "key",
+            "--inbox",
+            str(tmp_path / "inbox.db"),
+            "--label",
+            "GPU=a100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result
+    assert "label key 'GPU' must be" in result.stderr
+    assert not (tmp_path / "inbox.db").exists()
 
 
 def _probe(inbox: Path, stale_seconds: float) -> subprocess.CompletedProcess[str]:

@@ -98,6 +98,28 @@ async def test_a_run_carries_its_parameters_and_a_retry_must_repeat_them(
     assert "SECRETX" not in no_value.err
 
 
+async def test_a_revision_can_require_worker_labels(stack_file: Path) -> None:
+    stack = ("--stack", str(stack_file))
+    created = await qinglong("task", "create", *stack, "--name", "gpu", "--", "true")
+    task_id = json.loads(created.out)["taskId"]
+    needs = ("--require-label", "gpu=a100", "--require-label", "zone=eu-1")
+    revised = await qinglong("task", "revise", task_id, *stack, *needs, "--", "train")
+    assert (revised.code, revised.err) == (0, "")
+    plan = json.loads(revised.out)["plan"]
+    assert plan["workerSelector"] == {"gpu": "a100", "zone": "eu-1"}
+    newest = await qinglong("task", "revision", task_id, *stack)
+    assert json.loads(newest.out)["plan"] == plan
+    first = json.loads((await qinglong("task", "revision", task_id, "--number", "1", *stack)).out)
+    assert (first["revisionNumber"], "workerSelector" in first["plan"]) == (1, False)
+    upper = await qinglong("task", "revise", task_id, *stack, "--require-label", "GPU=x", "--", "t")
+    assert upper.code == 1
+    assert upper.err.startswith("error: INVALID_ARGUMENT FIELD_INVALID")
+    assert "worker_selector" in upper.err
+    bare = await qinglong("task", "revise", task_id, *stack, "--require-label", "gpu", "--", "t")
+    assert bare.code != 0
+    assert "--require-label needs KEY=VALUE" in bare.err
+
+
 def task_names(stack: Stack) -> list[str]:
     with psycopg.connect(stack.database.urls.migration) as conn:
         return [row[0] for row in conn.execute("SELECT display_name FROM qinglong.tasks")]

@@ -336,6 +336,7 @@ async def test_workers_join_tokens_fleet_and_disable_over_mtls(
                     max_concurrent_attempts=3,
                     agent_version="v1.2.3",
                     passes_run_parameters=True,
+                    labels={"gpu": "a100", "zone": "eu-1"},
                 ),
             )
         )
@@ -354,8 +355,10 @@ async def test_workers_join_tokens_fleet_and_disable_over_mtls(
     assert worker.session.remaining.ToMilliseconds() > 0
     assert worker.session_count == 1
     assert worker.session.passes_run_parameters
+    assert dict(worker.session.labels) == {"gpu": "a100", "zone": "eu-1"}
     # A Worker of an earlier version resuming the session renews it saying nothing of
-    # parameters: the fleet shows that it is no longer offered Runs that have some.
+    # parameters or labels: the fleet shows that it is no longer offered Runs that need
+    # either.
     await stub.RenewSession(
         rt.RenewSessionRequest(
             caller=worker_caller,
@@ -372,6 +375,7 @@ async def test_workers_join_tokens_fleet_and_disable_over_mtls(
         )
     ).response.workers[0]
     assert not renewed.session.passes_run_parameters
+    assert dict(renewed.session.labels) == {}
 
     disabled = (
         await stub.DisableWorker(

@@ -427,8 +427,9 @@ def _map(where: str, rules: validate_pb2.MapRules) -> FieldRule:
     if _set_fields(rules) != {"max_pairs", "keys", "values"} or _named_rules(rules):
         raise LookupError(f"{where}: map rules no test kind knows: {rules}")
     keys = rules.keys.string
-    if _set_fields(keys) != {"pattern"} or _named_rules(keys):
+    if not _set_fields(keys) <= {"pattern"}:
         raise LookupError(f"{where}: map keys no test kind knows: {keys}")
+    key_pattern, _ = _string_pattern(where + "[key]", keys)  # its own, or a named rule's
     values = _string(where + "[value]", rules.values.string, False)
     if values.kind is not Kind.BYTES_TEXT:
         raise LookupError(f"{where}: map values of kind {values.kind.value}")
@@ -438,7 +439,7 @@ def _map(where: str, rules: validate_pb2.MapRules) -> FieldRule:
         max_items=rules.max_pairs,
         min_length=values.min_length,
         max_length=values.max_length,
-        pattern=python_pattern(keys.pattern),
+        pattern=key_pattern,
     )
 
 

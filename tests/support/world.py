@@ -54,6 +54,7 @@ class World:
         timeout_ms: int | None = 60_000,
         retry_policy: RetryPolicy = NO_RETRY,
         project: str = PROJECT,
+        worker_selector: dict[str, str] | None = None,
     ) -> uuid.UUID:
         task = await definitions.create_task(
             self.conn, project, "sample", {}, f"task-{uuid.uuid4().hex[:12]}", OPERATOR.id
@@ -68,6 +69,7 @@ class World:
                 ["echo", "hi"],
                 timeout_ms,
                 retry_policy,
+                worker_selector or {},
             ),
             OPERATOR.id,
         )
@@ -79,8 +81,9 @@ class World:
         retry_policy: RetryPolicy = NO_RETRY,
         project: str = PROJECT,
         parameters: dict[str, str] | None = None,
+        worker_selector: dict[str, str] | None = None,
     ) -> uuid.UUID:
-        task_id = await self.task(timeout_ms, retry_policy, project)
+        task_id = await self.task(timeout_ms, retry_policy, project, worker_selector)
         trigger = runs.TriggerRun(
             project, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}", parameters or {}
         )
@@ -88,7 +91,12 @@ class World:
         return run.run_id
 
     async def session(
-        self, worker_id: str, request_id: str | None = None, *, passes_parameters: bool = True
+        self,
+        worker_id: str,
+        request_id: str | None = None,
+        *,
+        passes_parameters: bool = True,
+        labels: dict[str, str] | None = None,
     ) -> SessionClaim:
         opened = await sessions.open_session(
             self.conn,
@@ -99,6 +107,7 @@ class World:
                 8,
                 "test",
                 passes_parameters,
+                labels or {},
             ),
             self.timings,
         )

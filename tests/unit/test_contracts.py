@@ -24,7 +24,7 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.message import Message
 from qinglong.control.v1 import run_service_pb2 as rs
 from qinglong.control.v1 import task_service_pb2 as ts
-from qinglong.rpc.v1 import error_reason_pb2
+from qinglong.rpc.v1 import error_reason_pb2, execution_pb2
 from qinglong.rpc.v1.error_reason_pb2 import ErrorReason
 from qinglong.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 from qinglong.worker.v1 import worker_service_pb2 as ws
@@ -672,6 +672,7 @@ def test_text_and_number_validators() -> None:
             (bounds.LEASE_CAPABILITY_LENGTH, bounds.LEASE_CAPABILITY_LENGTH),
         ),
         (bounds.RUN_PARAMETER_NAME_PATTERN, (1, bounds.RUN_PARAMETER_NAME_MAX_LENGTH)),
+        (bounds.LABEL_KEY_PATTERN, (1, bounds.LABEL_KEY_MAX_LENGTH)),
     ],
 )
 def test_length_constants_are_what_the_contract_patterns_match(
@@ -705,3 +706,33 @@ def test_the_largest_trigger_the_contract_allows_fits_its_byte_cap() -> None:
     one_more.CopyFrom(request)
     one_more.parameters["Z"] = "z"
     assert [v.field for v in request_violations(one_more)] == ["parameters"]
+
+
+def test_a_selector_asks_for_exactly_what_a_worker_may_declare() -> None:
+    """A worker_selector a Worker's labels could never satisfy would leave its Runs
+    queued for ever: the selector's declaration and the labels' are the same, and the
+    Worker's own check of its labels agrees with the contract's."""
+    labels = field_rules(ws.OpenSessionRequest, "labels").map
+    for owner in (ws.RenewSessionRequest, execution_pb2.ExecutionPlan):
+        field = "worker_selector" if owner is execution_pb2.ExecutionPlan else "labels"
+        assert field_rules(owner, field).map == labels, owner
+    longest_key = "k" * bounds.LABEL_KEY_MAX_LENGTH
+    longest_value = "\u6625" * (bounds.WORKER_LABEL_VALUE_MAX_BYTES // 3)
+    cases = [
+        (longest_key, longest_value),
+        ("gpu", ""),
+        ("k" * (bounds.LABEL_KEY_MAX_LENGTH + 1), "v"),
+        ("Gpu", "v"),
+        ("1gpu", "v"),
+        ("gpu", "v" * (bounds.WORKER_LABEL_VALUE_MAX_BYTES + 1)),
+        ("gpu", "a\x85"),
+        ("gpu", "line\n"),
+    ]
+    for key, value in cases:
+        request = ws.OpenSessionRequest(labels={key: value})
+        contract_refuses = any(v.field.startswith("labels") for v in request_violations(request))
+        assert (bounds.worker_label_problem(key, value) is not None) == contract_refuses, key
+    assert bounds.worker_label_problem(longest_key, longest_value) is None
+    most = {f"k{n:02d}": "v" for n in range(bounds.WORKER_LABELS_MAX + 1)}
+    refused = request_violations(ws.OpenSessionRequest(labels=most))
+    assert [v.field for v in refused if v.field.startswith("labels")] == ["labels"]

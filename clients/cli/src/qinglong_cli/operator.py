@@ -91,6 +91,14 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
             default=[],
             help="also retry these endings (lost attempts always retry); repeatable",
         )
+        parser.add_argument(
+            "--require-label",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="run only on Workers that declare this label (qinglong-worker --label);"
+            " repeatable: all of them",
+        )
         parser.add_argument("argv", nargs="+", help="the command, after --")
         add_request_id_flag(parser)
 
@@ -108,6 +116,14 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
     get_task = task.add_parser("get", help="show a task")
     common(get_task)
     get_task.add_argument("task_id")
+    get_revision = task.add_parser(
+        "revision", help="show a revision's plan (its command, timeout, retries, selector)"
+    )
+    common(get_revision)
+    get_revision.add_argument("task_id")
+    get_revision.add_argument(
+        "--number", type=int, metavar="N", help="the revision number (default: the newest)"
+    )
     list_tasks = task.add_parser("list", help="list tasks, newest first")
     common(list_tasks)
     list_tasks.add_argument("--limit", type=int, default=20, help="tasks per page (1..500)")
@@ -181,7 +197,9 @@ async def run_operator_command(
 
 def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
     plan = execution_pb2.ExecutionPlan(
-        executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER, command=args.argv
+        executor_type=execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER,
+        command=args.argv,
+        worker_selector=_assignments("--require-label", "KEY=VALUE", args.require_label),
     )
     if args.timeout_ms is not None:
         plan.timeout_ms = args.timeout_ms
@@ -216,19 +234,20 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
     return plan
 
 
-def _parameters(given: list[str]) -> dict[str, str]:
-    """``--param NAME=VALUE`` flags as TriggerRun's map; the server judges names and
-    values against the contract, this only splits them (at the first ``=``)."""
-    parameters: dict[str, str] = {}
-    for flag in given:
-        name, equals, value = flag.partition("=")
+def _assignments(flag: str, shape: str, given: list[str]) -> dict[str, str]:
+    """Repeated ``flag NAME=VALUE`` as a map (``--param``, ``--require-label``); the
+    server judges names and values against the contract, this only splits them (at the
+    first ``=``)."""
+    assigned: dict[str, str] = {}
+    for item in given:
+        name, equals, value = item.partition("=")
         if not equals:
             # Not echoed: what was typed may be a value, and values may be secrets.
-            raise ConfigurationError("--param needs NAME=VALUE (one has no '=')")
-        if name in parameters:
-            raise ConfigurationError(f"--param {name} is given twice")
-        parameters[name] = value
-    return parameters
+            raise ConfigurationError(f"{flag} needs {shape} (one has no '=')")
+        if name in assigned:
+            raise ConfigurationError(f"{flag} {name} is given twice")
+        assigned[name] = value
+    return assigned
 
 
 def _or_default(value: int | None, default: int) -> int:
@@ -278,6 +297,20 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
             task_service_pb2.GetTaskRequest(project_id=project, task_id=args.task_id), **call
         )
         printer.item(got_task.task)
+    elif args.command == "task" and args.action == "revision":
+        number = args.number
+        if number is None:
+            newest = await tasks.GetTask(
+                task_service_pb2.GetTaskRequest(project_id=project, task_id=args.task_id), **call
+            )
+            number = newest.task.latest_revision_number
+        got_revision = await tasks.GetTaskRevision(
+            task_service_pb2.GetTaskRevisionRequest(
+                project_id=project, task_id=args.task_id, revision_number=number
+            ),
+            **call,
+        )
+        printer.item(got_revision.revision)
     elif args.command == "task" and args.action == "list":
         await print_pages(
             functools.partial(tasks.ListTasks, **call),
@@ -298,7 +331,7 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
                     task_id=args.task,
                     revision_number=args.revision,
                     request_id=request_id,
-                    parameters=_parameters(args.param),
+                    parameters=_assignments("--param", "NAME=VALUE", args.param),
                 ),
                 **call,
             ),

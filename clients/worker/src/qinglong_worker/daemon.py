@@ -104,6 +104,7 @@ async def run_daemon(
                 client=client,
                 worker_id=settings.worker_id,
                 max_concurrency=daemon.max_concurrency,
+                labels=daemon.labels,
             )
             lifecycle = Lifecycle(
                 settings=lifecycle_settings,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Final
@@ -82,12 +82,14 @@ class SessionKeeper:
         client: WorkerClient,
         worker_id: str,
         max_concurrency: int,
+        labels: Mapping[str, str] | None = None,
         clock: Callable[[], float] = boot_clock_seconds,
     ) -> None:
         self._inbox = inbox
         self._client = client
         self._worker_id = worker_id
         self._max_concurrency = max_concurrency
+        self._labels = dict(labels or {})
         self._clock = clock
         self._active: ActiveSession | None = None
         self._renew_interval: float | None = None
@@ -199,6 +201,7 @@ class SessionKeeper:
                 session_id=session_id,
                 worker_generation=generation,
                 passes_run_parameters=PASSES_RUN_PARAMETERS,
+                labels=self._labels,
             ),
             budget_seconds=budget,
         )
@@ -235,6 +238,7 @@ class SessionKeeper:
                     executor_types=[execution_pb2.EXECUTOR_TYPE_REMOTE_WORKER],
                     max_concurrent_attempts=self._max_concurrency,
                     passes_run_parameters=PASSES_RUN_PARAMETERS,
+                    labels=self._labels,
                 )
             )
         except CallFailed as failure:

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,9 @@ class DaemonSettings:
     output_limit_bytes: int | None = bounds.OUTPUT_BYTES_PER_ATTEMPT_DEFAULT
     #: The Prometheus /metrics endpoint; None (the default): none is served.
     metrics: MetricsEndpoint | None = None
+    #: What this Worker offers (os=linux, gpu=a100): declared with its session, so that
+    #: it is offered the Runs whose revision's worker_selector these labels satisfy.
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def exit_dir(self) -> Path:
@@ -180,6 +183,14 @@ def parse_worker_settings(
         help="how large one executor's output file may grow; past it the executor runs on"
         " and its further output is discarded, after a notice (0: without bound)",
     )
+    daemon.add_argument(
+        "--label",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a label of this Worker (repeatable): it is offered the Runs whose revision's"
+        " worker selector its labels satisfy, and those without one"
+        f" [${_variable('labels')}: KEY=VALUE,KEY=VALUE]",
+    )
     add_metrics_arguments(parser, env, ENV_PREFIX)
     args = parser.parse_args(argv)
     for flag, path, read in (
@@ -232,6 +243,7 @@ def parse_worker_settings(
                 f"--output-limit-bytes must be 0 (without bound) or at least"
                 f" {bounds.OUTPUT_CHUNK_MAX_BYTES} (one chunk)"
             )
+        labels = _labels(parser, args.label, env.get(_variable("labels")))
         daemon_settings = DaemonSettings(
             inbox=args.inbox,
             log_dir=args.log_dir or args.inbox.parent / "logs",
@@ -244,7 +256,31 @@ def parse_worker_settings(
             retention_days=args.retention_days,
             output_limit_bytes=args.output_limit_bytes or None,
             metrics=metrics_endpoint_of(parser, args),
+            labels=labels,
         )
     return args.command, WorkerSettings(
         args.worker_id, args.ingress_address, tls, daemon_settings, args.identity
     )
+
+
+def _labels(
+    parser: argparse.ArgumentParser, flags: list[str] | None, variable: str | None
+) -> dict[str, str]:
+    """``--label KEY=VALUE`` flags (or, without any, the environment's comma-separated
+    list), checked against the contract here: a label the contract refuses would make
+    every OpenSession fail, so the daemon does not start with one."""
+    given = flags if flags is not None else [item for item in (variable or "").split(",") if item]
+    labels: dict[str, str] = {}
+    for item in given:
+        key, equals, value = item.partition("=")
+        if not equals:
+            parser.error(f"--label {item!r}: needs KEY=VALUE")
+        if key in labels:
+            parser.error(f"--label {key}: given twice")
+        problem = bounds.worker_label_problem(key, value)
+        if problem is not None:
+            parser.error(f"--label: {problem}")
+        labels[key] = value
+    if len(labels) > bounds.WORKER_LABELS_MAX:
+        parser.error(f"--label: at most {bounds.WORKER_LABELS_MAX} labels")
+    return labels

@@ -465,6 +465,26 @@ class WorkerSession(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SESSION_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
@@ -474,6 +494,7 @@ class WorkerSession(_message.Message):
     EXECUTOR_TYPES_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENT_ATTEMPTS_FIELD_NUMBER: _builtins.int
     PASSES_RUN_PARAMETERS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session.
     Bound: UUID, 36 chars, lowercase canonical form.
@@ -513,6 +534,13 @@ class WorkerSession(_message.Message):
         Bound: 1..8 items.
         """
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The labels its Worker declared when it last opened or renewed it; it is
+        offered only Runs whose worker_selector they satisfy.
+        Bound: 0..16 entries; key 1..63 chars matching ^[a-z][a-z0-9_.-]{0,62}$; value 0..63 bytes (UTF-8), no control characters.
+        """
+
     def __init__(
         self,
         *,
@@ -525,10 +553,11 @@ class WorkerSession(_message.Message):
         executor_types: _abc.Iterable[_execution_pb2.ExecutorType.ValueType] | None = ...,
         max_concurrent_attempts: _builtins.int = ...,
         passes_run_parameters: _builtins.bool = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining", "renew_time", b"renew_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "executor_types", b"executor_types", "generation", b"generation", "max_concurrent_attempts", b"max_concurrent_attempts", "passes_run_parameters", b"passes_run_parameters", "remaining", b"remaining", "renew_time", b"renew_time", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "executor_types", b"executor_types", "generation", b"generation", "labels", b"labels", "max_concurrent_attempts", b"max_concurrent_attempts", "passes_run_parameters", b"passes_run_parameters", "remaining", b"remaining", "renew_time", b"renew_time", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

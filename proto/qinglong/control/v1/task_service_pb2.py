@@ -28,7 +28,7 @@ from qinglong.rpc.v1 import execution_pb2 as qinglong_dot_rpc_dot_v1_dot_executi
 from qinglong.rpc.v1 import rules_pb2 as qinglong_dot_rpc_dot_v1_dot_rules__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&qinglong/control/v1/task_service.proto\x12\x13qinglong.control.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1eqinglong/control/v1/task.proto\x1a\x1fqinglong/rpc/v1/execution.proto\x1a\x1bqinglong/rpc/v1/rules.proto\"\xda\x02\n\x11\x43reateTaskRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\nrequest_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\x12$\n\x0c\x64isplay_name\x18\x03 \x01(\tB\x0e\xbaH\x0br\t\x10\x01\x18\xc8\x01\xf8\xd5\"\x01\x12u\n\x06labels\x18\x04 \x03(\x0b\x32\x32.qinglong.control.v1.CreateTaskRequest.LabelsEntryB1\xbaH.\x9a\x01+\x10\x10\"\x1cr\x1a\x32\x18^[a-z][a-z0-9_.-]{0,62}$*\tr\x07(\x80\x02\xf8\xd5\"\x01\x12;\n\x13\x66irst_revision_plan\x18\x05 \x01(\x0b\x32\x1e.qinglong.rpc.v1.ExecutionPlan\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"x\n\x12\x43reateTaskResponse\x12\'\n\x04task\x18\x01 \x01(\x0b\x32\x19.qinglong.control.v1.Task\x12\x39\n\x0e\x66irst_revision\x18\x02 \x01(\x0b\x32!.qinglong.control.v1.TaskRevision\"K\n\x0eGetTaskRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\":\n\x0fGetTaskResponse\x12\'\n\x04task\x18\x01 \x01(\x0b\x32\x19.qinglong.control.v1.Task\"o\n\x10ListTasksRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xf4\x03(\x00\x12\x1d\n\npage_token\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xf0\xd5\"\x01\"V\n\x11ListTasksResponse\x12(\n\x05tasks\x18\x01 \x03(\x0b\x32\x19.qinglong.control.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xab\x01\n\x19\x43reateTaskRevisionRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1d\n\nrequest_id\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\x12\x34\n\x04plan\x18\x04 \x01(\x0b\x32\x1e.qinglong.rpc.v1.ExecutionPlanB\x06\xbaH\x03\xc8\x01\x01\"Q\n\x1a\x43reateTaskRevisionResponse\x12\x33\n\x08revision\x18\x01 \x01(\x0b\x32!.qinglong.control.v1.TaskRevision\"w\n\x16GetTaskRevisionRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\"\n\x0frevision_number\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\"N\n\x17GetTaskRevisionResponse\x12\x33\n\x08revision\x18\x01 \x01(\x0b\x32!.qinglong.control.v1.TaskRevision2\x83\x04\n\x0bTaskService\x12]\n\nCreateTask\x12&.qinglong.control.v1.CreateTaskRequest\x1a\'.qinglong.control.v1.CreateTaskResponse\x12T\n\x07GetTask\x12#.qinglong.control.v1.GetTaskRequest\x1a$.qinglong.control.v1.GetTaskResponse\x12Z\n\tListTasks\x12%.qinglong.control.v1.ListTasksRequest\x1a&.qinglong.control.v1.ListTasksResponse\x12u\n\x12\x43reateTaskRevision\x12..qinglong.control.v1.CreateTaskRevisionRequest\x1a/.qinglong.control.v1.CreateTaskRevisionResponse\x12l\n\x0fGetTaskRevision\x12+.qinglong.control.v1.GetTaskRevisionRequest\x1a,.qinglong.control.v1.GetTaskRevisionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&qinglong/control/v1/task_service.proto\x12\x13qinglong.control.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1eqinglong/control/v1/task.proto\x1a\x1fqinglong/rpc/v1/execution.proto\x1a\x1bqinglong/rpc/v1/rules.proto\"\xc4\x02\n\x11\x43reateTaskRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\nrequest_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\x12$\n\x0c\x64isplay_name\x18\x03 \x01(\tB\x0e\xbaH\x0br\t\x10\x01\x18\xc8\x01\xf8\xd5\"\x01\x12_\n\x06labels\x18\x04 \x03(\x0b\x32\x32.qinglong.control.v1.CreateTaskRequest.LabelsEntryB\x1b\xbaH\x18\x9a\x01\x15\x10\x10\"\x06r\x04\x90\xd6\"\x01*\tr\x07(\x80\x02\xf8\xd5\"\x01\x12;\n\x13\x66irst_revision_plan\x18\x05 \x01(\x0b\x32\x1e.qinglong.rpc.v1.ExecutionPlan\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"x\n\x12\x43reateTaskResponse\x12\'\n\x04task\x18\x01 \x01(\x0b\x32\x19.qinglong.control.v1.Task\x12\x39\n\x0e\x66irst_revision\x18\x02 \x01(\x0b\x32!.qinglong.control.v1.TaskRevision\"K\n\x0eGetTaskRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\":\n\x0fGetTaskResponse\x12\'\n\x04task\x18\x01 \x01(\x0b\x32\x19.qinglong.control.v1.Task\"o\n\x10ListTasksRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xf4\x03(\x00\x12\x1d\n\npage_token\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xf0\xd5\"\x01\"V\n\x11ListTasksResponse\x12(\n\x05tasks\x18\x01 \x03(\x0b\x32\x19.qinglong.control.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xab\x01\n\x19\x43reateTaskRevisionRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1d\n\nrequest_id\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\x12\x34\n\x04plan\x18\x04 \x01(\x0b\x32\x1e.qinglong.rpc.v1.ExecutionPlanB\x06\xbaH\x03\xc8\x01\x01\"Q\n\x1a\x43reateTaskRevisionResponse\x12\x33\n\x08revision\x18\x01 \x01(\x0b\x32!.qinglong.control.v1.TaskRevision\"w\n\x16GetTaskRevisionRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\"\n\x0frevision_number\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01\"N\n\x17GetTaskRevisionResponse\x12\x33\n\x08revision\x18\x01 \x01(\x0b\x32!.qinglong.control.v1.TaskRevision2\x83\x04\n\x0bTaskService\x12]\n\nCreateTask\x12&.qinglong.control.v1.CreateTaskRequest\x1a\'.qinglong.control.v1.CreateTaskResponse\x12T\n\x07GetTask\x12#.qinglong.control.v1.GetTaskRequest\x1a$.qinglong.control.v1.GetTaskResponse\x12Z\n\tListTasks\x12%.qinglong.control.v1.ListTasksRequest\x1a&.qinglong.control.v1.ListTasksResponse\x12u\n\x12\x43reateTaskRevision\x12..qinglong.control.v1.CreateTaskRevisionRequest\x1a/.qinglong.control.v1.CreateTaskRevisionResponse\x12l\n\x0fGetTaskRevision\x12+.qinglong.control.v1.GetTaskRevisionRequest\x1a,.qinglong.control.v1.GetTaskRevisionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,7 +44,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATETASKREQUEST'].fields_by_name['display_name']._loaded_options = None
   _globals['_CREATETASKREQUEST'].fields_by_name['display_name']._serialized_options = b'\272H\013r\t\020\001\030\310\001\370\325\"\001'
   _globals['_CREATETASKREQUEST'].fields_by_name['labels']._loaded_options = None
-  _globals['_CREATETASKREQUEST'].fields_by_name['labels']._serialized_options = b'\272H.\232\001+\020\020\"\034r\0322\030^[a-z][a-z0-9_.-]{0,62}$*\tr\007(\200\002\370\325\"\001'
+  _globals['_CREATETASKREQUEST'].fields_by_name['labels']._serialized_options = b'\272H\030\232\001\025\020\020\"\006r\004\220\326\"\001*\tr\007(\200\002\370\325\"\001'
   _globals['_GETTASKREQUEST'].fields_by_name['project_id']._loaded_options = None
   _globals['_GETTASKREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
   _globals['_GETTASKREQUEST'].fields_by_name['task_id']._loaded_options = None
@@ -70,27 +70,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTASKREVISIONREQUEST'].fields_by_name['revision_number']._loaded_options = None
   _globals['_GETTASKREVISIONREQUEST'].fields_by_name['revision_number']._serialized_options = b'\272H\006\"\004\350\333\"\001'
   _globals['_CREATETASKREQUEST']._serialized_start=187
-  _globals['_CREATETASKREQUEST']._serialized_end=533
-  _globals['_CREATETASKREQUEST_LABELSENTRY']._serialized_start=488
-  _globals['_CREATETASKREQUEST_LABELSENTRY']._serialized_end=533
-  _globals['_CREATETASKRESPONSE']._serialized_start=535
-  _globals['_CREATETASKRESPONSE']._serialized_end=655
-  _globals['_GETTASKREQUEST']._serialized_start=657
-  _globals['_GETTASKREQUEST']._serialized_end=732
-  _globals['_GETTASKRESPONSE']._serialized_start=734
-  _globals['_GETTASKRESPONSE']._serialized_end=792
-  _globals['_LISTTASKSREQUEST']._serialized_start=794
-  _globals['_LISTTASKSREQUEST']._serialized_end=905
-  _globals['_LISTTASKSRESPONSE']._serialized_start=907
-  _globals['_LISTTASKSRESPONSE']._serialized_end=993
-  _globals['_CREATETASKREVISIONREQUEST']._serialized_start=996
-  _globals['_CREATETASKREVISIONREQUEST']._serialized_end=1167
-  _globals['_CREATETASKREVISIONRESPONSE']._serialized_start=1169
-  _globals['_CREATETASKREVISIONRESPONSE']._serialized_end=1250
-  _globals['_GETTASKREVISIONREQUEST']._serialized_start=1252
-  _globals['_GETTASKREVISIONREQUEST']._serialized_end=1371
-  _globals['_GETTASKREVISIONRESPONSE']._serialized_start=1373
-  _globals['_GETTASKREVISIONRESPONSE']._serialized_end=1451
-  _globals['_TASKSERVICE']._serialized_start=1454
-  _globals['_TASKSERVICE']._serialized_end=1969
+  _globals['_CREATETASKREQUEST']._serialized_end=511
+  _globals['_CREATETASKREQUEST_LABELSENTRY']._serialized_start=466
+  _globals['_CREATETASKREQUEST_LABELSENTRY']._serialized_end=511
+  _globals['_CREATETASKRESPONSE']._serialized_start=513
+  _globals['_CREATETASKRESPONSE']._serialized_end=633
+  _globals['_GETTASKREQUEST']._serialized_start=635
+  _globals['_GETTASKREQUEST']._serialized_end=710
+  _globals['_GETTASKRESPONSE']._serialized_start=712
+  _globals['_GETTASKRESPONSE']._serialized_end=770
+  _globals['_LISTTASKSREQUEST']._serialized_start=772
+  _globals['_LISTTASKSREQUEST']._serialized_end=883
+  _globals['_LISTTASKSRESPONSE']._serialized_start=885
+  _globals['_LISTTASKSRESPONSE']._serialized_end=971
+  _globals['_CREATETASKREVISIONREQUEST']._serialized_start=974
+  _globals['_CREATETASKREVISIONREQUEST']._serialized_end=1145
+  _globals['_CREATETASKREVISIONRESPONSE']._serialized_start=1147
+  _globals['_CREATETASKREVISIONRESPONSE']._serialized_end=1228
+  _globals['_GETTASKREVISIONREQUEST']._serialized_start=1230
+  _globals['_GETTASKREVISIONREQUEST']._serialized_end=1349
+  _globals['_GETTASKREVISIONRESPONSE']._serialized_start=1351
+  _globals['_GETTASKREVISIONRESPONSE']._serialized_end=1429
+  _globals['_TASKSERVICE']._serialized_start=1432
+  _globals['_TASKSERVICE']._serialized_end=1947
 # @@protoc_insertion_point(module_scope)

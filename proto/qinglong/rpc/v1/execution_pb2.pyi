@@ -76,10 +76,31 @@ class ExecutionPlan(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class WorkerSelectorEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     EXECUTOR_TYPE_FIELD_NUMBER: _builtins.int
     COMMAND_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    WORKER_SELECTOR_FIELD_NUMBER: _builtins.int
     executor_type: Global___ExecutorType.ValueType
     """Which executor kind runs the command."""
     timeout_ms: _builtins.int
@@ -97,6 +118,15 @@ class ExecutionPlan(_message.Message):
         ATTEMPTS_EXHAUSTED).
         """
 
+    @_builtins.property
+    def worker_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels a Worker must have to be offered this revision's Runs: each key with
+        exactly this value among the labels its session declared (OpenSession,
+        RenewSession). Empty => any Worker of the project and executor type. A Run
+        no live Worker matches waits queued (cancel it, or start a Worker with
+        those labels).
+        """
+
     def __init__(
         self,
         *,
@@ -104,10 +134,11 @@ class ExecutionPlan(_message.Message):
         command: _abc.Iterable[_builtins.str] | None = ...,
         timeout_ms: _builtins.int | None = ...,
         retry_policy: Global___RetryPolicy | None = ...,
+        worker_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "command", b"command", "executor_type", b"executor_type", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "command", b"command", "executor_type", b"executor_type", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms", "worker_selector", b"worker_selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__timeout_ms: _TypeAlias = _typing.Literal["timeout_ms"]  # noqa: Y015
     _WhichOneofArgType__timeout_ms: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms"]  # noqa: Y015

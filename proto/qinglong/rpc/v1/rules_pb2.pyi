@@ -19,6 +19,7 @@ PAGE_TOKEN_FIELD_NUMBER: _builtins.int
 PRINTABLE_FIELD_NUMBER: _builtins.int
 LEASE_CAPABILITY_FIELD_NUMBER: _builtins.int
 JOIN_TOKEN_FIELD_NUMBER: _builtins.int
+LABEL_KEY_FIELD_NUMBER: _builtins.int
 SAFE_POSITIVE_FIELD_NUMBER: _builtins.int
 SAFE_NON_NEGATIVE_FIELD_NUMBER: _builtins.int
 slug: _extension_dict._ExtensionFieldDescriptor[_validate_pb2.StringRules, _builtins.bool]
@@ -45,6 +46,10 @@ bits, which must be zero). Weak secrets are refused by code: CEL cannot decode b
 join_token: _extension_dict._ExtensionFieldDescriptor[_validate_pb2.StringRules, _builtins.bool]
 """A Worker join token (R-ADM-2): 'qlj1_' + the canonical unpadded base64url encoding
 of exactly 32 random bytes, like the lease capability.
+"""
+label_key: _extension_dict._ExtensionFieldDescriptor[_validate_pb2.StringRules, _builtins.bool]
+"""A label's key (a Task's labels, a Worker's labels, a plan's worker_selector): 1..63
+characters of a-z, 0-9, '_', '.' and '-', starting with a letter.
 """
 safe_positive: _extension_dict._ExtensionFieldDescriptor[_validate_pb2.Int64Rules, _builtins.bool]
 """Versions, generations and revision numbers: 1..2^53-1 (JavaScript-safe, R-TO-2)."""

@@ -30,18 +30,39 @@ class OpenSessionRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     EXECUTOR_TYPES_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENT_ATTEMPTS_FIELD_NUMBER: _builtins.int
     PASSES_RUN_PARAMETERS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """AIP-155 idempotency key: a retry with the same worker_id and request_id
     returns the session the first call opened instead of opening another one.
     The retry must repeat the request (other executor_types,
-    max_concurrent_attempts, agent_version or passes_run_parameters: ABORTED
-    REPLAY_MISMATCH), and that
+    max_concurrent_attempts, agent_version, passes_run_parameters or labels:
+    ABORTED REPLAY_MISMATCH), and that
     session must still be live (replaced or closed: SESSION_FENCED; expired:
     SESSION_EXPIRED); the Worker then opens one under a new request_id.
     """
@@ -61,6 +82,14 @@ class OpenSessionRequest(_message.Message):
     def executor_types(self) -> _containers.RepeatedScalarFieldContainer[_execution_pb2.ExecutorType.ValueType]:
         """Executor types this Worker can run; placement only offers matching Runs."""
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What this Worker offers besides its executor types, as its operator
+        configured it (os=linux, gpu=a100, zone=edge-3): a Run whose plan has a
+        worker_selector is offered only to a session whose labels include every
+        entry of it. Part of the request like the fields above.
+        """
+
     def __init__(
         self,
         *,
@@ -70,10 +99,11 @@ class OpenSessionRequest(_message.Message):
         executor_types: _abc.Iterable[_execution_pb2.ExecutorType.ValueType] | None = ...,
         max_concurrent_attempts: _builtins.int = ...,
         passes_run_parameters: _builtins.bool = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "executor_types", b"executor_types", "max_concurrent_attempts", b"max_concurrent_attempts", "passes_run_parameters", b"passes_run_parameters", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "executor_types", b"executor_types", "labels", b"labels", "max_concurrent_attempts", b"max_concurrent_attempts", "passes_run_parameters", b"passes_run_parameters", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -133,10 +163,31 @@ class RenewSessionRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     WORKER_ID_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     WORKER_GENERATION_FIELD_NUMBER: _builtins.int
     PASSES_RUN_PARAMETERS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The stable worker id; must equal the mTLS principal."""
     session_id: _builtins.str
@@ -148,6 +199,15 @@ class RenewSessionRequest(_message.Message):
     its executor. Each renewal sets it, so a session that a restarted Worker
     of another version resumed says what the present one does.
     """
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What this Worker offers besides its executor types, as its operator
+        configured it (os=linux, gpu=a100, zone=edge-3): a Run whose plan has a
+        worker_selector is offered only to a session whose labels include every
+        entry of it. Each renewal sets them, as it
+        sets passes_run_parameters; a change withdraws the session's open offers.
+        """
+
     def __init__(
         self,
         *,
@@ -155,10 +215,11 @@ class RenewSessionRequest(_message.Message):
         session_id: _builtins.str = ...,
         worker_generation: _builtins.int = ...,
         passes_run_parameters: _builtins.bool = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["passes_run_parameters", b"passes_run_parameters", "session_id", b"session_id", "worker_generation", b"worker_generation", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "passes_run_parameters", b"passes_run_parameters", "session_id", b"session_id", "worker_generation", b"worker_generation", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -189,6 +189,7 @@ def worker(row: WorkerRow) -> admin_pb2.Worker:
                 executor_types=[wire.EXECUTOR_TYPE_VALUES[t] for t in session.executor_types],
                 max_concurrent_attempts=session.max_concurrency,
                 passes_run_parameters=session.passes_run_parameters,
+                labels=session.labels,
             )
         )
     return message

@@ -146,6 +146,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             public.max_concurrent_attempts,
             public.agent_version,
             public.passes_run_parameters,
+            dict(public.labels),
         )
         async with self._pool.connection() as conn:
             view = await sessions.open_session(conn, command, self._timings)
@@ -165,6 +166,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
                 session_claim(public),
                 self._timings,
                 passes_run_parameters=public.passes_run_parameters,
+                labels=dict(public.labels),
             )
         state = session_response(view, 0)
         del state["renew_interval"]

@@ -190,6 +190,7 @@ def parse_plan(plan: execution_pb2.ExecutionPlan) -> RevisionPlan:
         list(plan.command),
         plan.timeout_ms if plan.HasField("timeout_ms") else None,
         parse_retry_policy(plan),
+        dict(plan.worker_selector),
     )
 
 
@@ -213,9 +214,12 @@ def execution_plan(
     command: list[str],
     timeout_ms: int | None,
     retry: RetryPolicy | None = None,
+    worker_selector: dict[str, str] | None = None,
 ) -> Any:
     plan = execution_pb2.ExecutionPlan(
-        executor_type=EXECUTOR_TYPE_VALUES[executor_type], command=command
+        executor_type=EXECUTOR_TYPE_VALUES[executor_type],
+        command=command,
+        worker_selector=worker_selector,
     )
     if timeout_ms is not None:
         plan.timeout_ms = timeout_ms
@@ -279,7 +283,13 @@ def revision(view: RevisionView) -> task_pb2.TaskRevision:
         task_id=str(view.task_id),
         project_id=view.project_id,
         revision_number=view.revision_number,
-        plan=execution_plan(view.executor_type, view.command, view.timeout_ms, view.retry_policy),
+        plan=execution_plan(
+            view.executor_type,
+            view.command,
+            view.timeout_ms,
+            view.retry_policy,
+            view.worker_selector,
+        ),
         created_at=timestamp(view.created_at_ms),
     )
 

@@ -667,6 +667,7 @@ def _worker(
     executor_types: list[str] | None,
     max_concurrency: int | None,
     passes_run_parameters: bool | None,
+    labels: dict[str, str] | None,
     project_ids: list[str] | None,
     **worker: Any,
 ) -> WorkerRow:
@@ -684,6 +685,7 @@ def _worker(
             executor_types=tuple(executor_types or ()),
             max_concurrency=max_concurrency or 0,
             passes_run_parameters=bool(passes_run_parameters),
+            labels=labels or {},
         )
     projects = None if project_ids is None else tuple(project_ids)
     return WorkerRow(session=session, project_ids=projects, **worker)

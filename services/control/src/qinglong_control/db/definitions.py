@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection, errors
@@ -46,10 +46,17 @@ class RevisionView:
     timeout_ms: int | None
     created_at_ms: int
     retry_policy: RetryPolicy = NO_RETRY
+    worker_selector: dict[str, str] = field(default_factory=dict)
 
     @property
     def plan(self) -> RevisionPlan:
-        return RevisionPlan(self.executor_type, self.command, self.timeout_ms, self.retry_policy)
+        return RevisionPlan(
+            self.executor_type,
+            self.command,
+            self.timeout_ms,
+            self.retry_policy,
+            self.worker_selector,
+        )
 
 
 def _revision_view(**columns: Any) -> RevisionView:
@@ -87,11 +94,17 @@ class RevisionPlan:
     command: list[str]
     timeout_ms: int | None
     retry_policy: RetryPolicy = NO_RETRY
+    #: Labels a Worker's session must have to be offered the revision's Runs.
+    worker_selector: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, revision: NewRevision) -> RevisionPlan:
         return cls(
-            revision.executor_type, revision.command, revision.timeout_ms, revision.retry_policy
+            revision.executor_type,
+            revision.command,
+            revision.timeout_ms,
+            revision.retry_policy,
+            revision.worker_selector,
         )
 
 
@@ -104,6 +117,7 @@ class NewRevision:
     command: list[str]
     timeout_ms: int | None
     retry_policy: RetryPolicy = NO_RETRY
+    worker_selector: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -117,6 +131,7 @@ class NewRevision:
             plan.command,
             plan.timeout_ms,
             plan.retry_policy,
+            plan.worker_selector,
         )
 
 
@@ -135,6 +150,7 @@ def _revision_values(revision: NewRevision, actor: str) -> dict[str, object]:
         "retry_max_backoff_ms": policy.max_backoff_ms,
         "retry_multiplier_percent": policy.multiplier_percent,
         "retry_on": retry_on_names(policy),
+        "worker_selector": Jsonb(revision.worker_selector),
         "actor": actor,
     }
 

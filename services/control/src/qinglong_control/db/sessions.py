@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row, scalar_row
+from psycopg.types.json import Jsonb
 
 from qinglong_control.db.command_tx import CommandTx, command_transaction
 from qinglong_control.db.sql import SQL
@@ -44,6 +45,8 @@ _LOCK_SESSION = SQL["sessions.lock_session"]
 
 _RENEW_SESSION = SQL["sessions.renew_session"]
 
+_WITHDRAW_OFFERS_FOR_OTHER_LABELS = SQL["sessions.withdraw_offers_for_other_labels"]
+
 _DRAIN_SESSION = SQL["sessions.drain_session"]
 
 
@@ -55,6 +58,7 @@ class OpenSession:
     max_concurrency: int
     agent_version: str
     passes_run_parameters: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def terms(self) -> SessionRequest:
@@ -63,6 +67,7 @@ class OpenSession:
             self.max_concurrency,
             self.agent_version,
             self.passes_run_parameters,
+            self.labels,
         )
 
 
@@ -114,6 +119,7 @@ async def open_session(
             "max_concurrency": command.max_concurrency,
             "agent_version": command.agent_version,
             "passes_run_parameters": command.passes_run_parameters,
+            "labels": Jsonb(command.labels),
             "request_id": command.request_id,
             "now": now_ms,
             "expires": now_ms + timings.session_ttl_ms,
@@ -130,21 +136,22 @@ async def renew_session(
     timings: Timings,
     *,
     passes_run_parameters: bool = False,
+    labels: dict[str, str] | None = None,
 ) -> SessionView:
-    """Extend the session; ``passes_run_parameters`` is what the renewing Worker says now
-    (a Worker of an earlier version says nothing: False)."""
+    """Extend the session; ``passes_run_parameters`` and ``labels`` are what the renewing
+    Worker says now (a Worker of an earlier version says nothing: False, no labels). Open
+    offers its new labels no longer qualify for are withdrawn."""
     async with command_transaction(conn) as tx:
         row, now_ms = await _lock_session(tx, claim)
-        await tx.execute(
-            "session.renew",
-            _RENEW_SESSION,
-            {
-                "now": now_ms,
-                "expires": now_ms + timings.session_ttl_ms,
-                "session_id": row.session_id,
-                "passes_run_parameters": passes_run_parameters,
-            },
-        )
+        values = {
+            "now": now_ms,
+            "expires": now_ms + timings.session_ttl_ms,
+            "session_id": row.session_id,
+            "passes_run_parameters": passes_run_parameters,
+            "labels": Jsonb(labels or {}),
+        }
+        await tx.execute("offers.withdraw_for_labels", _WITHDRAW_OFFERS_FOR_OTHER_LABELS, values)
+        await tx.execute("session.renew", _RENEW_SESSION, values)
         return SessionView(row.session_id, row.generation, row.status, timings.session_ttl_ms)
 
 
@@ -189,10 +196,11 @@ def _opened_before(
     max_concurrency: int,
     agent_version: str,
     passes_run_parameters: bool,
+    labels: dict[str, str],
 ) -> OpenedBefore:
     """A row of `session_by_request` as the domain compares it."""
     terms = SessionRequest(
-        tuple(executor_types), max_concurrency, agent_version, passes_run_parameters
+        tuple(executor_types), max_concurrency, agent_version, passes_run_parameters, labels
     )
     return OpenedBefore(session_id, generation, status, expires_at_ms, terms)
 

@@ -12,7 +12,7 @@ import base64
 import hashlib
 import secrets
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -140,6 +140,7 @@ class SessionSummary:
     executor_types: tuple[str, ...]
     max_concurrency: int
     passes_run_parameters: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from qinglong_control.domain.refusals import Reason, Refused
 
@@ -49,6 +50,7 @@ class SessionRequest:
     max_concurrency: int
     agent_version: str
     passes_run_parameters: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

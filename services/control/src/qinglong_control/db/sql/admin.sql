@@ -316,6 +316,7 @@ SELECT w.worker_id, w.principal_id, w.status, w.created_at_ms,
        s.session_id, s.status AS session_status, s.generation, s.renewed_at_ms,
        greatest(s.expires_at_ms - qinglong.db_now_ms(), 0) AS remaining_ms,
        s.agent_version, s.executor_types, s.max_concurrency, s.passes_run_parameters,
+       s.labels,
        (SELECT count(*) FROM qinglong.attempts a
          WHERE a.worker_id = w.worker_id
            AND a.state IN ('claimed', 'starting', 'running')) AS live_attempts,
@@ -325,7 +326,7 @@ SELECT w.worker_id, w.principal_id, w.status, w.created_at_ms,
   LEFT JOIN LATERAL (
         SELECT ws.session_id, ws.status, ws.generation, ws.renewed_at_ms, ws.expires_at_ms,
                ws.agent_version, ws.executor_types, ws.max_concurrency,
-               ws.passes_run_parameters
+               ws.passes_run_parameters, ws.labels
           FROM qinglong.worker_sessions ws
          WHERE ws.worker_id = w.worker_id
          ORDER BY ws.generation DESC

@@ -38,7 +38,7 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- again at its next tick. Locking after the pick instead would make the pulls of Workers
 -- with the same projects all pick the same oldest Runs, and all but one come back empty.
 WITH session AS MATERIALIZED (
-    SELECT s.session_id, s.executor_types, s.passes_run_parameters,
+    SELECT s.session_id, s.executor_types, s.passes_run_parameters, s.labels,
            -- The projects its Worker serves (NULL: every project).
            (SELECT w.project_ids FROM qinglong.worker_identities w
              WHERE w.worker_id = s.worker_id) AS project_ids,
@@ -72,6 +72,8 @@ SELECT picked.run_id FROM (
            AND r.executor_type = ANY(session.executor_types)
            -- A Worker that does not pass parameters on runs only Runs without any.
            AND (session.passes_run_parameters OR r.parameters = '{}'::jsonb)
+           -- The session's labels include the Run's selector (any labels include '{}').
+           AND session.labels @> r.worker_selector
            AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                             WHERE o.run_id = r.run_id AND o.state = 'open'
                               AND o.expires_at_ms > qinglong.db_now_ms())
@@ -92,6 +94,8 @@ SELECT picked.run_id FROM (
            AND r.executor_type = ANY(session.executor_types)
            -- A Worker that does not pass parameters on runs only Runs without any.
            AND (session.passes_run_parameters OR r.parameters = '{}'::jsonb)
+           -- The session's labels include the Run's selector (any labels include '{}').
+           AND session.labels @> r.worker_selector
            AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                             WHERE o.run_id = r.run_id AND o.state = 'open'
                               AND o.expires_at_ms > qinglong.db_now_ms())

@@ -42,12 +42,15 @@ SELECT tr.revision_id, tr.executor_type
  WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
 
 -- name: insert_run
--- A Run is created straight into `queued` with its first Event; the revision is pinned.
+-- A Run is created straight into `queued` with its first Event; the revision is pinned,
+-- and the Run keeps its worker_selector (placement compares it without the revision).
 INSERT INTO qinglong.runs
        (run_id, project_id, task_id, revision_id, state, executor_type,
-        trigger_request_id, triggered_by, created_at_ms, updated_at_ms, parameters)
-VALUES (%(run_id)s, %(project_id)s, %(task_id)s, %(revision_id)s, 'queued', %(executor_type)s,
-        %(request_id)s, %(actor_id)s, %(now)s, %(now)s, %(parameters)s)
+        trigger_request_id, triggered_by, created_at_ms, updated_at_ms, parameters,
+        worker_selector)
+SELECT %(run_id)s, %(project_id)s, %(task_id)s, tr.revision_id, 'queued', %(executor_type)s,
+       %(request_id)s, %(actor_id)s, %(now)s, %(now)s, %(parameters)s, tr.worker_selector
+  FROM qinglong.task_revisions tr WHERE tr.revision_id = %(revision_id)s
 
 -- name: list_events
 -- A user's or agent's actor_id is their principal id, so the name is looked up by the

@@ -9,7 +9,7 @@ SELECT status FROM qinglong.worker_identities WHERE worker_id = %s
 
 -- name: session_by_request
 SELECT session_id, generation, status, expires_at_ms,
-       executor_types, max_concurrency, agent_version, passes_run_parameters
+       executor_types, max_concurrency, agent_version, passes_run_parameters, labels
   FROM qinglong.worker_sessions
  WHERE worker_id = %s AND open_request_id = %s
 
@@ -35,22 +35,32 @@ UPDATE qinglong.offers SET state = 'withdrawn'
 INSERT INTO qinglong.worker_sessions
        (session_id, worker_id, generation, status, executor_types, max_concurrency,
         agent_version, open_request_id, opened_at_ms, renewed_at_ms, expires_at_ms,
-        passes_run_parameters)
+        passes_run_parameters, labels)
 VALUES (%(session_id)s, %(worker_id)s, %(generation)s, 'online', %(executor_types)s,
         %(max_concurrency)s, %(agent_version)s, %(request_id)s, %(now)s, %(now)s, %(expires)s,
-        %(passes_run_parameters)s)
+        %(passes_run_parameters)s, %(labels)s)
 
 -- name: lock_session
 SELECT session_id, worker_id, generation, status, expires_at_ms
   FROM qinglong.worker_sessions WHERE session_id = %s FOR UPDATE
 
 -- name: renew_session
--- The renewing Worker says again whether it passes Run parameters on: a Worker restarted
--- on another version resumes its session, and placement must follow the present one.
+-- The renewing Worker says again whether it passes Run parameters on, and what labels it
+-- has: a Worker restarted on another version or with other labels resumes its session,
+-- and placement must follow the present one.
 UPDATE qinglong.worker_sessions
    SET renewed_at_ms = %(now)s, expires_at_ms = %(expires)s,
-       passes_run_parameters = %(passes_run_parameters)s
+       passes_run_parameters = %(passes_run_parameters)s, labels = %(labels)s
  WHERE session_id = %(session_id)s
+
+-- name: withdraw_offers_for_other_labels
+-- The session's open offers of Runs whose selector its new labels no longer satisfy go
+-- back to the pool (a restarted Worker could still claim an offer its inbox kept). Offers
+-- the new labels still satisfy stay.
+UPDATE qinglong.offers o SET state = 'withdrawn'
+  FROM qinglong.runs r
+ WHERE o.session_id = %(session_id)s AND o.state = 'open' AND r.run_id = o.run_id
+   AND NOT %(labels)s::jsonb @> r.worker_selector
 
 -- name: drain_session
 UPDATE qinglong.worker_sessions
