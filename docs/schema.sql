@@ -905,6 +905,10 @@ CREATE INDEX runs_lost_unretried ON qinglong.runs USING btree (updated_at_ms, ru
 
 CREATE INDEX runs_queued_by_age ON qinglong.runs USING btree (created_at_ms, run_id) WHERE (state = 'queued'::text);
 
+CREATE INDEX runs_queued_for_any_worker ON qinglong.runs USING btree (created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector = '{}'::jsonb));
+
+CREATE INDEX runs_queued_with_selector ON qinglong.runs USING btree (created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector <> '{}'::jsonb));
+
 CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) WHERE ((state = 'retry_wait'::text) AND (cancel_requested_at_ms IS NULL));
 
 CREATE INDEX security_audit_by_credential ON qinglong.security_audit USING btree (credential_id, occurred_at_ms) WHERE (credential_id IS NOT NULL);

@@ -137,7 +137,13 @@ def worker_label_problem(key: str, value: str) -> str | None:
             f"label key {key!r} must be 1..{LABEL_KEY_MAX_LENGTH} characters of a-z, 0-9,"
             " '_', '.', '-', starting with a-z"
         )
-    if utf8_length(value) > WORKER_LABEL_VALUE_MAX_BYTES or not _PRINTABLE.match(value):
+    try:
+        # Strict: a value read from bytes that are not UTF-8 holds lone surrogates, which
+        # no request can carry.
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        return f"label {key}'s value must be UTF-8 text"
+    if size > WORKER_LABEL_VALUE_MAX_BYTES or not _PRINTABLE.match(value):
         return (
             f"label {key}'s value must be at most {WORKER_LABEL_VALUE_MAX_BYTES} bytes,"
             " without control characters"

@@ -172,6 +172,41 @@ def test_a_migration_waiting_for_a_lock_gives_way_and_tries_again(
         running.shutdown()
 
 
+def test_a_migration_chosen_to_break_a_deadlock_tries_again(
+    database: MigratedDatabase,
+) -> None:
+    """A migration that alters two tables takes their locks in its own order; traffic
+    holding the second and then asking for the first deadlocks with it, and PostgreSQL
+    ends the one that waited first: the migration. It rolls back and tries again rather
+    than failing the deployment, and applies once the traffic is gone."""
+    shipped = load_migrations()
+    both = Migration(
+        len(shipped) + 1,
+        "alter_two",
+        "ALTER TABLE qinglong.security_audit ADD COLUMN scratch int;\n"
+        "ALTER TABLE qinglong.projects ADD COLUMN scratch int;",
+    )
+    with psycopg.connect(database.urls.migration) as traffic:
+        traffic.execute("SELECT count(*) FROM qinglong.projects")  # holds the second
+        running = ThreadPoolExecutor(1)
+        applied = running.submit(migrate, database.urls.migration, [*shipped, both])
+
+        def migration_waits() -> bool:
+            row = traffic.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                " AND relation = 'qinglong.projects'::regclass"
+            ).fetchone()
+            return row is not None and row[0] > 0
+
+        assert wait_until(migration_waits, 10)
+        # Now the traffic asks for what the migration holds: a deadlock. The migration
+        # started waiting first, so its check runs first and ends it.
+        traffic.execute("SELECT count(*) FROM qinglong.security_audit")
+        traffic.rollback()
+        assert applied.result(timeout=30) == [f"{both.version:04d}_alter_two"]
+        running.shutdown()
+
+
 def test_an_outside_transaction_migration_may_only_build_indexes() -> None:
     sneaky = Migration(99, "sneaky", f"{OUTSIDE_TRANSACTION}\nDROP TABLE qinglong.runs;\n")
     with pytest.raises(MigrationError, match="only drop and build indexes concurrently"):

@@ -9,13 +9,16 @@ from dataclasses import replace
 import psycopg
 import pytest
 from qinglong_control.db import placement, sessions
+from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import acknowledge_starting
 from qinglong_control.domain.capability import digest_of_capability
 from qinglong_control.domain.claim import ClaimRequest
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.timings import Timings
 from qinglong_protocol.bounds import encode_lease_capability
 
+from tests.support.plans import rows_examined
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, World, enroll, fresh_claim
 
@@ -196,6 +199,46 @@ async def test_each_renewal_sets_the_labels_and_withdraws_offers_they_no_longer_
     other = await world.session("worker-b", labels={"gpu": "a100"})
     [taken] = (await placement.pull_offers(world.conn, other, 8, world.timings)).offers
     assert taken.run_id == needs_gpu
+
+
+async def test_a_worker_without_labels_never_reads_runs_that_need_some(
+    world: World, database: MigratedDatabase
+) -> None:
+    """Runs waiting for a label nobody has cost a Worker without labels nothing: its pull
+    reads only the Runs any Worker may take (migration 0036), read from the executed plan.
+    A labelled Worker reads both parts of the queue, and takes the oldest Run it may
+    across them."""
+    for _ in range(12):
+        await world.queued_run(worker_selector={"gpu": "nosuch"})
+    plain = [await world.queued_run() for _ in range(2)]
+    unlabelled = await world.session("worker-a")
+    labelled = await world.session("worker-b", labels={"gpu": "a100"})
+
+    def examined(session: SessionClaim) -> int:
+        explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + SQL["placement.lock_candidates"]
+        values = {
+            "session_id": session.session_id,
+            "worker_id": session.worker_id,
+            "generation": session.worker_generation,
+            "max_offers": 8,
+        }
+        with psycopg.connect(database.urls.runtime) as conn:
+            row = conn.execute(explain, values).fetchone()
+            conn.rollback()  # EXPLAIN ANALYZE locked the candidates
+        assert row is not None
+        return rows_examined(row[0][0]["Plan"], "runs")
+
+    assert examined(unlabelled) == len(plain)
+    assert examined(labelled) == 12 + len(plain)
+    older = await world.queued_run(worker_selector={"gpu": "a100"})
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET created_at_ms = created_at_ms - 60000 WHERE run_id = %s",
+        (older,),
+    )
+    [first] = (await placement.pull_offers(world.conn, labelled, 1, world.timings)).offers
+    assert first.run_id == older
+    offered = await placement.pull_offers(world.conn, unlabelled, 8, world.timings)
+    assert {o.run_id for o in offered.offers} == set(plain)
 
 
 async def test_draining_session_gets_no_offers_and_releases_its_own(world: World) -> None:

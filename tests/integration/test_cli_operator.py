@@ -109,6 +109,10 @@ async def test_a_revision_can_require_worker_labels(stack_file: Path) -> None:
     assert plan["workerSelector"] == {"gpu": "a100", "zone": "eu-1"}
     newest = await qinglong("task", "revision", task_id, *stack)
     assert json.loads(newest.out)["plan"] == plan
+    table = await qinglong("task", "revision", task_id, *stack, "--output", "table")
+    header, row = table.out.splitlines()
+    assert header.split()[-2:] == ["ATTEMPTS", "NEEDS_LABELS"]
+    assert row.split()[-2:] == ["1", "gpu=a100,zone=eu-1"]
     first = json.loads((await qinglong("task", "revision", task_id, "--number", "1", *stack)).out)
     assert (first["revisionNumber"], "workerSelector" in first["plan"]) == (1, False)
     upper = await qinglong("task", "revise", task_id, *stack, "--require-label", "GPU=x", "--", "t")

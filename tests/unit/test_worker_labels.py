@@ -54,6 +54,7 @@ def test_labels_come_from_the_flags_or_else_the_environment() -> None:
         (["--label", "Gpu=a"], "label key 'Gpu' must be"),
         (["--label", "gpu=" + "v" * (bounds.WORKER_LABEL_VALUE_MAX_BYTES + 1)], "at most 63"),
         (["--label", "gpu=a\x1b[31m"], "without control characters"),
+        (["--label", "gpu=\udcff"], "must be UTF-8 text"),  # argv bytes not UTF-8
         (
             [f"--label=k{n:02d}=v" for n in range(bounds.WORKER_LABELS_MAX + 1)],
             f"at most {bounds.WORKER_LABELS_MAX} labels",

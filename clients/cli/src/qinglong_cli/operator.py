@@ -97,7 +97,8 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
             default=[],
             metavar="KEY=VALUE",
             help="run only on Workers that declare this label (qinglong-worker --label);"
-            " repeatable: all of them",
+            " repeatable: all of them. A revision is a whole plan: `task revise` keeps none"
+            " of the previous revision's, so give them again",
         )
         parser.add_argument("argv", nargs="+", help="the command, after --")
         add_request_id_flag(parser)
@@ -304,6 +305,8 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
                 task_service_pb2.GetTaskRequest(project_id=project, task_id=args.task_id), **call
             )
             number = newest.task.latest_revision_number
+            if number == 0:
+                raise ConfigurationError(f"task {args.task_id} has no revision yet")
         got_revision = await tasks.GetTaskRevision(
             task_service_pb2.GetTaskRevisionRequest(
                 project_id=project, task_id=args.task_id, revision_number=number

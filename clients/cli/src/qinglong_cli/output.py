@@ -122,6 +122,11 @@ def _caller(document: dict[str, Any]) -> object:
     return f"{document.get('principalKind', '')}:{who}"
 
 
+def _labels(labels: dict[str, str]) -> object:
+    # A Worker's labels, or those a revision needs: sorted, so a table is stable.
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items())) or "-"
+
+
 def _load(document: dict[str, Any]) -> object:
     capacity = document.get("session", {}).get("maxConcurrentAttempts", "-")
     return f"{document.get('liveAttempts', 0)}/{capacity}"
@@ -163,6 +168,8 @@ TABLES: dict[str, Columns] = {
         ("REVISION", _get("revisionNumber")),
         ("COMMAND", lambda d: " ".join(d.get("plan", {}).get("command", []))),
         ("TIMEOUT_MS", _get("plan", "timeoutMs")),
+        ("ATTEMPTS", _get("plan", "retryPolicy", "maxAttempts", absent=1)),
+        ("NEEDS_LABELS", lambda d: _labels(d.get("plan", {}).get("workerSelector", {}))),
     ),
     "qinglong.admin.v1.Project": (
         ("PROJECT", _get("projectId")),
@@ -207,6 +214,7 @@ TABLES: dict[str, Columns] = {
         ("LOAD", _load),
         ("EXECUTORS", _executors),
         ("PROJECTS", lambda d: ",".join(d.get("projectIds", [])) or "*"),
+        ("LABELS", lambda d: _labels(d.get("session", {}).get("labels", {}))),
         ("VERSION", _get("session", "agentVersion")),
         # Growing fast: two machines share one identity (R-ADM-3).
         ("SESSIONS", _get("sessionCount", absent=0)),

@@ -205,7 +205,8 @@ class RenewSessionRequest(_message.Message):
         configured it (os=linux, gpu=a100, zone=edge-3): a Run whose plan has a
         worker_selector is offered only to a session whose labels include every
         entry of it. Each renewal sets them, as it
-        sets passes_run_parameters; a change withdraws the session's open offers.
+        sets passes_run_parameters, and withdraws the session's open offers of Runs
+        whose selector the new labels no longer satisfy.
         """
 
     def __init__(

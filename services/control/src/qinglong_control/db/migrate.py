@@ -137,7 +137,9 @@ def migrate(migration_url: str, migrations: Sequence[Migration] | None = None) -
 
 def _apply_in_transaction(conn: psycopg.Connection, migration: Migration) -> None:
     """The migration and its history row in one transaction whose statements wait at most
-    LOCK_TIMEOUT_MS for a lock; rolled back and tried again when one did not come."""
+    LOCK_TIMEOUT_MS for a lock; rolled back and tried again when one did not come, or
+    when PostgreSQL ended it to break a deadlock with the traffic (it takes its locks in
+    its own order, which need not be the runtime's)."""
     for attempt in range(1, LOCK_TRIES + 1):
         try:
             with conn.transaction():
@@ -145,7 +147,7 @@ def _apply_in_transaction(conn: psycopg.Connection, migration: Migration) -> Non
                 conn.execute(migration.sql.encode())
                 _record(conn, migration)
             return
-        except psycopg.errors.LockNotAvailable:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
             if attempt == LOCK_TRIES:
                 raise
             time.sleep(_LOCK_RETRY_PAUSE_SECONDS)

@@ -25,15 +25,17 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- session that is not the caller's live, online, unexpired incarnation has no room at
 -- all; the caller is then refused in Python.
 --
--- Two branches, of which one runs (the other's one-time filter is false): a Worker of
--- every project reads the queue by age (runs_queued_by_age); a Worker of some projects
--- reads each of its projects' queue (runs_by_project_state, migration 0020) and takes the
--- oldest of those — reading the whole queue instead, it would scan every other project's
--- backlog at each pull (80 ms with 85,000 Runs queued elsewhere). Both branches place a
--- Run on the same conditions; they are written out in each, and must stay the same
--- (test_worker_projects.py holds the second to them). Each served project's scan locks
--- up to the room, and the oldest of them are taken: a Worker of K projects holds up to
--- K x room Runs until COMMIT (one pull's two round trips). Another pull skips those
+-- Branches of which only some run (the others' one-time filter is false): a Worker of
+-- every project reads the queue by age, the Runs without a selector and, when it has
+-- labels, those with one (migration 0036); a Worker of some projects reads each of its
+-- projects' queue (runs_by_project_state, migration 0020) and takes the oldest of those —
+-- reading the whole queue instead, it would scan every other project's backlog at each
+-- pull (80 ms with 85,000 Runs queued elsewhere). Every branch places a Run on the same
+-- conditions; they are written out in each, and must stay the same
+-- (test_worker_projects.py and test_sessions_and_claim.py hold them to it). Each scan
+-- (each served project's, or each part of the whole queue) locks up to the room, and the
+-- oldest of them are taken: a Worker of K projects holds up to K x room Runs until COMMIT
+-- (one pull's two round trips), a labelled Worker of every project 2 x room. Another pull skips those
 -- and goes on scanning; only on a nearly empty queue does it come back short, and pulls
 -- again at its next tick. Locking after the pick instead would make the pulls of Workers
 -- with the same projects all pick the same oldest Runs, and all but one come back empty.
@@ -58,13 +60,39 @@ WITH session AS MATERIALIZED (
        AND s.expires_at_ms > qinglong.db_now_ms()
 )
 SELECT picked.run_id FROM (
-    SELECT by_age.run_id, by_age.created_at_ms FROM (
+    -- A Worker of every project: the Runs any Worker may take, by age, from their own
+    -- index (runs_queued_for_any_worker, migration 0036)...
+    SELECT for_any.run_id, for_any.created_at_ms FROM (
         SELECT r.run_id, r.created_at_ms
           FROM qinglong.runs r, session
          -- A scalar subquery, read once before the scan (an InitPlan): it decides whether
          -- this branch reads anything at all.
          WHERE (SELECT project_ids IS NULL FROM session)
            AND r.state = 'queued'
+           AND r.worker_selector = '{}'::jsonb
+           AND r.cancel_requested_at_ms IS NULL
+           -- A disabled project's Runs are stopped by the reconciler; none starts meanwhile.
+           AND EXISTS (SELECT 1 FROM qinglong.projects p
+                        WHERE p.project_id = r.project_id AND p.status = 'active')
+           AND r.executor_type = ANY(session.executor_types)
+           -- A Worker that does not pass parameters on runs only Runs without any.
+           AND (session.passes_run_parameters OR r.parameters = '{}'::jsonb)
+           AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
+                            WHERE o.run_id = r.run_id AND o.state = 'open'
+                              AND o.expires_at_ms > qinglong.db_now_ms())
+         ORDER BY r.created_at_ms, r.run_id
+         LIMIT coalesce((SELECT room FROM session), 0)
+           FOR UPDATE OF r SKIP LOCKED) for_any
+    UNION ALL
+    -- ...and, only for a session that declared labels, the Runs with a selector
+    -- (runs_queued_with_selector), past those its labels do not satisfy. A Worker without
+    -- labels never reads a Run it may not take, however many wait for a label nobody has.
+    SELECT selective.run_id, selective.created_at_ms FROM (
+        SELECT r.run_id, r.created_at_ms
+          FROM qinglong.runs r, session
+         WHERE (SELECT project_ids IS NULL AND labels <> '{}'::jsonb FROM session)
+           AND r.state = 'queued'
+           AND r.worker_selector <> '{}'::jsonb
            AND r.cancel_requested_at_ms IS NULL
            -- A disabled project's Runs are stopped by the reconciler; none starts meanwhile.
            AND EXISTS (SELECT 1 FROM qinglong.projects p
@@ -79,7 +107,7 @@ SELECT picked.run_id FROM (
                               AND o.expires_at_ms > qinglong.db_now_ms())
          ORDER BY r.created_at_ms, r.run_id
          LIMIT coalesce((SELECT room FROM session), 0)
-           FOR UPDATE OF r SKIP LOCKED) by_age
+           FOR UPDATE OF r SKIP LOCKED) selective
     UNION ALL
     SELECT by_project.run_id, by_project.created_at_ms
       FROM session, unnest(session.project_ids) AS served (project_id)
