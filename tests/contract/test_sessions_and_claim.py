@@ -241,6 +241,33 @@ async def test_a_worker_without_labels_never_reads_runs_that_need_some(
     assert {o.run_id for o in offered.offers} == set(plain)
 
 
+async def test_each_renewal_sets_the_capacity_the_worker_runs_with_now(world: World) -> None:
+    """A Worker restarted with another --max-concurrency resumes its session: placement
+    follows the capacity its renewal declares (its open session used to keep the first
+    one for as long as it was renewed); a renewal that declares none (a Worker of an
+    earlier version) leaves it as it was."""
+    queued = [await world.queued_run() for _ in range(12)]
+    session = await world.session("worker-a")  # capacity 8
+    first = await placement.pull_offers(world.conn, session, 64, world.timings)
+    assert len(first.offers) == 8
+    await sessions.renew_session(world.conn, session, world.timings, max_concurrency=10)
+    grown = await placement.pull_offers(world.conn, session, 64, world.timings)
+    assert len(grown.offers) == 10
+    await sessions.renew_session(world.conn, session, world.timings)
+    same = await placement.pull_offers(world.conn, session, 64, world.timings)
+    assert len(same.offers) == 10
+    await sessions.renew_session(world.conn, session, world.timings, max_concurrency=2)
+    cursor = await world.conn.execute(
+        "SELECT max_concurrency FROM qinglong.worker_sessions WHERE session_id = %s",
+        (session.session_id,),
+    )
+    assert await cursor.fetchone() == (2,)
+    # More offers open than it may now run: it is offered nothing more.
+    fewer = await placement.pull_offers(world.conn, session, 64, world.timings)
+    assert {o.run_id for o in fewer.offers} <= set(queued)
+    assert len(fewer.offers) == 10
+
+
 async def test_draining_session_gets_no_offers_and_releases_its_own(world: World) -> None:
     run_id = await world.queued_run()
     session = await world.session("worker-a")

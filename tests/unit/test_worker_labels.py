@@ -94,29 +94,33 @@ class _RecordingClient:
         return answer
 
 
-async def test_the_labels_go_with_the_open_and_every_renewal(tmp_path: Any) -> None:
+async def test_the_labels_and_capacity_go_with_the_open_and_every_renewal(
+    tmp_path: Any,
+) -> None:
     """A restarted Worker resumes the session in its inbox by renewing it: the renewal
-    must carry the labels it runs with now, not those it opened the session with."""
+    must carry the labels and capacity it runs with now, not those it opened with."""
     inbox = Inbox.open(tmp_path / "inbox.db")
     client = _RecordingClient()
     now = [0.0]
 
-    def keeper(labels: dict[str, str]) -> SessionKeeper:
+    def keeper(labels: dict[str, str], max_concurrency: int) -> SessionKeeper:
         return SessionKeeper(
             inbox=inbox,
             client=client,  # type: ignore[arg-type]
             worker_id="w",
-            max_concurrency=2,
+            max_concurrency=max_concurrency,
             labels=labels,
             clock=lambda: now[0],
         )
 
-    assert await keeper({"gpu": "a100"}).ensure() is not None
-    restarted = keeper({"gpu": "t4", "zone": "eu"})
+    assert await keeper({"gpu": "a100"}, 2).ensure() is not None
+    restarted = keeper({"gpu": "t4", "zone": "eu"}, 6)
     assert await restarted.ensure() is not None
     opened, renewed = client.sent
     assert isinstance(opened, ws.OpenSessionRequest)
     assert dict(opened.labels) == {"gpu": "a100"}
+    assert opened.max_concurrent_attempts == 2
     assert isinstance(renewed, ws.RenewSessionRequest)
     assert dict(renewed.labels) == {"gpu": "t4", "zone": "eu"}
+    assert renewed.max_concurrent_attempts == 6
     inbox.close()

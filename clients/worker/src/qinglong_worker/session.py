@@ -202,6 +202,7 @@ class SessionKeeper:
                 worker_generation=generation,
                 passes_run_parameters=PASSES_RUN_PARAMETERS,
                 labels=self._labels,
+                max_concurrent_attempts=self._max_concurrency,
             ),
             budget_seconds=budget,
         )

@@ -188,6 +188,7 @@ class RenewSessionRequest(_message.Message):
     WORKER_GENERATION_FIELD_NUMBER: _builtins.int
     PASSES_RUN_PARAMETERS_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENT_ATTEMPTS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The stable worker id; must equal the mTLS principal."""
     session_id: _builtins.str
@@ -198,6 +199,13 @@ class RenewSessionRequest(_message.Message):
     """As in OpenSessionRequest: the renewing Worker hands a Run's parameters to
     its executor. Each renewal sets it, so a session that a restarted Worker
     of another version resumed says what the present one does.
+    """
+    max_concurrent_attempts: _builtins.int
+    """As in OpenSessionRequest: how many live Attempts the session may own at
+    once, as the renewing Worker is configured now (a Worker restarted with
+    another --max-concurrency resumes its session). 0, from a Worker of an
+    earlier version: unchanged. Lowering it below the live Attempts stops no
+    Attempt; the session is offered nothing until it has room again.
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -217,10 +225,11 @@ class RenewSessionRequest(_message.Message):
         worker_generation: _builtins.int = ...,
         passes_run_parameters: _builtins.bool = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        max_concurrent_attempts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "passes_run_parameters", b"passes_run_parameters", "session_id", b"session_id", "worker_generation", b"worker_generation", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "max_concurrent_attempts", b"max_concurrent_attempts", "passes_run_parameters", b"passes_run_parameters", "session_id", b"session_id", "worker_generation", b"worker_generation", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -167,6 +167,8 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
                 self._timings,
                 passes_run_parameters=public.passes_run_parameters,
                 labels=dict(public.labels),
+                # 0: a Worker of an earlier version, which does not say (unchanged).
+                max_concurrency=public.max_concurrent_attempts or None,
             )
         state = session_response(view, 0)
         del state["renew_interval"]

@@ -137,10 +137,12 @@ async def renew_session(
     *,
     passes_run_parameters: bool = False,
     labels: dict[str, str] | None = None,
+    max_concurrency: int | None = None,
 ) -> SessionView:
-    """Extend the session; ``passes_run_parameters`` and ``labels`` are what the renewing
-    Worker says now (a Worker of an earlier version says nothing: False, no labels). Open
-    offers its new labels no longer qualify for are withdrawn."""
+    """Extend the session; ``passes_run_parameters``, ``labels`` and ``max_concurrency``
+    are what the renewing Worker says now (a Worker of an earlier version says nothing:
+    False, no labels, its capacity unchanged). Open offers its new labels no longer
+    qualify for are withdrawn."""
     async with command_transaction(conn) as tx:
         row, now_ms = await _lock_session(tx, claim)
         values = {
@@ -149,6 +151,7 @@ async def renew_session(
             "session_id": row.session_id,
             "passes_run_parameters": passes_run_parameters,
             "labels": Jsonb(labels or {}),
+            "max_concurrency": max_concurrency,
         }
         await tx.execute("offers.withdraw_for_labels", _WITHDRAW_OFFERS_FOR_OTHER_LABELS, values)
         await tx.execute("session.renew", _RENEW_SESSION, values)

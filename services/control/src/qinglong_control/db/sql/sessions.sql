@@ -45,12 +45,14 @@ SELECT session_id, worker_id, generation, status, expires_at_ms
   FROM qinglong.worker_sessions WHERE session_id = %s FOR UPDATE
 
 -- name: renew_session
--- The renewing Worker says again whether it passes Run parameters on, and what labels it
--- has: a Worker restarted on another version or with other labels resumes its session,
--- and placement must follow the present one.
+-- The renewing Worker says again whether it passes Run parameters on, what labels it has
+-- and how many Attempts it runs at once: a Worker restarted on another version or with
+-- other settings resumes its session, and placement must follow the present one. A NULL
+-- capacity (a Worker of an earlier version said none) leaves it as it was.
 UPDATE qinglong.worker_sessions
    SET renewed_at_ms = %(now)s, expires_at_ms = %(expires)s,
-       passes_run_parameters = %(passes_run_parameters)s, labels = %(labels)s
+       passes_run_parameters = %(passes_run_parameters)s, labels = %(labels)s,
+       max_concurrency = coalesce(%(max_concurrency)s, max_concurrency)
  WHERE session_id = %(session_id)s
 
 -- name: withdraw_offers_for_other_labels
