@@ -397,7 +397,10 @@ def test_a_run_that_needs_labels_waits_for_a_worker_that_declares_them(
         operator.wait_for(needs_gpu, RUN_STATE.RUN_STATE_SUCCEEDED)
     finally:
         assert labelled.stop() == 0, labelled.log.read_text()
-    assert "resumed" in worker.log.read_text()  # the same session, relabelled
+    log = worker.log.read_text()
+    assert "resumed" in log  # the same session, relabelled
+    assert "labels none)" in log
+    assert "labels gpu=a100,zone=eu)" in log
 
 
 def test_a_worker_refuses_to_start_with_a_label_the_contract_refuses(tmp_path: Path) -> None:

@@ -128,10 +128,13 @@ async def run_daemon(
             for early in early_signals:
                 on_signal(signal.Signals(early).name)
             log.info(
-                "worker %s -> ingress %s: running (inbox %s)",
+                "worker %s -> ingress %s: running (inbox %s; up to %d at once; labels %s)",
                 settings.worker_id,
                 settings.ingress_address,
                 daemon.inbox,
+                daemon.max_concurrency,
+                # What placement matches revisions' selectors with: an operator checks it here.
+                ",".join(f"{k}={v}" for k, v in sorted(daemon.labels.items())) or "none",
             )
             renewing = _start_renewal(settings, daemon.certificate_check_seconds, client)
             try:
