@@ -167,6 +167,32 @@ async def test_a_run_with_a_worker_selector_goes_only_to_a_worker_with_those_lab
     assert claimed.lease_version == 1
 
 
+async def test_a_labelled_worker_is_offered_runs_with_a_selector_on_the_same_conditions(
+    world: World,
+) -> None:
+    """The part of the pull that reads Runs with a selector (a Worker of every project
+    with labels) places them on the conditions of every other part: none with a cancel
+    intent, none with parameters when the Worker does not pass them on, none with a live
+    offer elsewhere."""
+    gpu = {"gpu": "a100"}
+    offered_elsewhere = await world.queued_run(worker_selector=gpu)
+    elsewhere = await world.session("worker-b", labels=gpu)
+    [held] = (await placement.pull_offers(world.conn, elsewhere, 8, world.timings)).offers
+    assert held.run_id == offered_elsewhere
+    cancelled = await world.queued_run(worker_selector=gpu)
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
+        " cancel_reason = 'user' WHERE run_id = %s",
+        (cancelled,),
+    )
+    with_parameters = await world.queued_run(worker_selector=gpu, parameters={"X": "1"})
+    placeable = await world.queued_run(worker_selector=gpu)
+    session = await world.session("worker-a", labels=gpu, passes_parameters=False)
+    offered = await placement.pull_offers(world.conn, session, 8, world.timings)
+    assert [o.run_id for o in offered.offers] == [placeable]
+    assert with_parameters not in {o.run_id for o in offered.offers}
+
+
 async def test_each_renewal_sets_the_labels_and_withdraws_offers_they_no_longer_fit(
     world: World,
 ) -> None:
@@ -262,10 +288,19 @@ async def test_each_renewal_sets_the_capacity_the_worker_runs_with_now(world: Wo
         (session.session_id,),
     )
     assert await cursor.fetchone() == (2,)
-    # More offers open than it may now run: it is offered nothing more.
+    # Its newest open offers beyond the new capacity went back to the pool.
     fewer = await placement.pull_offers(world.conn, session, 64, world.timings)
-    assert {o.run_id for o in fewer.offers} <= set(queued)
-    assert len(fewer.offers) == 10
+    assert [o.offer_id for o in fewer.offers] == [o.offer_id for o in grown.offers[:2]]
+    states = await world.conn.execute(
+        "SELECT state, count(*) FROM qinglong.offers WHERE session_id = %s GROUP BY state",
+        (session.session_id,),
+    )
+    assert dict(await states.fetchall()) == {"open": 2, "withdrawn": 8}
+    other = await world.session("worker-b")
+    taken = await placement.pull_offers(world.conn, other, 64, world.timings)
+    kept = {o.run_id for o in fewer.offers}
+    assert {o.run_id for o in taken.offers} <= set(queued) - kept
+    assert len(taken.offers) == 8  # its own capacity: the withdrawn ones were free
 
 
 async def test_draining_session_gets_no_offers_and_releases_its_own(world: World) -> None:

@@ -1601,20 +1601,6 @@ def test_the_workers_claim_holds_its_output_at_the_limit() -> None:
     assert at_once <= claim_bytes // 2
 
 
-def test_the_workers_declare_labels_their_daemon_takes() -> None:
-    """The pool says what it offers (a revision's worker selector picks Workers by it),
-    with labels the contract takes: the daemon's parser refuses others, and the pod would
-    restart for ever."""
-    _, daemon = _worker_containers()
-    environment = {name: str(v.get("value", "")) for name, v in _env(daemon).items()}
-    connection = ["--worker-id", "w", "--ingress-address", "i:1", "--inbox", "/i.db"]
-    connection += ["--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"]
-    settings = parse_worker_settings(["run", *connection], environment)[1].daemon
-    assert settings is not None
-    assert settings.labels
-    assert all(bounds.worker_label_problem(k, v) is None for k, v in settings.labels.items())
-
-
 def test_the_worker_is_probed_for_liveness_by_its_own_heartbeat_only() -> None:
     """The probe reads the heartbeat beside the inbox the daemon runs on (a probe of
     another path would never see it tick), never ingress; and it outlasts a slow tick."""

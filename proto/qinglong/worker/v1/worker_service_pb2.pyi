@@ -60,9 +60,9 @@ class OpenSessionRequest(_message.Message):
     request_id: _builtins.str
     """AIP-155 idempotency key: a retry with the same worker_id and request_id
     returns the session the first call opened instead of opening another one.
-    The retry must repeat the request (other executor_types,
+    The retry must repeat the session's present terms (other executor_types,
     max_concurrent_attempts, agent_version, passes_run_parameters or labels:
-    ABORTED REPLAY_MISMATCH), and that
+    ABORTED REPLAY_MISMATCH; renewals set all but the first and the third), and that
     session must still be live (replaced or closed: SESSION_FENCED; expired:
     SESSION_EXPIRED); the Worker then opens one under a new request_id.
     """
@@ -204,8 +204,9 @@ class RenewSessionRequest(_message.Message):
     """As in OpenSessionRequest: how many live Attempts the session may own at
     once, as the renewing Worker is configured now (a Worker restarted with
     another --max-concurrency resumes its session). 0, from a Worker of an
-    earlier version: unchanged. Lowering it below the live Attempts stops no
-    Attempt; the session is offered nothing until it has room again.
+    earlier version: unchanged. Lowering it withdraws the session's newest open
+    offers beyond the new room and stops no Attempt; the session is offered
+    nothing until it has room again.
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:

@@ -15,7 +15,8 @@ statements, each index dropped before it is built, so a migrator that stopped ha
 
 A statement of a migration in a transaction waits for a lock at most LOCK_TIMEOUT_MS: a
 DDL statement queued behind a long transaction makes every write to its table queue
-behind it, so the migration rolls back, lets them through and tries again.
+behind it, so the migration rolls back, lets them through and tries again. It tries
+again too when PostgreSQL ended it to break a deadlock with the traffic.
 """
 
 from __future__ import annotations

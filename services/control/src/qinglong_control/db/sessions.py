@@ -47,6 +47,8 @@ _RENEW_SESSION = SQL["sessions.renew_session"]
 
 _WITHDRAW_OFFERS_FOR_OTHER_LABELS = SQL["sessions.withdraw_offers_for_other_labels"]
 
+_WITHDRAW_OFFERS_BEYOND_CAPACITY = SQL["sessions.withdraw_offers_beyond_capacity"]
+
 _DRAIN_SESSION = SQL["sessions.drain_session"]
 
 
@@ -142,7 +144,7 @@ async def renew_session(
     """Extend the session; ``passes_run_parameters``, ``labels`` and ``max_concurrency``
     are what the renewing Worker says now (a Worker of an earlier version says nothing:
     False, no labels, its capacity unchanged). Open offers its new labels no longer
-    qualify for are withdrawn."""
+    qualify for, and those beyond its new capacity, are withdrawn."""
     async with command_transaction(conn) as tx:
         row, now_ms = await _lock_session(tx, claim)
         values = {
@@ -154,6 +156,7 @@ async def renew_session(
             "max_concurrency": max_concurrency,
         }
         await tx.execute("offers.withdraw_for_labels", _WITHDRAW_OFFERS_FOR_OTHER_LABELS, values)
+        await tx.execute("offers.withdraw_beyond", _WITHDRAW_OFFERS_BEYOND_CAPACITY, values)
         await tx.execute("session.renew", _RENEW_SESSION, values)
         return SessionView(row.session_id, row.generation, row.status, timings.session_ttl_ms)
 

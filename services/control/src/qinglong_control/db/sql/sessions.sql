@@ -55,6 +55,23 @@ UPDATE qinglong.worker_sessions
        max_concurrency = coalesce(%(max_concurrency)s, max_concurrency)
  WHERE session_id = %(session_id)s
 
+-- name: withdraw_offers_beyond_capacity
+-- A renewal that lowers the capacity withdraws the session's newest open offers beyond
+-- what it may now run (its live Attempts count against it): they would otherwise hold
+-- their Runs from every other Worker until they expire. Those kept are the first a pull
+-- answers (placement.open_offers' order). Nothing when the renewal says no capacity (a
+-- Worker of an earlier version).
+UPDATE qinglong.offers SET state = 'withdrawn'
+ WHERE offer_id IN (
+    SELECT o.offer_id FROM qinglong.offers o JOIN qinglong.runs r ON r.run_id = o.run_id
+     WHERE o.session_id = %(session_id)s AND o.state = 'open'
+       AND %(max_concurrency)s::integer IS NOT NULL
+     ORDER BY o.created_at_ms, r.created_at_ms, r.run_id
+    OFFSET greatest(0, %(max_concurrency)s::integer
+                       - (SELECT count(*) FROM qinglong.attempts a
+                           WHERE a.session_id = %(session_id)s
+                             AND a.state IN ('claimed', 'starting', 'running'))))
+
 -- name: withdraw_offers_for_other_labels
 -- The session's open offers of Runs whose selector its new labels no longer satisfy go
 -- back to the pool (a restarted Worker could still claim an offer its inbox kept). Offers
