@@ -907,7 +907,11 @@ CREATE INDEX runs_queued_by_age ON qinglong.runs USING btree (created_at_ms, run
 
 CREATE INDEX runs_queued_for_any_worker ON qinglong.runs USING btree (created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector = '{}'::jsonb));
 
+CREATE INDEX runs_queued_for_any_worker_by_project ON qinglong.runs USING btree (project_id, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector = '{}'::jsonb));
+
 CREATE INDEX runs_queued_with_selector ON qinglong.runs USING btree (created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector <> '{}'::jsonb));
+
+CREATE INDEX runs_queued_with_selector_by_project ON qinglong.runs USING btree (project_id, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector <> '{}'::jsonb));
 
 CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) WHERE ((state = 'retry_wait'::text) AND (cancel_requested_at_ms IS NULL));
 

@@ -132,6 +132,14 @@ async def test_a_scoped_workers_pull_reads_only_its_projects_queues(
         conn.rollback()  # EXPLAIN ANALYZE locked the candidates
     assert row is not None
     assert rows_examined(row[0][0]["Plan"], "runs") == len(served), "only its project's queued Runs"
+    # Nor does it read its projects' Runs waiting for labels it has not declared.
+    for _ in range(5):
+        await world.queued_run(project=OTHER, worker_selector={"gpu": "nosuch"})
+    with psycopg.connect(database.urls.runtime) as conn:
+        row = conn.execute(explain, values).fetchone()
+        conn.rollback()
+    assert row is not None
+    assert rows_examined(row[0][0]["Plan"], "runs") == len(served), "none that needs a label"
     assert set(await pulled(world, session)) == set(served)
 
     both = await world.session("worker-b")
@@ -165,6 +173,12 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
     placeable = await world.queued_run(project=OTHER)
     with_parameters = await world.queued_run(project=OTHER, parameters={"TARGET": "eu"})
     needs_gpu = await world.queued_run(project=OTHER, worker_selector={"gpu": "a100"})
+    cancelled_gpu = await world.queued_run(project=OTHER, worker_selector={"gpu": "a100"})
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
+        " cancel_reason = 'user' WHERE run_id = %s",
+        (cancelled_gpu,),
+    )
     await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
     scoped = await world.session("worker-a", passes_parameters=False)
     assert set(await pulled(world, scoped)) == {placeable}
@@ -173,6 +187,11 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
     assert set(await pulled(world, passing)) == {placeable, with_parameters}
     labelled = await world.session("worker-a", labels={"gpu": "a100"})
     assert set(await pulled(world, labelled)) == {placeable, with_parameters, needs_gpu}
+    labelled_old = await world.session("worker-a", labels={"gpu": "a100"}, passes_parameters=False)
+    with_parameters_gpu = await world.queued_run(
+        project=OTHER, worker_selector={"gpu": "a100"}, parameters={"X": "1"}
+    )
+    assert with_parameters_gpu not in await pulled(world, labelled_old)
     await admin.disable_project(admin_conn, OTHER)
     await world.queued_run(project=PROJECT)  # another project's: not its to take either
     fresh = await world.session("worker-a")

@@ -25,17 +25,18 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- session that is not the caller's live, online, unexpired incarnation has no room at
 -- all; the caller is then refused in Python.
 --
--- Branches of which only some run (the others' one-time filter is false): a Worker of
--- every project reads the queue by age, the Runs without a selector and, when it has
--- labels, those with one (migration 0036); a Worker of some projects reads each of its
--- projects' queue (runs_by_project_state, migration 0020) and takes the oldest of those —
--- reading the whole queue instead, it would scan every other project's backlog at each
--- pull (80 ms with 85,000 Runs queued elsewhere). Every branch places a Run on the same
--- conditions; they are written out in each, and must stay the same
--- (test_worker_projects.py and test_sessions_and_claim.py hold them to it). Each scan
--- (each served project's, or each part of the whole queue) locks up to the room, and the
+-- Branches of which only some run (the others' one-time filter is false). The queue is
+-- read in two parts (migration 0036): the Runs without a selector, which any Worker may
+-- take, and — only for a session that declared labels — those with one, so a Worker
+-- without labels never reads past Runs waiting for a label nobody has. A Worker of every
+-- project reads the whole queue's two parts by age; a Worker of some projects reads each
+-- of its projects' two parts and takes the oldest of those — reading the whole queue
+-- instead, it would scan every other project's backlog at each pull (80 ms with 85,000
+-- Runs queued elsewhere). Every part places a Run on the same conditions; they are written
+-- out in each, and must stay the same (test_worker_projects.py and
+-- test_sessions_and_claim.py hold them to it). Each scan locks up to the room, and the
 -- oldest of them are taken: a Worker of K projects holds up to K x room Runs until COMMIT
--- (one pull's two round trips), a labelled Worker of every project 2 x room. Another pull skips those
+-- (one pull's two round trips), twice that with labels. Another pull skips those
 -- and goes on scanning; only on a nearly empty queue does it come back short, and pulls
 -- again at its next tick. Locking after the pick instead would make the pulls of Workers
 -- with the same projects all pick the same oldest Runs, and all but one come back empty.
@@ -109,27 +110,52 @@ SELECT picked.run_id FROM (
          LIMIT coalesce((SELECT room FROM session), 0)
            FOR UPDATE OF r SKIP LOCKED) selective
     UNION ALL
+    -- A Worker of some projects: each served project's queue, in the same two parts
+    -- (runs_queued_for_any_worker_by_project, runs_queued_with_selector_by_project).
     SELECT by_project.run_id, by_project.created_at_ms
       FROM session, unnest(session.project_ids) AS served (project_id)
      CROSS JOIN LATERAL (
-        SELECT r.run_id, r.created_at_ms
-          FROM qinglong.runs r
-         WHERE r.project_id = served.project_id
-           AND r.state = 'queued'
-           AND r.cancel_requested_at_ms IS NULL
-           AND EXISTS (SELECT 1 FROM qinglong.projects p
-                        WHERE p.project_id = r.project_id AND p.status = 'active')
-           AND r.executor_type = ANY(session.executor_types)
-           -- A Worker that does not pass parameters on runs only Runs without any.
-           AND (session.passes_run_parameters OR r.parameters = '{}'::jsonb)
-           -- The session's labels include the Run's selector (any labels include '{}').
-           AND session.labels @> r.worker_selector
-           AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
-                            WHERE o.run_id = r.run_id AND o.state = 'open'
-                              AND o.expires_at_ms > qinglong.db_now_ms())
-         ORDER BY r.created_at_ms, r.run_id
-         LIMIT session.room
-           FOR UPDATE OF r SKIP LOCKED) by_project
+        -- (FOR UPDATE is allowed in a subquery, not in a part of a UNION itself.)
+        SELECT * FROM (
+         SELECT r.run_id, r.created_at_ms
+           FROM qinglong.runs r
+          WHERE r.project_id = served.project_id
+            AND r.state = 'queued'
+            AND r.worker_selector = '{}'::jsonb
+            AND r.cancel_requested_at_ms IS NULL
+            AND EXISTS (SELECT 1 FROM qinglong.projects p
+                         WHERE p.project_id = r.project_id AND p.status = 'active')
+            AND r.executor_type = ANY(session.executor_types)
+            -- A Worker that does not pass parameters on runs only Runs without any.
+            AND (session.passes_run_parameters OR r.parameters = '{}'::jsonb)
+            AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
+                             WHERE o.run_id = r.run_id AND o.state = 'open'
+                               AND o.expires_at_ms > qinglong.db_now_ms())
+          ORDER BY r.created_at_ms, r.run_id
+          LIMIT session.room
+            FOR UPDATE OF r SKIP LOCKED) for_any
+        UNION ALL
+        SELECT * FROM (
+         SELECT r.run_id, r.created_at_ms
+           FROM qinglong.runs r
+          WHERE session.labels <> '{}'::jsonb
+            AND r.project_id = served.project_id
+            AND r.state = 'queued'
+            AND r.worker_selector <> '{}'::jsonb
+            AND r.cancel_requested_at_ms IS NULL
+            AND EXISTS (SELECT 1 FROM qinglong.projects p
+                         WHERE p.project_id = r.project_id AND p.status = 'active')
+            AND r.executor_type = ANY(session.executor_types)
+            -- A Worker that does not pass parameters on runs only Runs without any.
+            AND (session.passes_run_parameters OR r.parameters = '{}'::jsonb)
+            -- The session's labels include the Run's selector (any labels include '{}').
+            AND session.labels @> r.worker_selector
+            AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
+                             WHERE o.run_id = r.run_id AND o.state = 'open'
+                               AND o.expires_at_ms > qinglong.db_now_ms())
+          ORDER BY r.created_at_ms, r.run_id
+          LIMIT session.room
+            FOR UPDATE OF r SKIP LOCKED) selective) by_project
 ) picked
  ORDER BY picked.created_at_ms, picked.run_id
  LIMIT coalesce((SELECT room FROM session), 0)
