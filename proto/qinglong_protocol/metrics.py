@@ -39,9 +39,10 @@ from prometheus_client.registry import Collector
 _log = logging.getLogger(__name__)
 
 #: Every label a QingLong metric may carry (``le``: a histogram bucket's bound; ``step``:
-#: one of the reconcile cycle's steps); the tests check each scrape against it.
+#: one of the reconcile cycle's steps; ``part``: of the queue); the tests check each scrape
+#: against it.
 LABELS: Final = frozenset(
-    {"method", "outcome", "reason", "pool", "phase", "kind", "state", "step", "le"}
+    {"method", "outcome", "reason", "pool", "phase", "kind", "state", "step", "part", "le"}
 )
 
 #: Seconds, for gRPC calls and commits: half a millisecond (a warm loopback call) up to

@@ -41,6 +41,8 @@ CONTROL_METRICS = {
     "qinglong_control_reconcile_work",  # work per cycle, by kind
     "qinglong_control_output_bytes_stored",  # Run output (R-OPS-1)
     "qinglong_control_attempts_completed",  # by end state, each Attempt once
+    "qinglong_control_queued_runs",  # by part of the queue, sampled
+    "qinglong_control_oldest_queued_run_age_seconds",
     "qinglong_pool_connections",  # pool usage
     "qinglong_pool_connections_idle",
     "qinglong_pool_connections_max",

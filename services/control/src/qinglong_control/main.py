@@ -32,6 +32,7 @@ from qinglong_control.db.schema_version import require_control_schema
 from qinglong_control.issuing import IssuingAuthority
 from qinglong_control.metrics import RECONCILE_KINDS
 from qinglong_control.migrate_command import migrate_main
+from qinglong_control.queue_metrics import QUEUE_SAMPLE_SECONDS, sample_queue
 from qinglong_control.reconciler import PAGE_TIMEOUT_STATEMENTS, Reconciler, ReconcilerLimits
 from qinglong_control.server import create_server
 from qinglong_control.servicer import RuntimeServicer
@@ -125,8 +126,12 @@ async def _serve(
         cadence = asyncio.create_task(
             drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"
         )
+    sampling = asyncio.create_task(sample_queue(pool, QUEUE_SAMPLE_SECONDS), name="queue")
     await wait_for_stop_signal()
     _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
+    sampling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sampling
     grace = settings.shutdown_grace_seconds
     stopping = [server.stop(grace)]
     if cadence is not None and reconciler is not None:

@@ -2,14 +2,15 @@
 
 Labels: ``method`` (a RuntimeService method name), ``outcome`` (``ok``, an ErrorReason
 name, ``aborted`` or ``cancelled``), ``reason`` (an ErrorReason name), ``kind`` (what a
-reconcile cycle did), ``state`` (an Attempt's end state). Never an id.
+reconcile cycle did), ``state`` (an Attempt's end state), ``part`` (of the queue). Never
+an id.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from qinglong_protocol.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
 
 CALL_DURATION: Final = Histogram(
@@ -52,6 +53,17 @@ ATTEMPTS_COMPLETED: Final = Counter(
 OUTPUT_BYTES_STORED: Final = Counter(
     "qinglong_control_output_bytes_stored",
     "Bytes of Run output stored (AppendOutput; replayed bytes are not counted again)",
+)
+QUEUED_RUNS: Final = Gauge(
+    "qinglong_control_queued_runs",
+    "Runs waiting for a Worker, by part of the queue: any_worker (no worker selector) or"
+    " with_selector (only Workers with those labels may take them); sampled",
+    ["part"],
+)
+OLDEST_QUEUED_RUN_AGE: Final = Gauge(
+    "qinglong_control_oldest_queued_run_age_seconds",
+    "How long the oldest queued Run of each part of the queue has waited (0: none waits); sampled",
+    ["part"],
 )
 #: The kinds of RECONCILE_WORK: CycleReport's fields.
 RECONCILE_KINDS: Final = (

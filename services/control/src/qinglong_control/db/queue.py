@@ -1,0 +1,28 @@
+"""The queue as operators watch it: how many Runs wait, and for how long."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import kwargs_row
+
+from qinglong_control.db.sql import SQL
+
+_QUEUE_PARTS = SQL["queue.queue_parts"]
+
+
+@dataclass(frozen=True)
+class QueuePart:
+    part: str
+    """``any_worker`` (Runs without a worker selector) or ``with_selector``."""
+    runs: int
+    oldest_age_ms: int | None
+    """How long the oldest of them has waited (DB time); None when none waits."""
+
+
+async def queue_parts(conn: AsyncConnection[Any]) -> list[QueuePart]:
+    cursor = conn.cursor(row_factory=kwargs_row(QueuePart))
+    await cursor.execute(_QUEUE_PARTS)
+    return await cursor.fetchall()

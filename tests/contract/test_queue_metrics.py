@@ -1,0 +1,39 @@
+"""The queue's gauges (docs/observability.md): how many Runs wait in each part of the
+queue, and how long the oldest has waited, read from the database."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+from qinglong_control.queue_metrics import record_queue
+
+from tests.support.world import World
+
+
+def _gauge(name: str, part: str) -> float | None:
+    return REGISTRY.get_sample_value(name, {"part": part})
+
+
+async def test_the_gauges_count_each_part_of_the_queue_and_its_oldest_wait(
+    world: World,
+) -> None:
+    await record_queue(world.conn)
+    assert _gauge("qinglong_control_queued_runs", "any_worker") == 0
+    assert _gauge("qinglong_control_oldest_queued_run_age_seconds", "with_selector") == 0
+    for _ in range(2):
+        await world.queued_run()
+    waiting = await world.queued_run(worker_selector={"gpu": "nosuch"})
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET created_at_ms = created_at_ms - 600000 WHERE run_id = %s",
+        (waiting,),
+    )
+    claimed = await world.claimed()  # a Run taken is no longer queued
+    assert claimed.fence.attempt_id
+    await record_queue(world.conn)
+    assert _gauge("qinglong_control_queued_runs", "any_worker") == 2
+    assert _gauge("qinglong_control_queued_runs", "with_selector") == 1
+    oldest = _gauge("qinglong_control_oldest_queued_run_age_seconds", "with_selector")
+    assert oldest is not None
+    assert 600 <= oldest < 900
+    newest = _gauge("qinglong_control_oldest_queued_run_age_seconds", "any_worker")
+    assert newest is not None
+    assert 0 <= newest < 300
