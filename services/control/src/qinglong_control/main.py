@@ -112,6 +112,7 @@ async def _serve(
     announce_listening(SERVICE, port, settings.listen_address)
     cadence = None
     reconciler = None
+    sampling = None
     if reconcile_pool is not None:
         reconciler = Reconciler(
             reconcile_pool,
@@ -126,12 +127,15 @@ async def _serve(
         cadence = asyncio.create_task(
             drive(reconciler, settings.reconcile_interval_seconds), name="reconcile"
         )
-    sampling = asyncio.create_task(sample_queue(pool, QUEUE_SAMPLE_SECONDS), name="queue")
+        sampling = asyncio.create_task(
+            sample_queue(reconcile_pool, QUEUE_SAMPLE_SECONDS), name="queue"
+        )
     await wait_for_stop_signal()
     _log.info("stopping; in-flight calls get %.1f s", settings.shutdown_grace_seconds)
-    sampling.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await sampling
+    if sampling is not None:
+        sampling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampling
     grace = settings.shutdown_grace_seconds
     stopping = [server.stop(grace)]
     if cadence is not None and reconciler is not None:

@@ -26,8 +26,8 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- all; the caller is then refused in Python.
 --
 -- Branches of which only some run (the others' one-time filter is false). The queue is
--- read in two parts (migration 0036): the Runs without a selector, which any Worker may
--- take, and — only for a session that declared labels — those with one, so a Worker
+-- read in two parts (migrations 0036, 0037): the Runs without a selector, which any Worker
+-- may take, and — only for a session that declared labels — those with one, so a Worker
 -- without labels never reads past Runs waiting for a label nobody has. A Worker of every
 -- project reads the whole queue's two parts by age; a Worker of some projects reads each
 -- of its projects' two parts and takes the oldest of those — reading the whole queue
@@ -111,7 +111,7 @@ SELECT picked.run_id FROM (
            FOR UPDATE OF r SKIP LOCKED) selective
     UNION ALL
     -- A Worker of some projects: each served project's queue, in the same two parts
-    -- (runs_queued_for_any_worker_by_project, runs_queued_with_selector_by_project).
+    -- (runs_queued_for_any_worker_by_project, runs_queued_with_selector_by_project: 0037).
     SELECT by_project.run_id, by_project.created_at_ms
       FROM session, unnest(session.project_ids) AS served (project_id)
      CROSS JOIN LATERAL (
