@@ -124,7 +124,9 @@ LEASE_GONE_STOP_GRACE_SECONDS: Final = supervisor.LEASE_GONE_STOP_GRACE_SECONDS
 FIRST_CALLBACK_SEQUENCE: Final = 1
 #: Passes of one reconcile before it yields to the next tick (a start takes four).
 _MAX_PASSES: Final = 8
-_RESTARTED_WHILE_LAUNCHING: Final = "worker restarted before the executor identity was recorded"
+#: The start failure of a spawn a crash interrupted before its supervisor claimed the
+#: launch (the restarted Worker claimed it "never started"); tests find it in the log.
+RESTARTED_WHILE_LAUNCHING: Final = "worker restarted before the executor identity was recorded"
 _LEASE_ENDED_BEFORE_THE_START: Final = "the local lease ran out before the executor started"
 #: Refusals of CompleteAttempt that mean the control plane decided otherwise (as opposed
 #: to this Worker's authority having lapsed).
@@ -822,7 +824,7 @@ class Reconciler:
             )
             return True
         summary = (
-            _RESTARTED_WHILE_LAUNCHING
+            RESTARTED_WHILE_LAUNCHING
             if verdict.error is None
             else _spawn_failure_summary(verdict.error)
         )
@@ -877,8 +879,8 @@ class Reconciler:
 
     async def _report_start_failure(self, record: InboxRecord) -> Outcome:
         if record.start_failure is None:
-            record = self._save(record, start_failure=_RESTARTED_WHILE_LAUNCHING)
-        summary = record.start_failure or _RESTARTED_WHILE_LAUNCHING
+            record = self._save(record, start_failure=RESTARTED_WHILE_LAUNCHING)
+        summary = record.start_failure or RESTARTED_WHILE_LAUNCHING
         try:
             failed = await self._client.report_start_failure(
                 ws.ReportStartFailureRequest(fence=self._fence(record), error_summary=summary),
