@@ -537,6 +537,7 @@ CREATE TABLE qinglong.runs (
     retry_at_ms qinglong.epoch_ms,
     parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
     worker_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
+    queue_timeout_ms bigint,
     CONSTRAINT runs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text]))),
     CONSTRAINT runs_cancel_requested_by_check CHECK (((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))),
@@ -571,6 +572,7 @@ CREATE TABLE qinglong.task_revisions (
     retry_multiplier_percent integer DEFAULT 200 NOT NULL,
     retry_on text[] DEFAULT '{}'::text[] NOT NULL,
     worker_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
+    queue_timeout_ms bigint,
     CONSTRAINT task_revisions_command_check CHECK (((jsonb_typeof(command) = 'array'::text) AND ((jsonb_array_length(command) >= 1) AND (jsonb_array_length(command) <= 64)))),
     CONSTRAINT task_revisions_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT task_revisions_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200))),
@@ -796,6 +798,9 @@ ALTER TABLE ONLY qinglong.runs
     ADD CONSTRAINT runs_project_id_trigger_request_id_key UNIQUE (project_id, trigger_request_id);
 
 ALTER TABLE qinglong.runs
+    ADD CONSTRAINT runs_queue_timeout_ms_positive CHECK ((queue_timeout_ms > 0)) NOT VALID;
+
+ALTER TABLE qinglong.runs
     ADD CONSTRAINT runs_worker_selector_object CHECK ((jsonb_typeof(worker_selector) = 'object'::text)) NOT VALID;
 
 ALTER TABLE qinglong.security_audit
@@ -809,6 +814,9 @@ ALTER TABLE ONLY qinglong.task_revisions
 
 ALTER TABLE ONLY qinglong.task_revisions
     ADD CONSTRAINT task_revisions_project_id_task_id_revision_id_key UNIQUE (project_id, task_id, revision_id);
+
+ALTER TABLE qinglong.task_revisions
+    ADD CONSTRAINT task_revisions_queue_timeout_ms_positive CHECK ((queue_timeout_ms > 0)) NOT VALID;
 
 ALTER TABLE ONLY qinglong.task_revisions
     ADD CONSTRAINT task_revisions_task_id_create_request_id_key UNIQUE (task_id, create_request_id);
@@ -904,6 +912,8 @@ CREATE INDEX runs_live_unstopped_by_project ON qinglong.runs USING btree (projec
 CREATE INDEX runs_lost_unretried ON qinglong.runs USING btree (updated_at_ms, run_id) WHERE ((state = 'lost'::text) AND (cancel_requested_at_ms IS NULL));
 
 CREATE INDEX runs_queued_by_age ON qinglong.runs USING btree (created_at_ms, run_id) WHERE (state = 'queued'::text);
+
+CREATE INDEX runs_queued_by_queue_deadline ON qinglong.runs USING btree ((((updated_at_ms)::bigint + queue_timeout_ms)), run_id) WHERE ((state = 'queued'::text) AND (queue_timeout_ms IS NOT NULL) AND (cancel_requested_at_ms IS NULL));
 
 CREATE INDEX runs_queued_for_any_worker ON qinglong.runs USING btree (created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector = '{}'::jsonb));
 

@@ -71,6 +71,7 @@ class Operator:
         timeout_ms: int = 60_000,
         parameters: dict[str, str] | None = None,
         worker_selector: dict[str, str] | None = None,
+        queue_timeout_ms: int | None = None,
     ) -> str:
         task = self.tasks.CreateTask(
             task_service_pb2.CreateTaskRequest(
@@ -89,6 +90,7 @@ class Operator:
                     command=command,
                     timeout_ms=timeout_ms,
                     worker_selector=worker_selector,
+                    queue_timeout_ms=queue_timeout_ms,
                 ),
             ),
             metadata=self.metadata,
@@ -773,3 +775,24 @@ def _catches(pid: int, signum: int) -> bool:
         return False
     caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
     return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
+
+
+def test_a_run_nobody_takes_ends_when_its_queue_timeout_passes(
+    dev_stack: DevStack, operator: Operator, tmp_path: Path
+) -> None:
+    """A Run whose selector no Worker satisfies, with a queue timeout of 1.5 s, is ended
+    by the stack's reconcile cadence TIMED_OUT / QUEUE_TIMED_OUT, while the daemon (no
+    labels) goes on taking the work it may."""
+    worker = Worker(dev_stack.path, tmp_path / "worker" / "inbox.db")
+    try:
+        nobody = operator.trigger(
+            ["echo", "never"], worker_selector={"gpu": "none-here"}, queue_timeout_ms=1_500
+        )
+        plain = operator.trigger(["echo", "anywhere"])
+        operator.wait_for(plain, RUN_STATE.RUN_STATE_SUCCEEDED)
+        ended = operator.wait_for(nobody, RUN_STATE.RUN_STATE_TIMED_OUT)
+    finally:
+        assert worker.stop() == 0, worker.log.read_text()
+    assert (ended.error_code, ended.attempt_count) == ("QUEUE_TIMED_OUT", 0)
+    waited = ended.finished_at.ToMilliseconds() - ended.created_at.ToMilliseconds()
+    assert waited >= 1_500

@@ -124,6 +124,30 @@ async def test_a_revision_can_require_worker_labels(stack_file: Path) -> None:
     assert "--require-label needs KEY=VALUE" in bare.err
 
 
+async def test_a_revision_can_bound_how_long_its_runs_wait_queued(stack_file: Path) -> None:
+    stack = ("--stack", str(stack_file))
+    created = await qinglong(
+        "task", "create", *stack, "--name", "q", "--queue-timeout-ms", "90000", "--", "true"
+    )
+    assert (created.code, created.err) == (0, "")
+    task_id = json.loads(created.out)["taskId"]
+    plan = json.loads((await qinglong("task", "revision", task_id, *stack)).out)["plan"]
+    assert plan["queueTimeoutMs"] == 90000  # the CLI prints int64 values as numbers
+    table = await qinglong("task", "revision", task_id, *stack, "--output", "table")
+    header, row = table.out.splitlines()
+    column = header.split().index("QUEUE_TIMEOUT_MS")
+    assert row.split()[column] == "90000"
+    revised = await qinglong("task", "revise", task_id, *stack, "--", "true")
+    assert "queueTimeoutMs" not in json.loads(revised.out)["plan"], "a revision is a whole plan"
+    for out_of_range in ("999", "2592000001"):
+        refused = await qinglong(
+            "task", "revise", task_id, *stack, "--queue-timeout-ms", out_of_range, "--", "t"
+        )
+        assert refused.code == 1
+        assert refused.err.startswith("error: INVALID_ARGUMENT FIELD_INVALID")
+        assert "plan.queue_timeout_ms" in refused.err
+
+
 def task_names(stack: Stack) -> list[str]:
     with psycopg.connect(stack.database.urls.migration) as conn:
         return [row[0] for row in conn.execute("SELECT display_name FROM qinglong.tasks")]

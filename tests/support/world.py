@@ -55,6 +55,7 @@ class World:
         retry_policy: RetryPolicy = NO_RETRY,
         project: str = PROJECT,
         worker_selector: dict[str, str] | None = None,
+        queue_timeout_ms: int | None = None,
     ) -> uuid.UUID:
         task = await definitions.create_task(
             self.conn, project, "sample", {}, f"task-{uuid.uuid4().hex[:12]}", OPERATOR.id
@@ -70,6 +71,7 @@ class World:
                 timeout_ms,
                 retry_policy,
                 worker_selector or {},
+                queue_timeout_ms,
             ),
             OPERATOR.id,
         )
@@ -82,8 +84,11 @@ class World:
         project: str = PROJECT,
         parameters: dict[str, str] | None = None,
         worker_selector: dict[str, str] | None = None,
+        queue_timeout_ms: int | None = None,
     ) -> uuid.UUID:
-        task_id = await self.task(timeout_ms, retry_policy, project, worker_selector)
+        task_id = await self.task(
+            timeout_ms, retry_policy, project, worker_selector, queue_timeout_ms
+        )
         trigger = runs.TriggerRun(
             project, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}", parameters or {}
         )

@@ -23,6 +23,7 @@ from qinglong.control.v1 import (
     task_service_pb2_grpc,
 )
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
+from qinglong_protocol.bounds import QUEUE_TIMEOUT_MS_MAX, QUEUE_TIMEOUT_MS_MIN
 
 from qinglong_cli.cli_errors import (
     EXIT_RUN_NOT_SUCCEEDED,
@@ -63,6 +64,13 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
 
     def plan_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--timeout-ms", type=int, help="durable execution timeout")
+        parser.add_argument(
+            "--queue-timeout-ms",
+            type=int,
+            help="end a Run TIMED_OUT (QUEUE_TIMED_OUT) when no Worker claimed it this long"
+            f" after it was queued ({QUEUE_TIMEOUT_MS_MIN}..{QUEUE_TIMEOUT_MS_MAX};"
+            " default: it waits)",
+        )
         parser.add_argument(
             "--max-attempts",
             type=int,
@@ -118,7 +126,7 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
     common(get_task)
     get_task.add_argument("task_id")
     get_revision = task.add_parser(
-        "revision", help="show a revision's plan (its command, timeout, retries, selector)"
+        "revision", help="show a revision's plan (its command, timeouts, retries, selector)"
     )
     common(get_revision)
     get_revision.add_argument("task_id")
@@ -204,6 +212,8 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
     )
     if args.timeout_ms is not None:
         plan.timeout_ms = args.timeout_ms
+    if args.queue_timeout_ms is not None:
+        plan.queue_timeout_ms = args.queue_timeout_ms
     retry_flags = [
         flag
         for flag, value in (

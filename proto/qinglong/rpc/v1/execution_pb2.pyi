@@ -101,11 +101,20 @@ class ExecutionPlan(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     WORKER_SELECTOR_FIELD_NUMBER: _builtins.int
+    QUEUE_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     executor_type: Global___ExecutorType.ValueType
     """Which executor kind runs the command."""
     timeout_ms: _builtins.int
     """Execution timeout in milliseconds. Present => the starting ACK fixes
     deadline = DB time + timeout_ms; absent => no deadline (R-TO-1, R-TO-2).
+    """
+    queue_timeout_ms: _builtins.int
+    """How long a Run of this revision may wait queued for a Worker to claim it, in
+    milliseconds, counted from each time it is queued (triggered, queued again
+    for a retry, or returned by a claim whose lease ran out). Past it, the
+    reconcile cadence ends the Run TIMED_OUT with error code QUEUE_TIMED_OUT
+    and withdraws its open offer. Absent => it waits until a Worker claims it
+    or it is cancelled. Range: 1 s to 30 days.
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -135,13 +144,19 @@ class ExecutionPlan(_message.Message):
         timeout_ms: _builtins.int | None = ...,
         retry_policy: Global___RetryPolicy | None = ...,
         worker_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        queue_timeout_ms: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_queue_timeout_ms", b"_queue_timeout_ms", "_timeout_ms", b"_timeout_ms", "queue_timeout_ms", b"queue_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "command", b"command", "executor_type", b"executor_type", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms", "worker_selector", b"worker_selector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_queue_timeout_ms", b"_queue_timeout_ms", "_timeout_ms", b"_timeout_ms", "command", b"command", "executor_type", b"executor_type", "queue_timeout_ms", b"queue_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms", "worker_selector", b"worker_selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__queue_timeout_ms: _TypeAlias = _typing.Literal["queue_timeout_ms"]  # noqa: Y015
+    _WhichOneofArgType__queue_timeout_ms: _TypeAlias = _typing.Literal["_queue_timeout_ms", b"_queue_timeout_ms"]  # noqa: Y015
     _WhichOneofReturnType__timeout_ms: _TypeAlias = _typing.Literal["timeout_ms"]  # noqa: Y015
     _WhichOneofArgType__timeout_ms: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_timeout_ms) -> _WhichOneofReturnType__queue_timeout_ms | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_ms) -> _WhichOneofReturnType__timeout_ms | None: ...
 
 Global___ExecutionPlan: _TypeAlias = ExecutionPlan  # noqa: Y015

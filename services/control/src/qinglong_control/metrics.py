@@ -78,6 +78,7 @@ RECONCILE_KINDS: Final = (
     "outputs_expired",
     "audit_rows_removed",
     "disabled_projects_runs_stopped",
+    "queue_timeouts",
 )
 
 # Present (at zero) from the start, so a dashboard sees every kind before the first cycle.

@@ -1,6 +1,6 @@
-"""The convergence coordinator: one bounded cycle of lease expiry, convergence, retries,
-the expiry of approval requests nobody decided in time (R-OPS-2), of old Run output (its
-retention age, R-OPS-1) and of security audit rows past theirs.
+"""The convergence coordinator: one bounded cycle of lease expiry, convergence, queue
+timeouts, retries, the expiry of approval requests nobody decided in time (R-OPS-2), of
+old Run output (its retention age, R-OPS-1) and of security audit rows past theirs.
 
 It owns no timer, connection or queue (SPEC R-CONV-1): the service's single cadence calls
 `cycle()`, which borrows one pooled connection for its duration. Overlapping calls are
@@ -27,6 +27,7 @@ from qinglong_control.db.audit_retention import prune_audit
 from qinglong_control.db.cancellation import stop_runs_of_disabled_projects
 from qinglong_control.db.convergence import ExpiryPage, converge_page, expire_leases
 from qinglong_control.db.output import OutputStore, TableOutputStore
+from qinglong_control.db.queue_timeouts import time_out_queued_runs
 from qinglong_control.db.retries import retry_page
 from qinglong_control.domain.audit_retention import AuditRetention
 from qinglong_control.domain.output import OutputRetention
@@ -56,6 +57,7 @@ class CycleReport:
     outputs_expired: int = 0
     audit_rows_removed: int = 0
     disabled_projects_runs_stopped: int = 0
+    queue_timeouts: int = 0
 
 
 Page = TypeVar("Page")
@@ -175,6 +177,7 @@ class Reconciler:
             # Before convergence, so that it ends the queued ones in the same cycle.
             Step("stop_disabled", lambda: stop_runs_of_disabled_projects(conn, size), int),
             Step("converge", lambda: converge_page(conn, size), _candidates),
+            Step("queue_timeout", lambda: time_out_queued_runs(conn, size), int),
             Step("retry", lambda: retry_page(conn, size, self._timings), _candidates),
             Step("expire_approvals", lambda: expire_approvals(conn, size), int),
             Step(
@@ -239,6 +242,7 @@ class Reconciler:
             outputs_expired=sum(done["expire_output"]),
             audit_rows_removed=sum(done["prune_audit"]),
             disabled_projects_runs_stopped=sum(done["stop_disabled"]),
+            queue_timeouts=sum(done["queue_timeout"]),
         )
         return report, failed
 

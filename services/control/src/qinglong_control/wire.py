@@ -191,6 +191,7 @@ def parse_plan(plan: execution_pb2.ExecutionPlan) -> RevisionPlan:
         plan.timeout_ms if plan.HasField("timeout_ms") else None,
         parse_retry_policy(plan),
         dict(plan.worker_selector),
+        plan.queue_timeout_ms if plan.HasField("queue_timeout_ms") else None,
     )
 
 
@@ -215,6 +216,7 @@ def execution_plan(
     timeout_ms: int | None,
     retry: RetryPolicy | None = None,
     worker_selector: dict[str, str] | None = None,
+    queue_timeout_ms: int | None = None,
 ) -> Any:
     plan = execution_pb2.ExecutionPlan(
         executor_type=EXECUTOR_TYPE_VALUES[executor_type],
@@ -223,6 +225,8 @@ def execution_plan(
     )
     if timeout_ms is not None:
         plan.timeout_ms = timeout_ms
+    if queue_timeout_ms is not None:
+        plan.queue_timeout_ms = queue_timeout_ms
     if retry is not None and retry != NO_RETRY:
         plan.retry_policy.CopyFrom(
             execution_pb2.RetryPolicy(
@@ -289,6 +293,7 @@ def revision(view: RevisionView) -> task_pb2.TaskRevision:
             view.timeout_ms,
             view.retry_policy,
             view.worker_selector,
+            view.queue_timeout_ms,
         ),
         created_at=timestamp(view.created_at_ms),
     )

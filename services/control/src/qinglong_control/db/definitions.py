@@ -47,6 +47,7 @@ class RevisionView:
     created_at_ms: int
     retry_policy: RetryPolicy = NO_RETRY
     worker_selector: dict[str, str] = field(default_factory=dict)
+    queue_timeout_ms: int | None = None
 
     @property
     def plan(self) -> RevisionPlan:
@@ -56,6 +57,7 @@ class RevisionView:
             self.timeout_ms,
             self.retry_policy,
             self.worker_selector,
+            self.queue_timeout_ms,
         )
 
 
@@ -96,6 +98,8 @@ class RevisionPlan:
     retry_policy: RetryPolicy = NO_RETRY
     #: Labels a Worker's session must have to be offered the revision's Runs.
     worker_selector: dict[str, str] = field(default_factory=dict)
+    #: How long each of its Runs may wait queued before it ends QUEUE_TIMED_OUT.
+    queue_timeout_ms: int | None = None
 
     @classmethod
     def of(cls, revision: NewRevision) -> RevisionPlan:
@@ -105,6 +109,7 @@ class RevisionPlan:
             revision.timeout_ms,
             revision.retry_policy,
             revision.worker_selector,
+            revision.queue_timeout_ms,
         )
 
 
@@ -118,6 +123,7 @@ class NewRevision:
     timeout_ms: int | None
     retry_policy: RetryPolicy = NO_RETRY
     worker_selector: dict[str, str] = field(default_factory=dict)
+    queue_timeout_ms: int | None = None
 
     @classmethod
     def of(
@@ -132,6 +138,7 @@ class NewRevision:
             plan.timeout_ms,
             plan.retry_policy,
             plan.worker_selector,
+            plan.queue_timeout_ms,
         )
 
 
@@ -151,6 +158,7 @@ def _revision_values(revision: NewRevision, actor: str) -> dict[str, object]:
         "retry_multiplier_percent": policy.multiplier_percent,
         "retry_on": retry_on_names(policy),
         "worker_selector": Jsonb(revision.worker_selector),
+        "queue_timeout_ms": revision.queue_timeout_ms,
         "actor": actor,
     }
 

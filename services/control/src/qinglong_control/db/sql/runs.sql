@@ -43,13 +43,15 @@ SELECT tr.revision_id, tr.executor_type
 
 -- name: insert_run
 -- A Run is created straight into `queued` with its first Event; the revision is pinned,
--- and the Run keeps its worker_selector (placement compares it without the revision).
+-- and the Run keeps its worker_selector (placement compares it without the revision) and
+-- queue_timeout_ms (the reconciler's queue timeout reads Runs alone).
 INSERT INTO qinglong.runs
        (run_id, project_id, task_id, revision_id, state, executor_type,
         trigger_request_id, triggered_by, created_at_ms, updated_at_ms, parameters,
-        worker_selector)
+        worker_selector, queue_timeout_ms)
 SELECT %(run_id)s, %(project_id)s, %(task_id)s, tr.revision_id, 'queued', %(executor_type)s,
-       %(request_id)s, %(actor_id)s, %(now)s, %(now)s, %(parameters)s, tr.worker_selector
+       %(request_id)s, %(actor_id)s, %(now)s, %(now)s, %(parameters)s, tr.worker_selector,
+       tr.queue_timeout_ms
   FROM qinglong.task_revisions tr WHERE tr.revision_id = %(revision_id)s
 
 -- name: list_events
