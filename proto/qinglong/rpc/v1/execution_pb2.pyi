@@ -132,8 +132,8 @@ class ExecutionPlan(_message.Message):
         """Labels a Worker must have to be offered this revision's Runs: each key with
         exactly this value among the labels its session declared (OpenSession,
         RenewSession). Empty => any Worker of the project and executor type. A Run
-        no live Worker matches waits queued (cancel it, or start a Worker with
-        those labels).
+        no live Worker matches waits queued (cancel it, start a Worker with those
+        labels, or bound the wait with queue_timeout_ms).
         """
 
     def __init__(

@@ -168,7 +168,7 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
                 "reconciled: %d leases expired, %d runs converged, %d blocked, "
                 "%d retries scheduled, %d exhausted, %d requeued, %d outputs expired, "
                 "%d approvals expired, %d audit rows removed, "
-                "%d runs of disabled projects stopped",
+                "%d runs of disabled projects stopped, %d queued runs timed out",
                 report.expired,
                 report.converged,
                 report.blocked,
@@ -179,6 +179,7 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
                 report.approvals_expired,
                 report.audit_rows_removed,
                 report.disabled_projects_runs_stopped,
+                report.queue_timeouts,
             )
 
 
