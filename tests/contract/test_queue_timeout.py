@@ -16,7 +16,7 @@ from qinglong_control.db.pool import open_runtime_pool
 from qinglong_control.db.queue_timeouts import time_out_queued_runs
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.convergence import derived_event_id
-from qinglong_control.domain.queue_timeout import QUEUE_TIMED_OUT
+from qinglong_control.domain.ending_codes import QUEUE_TIMED_OUT
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_protocol.pooling import PoolSizing

@@ -30,6 +30,7 @@ from qinglong_control.domain.convergence import (
     plan_convergence,
     plan_expiry,
 )
+from qinglong_control.domain.ending_codes import LEASE_EXPIRED
 from qinglong_control.domain.states import AttemptState, RunState
 
 RECONCILER = Actor("reconciler", "convergence")
@@ -206,12 +207,12 @@ async def _expire_one(conn: AsyncConnection[Any], attempt_id: uuid.UUID) -> int:
         await tx.execute("lease.expire", _EXPIRE_LEASE, values)
         events: list[NewEvent] = []
         if plan.attempt_lost:
-            await tx.execute("attempt.lost", _ATTEMPT_LOST, values)
+            await tx.execute("attempt.lost", _ATTEMPT_LOST, {**values, "error_code": LEASE_EXPIRED})
             events.append(
                 NewEvent(
                     "attempt.lost",
                     attempt_id,
-                    {"state": "lost", "error_code": "LEASE_EXPIRED"},
+                    {"state": "lost", "error_code": LEASE_EXPIRED},
                     event_id=derived_event_id(
                         "qinglong.expiry.attempt", attempt_id, row.expires_at_ms
                     ),

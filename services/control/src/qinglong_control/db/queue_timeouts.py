@@ -20,7 +20,8 @@ from qinglong_control.db.command_tx import command_transaction
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
 from qinglong_control.domain.convergence import derived_event_id
-from qinglong_control.domain.queue_timeout import QUEUE_TIMED_OUT, QueuedRun, queue_wait_over
+from qinglong_control.domain.ending_codes import QUEUE_TIMED_OUT
+from qinglong_control.domain.queue_timeout import QueuedRun, queue_wait_over
 from qinglong_control.domain.states import RunState
 
 QUEUE_TIMEOUT = Actor("reconciler", "queue-timeout")

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qinglong_control.domain.ending_codes import (
+    EXECUTION_CANCELLED,
+    EXECUTION_FAILED,
+    EXECUTION_TIMED_OUT,
+)
 from qinglong_control.domain.fence import Fence, Present, check_live_lease
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.retry import Ending, decide_retry
 from qinglong_control.domain.states import AttemptState, RunState
-
-EXECUTION_FAILED = "EXECUTION_FAILED"
-EXECUTION_CANCELLED = "EXECUTION_CANCELLED"
-EXECUTION_TIMED_OUT = "EXECUTION_TIMED_OUT"
 
 _ENDINGS: dict[str, tuple[AttemptState, RunState, str | None]] = {
     "succeeded": (AttemptState.SUCCEEDED, RunState.SUCCEEDED, None),

@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 
+from qinglong_control.domain.ending_codes import EXECUTION_CANCELLED, EXECUTION_TIMED_OUT
 from qinglong_control.domain.states import AttemptState, RunState
 
 CONVERGENT_RUN_STATES = frozenset(
@@ -73,7 +74,7 @@ def plan_convergence(
         return ConvergencePlan(Convergence.SKIPPED)
     timed_out = cancel_reason == "timeout"
     run_target = RunState.TIMED_OUT if timed_out else RunState.CANCELLED
-    error_code = "EXECUTION_TIMED_OUT" if timed_out else "EXECUTION_CANCELLED"
+    error_code = EXECUTION_TIMED_OUT if timed_out else EXECUTION_CANCELLED
     if newest is None or newest.state.is_terminal:
         return ConvergencePlan(Convergence.CONVERGED, run_target, error_code=error_code)
     lease_active = newest.lease_status == "leased" and newest.lease_expires_at_ms > now_ms

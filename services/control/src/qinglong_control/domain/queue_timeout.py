@@ -12,11 +12,8 @@ took it" from "it ran too long" (``EXECUTION_TIMED_OUT``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
 from qinglong_control.domain.states import RunState
-
-QUEUE_TIMED_OUT: Final = "QUEUE_TIMED_OUT"
 
 
 @dataclass(frozen=True)
@@ -29,7 +26,7 @@ class QueuedRun:
 
 
 def queue_wait_over(run: QueuedRun, now_ms: int) -> bool:
-    """Whether the reconciler ends ``run`` ``timed_out`` / :data:`QUEUE_TIMED_OUT` now: it
+    """Whether the reconciler ends ``run`` ``timed_out`` / ``QUEUE_TIMED_OUT`` now: it
     is still queued, its plan bounds the wait, and the wait is over. A Run with a cancel
     intent is convergence's (the intent's reason decides its ending)."""
     return (

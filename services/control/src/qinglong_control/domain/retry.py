@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
+from qinglong_control.domain.ending_codes import ATTEMPTS_EXHAUSTED
 
 
 class Ending(StrEnum):

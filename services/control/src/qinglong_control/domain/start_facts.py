@@ -12,14 +12,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from qinglong_control.domain.capability import TokenDigest
+from qinglong_control.domain.ending_codes import (
+    EXECUTION_CANCELLED,
+    EXECUTION_TIMED_OUT,
+    EXECUTOR_START_FAILED,
+)
 from qinglong_control.domain.fence import Fence, Present, check_live_lease
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.retry import Ending, decide_retry
 from qinglong_control.domain.states import AttemptState, RunState
-
-EXECUTOR_START_FAILED = "EXECUTOR_START_FAILED"
-EXECUTION_CANCELLED = "EXECUTION_CANCELLED"
-EXECUTION_TIMED_OUT = "EXECUTION_TIMED_OUT"
 
 
 class StartingOutcome(StrEnum):

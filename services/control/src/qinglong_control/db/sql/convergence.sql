@@ -61,7 +61,7 @@ SELECT r.run_id, r.state AS run_state, r.event_sequence, r.cancel_reason,
 
 -- name: attempt_lost
 UPDATE qinglong.attempts SET state = 'lost', finished_at_ms = %(now)s,
-       error_code = 'LEASE_EXPIRED'
+       error_code = %(error_code)s
  WHERE attempt_id = %(attempt_id)s
 
 -- name: run_after_expiry
