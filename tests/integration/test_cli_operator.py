@@ -98,6 +98,34 @@ async def test_a_run_carries_its_parameters_and_a_retry_must_repeat_them(
     assert "SECRETX" not in no_value.err
 
 
+async def test_a_rerun_queues_a_new_run_like_the_earlier_one(stack_file: Path) -> None:
+    """Its task, its pinned revision (or with --newest the task's newest) and its
+    parameters; a retried rerun (same --request-id) answers the same new Run."""
+    stack = ("--stack", str(stack_file))
+    created = await qinglong("task", "create", *stack, "--name", "again", "--", "echo", "1")
+    task_id = json.loads(created.out)["taskId"]
+    params = ("--param", "TARGET=eu", "--param", "EMPTY=")
+    earlier = json.loads((await qinglong("run", "trigger", "--task", task_id, *stack, *params)).out)
+    await qinglong("task", "revise", task_id, *stack, "--", "echo", "2")
+    rerun = ("run", "rerun", earlier["runId"], *stack)
+    again = await qinglong(*rerun, "--request-id", "rerun-1")
+    assert (again.code, again.err) == (0, "")
+    run = json.loads(again.out)
+    assert run["runId"] != earlier["runId"]
+    assert (run["taskId"], run["revisionNumber"]) == (task_id, 1)
+    assert run["parameters"] == {"TARGET": "eu", "EMPTY": ""}
+    retried = json.loads((await qinglong(*rerun, "--request-id", "rerun-1")).out)
+    assert retried["runId"] == run["runId"]
+    newest = json.loads((await qinglong(*rerun, "--newest")).out)
+    assert newest["revisionNumber"] == 2
+    assert newest["parameters"] == earlier["parameters"]
+    assert len({earlier["runId"], run["runId"], newest["runId"]}) == 3
+    unknown = "00000000-0000-4000-8000-000000000000"
+    missing = await qinglong("run", "rerun", unknown, *stack)
+    assert (missing.code, missing.out) == (1, "")
+    assert missing.err.startswith("error: NOT_FOUND RUN_NOT_FOUND")
+
+
 async def test_a_revision_can_require_worker_labels(stack_file: Path) -> None:
     stack = ("--stack", str(stack_file))
     created = await qinglong("task", "create", *stack, "--name", "gpu", "--", "true")

@@ -160,6 +160,18 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         " (NAME: upper-case letters, digits and _, starting with a letter); repeatable",
     )
     add_request_id_flag(trigger)
+    rerun = run.add_parser(
+        "rerun",
+        help="queue a new run like an earlier one: its task, its revision, its parameters",
+    )
+    common(rerun)
+    rerun.add_argument("run_id", help="the earlier run (any state)")
+    rerun.add_argument(
+        "--newest",
+        action="store_true",
+        help="pin the task's newest revision instead of the earlier run's",
+    )
+    add_request_id_flag(rerun)
     for name, help_text in (
         ("get", "show a run"),
         ("events", "list a run's events"),
@@ -243,6 +255,33 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
         )
     )
     return plan
+
+
+async def _trigger(
+    runs: Any,
+    session: Session,
+    args: argparse.Namespace,
+    task_id: str,
+    revision_number: int | None,
+    parameters: dict[str, str],
+) -> Any:
+    """TriggerRun on ``runs`` (the session's RunService stub) under the command's request
+    id (``--request-id`` or a fresh one, named if the answer is lost); the Run it queued."""
+    request_id = request_id_of(args)
+    triggered = await sent_once(
+        runs.TriggerRun(
+            run_service_pb2.TriggerRunRequest(
+                project_id=session.project_id,
+                task_id=task_id,
+                revision_number=revision_number,
+                request_id=request_id,
+                parameters=parameters,
+            ),
+            **session.call_options(),
+        ),
+        request_id,
+    )
+    return triggered.run
 
 
 def _assignments(flag: str, shape: str, given: list[str]) -> dict[str, str]:
@@ -336,21 +375,21 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
             follow=False,
         )
     elif args.action == "trigger":
-        request_id = request_id_of(args)
-        triggered = await sent_once(
-            runs.TriggerRun(
-                run_service_pb2.TriggerRunRequest(
-                    project_id=project,
-                    task_id=args.task,
-                    revision_number=args.revision,
-                    request_id=request_id,
-                    parameters=_assignments("--param", "NAME=VALUE", args.param),
-                ),
-                **call,
-            ),
-            request_id,
+        parameters = _assignments("--param", "NAME=VALUE", args.param)
+        printer.item(await _trigger(runs, session, args, args.task, args.revision, parameters))
+    elif args.action == "rerun":
+        # A new Run, not the old one again: a terminal Run never changes, and its Events
+        # and output stay its own. A retried rerun (same --request-id) reads the same
+        # earlier Run, so it asks for exactly what the first one did.
+        earlier = await runs.GetRun(
+            run_service_pb2.GetRunRequest(project_id=project, run_id=args.run_id), **call
         )
-        printer.item(triggered.run)
+        pinned = None if args.newest else earlier.run.revision_number
+        printer.item(
+            await _trigger(
+                runs, session, args, earlier.run.task_id, pinned, dict(earlier.run.parameters)
+            )
+        )
     elif args.action == "get":
         got = await runs.GetRun(
             run_service_pb2.GetRunRequest(project_id=project, run_id=args.run_id), **call
