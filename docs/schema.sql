@@ -660,6 +660,7 @@ CREATE TABLE qinglong.worker_identities (
     created_at_ms qinglong.epoch_ms DEFAULT qinglong.db_now_ms() NOT NULL,
     create_request_id text,
     project_ids qinglong.slug[],
+    cordoned boolean DEFAULT false NOT NULL,
     CONSTRAINT worker_identities_certificate_uri_check CHECK (((length(certificate_uri) >= 1) AND (length(certificate_uri) <= 512))),
     CONSTRAINT worker_identities_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT worker_identities_project_ids_check CHECK (((project_ids IS NULL) OR ((cardinality(project_ids) >= 1) AND (array_position(project_ids, (NULL::text)::qinglong.slug) IS NULL)))),
@@ -1275,6 +1276,8 @@ GRANT SELECT,INSERT ON TABLE qinglong.worker_identities TO qinglong_admin;
 GRANT UPDATE(status) ON TABLE qinglong.worker_identities TO qinglong_admin;
 
 GRANT UPDATE(project_ids) ON TABLE qinglong.worker_identities TO qinglong_admin;
+
+GRANT UPDATE(cordoned) ON TABLE qinglong.worker_identities TO qinglong_admin;
 
 GRANT SELECT,INSERT ON TABLE qinglong.worker_join_tokens TO qinglong_admin;
 

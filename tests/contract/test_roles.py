@@ -343,7 +343,7 @@ EXPECTED_COLUMN_ONLY_GRANTS: dict[tuple[str, str, str], str] = {
     ("qinglong_admin", "principals", "UPDATE"): "status",
     ("qinglong_admin", "operator_credentials", "UPDATE"): "status expires_at_ms",
     ("qinglong_admin", "role_bindings", "UPDATE"): "role status version updated_at_ms",
-    ("qinglong_admin", "worker_identities", "UPDATE"): "status project_ids",
+    ("qinglong_admin", "worker_identities", "UPDATE"): "status project_ids cordoned",
     # A token is spent for a key, by an audited call (0029).
     ("qinglong_admin", "worker_join_tokens", "UPDATE"): (
         "used_at_ms used_key_sha256 used_by_audit_id"

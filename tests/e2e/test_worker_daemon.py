@@ -40,6 +40,7 @@ from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 from qinglong_protocol.tls import TlsFiles, mutual_tls_channel_credentials
 
 from tests.support import timelines
+from tests.support.devstack_process import admin_cli
 from tests.support.polling import wait_until
 from tests.support.run_output import run_logs
 
@@ -796,3 +797,36 @@ def test_a_run_nobody_takes_ends_when_its_queue_timeout_passes(
     assert (ended.error_code, ended.attempt_count) == ("QUEUE_TIMED_OUT", 0)
     waited = ended.finished_at.ToMilliseconds() - ended.created_at.ToMilliseconds()
     assert waited >= 1_500
+
+
+def test_a_cordoned_worker_finishes_its_run_and_takes_no_new_one(
+    dev_stack: DevStack, operator: Operator, tmp_path: Path
+) -> None:
+    """Maintenance: the daemon is cordoned while a Run runs on it; that Run goes on to
+    succeed, a Run triggered meanwhile stays queued, the fleet shows its load fall to 0,
+    and once uncordoned the waiting Run runs on the same daemon, its session unchanged."""
+    worker_id = dev_stack.document["worker"]["worker_id"]
+    worker = Worker(dev_stack.path, tmp_path / "worker" / "inbox.db")
+    try:
+        running = operator.trigger(["sleep", "2"])
+        operator.wait_for(running, RUN_STATE.RUN_STATE_RUNNING)
+        (cordoned,) = admin_cli(dev_stack.path, "admin", "worker", "cordon", worker_id)
+        assert cordoned["cordoned"] is True
+        waiting = operator.trigger(["echo", "after maintenance"])
+        operator.wait_for(running, RUN_STATE.RUN_STATE_SUCCEEDED)
+        time.sleep(1)  # five more pulls, at least
+        assert operator.run(waiting).state == RUN_STATE.RUN_STATE_QUEUED
+        fleet = fleet_row(dev_stack, worker_id)
+        assert (fleet["cordoned"], fleet.get("liveAttempts", 0)) == (True, 0)
+        admin_cli(dev_stack.path, "admin", "worker", "uncordon", worker_id)
+        operator.wait_for(waiting, RUN_STATE.RUN_STATE_SUCCEEDED)
+    finally:
+        assert worker.stop() == 0, worker.log.read_text()
+    after = fleet_row(dev_stack, worker_id)
+    assert after["session"]["generation"] == fleet["session"]["generation"]
+
+
+def fleet_row(dev_stack: DevStack, worker_id: str) -> dict[str, Any]:
+    """The Worker's row of `qinglong worker list`."""
+    (row,) = [w for w in admin_cli(dev_stack.path, "worker", "list") if w["workerId"] == worker_id]
+    return row

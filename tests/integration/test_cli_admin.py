@@ -253,6 +253,29 @@ async def test_workers_join_tokens_and_the_fleet(cli: Cli) -> None:
     assert one_page.err.startswith("next page: --page-token ")
 
 
+async def test_a_worker_is_cordoned_for_maintenance_and_uncordoned(cli: Cli) -> None:
+    cordoned = await cli.item("worker", "cordon", "worker-a")
+    assert (cordoned["workerId"], cordoned["cordoned"]) == ("worker-a", True)
+    again = await cli.item("worker", "cordon", "worker-a")  # idempotent
+    assert again["cordoned"] is True
+    table = await cli.run("worker", "list", "--output", "table")
+    header, *rows = table.out.splitlines()
+    at = header.index("CORDONED")  # columns are aligned; some cells are blank
+    marks = {row.split()[0]: row[at:].split()[0] for row in rows}
+    assert (marks["worker-a"], marks["worker-b"]) == ("yes", "-")
+    uncordoned = await cli.item("worker", "uncordon", "worker-a")
+    assert "cordoned" not in uncordoned  # false: protobuf JSON leaves it out
+    missing = await cli.admin("worker", "cordon", "edge-none")
+    assert (missing.code, missing.out) == (1, "")
+    assert missing.err.startswith("error: NOT_FOUND WORKER_NOT_FOUND")
+    audited = await cli.items(
+        "audit", "list", "--operation", "AdminService/SetWorkerCordoned", "--since", "1h",
+        "--all",
+    )  # fmt: skip
+    assert len(audited) == 4
+    assert {record["principalName"] for record in audited} == {"root"}
+
+
 async def test_a_worker_is_given_a_new_join_token(cli: Cli) -> None:
     created = json.loads((await cli.ok("worker", "create", "edge-3")).out)
     issued = await cli.ok(

@@ -219,6 +219,7 @@ def valid_requests() -> dict[str, Message]:
         A + "SetWorkerProjects": ad.SetWorkerProjectsRequest(
             worker_id=WORKER, project_ids=[PROJECT, "other-proj"]
         ),
+        A + "SetWorkerCordoned": ad.SetWorkerCordonedRequest(worker_id=WORKER, cordoned=True),
         E + "JoinWorker": en.JoinWorkerRequest(
             join_token="qlj1_" + TOKEN.removeprefix("qlc1_"), certificate_signing_request_pem=CSR
         ),

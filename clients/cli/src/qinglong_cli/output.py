@@ -213,6 +213,8 @@ TABLES: dict[str, Columns] = {
         ("RENEWED", _get("session", "renewTime")),
         ("REMAINING", _get("session", "remaining")),
         ("LOAD", _load),
+        # Cordoned: offered nothing new; its LOAD reaching 0 means it may be stopped.
+        ("CORDONED", lambda d: "yes" if d.get("cordoned") else "-"),
         ("EXECUTORS", _executors),
         ("PROJECTS", lambda d: ",".join(d.get("projectIds", [])) or "*"),
         ("LABELS", lambda d: _labels(d.get("session", {}).get("labels", {}))),

@@ -403,6 +403,7 @@ class Worker(_message.Message):
     LIVE_ATTEMPTS_FIELD_NUMBER: _builtins.int
     SESSION_COUNT_FIELD_NUMBER: _builtins.int
     PROJECT_IDS_FIELD_NUMBER: _builtins.int
+    CORDONED_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The stable worker id (its certificate's SAN URI names it).
     Bound: slug, 1..63 chars matching ^[a-z0-9][a-z0-9-]{0,62}$.
@@ -422,6 +423,12 @@ class Worker(_message.Message):
     """Sessions this worker id has opened; growing fast means two machines share
     one identity and keep replacing each other (R-ADM-3).
     Range: 0..9007199254740991 (2^53-1).
+    """
+    cordoned: _builtins.bool
+    """A cordoned Worker is offered no new Run and may claim none (an offer it
+    held is refused), while its running Attempts go on: an administrator's
+    maintenance switch (SetWorkerCordoned), kept across its restarts and
+    sessions until it is uncordoned.
     """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
@@ -450,10 +457,11 @@ class Worker(_message.Message):
         live_attempts: _builtins.int = ...,
         session_count: _builtins.int = ...,
         project_ids: _abc.Iterable[_builtins.str] | None = ...,
+        cordoned: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "live_attempts", b"live_attempts", "principal_id", b"principal_id", "project_ids", b"project_ids", "session", b"session", "session_count", b"session_count", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cordoned", b"cordoned", "created_at", b"created_at", "live_attempts", b"live_attempts", "principal_id", b"principal_id", "project_ids", b"project_ids", "session", b"session", "session_count", b"session_count", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1086,6 +1086,58 @@ class SetWorkerProjectsResponse(_message.Message):
 Global___SetWorkerProjectsResponse: _TypeAlias = SetWorkerProjectsResponse  # noqa: Y015
 
 @_typing.final
+class SetWorkerCordonedRequest(_message.Message):
+    """SetWorkerCordonedRequest cordons or uncordons a Worker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    CORDONED_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """The Worker."""
+    cordoned: _builtins.bool
+    """True: cordon it (for maintenance: wait until its live_attempts is 0, then
+    stop it). False: offer it Runs again.
+    """
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        cordoned: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cordoned", b"cordoned", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkerCordonedRequest: _TypeAlias = SetWorkerCordonedRequest  # noqa: Y015
+
+@_typing.final
+class SetWorkerCordonedResponse(_message.Message):
+    """SetWorkerCordonedResponse returns the Worker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def worker(self) -> _admin_pb2.Worker:
+        """The Worker, cordoned or not as asked."""
+
+    def __init__(
+        self,
+        *,
+        worker: _admin_pb2.Worker | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkerCordonedResponse: _TypeAlias = SetWorkerCordonedResponse  # noqa: Y015
+
+@_typing.final
 class DisableWorkerRequest(_message.Message):
     """DisableWorkerRequest disables a Worker."""
 

@@ -141,6 +141,11 @@ class AdminServiceStub:
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsRequest.SerializeToString,
                 response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsResponse.FromString,
                 _registered_method=True)
+        self.SetWorkerCordoned = channel.unary_unary(
+                '/qinglong.admin.v1.AdminService/SetWorkerCordoned',
+                request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerCordonedRequest.SerializeToString,
+                response_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerCordonedResponse.FromString,
+                _registered_method=True)
         self.ListAuditRecords = channel.unary_unary(
                 '/qinglong.admin.v1.AdminService/ListAuditRecords',
                 request_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.ListAuditRecordsRequest.SerializeToString,
@@ -302,6 +307,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWorkerCordoned(self, request, context):
+        """Cordons a Worker (it is offered no new Run and claims none; its running
+        Attempts go on, renew and report) or uncordons it. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAuditRecords(self, request, context):
         """Pages through the security audit, newest first, with filters.
         """
@@ -411,6 +424,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.SetWorkerProjects,
                     request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsRequest.FromString,
                     response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsResponse.SerializeToString,
+            ),
+            'SetWorkerCordoned': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkerCordoned,
+                    request_deserializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerCordonedRequest.FromString,
+                    response_serializer=qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerCordonedResponse.SerializeToString,
             ),
             'ListAuditRecords': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAuditRecords,
@@ -965,6 +983,33 @@ class AdminService:
             '/qinglong.admin.v1.AdminService/SetWorkerProjects',
             qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsRequest.SerializeToString,
             qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerProjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkerCordoned(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.admin.v1.AdminService/SetWorkerCordoned',
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerCordonedRequest.SerializeToString,
+            qinglong_dot_admin_dot_v1_dot_admin__service__pb2.SetWorkerCordonedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -86,6 +86,10 @@ class AdminServiceStub:
     """Disables a Worker: its next call is refused and its sessions are fenced."""
     SetWorkerProjects: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.SetWorkerProjectsRequest, _admin_service_pb2.SetWorkerProjectsResponse]
     """Changes which projects' Runs a Worker is offered."""
+    SetWorkerCordoned: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.SetWorkerCordonedRequest, _admin_service_pb2.SetWorkerCordonedResponse]
+    """Cordons a Worker (it is offered no new Run and claims none; its running
+    Attempts go on, renew and report) or uncordons it. Idempotent.
+    """
     ListAuditRecords: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListAuditRecordsRequest, _admin_service_pb2.ListAuditRecordsResponse]
     """Pages through the security audit, newest first, with filters."""
 
@@ -147,6 +151,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Disables a Worker: its next call is refused and its sessions are fenced."""
     SetWorkerProjects: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.SetWorkerProjectsRequest, _admin_service_pb2.SetWorkerProjectsResponse]  # type: ignore[assignment]
     """Changes which projects' Runs a Worker is offered."""
+    SetWorkerCordoned: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.SetWorkerCordonedRequest, _admin_service_pb2.SetWorkerCordonedResponse]  # type: ignore[assignment]
+    """Cordons a Worker (it is offered no new Run and claims none; its running
+    Attempts go on, renew and report) or uncordons it. Idempotent.
+    """
     ListAuditRecords: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListAuditRecordsRequest, _admin_service_pb2.ListAuditRecordsResponse]  # type: ignore[assignment]
     """Pages through the security audit, newest first, with filters."""
 
@@ -325,6 +333,16 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_service_pb2.SetWorkerProjectsResponse, _abc.Awaitable[_admin_service_pb2.SetWorkerProjectsResponse]]:
         """Changes which projects' Runs a Worker is offered."""
+
+    @_abc_1.abstractmethod
+    def SetWorkerCordoned(
+        self,
+        request: _admin_service_pb2.SetWorkerCordonedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.SetWorkerCordonedResponse, _abc.Awaitable[_admin_service_pb2.SetWorkerCordonedResponse]]:
+        """Cordons a Worker (it is offered no new Run and claims none; its running
+        Attempts go on, renew and report) or uncordons it. Idempotent.
+        """
 
     @_abc_1.abstractmethod
     def ListAuditRecords(

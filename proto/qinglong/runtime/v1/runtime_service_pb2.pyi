@@ -2486,6 +2486,66 @@ class SetWorkerProjectsResponse(_message.Message):
 Global___SetWorkerProjectsResponse: _TypeAlias = SetWorkerProjectsResponse  # noqa: Y015
 
 @_typing.final
+class SetWorkerCordonedRequest(_message.Message):
+    """SetWorkerCordonedRequest is the forwarded AdminService.SetWorkerCordoned call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLER_FIELD_NUMBER: _builtins.int
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.str
+    """The durable audit row ingress wrote for this call.
+    Bound: UUID, 36 chars, lowercase canonical form.
+    """
+    @_builtins.property
+    def caller(self) -> _caller_pb2.Caller:
+        """The principal ingress authenticated (a cluster admin)."""
+
+    @_builtins.property
+    def request(self) -> _admin_service_pb2.SetWorkerCordonedRequest:
+        """The public request, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        caller: _caller_pb2.Caller | None = ...,
+        audit_id: _builtins.str = ...,
+        request: _admin_service_pb2.SetWorkerCordonedRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id", "caller", b"caller", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkerCordonedRequest: _TypeAlias = SetWorkerCordonedRequest  # noqa: Y015
+
+@_typing.final
+class SetWorkerCordonedResponse(_message.Message):
+    """SetWorkerCordonedResponse wraps the public response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _admin_service_pb2.SetWorkerCordonedResponse:
+        """The public response, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        response: _admin_service_pb2.SetWorkerCordonedResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkerCordonedResponse: _TypeAlias = SetWorkerCordonedResponse  # noqa: Y015
+
+@_typing.final
 class ListAuditRecordsRequest(_message.Message):
     """ListAuditRecordsRequest is the forwarded AdminService.ListAuditRecords call."""
 

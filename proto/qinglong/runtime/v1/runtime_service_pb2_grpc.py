@@ -295,6 +295,11 @@ class RuntimeServiceStub:
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsRequest.SerializeToString,
                 response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsResponse.FromString,
                 _registered_method=True)
+        self.SetWorkerCordoned = channel.unary_unary(
+                '/qinglong.runtime.v1.RuntimeService/SetWorkerCordoned',
+                request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerCordonedRequest.SerializeToString,
+                response_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerCordonedResponse.FromString,
+                _registered_method=True)
         self.ListAuditRecords = channel.unary_unary(
                 '/qinglong.runtime.v1.RuntimeService/ListAuditRecords',
                 request_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.ListAuditRecordsRequest.SerializeToString,
@@ -667,6 +672,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWorkerCordoned(self, request, context):
+        """Forwarded AdminService.SetWorkerCordoned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAuditRecords(self, request, context):
         """Forwarded AdminService.ListAuditRecords.
         """
@@ -926,6 +938,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.SetWorkerProjects,
                     request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsRequest.FromString,
                     response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsResponse.SerializeToString,
+            ),
+            'SetWorkerCordoned': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkerCordoned,
+                    request_deserializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerCordonedRequest.FromString,
+                    response_serializer=qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerCordonedResponse.SerializeToString,
             ),
             'ListAuditRecords': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAuditRecords,
@@ -2294,6 +2311,33 @@ class RuntimeService:
             '/qinglong.runtime.v1.RuntimeService/SetWorkerProjects',
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsRequest.SerializeToString,
             qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerProjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkerCordoned(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qinglong.runtime.v1.RuntimeService/SetWorkerCordoned',
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerCordonedRequest.SerializeToString,
+            qinglong_dot_runtime_dot_v1_dot_runtime__service__pb2.SetWorkerCordonedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -146,6 +146,8 @@ class RuntimeServiceStub:
     """Forwarded AdminService.DisableWorker."""
     SetWorkerProjects: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.SetWorkerProjectsRequest, _runtime_service_pb2.SetWorkerProjectsResponse]
     """Forwarded AdminService.SetWorkerProjects."""
+    SetWorkerCordoned: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.SetWorkerCordonedRequest, _runtime_service_pb2.SetWorkerCordonedResponse]
+    """Forwarded AdminService.SetWorkerCordoned."""
     ListAuditRecords: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListAuditRecordsRequest, _runtime_service_pb2.ListAuditRecordsResponse]
     """Forwarded AdminService.ListAuditRecords."""
 
@@ -267,6 +269,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Forwarded AdminService.DisableWorker."""
     SetWorkerProjects: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.SetWorkerProjectsRequest, _runtime_service_pb2.SetWorkerProjectsResponse]  # type: ignore[assignment]
     """Forwarded AdminService.SetWorkerProjects."""
+    SetWorkerCordoned: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.SetWorkerCordonedRequest, _runtime_service_pb2.SetWorkerCordonedResponse]  # type: ignore[assignment]
+    """Forwarded AdminService.SetWorkerCordoned."""
     ListAuditRecords: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListAuditRecordsRequest, _runtime_service_pb2.ListAuditRecordsResponse]  # type: ignore[assignment]
     """Forwarded AdminService.ListAuditRecords."""
 
@@ -685,6 +689,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.SetWorkerProjectsResponse, _abc.Awaitable[_runtime_service_pb2.SetWorkerProjectsResponse]]:
         """Forwarded AdminService.SetWorkerProjects."""
+
+    @_abc_1.abstractmethod
+    def SetWorkerCordoned(
+        self,
+        request: _runtime_service_pb2.SetWorkerCordonedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.SetWorkerCordonedResponse, _abc.Awaitable[_runtime_service_pb2.SetWorkerCordonedResponse]]:
+        """Forwarded AdminService.SetWorkerCordoned."""
 
     @_abc_1.abstractmethod
     def ListAuditRecords(

@@ -301,6 +301,16 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
             response=admin_api.SetWorkerProjectsResponse(worker=admin_wire.worker(row))
         )
 
+    async def SetWorkerCordoned(
+        self, request: rt.SetWorkerCordonedRequest, context: Context
+    ) -> Any:
+        public = request.request
+        async with self._admin(request.caller) as conn:
+            row = await admin.set_worker_cordoned(conn, public.worker_id, public.cordoned)
+        return rt.SetWorkerCordonedResponse(
+            response=admin_api.SetWorkerCordonedResponse(worker=admin_wire.worker(row))
+        )
+
     # --- the security audit -----------------------------------------------------------
 
     async def ListAuditRecords(self, request: rt.ListAuditRecordsRequest, context: Context) -> Any:

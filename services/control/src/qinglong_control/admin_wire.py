@@ -175,6 +175,7 @@ def worker(row: WorkerRow) -> admin_pb2.Worker:
         live_attempts=row.live_attempts,
         session_count=row.session_count,
         project_ids=row.project_ids or (),
+        cordoned=row.cordoned,
     )
     session = row.session
     if session is not None:

@@ -106,6 +106,7 @@ _DISABLE_WORKER = SQL["admin.disable_worker"]
 _FLEET = SQL["admin.fleet"]
 _INACTIVE_PROJECTS = SQL["admin.inactive_projects"]
 _SET_WORKER_PROJECTS = SQL["admin.set_worker_projects"]
+_SET_WORKER_CORDONED = SQL["admin.set_worker_cordoned"]
 _WORKER_EXISTS = SQL["admin.worker_exists"]
 _LIST_AUDIT = SQL["admin.list_audit"]
 _DB_NOW = SQL["clock.db_now"]
@@ -635,6 +636,23 @@ async def set_worker_projects(
         changed = await tx.execute(
             "fleet", _FLEET, _fleet_values(worker_id=worker_id), kwargs_row(_worker)
         )
+    return await _one(changed)
+
+
+async def set_worker_cordoned(
+    conn: AsyncConnection[Any], worker_id: str, cordoned: bool
+) -> WorkerRow:
+    """Cordon the Worker (it is offered no new Run and may claim none; the Attempts it
+    runs go on) or uncordon it. Idempotent: setting what is already set changes nothing
+    but answers the Worker as it is."""
+    async with command_transaction(conn) as tx:
+        values = {"worker_id": worker_id, "cordoned": cordoned}
+        updated = await tx.execute("worker.set_cordoned", _SET_WORKER_CORDONED, values)
+        changed = await tx.execute(
+            "fleet", _FLEET, _fleet_values(worker_id=worker_id), kwargs_row(_worker)
+        )
+        if await updated.fetchone() is None:
+            raise not_found("Worker", "worker_id")
     return await _one(changed)
 
 

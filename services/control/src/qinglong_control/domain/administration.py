@@ -154,6 +154,8 @@ class WorkerRow:
     session_count: int
     project_ids: tuple[str, ...] | None
     """The projects whose Runs it is offered; None: every project."""
+    cordoned: bool = False
+    """Offered no new Run, and may claim none, until uncordoned."""
 
 
 def check_projects_exist(project_ids: Sequence[str], inactive: Sequence[str]) -> None:

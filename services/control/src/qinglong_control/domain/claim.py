@@ -45,6 +45,8 @@ class ClaimedRunRow:
     """Whether the claiming Worker serves the Run's project now."""
     project_active: bool | None
     """Whether the Run's project is still active (not disabled since the offer)."""
+    worker_cordoned: bool | None = None
+    """Whether an administrator cordoned the claiming Worker since the offer."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,9 @@ def decide_claim(
     if not run.project_active:
         # Disabled since the offer was made: none of its Runs may start any more.
         raise Refused(Reason.OFFER_EXPIRED, "the offer's project is disabled")
+    if run.worker_cordoned:
+        # Cordoned since the offer was made: it takes no new work until uncordoned.
+        raise Refused(Reason.OFFER_EXPIRED, "the Worker is cordoned")
     if session.status != "online":
         raise Refused(Reason.SESSION_FENCED, "a draining session takes no new work")
     if run.state is not RunState.QUEUED or run.cancel_requested_at_ms is not None:

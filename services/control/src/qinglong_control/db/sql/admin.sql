@@ -265,6 +265,11 @@ SELECT EXISTS (SELECT 1 FROM qinglong.worker_identities WHERE worker_id = %s)
 UPDATE qinglong.worker_identities SET project_ids = %(project_ids)s
  WHERE worker_id = %(worker_id)s
 
+-- name: set_worker_cordoned
+UPDATE qinglong.worker_identities SET cordoned = %(cordoned)s
+ WHERE worker_id = %(worker_id)s
+RETURNING worker_id
+
 -- name: insert_join_token
 -- CreateWorker's token has no issue_request_id; IssueJoinToken's carries its request id.
 INSERT INTO qinglong.worker_join_tokens
@@ -311,7 +316,7 @@ UPDATE qinglong.principals SET status = 'disabled'
 -- name: fleet
 -- Each Worker with its newest session, its live Attempts and how many sessions its id
 -- has opened; remaining_ms is measured on DB time. Keyset-paginated by worker id.
-SELECT w.worker_id, w.principal_id, w.status, w.created_at_ms,
+SELECT w.worker_id, w.principal_id, w.status, w.created_at_ms, w.cordoned,
        w.project_ids::text[] AS project_ids,  -- an array of a domain reads as text otherwise
        s.session_id, s.status AS session_status, s.generation, s.renewed_at_ms,
        greatest(s.expires_at_ms - qinglong.db_now_ms(), 0) AS remaining_ms,

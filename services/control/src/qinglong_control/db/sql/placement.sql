@@ -23,7 +23,8 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- placements never exceed what the answer carries (max_offers minus offers already open)
 -- nor what the session may run (max_concurrency minus live Attempts and open offers). A
 -- session that is not the caller's live, online, unexpired incarnation has no room at
--- all; the caller is then refused in Python.
+-- all; the caller is then refused in Python. Nor has a session of a cordoned Worker
+-- (0041): it places nothing, however much room its capacity leaves.
 --
 -- Branches of which only some run (the others' one-time filter is false). The queue is
 -- read in two parts (migrations 0036, 0037): the Runs without a selector, which any Worker
@@ -45,12 +46,14 @@ WITH session AS MATERIALIZED (
            -- The projects its Worker serves (NULL: every project).
            (SELECT w.project_ids FROM qinglong.worker_identities w
              WHERE w.worker_id = s.worker_id) AS project_ids,
+           CASE WHEN (SELECT w.cordoned FROM qinglong.worker_identities w
+                       WHERE w.worker_id = s.worker_id) THEN 0 ELSE
            greatest(0, least(
                %(max_offers)s - open.offers,
                s.max_concurrency - open.offers
                  - (SELECT count(*) FROM qinglong.attempts a
                      WHERE a.session_id = s.session_id
-                       AND a.state IN ('claimed', 'starting', 'running')))) AS room
+                       AND a.state IN ('claimed', 'starting', 'running')))) END AS room
       FROM qinglong.worker_sessions s
      CROSS JOIN LATERAL (
          SELECT count(*) AS offers FROM qinglong.offers o
@@ -178,7 +181,7 @@ ON CONFLICT (run_id) WHERE state = 'open' DO NOTHING
 -- name: open_offers
 -- Everything the session holds open, with the pinned plan (stable offer ids on re-pull),
 -- of the projects its Worker serves now (an offer made before they changed is not shown
--- again, and cannot be claimed).
+-- again, and cannot be claimed); none while its Worker is cordoned (0041).
 SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revision_number,
        tr.executor_type, tr.command, tr.timeout_ms, r.parameters, o.expires_at_ms
   FROM qinglong.offers o
@@ -187,17 +190,22 @@ SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revisio
   JOIN qinglong.worker_identities w ON w.worker_id = o.worker_id
  WHERE o.session_id = %(session_id)s AND o.state = 'open' AND o.expires_at_ms > %(now)s
    AND (w.project_ids IS NULL OR r.project_id = ANY (w.project_ids))
+   AND NOT w.cordoned
  ORDER BY o.created_at_ms, r.created_at_ms, r.run_id
 
 -- name: lock_claim_run
 -- served: whether the claiming Worker serves the Run's project now (its projects may have
--- changed since the offer was made; NULL when the Worker is unknown). project_active:
--- whether the project is still active (it may have been disabled since; its Runs are
--- stopped by the reconciler, and none may start meanwhile).
+-- changed since the offer was made; NULL when the Worker is unknown). worker_cordoned:
+-- whether an administrator cordoned it since (0041). project_active: whether the project
+-- is still active (it may have been disabled since; its Runs are stopped by the
+-- reconciler, and none may start meanwhile).
 SELECT r.run_id, r.project_id, r.state, r.attempt_count, r.event_sequence,
        r.cancel_requested_at_ms,
        (SELECT w.project_ids IS NULL OR r.project_id = ANY (w.project_ids)
           FROM qinglong.worker_identities w WHERE w.worker_id = %(worker_id)s) AS served,
+       (SELECT w.cordoned
+          FROM qinglong.worker_identities w WHERE w.worker_id = %(worker_id)s)
+         AS worker_cordoned,
        (SELECT p.status = 'active'
           FROM qinglong.projects p WHERE p.project_id = r.project_id) AS project_active
   FROM qinglong.runs r WHERE r.run_id = %(run_id)s FOR UPDATE OF r
