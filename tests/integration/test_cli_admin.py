@@ -14,10 +14,12 @@ from typing import Any
 import psycopg
 import pytest
 from qinglong_cli.ingress_client import ADMIN_TOKEN, OperatorContext
+from qinglong_control.db import placement
 from qinglong_control.db.identities import grant_cluster_admin
 
 from tests.support.cli import Outcome, qinglong
 from tests.support.stack import PROJECT, Stack
+from tests.support.world import World
 
 
 @pytest.fixture
@@ -253,9 +255,24 @@ async def test_workers_join_tokens_and_the_fleet(cli: Cli) -> None:
     assert one_page.err.startswith("next page: --page-token ")
 
 
-async def test_a_worker_is_cordoned_for_maintenance_and_uncordoned(cli: Cli) -> None:
-    cordoned = await cli.item("worker", "cordon", "worker-a")
-    assert (cordoned["workerId"], cordoned["cordoned"]) == ("worker-a", True)
+async def test_a_worker_is_cordoned_for_maintenance_and_uncordoned(cli: Cli, stack: Stack) -> None:
+    """Through ingress and control: the offer the Worker held goes back to the pool at
+    once (another Worker is offered its Run), and the call is audited."""
+    async with await psycopg.AsyncConnection.connect(
+        stack.database.urls.runtime, autocommit=True
+    ) as conn:
+        world = World(conn)
+        run_id = await world.queued_run()
+        held = await placement.pull_offers(conn, await world.session("worker-a"), 8, world.timings)
+        assert [offer.run_id for offer in held.offers] == [run_id]
+        cordoned = await cli.item("worker", "cordon", "worker-a")
+        assert (cordoned["workerId"], cordoned["cordoned"]) == ("worker-a", True)
+        state = await conn.execute(
+            "SELECT state FROM qinglong.offers WHERE offer_id = %s", (held.offers[0].offer_id,)
+        )
+        assert await state.fetchone() == ("withdrawn",)
+        other = await placement.pull_offers(conn, await world.session("worker-b"), 8, world.timings)
+        assert [offer.run_id for offer in other.offers] == [run_id]
     again = await cli.item("worker", "cordon", "worker-a")  # idempotent
     assert again["cordoned"] is True
     table = await cli.run("worker", "list", "--output", "table")

@@ -304,9 +304,15 @@ class AdminMethods(runtime_service_pb2_grpc.RuntimeServiceServicer):
     async def SetWorkerCordoned(
         self, request: rt.SetWorkerCordonedRequest, context: Context
     ) -> Any:
+        """Cordon (or uncordon) in the admin role's transaction; then, with the runtime
+        role, which alone may write offers, give the offers a cordoned Worker holds back to
+        the pool. A failure between the two leaves them to expire; a retry withdraws them."""
         public = request.request
         async with self._admin(request.caller) as conn:
             row = await admin.set_worker_cordoned(conn, public.worker_id, public.cordoned)
+        if public.cordoned:
+            async with self._fencing_pool.connection() as conn:
+                await sessions.withdraw_worker_offers(conn, public.worker_id)
         return rt.SetWorkerCordonedResponse(
             response=admin_api.SetWorkerCordonedResponse(worker=admin_wire.worker(row))
         )

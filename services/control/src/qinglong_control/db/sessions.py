@@ -192,6 +192,13 @@ async def fence_sessions(conn: AsyncConnection[Any], worker_id: str) -> None:
         await tx.execute("offers.withdraw", _WITHDRAW_OPEN_OFFERS, values)
 
 
+async def withdraw_worker_offers(conn: AsyncConnection[Any], worker_id: str) -> None:
+    """The Worker's open offers go back to the pool (it was cordoned: it may claim none,
+    and they would hold their Runs from every other Worker until they expire)."""
+    async with command_transaction(conn) as tx:
+        await tx.execute("offers.withdraw", _WITHDRAW_OPEN_OFFERS, {"worker_id": worker_id})
+
+
 def _opened_before(
     *,
     session_id: uuid.UUID,
