@@ -538,6 +538,7 @@ CREATE TABLE qinglong.runs (
     parameters jsonb DEFAULT '{}'::jsonb NOT NULL,
     worker_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
     queue_timeout_ms bigint,
+    priority smallint DEFAULT 0 NOT NULL,
     CONSTRAINT runs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text]))),
     CONSTRAINT runs_cancel_requested_by_check CHECK (((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))),
@@ -607,7 +608,8 @@ CREATE VIEW qinglong.run_projection AS
     r.finished_at_ms,
     r.error_code,
     r.retry_at_ms,
-    tr.retry_max_attempts AS max_attempts
+    tr.retry_max_attempts AS max_attempts,
+    r.priority
    FROM ((qinglong.runs r
      JOIN qinglong.task_revisions tr ON ((tr.revision_id = r.revision_id)))
      LEFT JOIN qinglong.attempts a ON (((a.run_id = r.run_id) AND (a.attempt_number = r.attempt_count))));
@@ -918,11 +920,19 @@ CREATE INDEX runs_queued_by_queue_deadline ON qinglong.runs USING btree ((((upda
 
 CREATE INDEX runs_queued_for_any_worker ON qinglong.runs USING btree (created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector = '{}'::jsonb));
 
+CREATE INDEX runs_queued_for_any_worker_by_priority ON qinglong.runs USING btree (priority DESC, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector = '{}'::jsonb));
+
 CREATE INDEX runs_queued_for_any_worker_by_project ON qinglong.runs USING btree (project_id, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector = '{}'::jsonb));
+
+CREATE INDEX runs_queued_for_any_worker_by_project_priority ON qinglong.runs USING btree (project_id, priority DESC, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector = '{}'::jsonb));
 
 CREATE INDEX runs_queued_with_selector ON qinglong.runs USING btree (created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector <> '{}'::jsonb));
 
+CREATE INDEX runs_queued_with_selector_by_priority ON qinglong.runs USING btree (priority DESC, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector <> '{}'::jsonb));
+
 CREATE INDEX runs_queued_with_selector_by_project ON qinglong.runs USING btree (project_id, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector <> '{}'::jsonb));
+
+CREATE INDEX runs_queued_with_selector_by_project_priority ON qinglong.runs USING btree (project_id, priority DESC, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector <> '{}'::jsonb));
 
 CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) WHERE ((state = 'retry_wait'::text) AND (cancel_requested_at_ms IS NULL));
 

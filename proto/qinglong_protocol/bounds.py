@@ -54,6 +54,7 @@ MAX_CONCURRENT_ATTEMPTS_MIN, MAX_CONCURRENT_ATTEMPTS_MAX = int_range(
     _WS.OpenSessionRequest, "max_concurrent_attempts"
 )
 PAGE_SIZE_MAX: Final = int_range(_RS.ListRunsRequest, "page_size")[1]
+PRIORITY_MIN, PRIORITY_MAX = int_range(_RS.TriggerRunRequest, "priority")
 EVENTS_PAGE_SIZE_MAX: Final = int_range(_RS.ListRunEventsRequest, "page_size")[1]
 #: What ``page_size == 0`` means in every list request (no rule can declare a default;
 #: the contract's comments say this number and a test holds them to it).

@@ -40,8 +40,8 @@ async def test_task_create_trigger_list_as_json_with_numbers(stack_file: Path) -
         "--output", "table",
     )  # fmt: skip
     header, row = listed.out.splitlines()
-    assert header.split() == ["RUN", "STATE", "ATTEMPTS", "CREATED", "ERROR"]
-    assert row.split()[:3] == [run["runId"], "queued", "0/3"]
+    assert header.split() == ["RUN", "STATE", "ATTEMPTS", "PRIORITY", "CREATED", "ERROR"]
+    assert row.split()[:4] == [run["runId"], "queued", "0/3", "0"]
     none = await qinglong("run", "list", "--stack", str(stack_file), "--state", "succeeded")
     assert (none.code, none.out) == (0, "")
 
@@ -99,13 +99,14 @@ async def test_a_run_carries_its_parameters_and_a_retry_must_repeat_them(
 
 
 async def test_a_rerun_queues_a_new_run_like_the_earlier_one(stack_file: Path) -> None:
-    """Its task, its pinned revision (or with --newest the task's newest) and its
-    parameters; a retried rerun (same --request-id) answers the same new Run."""
+    """Its task, its pinned revision (or with --newest the task's newest), its parameters
+    and priority; a retried rerun (same --request-id) answers the same new Run."""
     stack = ("--stack", str(stack_file))
     created = await qinglong("task", "create", *stack, "--name", "again", "--", "echo", "1")
     task_id = json.loads(created.out)["taskId"]
-    params = ("--param", "TARGET=eu", "--param", "EMPTY=")
+    params = ("--param", "TARGET=eu", "--param", "EMPTY=", "--priority", "7")
     earlier = json.loads((await qinglong("run", "trigger", "--task", task_id, *stack, *params)).out)
+    assert earlier["priority"] == 7
     await qinglong("task", "revise", task_id, *stack, "--", "echo", "2")
     rerun = ("run", "rerun", earlier["runId"], *stack)
     again = await qinglong(*rerun, "--request-id", "rerun-1")
@@ -114,6 +115,7 @@ async def test_a_rerun_queues_a_new_run_like_the_earlier_one(stack_file: Path) -
     assert run["runId"] != earlier["runId"]
     assert (run["taskId"], run["revisionNumber"]) == (task_id, 1)
     assert run["parameters"] == {"TARGET": "eu", "EMPTY": ""}
+    assert run["priority"] == 7
     retried = json.loads((await qinglong(*rerun, "--request-id", "rerun-1")).out)
     assert retried["runId"] == run["runId"]
     newest = json.loads((await qinglong(*rerun, "--newest")).out)
@@ -124,6 +126,10 @@ async def test_a_rerun_queues_a_new_run_like_the_earlier_one(stack_file: Path) -
     missing = await qinglong("run", "rerun", unknown, *stack)
     assert (missing.code, missing.out) == (1, "")
     assert missing.err.startswith("error: NOT_FOUND RUN_NOT_FOUND")
+    too_urgent = await qinglong("run", "trigger", "--task", task_id, *stack, "--priority", "101")
+    assert too_urgent.code == 1
+    assert too_urgent.err.startswith("error: INVALID_ARGUMENT FIELD_INVALID")
+    assert "priority" in too_urgent.err
 
 
 async def test_a_revision_can_require_worker_labels(stack_file: Path) -> None:

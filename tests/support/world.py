@@ -85,12 +85,18 @@ class World:
         parameters: dict[str, str] | None = None,
         worker_selector: dict[str, str] | None = None,
         queue_timeout_ms: int | None = None,
+        priority: int = 0,
     ) -> uuid.UUID:
         task_id = await self.task(
             timeout_ms, retry_policy, project, worker_selector, queue_timeout_ms
         )
         trigger = runs.TriggerRun(
-            project, task_id, None, f"trigger-{uuid.uuid4().hex[:12]}", parameters or {}
+            project,
+            task_id,
+            None,
+            f"trigger-{uuid.uuid4().hex[:12]}",
+            parameters or {},
+            priority,
         )
         run = await runs.trigger_run(self.conn, trigger, OPERATOR)
         return run.run_id

@@ -23,7 +23,12 @@ from qinglong.control.v1 import (
     task_service_pb2_grpc,
 )
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
-from qinglong_protocol.bounds import QUEUE_TIMEOUT_MS_MAX, QUEUE_TIMEOUT_MS_MIN
+from qinglong_protocol.bounds import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_TIMEOUT_MS_MAX,
+    QUEUE_TIMEOUT_MS_MIN,
+)
 
 from qinglong_cli.cli_errors import (
     EXIT_RUN_NOT_SUCCEEDED,
@@ -159,10 +164,17 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         help="a parameter of the run; its executor reads it as $QINGLONG_PARAM_NAME"
         " (NAME: upper-case letters, digits and _, starting with a letter); repeatable",
     )
+    trigger.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="queued runs of a higher priority are offered first, the oldest first among"
+        f" equals ({PRIORITY_MIN}..{PRIORITY_MAX}; default 0)",
+    )
     add_request_id_flag(trigger)
     rerun = run.add_parser(
         "rerun",
-        help="queue a new run like an earlier one: its task, its revision, its parameters",
+        help="queue a new run like an earlier one: its task, revision, parameters, priority",
     )
     common(rerun)
     rerun.add_argument("run_id", help="the earlier run (any state)")
@@ -264,6 +276,7 @@ async def _trigger(
     task_id: str,
     revision_number: int | None,
     parameters: dict[str, str],
+    priority: int,
 ) -> Any:
     """TriggerRun on ``runs`` (the session's RunService stub) under the command's request
     id (``--request-id`` or a fresh one, named if the answer is lost); the Run it queued."""
@@ -276,6 +289,7 @@ async def _trigger(
                 revision_number=revision_number,
                 request_id=request_id,
                 parameters=parameters,
+                priority=priority,
             ),
             **session.call_options(),
         ),
@@ -376,7 +390,9 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
         )
     elif args.action == "trigger":
         parameters = _assignments("--param", "NAME=VALUE", args.param)
-        printer.item(await _trigger(runs, session, args, args.task, args.revision, parameters))
+        printer.item(
+            await _trigger(runs, session, args, args.task, args.revision, parameters, args.priority)
+        )
     elif args.action == "rerun":
         # A new Run, not the old one again: a terminal Run never changes, and its Events
         # and output stay its own. A retried rerun (same --request-id) reads the same
@@ -387,7 +403,13 @@ async def _dispatch(args: argparse.Namespace, session: Session) -> None:
         pinned = None if args.newest else earlier.run.revision_number
         printer.item(
             await _trigger(
-                runs, session, args, earlier.run.task_id, pinned, dict(earlier.run.parameters)
+                runs,
+                session,
+                args,
+                earlier.run.task_id,
+                pinned,
+                dict(earlier.run.parameters),
+                earlier.run.priority,
             )
         )
     elif args.action == "get":

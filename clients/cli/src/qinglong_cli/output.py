@@ -138,6 +138,7 @@ TABLES: dict[str, Columns] = {
         ("RUN", _get("runId")),
         ("STATE", _state("state", prefix="RUN_STATE_")),
         ("ATTEMPTS", lambda d: f"{d.get('attemptCount', 0)}/{d.get('maxAttempts', 1)}"),
+        ("PRIORITY", _get("priority", absent=0)),
         ("CREATED", _get("createdAt")),
         ("ERROR", _get("errorCode")),
     ),

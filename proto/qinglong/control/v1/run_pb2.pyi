@@ -69,6 +69,7 @@ class Run(_message.Message):
     RETRY_AT_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     PARAMETERS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Server-generated id.
     Bound: UUID, 36 chars, lowercase canonical form.
@@ -117,6 +118,10 @@ class Run(_message.Message):
     max_attempts: _builtins.int
     """The pinned revision's attempt budget (1 without a retry policy).
     Range: 1..100.
+    """
+    priority: _builtins.int
+    """Its priority in the queue (TriggerRunRequest.priority).
+    Range: -100..100.
     """
     @_builtins.property
     def cancel_intent(self) -> Global___CancelIntent:
@@ -173,10 +178,11 @@ class Run(_message.Message):
         retry_at: _timestamp_pb2.Timestamp | None = ...,
         max_attempts: _builtins.int = ...,
         parameters: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "retry_at", b"retry_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_count", b"attempt_count", "cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "event_sequence", b"event_sequence", "finished_at", b"finished_at", "latest_attempt_id", b"latest_attempt_id", "latest_attempt_state", b"latest_attempt_state", "max_attempts", b"max_attempts", "parameters", b"parameters", "project_id", b"project_id", "retry_at", b"retry_at", "revision_number", b"revision_number", "run_id", b"run_id", "started_at", b"started_at", "state", b"state", "task_id", b"task_id", "task_revision_id", b"task_revision_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_count", b"attempt_count", "cancel_intent", b"cancel_intent", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "event_sequence", b"event_sequence", "finished_at", b"finished_at", "latest_attempt_id", b"latest_attempt_id", "latest_attempt_state", b"latest_attempt_state", "max_attempts", b"max_attempts", "parameters", b"parameters", "priority", b"priority", "project_id", b"project_id", "retry_at", b"retry_at", "revision_number", b"revision_number", "run_id", b"run_id", "started_at", b"started_at", "state", b"state", "task_id", b"task_id", "task_revision_id", b"task_revision_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -28,7 +28,7 @@ from qinglong.rpc.v1 import lifecycle_pb2 as qinglong_dot_rpc_dot_v1_dot_lifecyc
 from qinglong.rpc.v1 import rules_pb2 as qinglong_dot_rpc_dot_v1_dot_rules__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%qinglong/control/v1/run_service.proto\x12\x13qinglong.control.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1dqinglong/control/v1/run.proto\x1a\x1fqinglong/rpc/v1/lifecycle.proto\x1a\x1bqinglong/rpc/v1/rules.proto\"\xda\x02\n\x11TriggerRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\'\n\x0frevision_number\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01H\x00\x88\x01\x01\x12\x1d\n\nrequest_id\x18\x04 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\x12{\n\nparameters\x18\x05 \x03(\x0b\x32\x36.qinglong.control.v1.TriggerRunRequest.ParametersEntryB/\xbaH,\x9a\x01)\x10 \"\x1ar\x18\x32\x16^[A-Z][A-Z0-9_]{0,63}$*\tr\x07(\x80\x08\xf8\xd5\"\x01\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_revision_number\";\n\x12TriggerRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.qinglong.control.v1.Run\"I\n\rGetRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\"7\n\x0eGetRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.qinglong.control.v1.Run\"\xca\x01\n\x0fListRunsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xf4\x03(\x00\x12\x1d\n\npage_token\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xf0\xd5\"\x01\x12\x1a\n\x07task_id\x18\x04 \x01(\tB\t\xbaH\x06r\x04\xd8\xd5\"\x01\x12>\n\x06states\x18\x05 \x03(\x0e\x32\x19.qinglong.rpc.v1.RunStateB\x13\xbaH\x10\x92\x01\r\x10\x0b\x18\x01\"\x07\x82\x01\x04\x10\x01 \x00\"S\n\x10ListRunsResponse\x12&\n\x04runs\x18\x01 \x03(\x0b\x32\x18.qinglong.control.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x92\x01\n\x14ListRunEventsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12!\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\x12\x1d\n\tpage_size\x18\x04 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xf4\x03(\x00\"\x7f\n\x15ListRunEventsResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.qinglong.control.v1.RunEvent\x12\x1b\n\x13next_after_sequence\x18\x02 \x01(\x03\x12\x1a\n\x12run_event_sequence\x18\x03 \x01(\x03\"t\n\x15WatchRunEventsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12!\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\"F\n\x16WatchRunEventsResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1d.qinglong.control.v1.RunEvent\"l\n\x10\x43\x61ncelRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1e\n\x0bmutation_id\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\"\x87\x01\n\x11\x43\x61ncelRunResponse\x12\x36\n\x07outcome\x18\x01 \x01(\x0e\x32%.qinglong.control.v1.CancelRunOutcome\x12%\n\x03run\x18\x02 \x01(\x0b\x32\x18.qinglong.control.v1.Run\x12\x13\n\x0b\x61pproval_id\x18\x03 \x01(\t\"\xc6\x01\n\x14ReadRunOutputRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12&\n\x0e\x61ttempt_number\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01H\x00\x88\x01\x01\x12\x19\n\x06offset\x18\x04 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\x12\x1e\n\tmax_bytes\x18\x05 \x01(\x05\x42\x0b\xbaH\x08\x1a\x06\x18\x80\x80@(\x00\x42\x11\n\x0f_attempt_number\"\x8d\x02\n\x15ReadRunOutputResponse\x12\x16\n\x0e\x61ttempt_number\x18\x01 \x01(\x03\x12\x12\n\nattempt_id\x18\x02 \x01(\t\x12\x17\n\x0flog_artifact_id\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x12\n\nend_offset\x18\x07 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x08 \x01(\x03\x12\x10\n\x08\x63omplete\x18\t \x01(\x08\x12\x14\n\x0crun_terminal\x18\n \x01(\x08\x12\x19\n\x0coutput_bytes\x18\x0b \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_output_bytes*\xd3\x01\n\x10\x43\x61ncelRunOutcome\x12\"\n\x1e\x43\x41NCEL_RUN_OUTCOME_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43\x41NCEL_RUN_OUTCOME_ACCEPTED\x10\x01\x12(\n$CANCEL_RUN_OUTCOME_ALREADY_REQUESTED\x10\x02\x12\'\n#CANCEL_RUN_OUTCOME_ALREADY_TERMINAL\x10\x03\x12\'\n#CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL\x10\x04\x32\xb0\x05\n\nRunService\x12]\n\nTriggerRun\x12&.qinglong.control.v1.TriggerRunRequest\x1a\'.qinglong.control.v1.TriggerRunResponse\x12Q\n\x06GetRun\x12\".qinglong.control.v1.GetRunRequest\x1a#.qinglong.control.v1.GetRunResponse\x12W\n\x08ListRuns\x12$.qinglong.control.v1.ListRunsRequest\x1a%.qinglong.control.v1.ListRunsResponse\x12\x66\n\rListRunEvents\x12).qinglong.control.v1.ListRunEventsRequest\x1a*.qinglong.control.v1.ListRunEventsResponse\x12k\n\x0eWatchRunEvents\x12*.qinglong.control.v1.WatchRunEventsRequest\x1a+.qinglong.control.v1.WatchRunEventsResponse0\x01\x12Z\n\tCancelRun\x12%.qinglong.control.v1.CancelRunRequest\x1a&.qinglong.control.v1.CancelRunResponse\x12\x66\n\rReadRunOutput\x12).qinglong.control.v1.ReadRunOutputRequest\x1a*.qinglong.control.v1.ReadRunOutputResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%qinglong/control/v1/run_service.proto\x12\x13qinglong.control.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1dqinglong/control/v1/run.proto\x1a\x1fqinglong/rpc/v1/lifecycle.proto\x1a\x1bqinglong/rpc/v1/rules.proto\"\x80\x03\n\x11TriggerRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1a\n\x07task_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\'\n\x0frevision_number\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01H\x00\x88\x01\x01\x12\x1d\n\nrequest_id\x18\x04 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\x12{\n\nparameters\x18\x05 \x03(\x0b\x32\x36.qinglong.control.v1.TriggerRunRequest.ParametersEntryB/\xbaH,\x9a\x01)\x10 \"\x1ar\x18\x32\x16^[A-Z][A-Z0-9_]{0,63}$*\tr\x07(\x80\x08\xf8\xd5\"\x01\x12$\n\x08priority\x18\x06 \x01(\x05\x42\x12\xbaH\x0f\x1a\r\x18\x64(\x9c\xff\xff\xff\xff\xff\xff\xff\xff\x01\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_revision_number\";\n\x12TriggerRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.qinglong.control.v1.Run\"I\n\rGetRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\"7\n\x0eGetRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.qinglong.control.v1.Run\"\xca\x01\n\x0fListRunsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xf4\x03(\x00\x12\x1d\n\npage_token\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xf0\xd5\"\x01\x12\x1a\n\x07task_id\x18\x04 \x01(\tB\t\xbaH\x06r\x04\xd8\xd5\"\x01\x12>\n\x06states\x18\x05 \x03(\x0e\x32\x19.qinglong.rpc.v1.RunStateB\x13\xbaH\x10\x92\x01\r\x10\x0b\x18\x01\"\x07\x82\x01\x04\x10\x01 \x00\"S\n\x10ListRunsResponse\x12&\n\x04runs\x18\x01 \x03(\x0b\x32\x18.qinglong.control.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x92\x01\n\x14ListRunEventsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12!\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\x12\x1d\n\tpage_size\x18\x04 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xf4\x03(\x00\"\x7f\n\x15ListRunEventsResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.qinglong.control.v1.RunEvent\x12\x1b\n\x13next_after_sequence\x18\x02 \x01(\x03\x12\x1a\n\x12run_event_sequence\x18\x03 \x01(\x03\"t\n\x15WatchRunEventsRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12!\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\"F\n\x16WatchRunEventsResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1d.qinglong.control.v1.RunEvent\"l\n\x10\x43\x61ncelRunRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12\x1e\n\x0bmutation_id\x18\x03 \x01(\tB\t\xbaH\x06r\x04\xe0\xd5\"\x01\"\x87\x01\n\x11\x43\x61ncelRunResponse\x12\x36\n\x07outcome\x18\x01 \x01(\x0e\x32%.qinglong.control.v1.CancelRunOutcome\x12%\n\x03run\x18\x02 \x01(\x0b\x32\x18.qinglong.control.v1.Run\x12\x13\n\x0b\x61pproval_id\x18\x03 \x01(\t\"\xc6\x01\n\x14ReadRunOutputRequest\x12\x1d\n\nproject_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\xc8\xd5\"\x01\x12\x19\n\x06run_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\xd0\xd5\"\x01\x12&\n\x0e\x61ttempt_number\x18\x03 \x01(\x03\x42\t\xbaH\x06\"\x04\xe8\xdb\"\x01H\x00\x88\x01\x01\x12\x19\n\x06offset\x18\x04 \x01(\x03\x42\t\xbaH\x06\"\x04\xf0\xdb\"\x01\x12\x1e\n\tmax_bytes\x18\x05 \x01(\x05\x42\x0b\xbaH\x08\x1a\x06\x18\x80\x80@(\x00\x42\x11\n\x0f_attempt_number\"\x8d\x02\n\x15ReadRunOutputResponse\x12\x16\n\x0e\x61ttempt_number\x18\x01 \x01(\x03\x12\x12\n\nattempt_id\x18\x02 \x01(\t\x12\x17\n\x0flog_artifact_id\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x12\n\nend_offset\x18\x07 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x08 \x01(\x03\x12\x10\n\x08\x63omplete\x18\t \x01(\x08\x12\x14\n\x0crun_terminal\x18\n \x01(\x08\x12\x19\n\x0coutput_bytes\x18\x0b \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_output_bytes*\xd3\x01\n\x10\x43\x61ncelRunOutcome\x12\"\n\x1e\x43\x41NCEL_RUN_OUTCOME_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43\x41NCEL_RUN_OUTCOME_ACCEPTED\x10\x01\x12(\n$CANCEL_RUN_OUTCOME_ALREADY_REQUESTED\x10\x02\x12\'\n#CANCEL_RUN_OUTCOME_ALREADY_TERMINAL\x10\x03\x12\'\n#CANCEL_RUN_OUTCOME_REQUIRE_APPROVAL\x10\x04\x32\xb0\x05\n\nRunService\x12]\n\nTriggerRun\x12&.qinglong.control.v1.TriggerRunRequest\x1a\'.qinglong.control.v1.TriggerRunResponse\x12Q\n\x06GetRun\x12\".qinglong.control.v1.GetRunRequest\x1a#.qinglong.control.v1.GetRunResponse\x12W\n\x08ListRuns\x12$.qinglong.control.v1.ListRunsRequest\x1a%.qinglong.control.v1.ListRunsResponse\x12\x66\n\rListRunEvents\x12).qinglong.control.v1.ListRunEventsRequest\x1a*.qinglong.control.v1.ListRunEventsResponse\x12k\n\x0eWatchRunEvents\x12*.qinglong.control.v1.WatchRunEventsRequest\x1a+.qinglong.control.v1.WatchRunEventsResponse0\x01\x12Z\n\tCancelRun\x12%.qinglong.control.v1.CancelRunRequest\x1a&.qinglong.control.v1.CancelRunResponse\x12\x66\n\rReadRunOutput\x12).qinglong.control.v1.ReadRunOutputRequest\x1a*.qinglong.control.v1.ReadRunOutputResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,6 +47,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRIGGERRUNREQUEST'].fields_by_name['request_id']._serialized_options = b'\272H\006r\004\340\325\"\001'
   _globals['_TRIGGERRUNREQUEST'].fields_by_name['parameters']._loaded_options = None
   _globals['_TRIGGERRUNREQUEST'].fields_by_name['parameters']._serialized_options = b'\272H,\232\001)\020 \"\032r\0302\026^[A-Z][A-Z0-9_]{0,63}$*\tr\007(\200\010\370\325\"\001'
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['priority']._loaded_options = None
+  _globals['_TRIGGERRUNREQUEST'].fields_by_name['priority']._serialized_options = b'\272H\017\032\r\030d(\234\377\377\377\377\377\377\377\377\001'
   _globals['_GETRUNREQUEST'].fields_by_name['project_id']._loaded_options = None
   _globals['_GETRUNREQUEST'].fields_by_name['project_id']._serialized_options = b'\272H\006r\004\310\325\"\001'
   _globals['_GETRUNREQUEST'].fields_by_name['run_id']._loaded_options = None
@@ -91,38 +93,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READRUNOUTPUTREQUEST'].fields_by_name['offset']._serialized_options = b'\272H\006\"\004\360\333\"\001'
   _globals['_READRUNOUTPUTREQUEST'].fields_by_name['max_bytes']._loaded_options = None
   _globals['_READRUNOUTPUTREQUEST'].fields_by_name['max_bytes']._serialized_options = b'\272H\010\032\006\030\200\200@(\000'
-  _globals['_CANCELRUNOUTCOME']._serialized_start=2206
-  _globals['_CANCELRUNOUTCOME']._serialized_end=2417
+  _globals['_CANCELRUNOUTCOME']._serialized_start=2244
+  _globals['_CANCELRUNOUTCOME']._serialized_end=2455
   _globals['_TRIGGERRUNREQUEST']._serialized_start=185
-  _globals['_TRIGGERRUNREQUEST']._serialized_end=531
-  _globals['_TRIGGERRUNREQUEST_PARAMETERSENTRY']._serialized_start=462
-  _globals['_TRIGGERRUNREQUEST_PARAMETERSENTRY']._serialized_end=511
-  _globals['_TRIGGERRUNRESPONSE']._serialized_start=533
-  _globals['_TRIGGERRUNRESPONSE']._serialized_end=592
-  _globals['_GETRUNREQUEST']._serialized_start=594
-  _globals['_GETRUNREQUEST']._serialized_end=667
-  _globals['_GETRUNRESPONSE']._serialized_start=669
-  _globals['_GETRUNRESPONSE']._serialized_end=724
-  _globals['_LISTRUNSREQUEST']._serialized_start=727
-  _globals['_LISTRUNSREQUEST']._serialized_end=929
-  _globals['_LISTRUNSRESPONSE']._serialized_start=931
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1014
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=1017
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=1163
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=1165
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=1292
-  _globals['_WATCHRUNEVENTSREQUEST']._serialized_start=1294
-  _globals['_WATCHRUNEVENTSREQUEST']._serialized_end=1410
-  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_start=1412
-  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_end=1482
-  _globals['_CANCELRUNREQUEST']._serialized_start=1484
-  _globals['_CANCELRUNREQUEST']._serialized_end=1592
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1595
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1730
-  _globals['_READRUNOUTPUTREQUEST']._serialized_start=1733
-  _globals['_READRUNOUTPUTREQUEST']._serialized_end=1931
-  _globals['_READRUNOUTPUTRESPONSE']._serialized_start=1934
-  _globals['_READRUNOUTPUTRESPONSE']._serialized_end=2203
-  _globals['_RUNSERVICE']._serialized_start=2420
-  _globals['_RUNSERVICE']._serialized_end=3108
+  _globals['_TRIGGERRUNREQUEST']._serialized_end=569
+  _globals['_TRIGGERRUNREQUEST_PARAMETERSENTRY']._serialized_start=500
+  _globals['_TRIGGERRUNREQUEST_PARAMETERSENTRY']._serialized_end=549
+  _globals['_TRIGGERRUNRESPONSE']._serialized_start=571
+  _globals['_TRIGGERRUNRESPONSE']._serialized_end=630
+  _globals['_GETRUNREQUEST']._serialized_start=632
+  _globals['_GETRUNREQUEST']._serialized_end=705
+  _globals['_GETRUNRESPONSE']._serialized_start=707
+  _globals['_GETRUNRESPONSE']._serialized_end=762
+  _globals['_LISTRUNSREQUEST']._serialized_start=765
+  _globals['_LISTRUNSREQUEST']._serialized_end=967
+  _globals['_LISTRUNSRESPONSE']._serialized_start=969
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1052
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=1055
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=1201
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=1203
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=1330
+  _globals['_WATCHRUNEVENTSREQUEST']._serialized_start=1332
+  _globals['_WATCHRUNEVENTSREQUEST']._serialized_end=1448
+  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_start=1450
+  _globals['_WATCHRUNEVENTSRESPONSE']._serialized_end=1520
+  _globals['_CANCELRUNREQUEST']._serialized_start=1522
+  _globals['_CANCELRUNREQUEST']._serialized_end=1630
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1633
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1768
+  _globals['_READRUNOUTPUTREQUEST']._serialized_start=1771
+  _globals['_READRUNOUTPUTREQUEST']._serialized_end=1969
+  _globals['_READRUNOUTPUTRESPONSE']._serialized_start=1972
+  _globals['_READRUNOUTPUTRESPONSE']._serialized_end=2241
+  _globals['_RUNSERVICE']._serialized_start=2458
+  _globals['_RUNSERVICE']._serialized_end=3146
 # @@protoc_insertion_point(module_scope)

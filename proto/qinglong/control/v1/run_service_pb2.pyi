@@ -84,6 +84,7 @@ class TriggerRunRequest(_message.Message):
     REVISION_NUMBER_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     PARAMETERS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """The owning project."""
     task_id: _builtins.str
@@ -94,6 +95,13 @@ class TriggerRunRequest(_message.Message):
     """AIP-155 idempotency key, scoped to the project: a retry returns the Run
     the first call created instead of triggering another; reuse for another
     task, or another revision than the Run pinned, fails REPLAY_MISMATCH.
+    """
+    priority: _builtins.int
+    """Placement offers queued Runs of a higher priority first, and among equal
+    priorities the oldest first; 0 by default. Part of the request's
+    identity: a retry with another priority fails REPLAY_MISMATCH. Strict: a
+    steady stream of Runs of a higher priority keeps a lower one waiting (a
+    plan's queue_timeout_ms bounds that wait).
     """
     @_builtins.property
     def parameters(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -110,10 +118,11 @@ class TriggerRunRequest(_message.Message):
         revision_number: _builtins.int | None = ...,
         request_id: _builtins.str = ...,
         parameters: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_revision_number", b"_revision_number", "revision_number", b"revision_number"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_revision_number", b"_revision_number", "parameters", b"parameters", "project_id", b"project_id", "request_id", b"request_id", "revision_number", b"revision_number", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_revision_number", b"_revision_number", "parameters", b"parameters", "priority", b"priority", "project_id", b"project_id", "request_id", b"request_id", "revision_number", b"revision_number", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__revision_number: _TypeAlias = _typing.Literal["revision_number"]  # noqa: Y015
     _WhichOneofArgType__revision_number: _TypeAlias = _typing.Literal["_revision_number", b"_revision_number"]  # noqa: Y015

@@ -424,6 +424,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             revision_number,
             public.request_id,
             dict(public.parameters),
+            public.priority,
         )
         async with self._pool.connection() as conn:
             view = await runs.trigger_run(conn, command, actor)

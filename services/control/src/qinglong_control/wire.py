@@ -316,6 +316,7 @@ def run(view: RunView) -> run_pb2.Run:
         error_code=view.error_code or "",
         max_attempts=view.max_attempts,
         parameters=view.parameters,
+        priority=view.priority,
     )
     if view.cancel_reason is not None and view.cancel_requested_at_ms is not None:
         message.cancel_intent.reason = cancel_reason(view.cancel_reason)

@@ -39,6 +39,7 @@ class RunView:
     error_code: str | None
     retry_at_ms: int | None
     max_attempts: int
+    priority: int = 0
     parameters: dict[str, str] = field(default_factory=dict)
     """Read by get_run only (empty in a listing)."""
 
@@ -84,12 +85,13 @@ class TriggerRun:
     revision_number: int | None
     request_id: str
     parameters: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
 
 
 async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Actor) -> RunView:
     """Queue a Run of a pinned revision in an active project; a retried request returns
     the same Run, and one that names another task, or another revision than the Run
-    pinned, or other parameters, is REPLAY_MISMATCH (a retry without a revision number
+    pinned, or other parameters or priority, is REPLAY_MISMATCH (a retry without a revision number
     matches whichever the first call pinned)."""
     values: dict[str, object] = {
         "run_id": uuid.uuid4(),
@@ -99,6 +101,7 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
         "request_id": command.request_id,
         "actor_id": actor.id,
         "parameters": Jsonb(command.parameters),
+        "priority": command.priority,
     }
     async with command_transaction(conn) as tx:
         await tx.execute("lock.trigger", _LOCK_TRIGGER, values)
@@ -112,7 +115,7 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
         now_row = await now.fetchone()
         assert now_row is not None
         if earlier is not None:
-            run_id, task_id, pinned, parameters = earlier
+            run_id, task_id, pinned, parameters, priority = earlier
             if task_id != command.task_id or command.revision_number not in (None, pinned):
                 raise Refused(
                     Reason.REPLAY_MISMATCH, "request_id triggered a Run of another task or revision"
@@ -120,6 +123,10 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
             if parameters != command.parameters:
                 raise Refused(
                     Reason.REPLAY_MISMATCH, "request_id triggered a Run with other parameters"
+                )
+            if priority != command.priority:
+                raise Refused(
+                    Reason.REPLAY_MISMATCH, "request_id triggered a Run of another priority"
                 )
             values["run_id"] = run_id
         else:

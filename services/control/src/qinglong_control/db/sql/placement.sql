@@ -16,8 +16,9 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
   FROM qinglong.worker_sessions s WHERE s.session_id = %s
 
 -- name: lock_candidates
--- Oldest queued Runs of an executor type this session runs, of a project its Worker
--- serves, with no intent to cancel and no live offer elsewhere. SKIP LOCKED lets many
+-- Queued Runs of an executor type this session runs, of a project its Worker serves, with
+-- no intent to cancel and no live offer elsewhere: the highest priority first, the oldest
+-- first among equals (migrations 0042, 0044). SKIP LOCKED lets many
 -- sessions pull at once without waiting or ever taking the same Run. The session's room
 -- is computed in the same statement, so the whole read side is one round trip: new
 -- placements never exceed what the answer carries (max_offers minus offers already open)
@@ -64,10 +65,10 @@ WITH session AS MATERIALIZED (
        AND s.expires_at_ms > qinglong.db_now_ms()
 )
 SELECT picked.run_id FROM (
-    -- A Worker of every project: the Runs any Worker may take, by age, from their own
-    -- index (runs_queued_for_any_worker, migration 0036)...
-    SELECT for_any.run_id, for_any.created_at_ms FROM (
-        SELECT r.run_id, r.created_at_ms
+    -- A Worker of every project: the Runs any Worker may take, by priority and age, from
+    -- their own index (runs_queued_for_any_worker_by_priority, migrations 0036, 0044)...
+    SELECT for_any.run_id, for_any.priority, for_any.created_at_ms FROM (
+        SELECT r.run_id, r.priority, r.created_at_ms
           FROM qinglong.runs r, session
          -- A scalar subquery, read once before the scan (an InitPlan): it decides whether
          -- this branch reads anything at all.
@@ -84,15 +85,16 @@ SELECT picked.run_id FROM (
            AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                             WHERE o.run_id = r.run_id AND o.state = 'open'
                               AND o.expires_at_ms > qinglong.db_now_ms())
-         ORDER BY r.created_at_ms, r.run_id
+         ORDER BY r.priority DESC, r.created_at_ms, r.run_id
          LIMIT coalesce((SELECT room FROM session), 0)
            FOR UPDATE OF r SKIP LOCKED) for_any
     UNION ALL
     -- ...and, only for a session that declared labels, the Runs with a selector
-    -- (runs_queued_with_selector), past those its labels do not satisfy. A Worker without
-    -- labels never reads a Run it may not take, however many wait for a label nobody has.
-    SELECT selective.run_id, selective.created_at_ms FROM (
-        SELECT r.run_id, r.created_at_ms
+    -- (runs_queued_with_selector_by_priority), past those its labels do not satisfy. A
+    -- Worker without labels never reads a Run it may not take, however many wait for a
+    -- label nobody has.
+    SELECT selective.run_id, selective.priority, selective.created_at_ms FROM (
+        SELECT r.run_id, r.priority, r.created_at_ms
           FROM qinglong.runs r, session
          WHERE (SELECT project_ids IS NULL AND labels <> '{}'::jsonb FROM session)
            AND r.state = 'queued'
@@ -109,18 +111,19 @@ SELECT picked.run_id FROM (
            AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                             WHERE o.run_id = r.run_id AND o.state = 'open'
                               AND o.expires_at_ms > qinglong.db_now_ms())
-         ORDER BY r.created_at_ms, r.run_id
+         ORDER BY r.priority DESC, r.created_at_ms, r.run_id
          LIMIT coalesce((SELECT room FROM session), 0)
            FOR UPDATE OF r SKIP LOCKED) selective
     UNION ALL
     -- A Worker of some projects: each served project's queue, in the same two parts
-    -- (runs_queued_for_any_worker_by_project, runs_queued_with_selector_by_project: 0037).
-    SELECT by_project.run_id, by_project.created_at_ms
+    -- (runs_queued_for_any_worker_by_project_priority and
+    -- runs_queued_with_selector_by_project_priority: 0037, 0044).
+    SELECT by_project.run_id, by_project.priority, by_project.created_at_ms
       FROM session, unnest(session.project_ids) AS served (project_id)
      CROSS JOIN LATERAL (
         -- (FOR UPDATE is allowed in a subquery, not in a part of a UNION itself.)
         SELECT * FROM (
-         SELECT r.run_id, r.created_at_ms
+         SELECT r.run_id, r.priority, r.created_at_ms
            FROM qinglong.runs r
           WHERE r.project_id = served.project_id
             AND r.state = 'queued'
@@ -134,12 +137,12 @@ SELECT picked.run_id FROM (
             AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                              WHERE o.run_id = r.run_id AND o.state = 'open'
                                AND o.expires_at_ms > qinglong.db_now_ms())
-          ORDER BY r.created_at_ms, r.run_id
+          ORDER BY r.priority DESC, r.created_at_ms, r.run_id
           LIMIT session.room
             FOR UPDATE OF r SKIP LOCKED) for_any
         UNION ALL
         SELECT * FROM (
-         SELECT r.run_id, r.created_at_ms
+         SELECT r.run_id, r.priority, r.created_at_ms
            FROM qinglong.runs r
           WHERE session.labels <> '{}'::jsonb
             AND r.project_id = served.project_id
@@ -156,11 +159,11 @@ SELECT picked.run_id FROM (
             AND NOT EXISTS (SELECT 1 FROM qinglong.offers o
                              WHERE o.run_id = r.run_id AND o.state = 'open'
                                AND o.expires_at_ms > qinglong.db_now_ms())
-          ORDER BY r.created_at_ms, r.run_id
+          ORDER BY r.priority DESC, r.created_at_ms, r.run_id
           LIMIT session.room
             FOR UPDATE OF r SKIP LOCKED) selective) by_project
 ) picked
- ORDER BY picked.created_at_ms, picked.run_id
+ ORDER BY picked.priority DESC, picked.created_at_ms, picked.run_id
  LIMIT coalesce((SELECT room FROM session), 0)
 
 -- name: expire_stale_offers

@@ -24,9 +24,9 @@ SELECT pg_advisory_xact_lock(
     hashtextextended('qinglong.trigger:' || %(project_id)s || ':' || %(request_id)s, 0))
 
 -- name: existing_trigger
--- The Run a request id triggered already, with what it pinned and the parameters it was
--- given: a retry must ask for the same.
-SELECT r.run_id, r.task_id, tr.revision_number, r.parameters
+-- The Run a request id triggered already, with what it pinned and the parameters and
+-- priority it was given: a retry must ask for the same.
+SELECT r.run_id, r.task_id, tr.revision_number, r.parameters, r.priority
   FROM qinglong.runs r JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
  WHERE r.project_id = %(project_id)s AND r.trigger_request_id = %(request_id)s
 
@@ -48,10 +48,10 @@ SELECT tr.revision_id, tr.executor_type
 INSERT INTO qinglong.runs
        (run_id, project_id, task_id, revision_id, state, executor_type,
         trigger_request_id, triggered_by, created_at_ms, updated_at_ms, parameters,
-        worker_selector, queue_timeout_ms)
+        worker_selector, queue_timeout_ms, priority)
 SELECT %(run_id)s, %(project_id)s, %(task_id)s, tr.revision_id, 'queued', %(executor_type)s,
        %(request_id)s, %(actor_id)s, %(now)s, %(now)s, %(parameters)s, tr.worker_selector,
-       tr.queue_timeout_ms
+       tr.queue_timeout_ms, %(priority)s
   FROM qinglong.task_revisions tr WHERE tr.revision_id = %(revision_id)s
 
 -- name: list_events
