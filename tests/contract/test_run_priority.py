@@ -3,6 +3,7 @@ higher priority first and the oldest first among equals, in every part of the pu
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,6 +33,14 @@ async def admin_conn(database: MigratedDatabase) -> AsyncIterator[Conn]:
         await connection.close()
 
 
+async def queued(world: World, **options: Any) -> uuid.UUID:
+    """A queued Run created at least a millisecond after the one before: among equal
+    priorities age decides, and two Runs of the same millisecond would be ordered by
+    their random ids."""
+    await asyncio.sleep(0.002)
+    return await world.queued_run(**options)
+
+
 async def taken_in_order(world: World, session: SessionClaim, count: int) -> list[uuid.UUID]:
     """Pull one offer at a time and claim it (so the next pull takes the next Run): the
     order in which placement hands out the queue."""
@@ -46,11 +55,11 @@ async def taken_in_order(world: World, session: SessionClaim, count: int) -> lis
 
 
 async def test_a_higher_priority_is_taken_first_then_the_oldest(world: World) -> None:
-    low = await world.queued_run(priority=-5)
-    first_default = await world.queued_run()
-    second_default = await world.queued_run()
-    high = await world.queued_run(priority=10)
-    urgent = await world.queued_run(priority=100)
+    low = await queued(world, priority=-5)
+    first_default = await queued(world)
+    second_default = await queued(world)
+    high = await queued(world, priority=10)
+    urgent = await queued(world, priority=100)
     session = await world.session("worker-a")
     taken = await taken_in_order(world, session, 5)
     assert taken == [urgent, high, first_default, second_default, low]
@@ -60,10 +69,10 @@ async def test_priority_orders_runs_with_and_without_a_selector_together(world: 
     """A labelled Worker reads both parts of the queue; in each, a newer Run of a higher
     priority goes before an older one, and across them the higher priority wins and age
     decides between equals."""
-    plain_old = await world.queued_run()
-    selective_old = await world.queued_run(worker_selector={"gpu": "a100"})
-    plain_high = await world.queued_run(priority=3)
-    selective_high = await world.queued_run(priority=4, worker_selector={"gpu": "a100"})
+    plain_old = await queued(world)
+    selective_old = await queued(world, worker_selector={"gpu": "a100"})
+    plain_high = await queued(world, priority=3)
+    selective_high = await queued(world, priority=4, worker_selector={"gpu": "a100"})
     session = await world.session("worker-a", labels={"gpu": "a100"})
     taken = await taken_in_order(world, session, 4)
     assert taken == [selective_high, plain_high, plain_old, selective_old]
@@ -74,12 +83,12 @@ async def test_a_worker_of_some_projects_takes_the_higher_priority_across_them(
 ) -> None:
     """Each of its projects' two parts is read in priority order too."""
     eu = {"zone": "eu"}
-    here_old = await world.queued_run()
-    there_old = await world.queued_run(project=OTHER)
-    labelled_old = await world.queued_run(project=OTHER, worker_selector=eu)
-    here_high = await world.queued_run(priority=1)
-    there_high = await world.queued_run(project=OTHER, priority=2)
-    labelled_high = await world.queued_run(project=OTHER, priority=3, worker_selector=eu)
+    here_old = await queued(world)
+    there_old = await queued(world, project=OTHER)
+    labelled_old = await queued(world, project=OTHER, worker_selector=eu)
+    here_high = await queued(world, priority=1)
+    there_high = await queued(world, project=OTHER, priority=2)
+    labelled_high = await queued(world, project=OTHER, priority=3, worker_selector=eu)
     await admin.set_worker_projects(admin_conn, "worker-a", (PROJECT, OTHER))
     session = await world.session("worker-a", labels=eu)
     taken = await taken_in_order(world, session, 6)
