@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
 
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import World, enroll
+from tests.support.world import OTHER_PROJECT, World, enroll
 
 
 @pytest.fixture
@@ -20,3 +21,15 @@ async def world(database: MigratedDatabase) -> AsyncIterator[World]:
         yield World(conn)
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def admin_conn(database: MigratedDatabase) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """An admin-role connection (AdminService's repository), with a second active
+    project, `proj-b`, to scope Workers to."""
+    enroll(database, project=OTHER_PROJECT)
+    connection = await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True)
+    try:
+        yield connection
+    finally:
+        await connection.close()

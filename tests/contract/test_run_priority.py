@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -17,20 +16,10 @@ from qinglong_control.domain.sessions import SessionClaim
 
 from tests.support.plans import rows_examined
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import OPERATOR, PROJECT, World, enroll, fresh_claim
+from tests.support.world import OPERATOR, OTHER_PROJECT, PROJECT, World, fresh_claim
 
-OTHER = "proj-b"
+OTHER = OTHER_PROJECT
 Conn = psycopg.AsyncConnection[Any]
-
-
-@pytest.fixture
-async def admin_conn(database: MigratedDatabase) -> AsyncIterator[Conn]:
-    enroll(database, project=OTHER)
-    connection = await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True)
-    try:
-        yield connection
-    finally:
-        await connection.close()
 
 
 async def queued(world: World, **options: Any) -> uuid.UUID:

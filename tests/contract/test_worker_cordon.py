@@ -4,8 +4,6 @@ administrator sets the flag; placement and the claim read it."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -17,29 +15,12 @@ from qinglong_control.domain.capability import parse_digest
 from qinglong_control.domain.completion import CompletionReport
 from qinglong_control.domain.lease_control import LeaseAnswer
 from qinglong_control.domain.refusals import Reason, Refused
-from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.start_facts import RunningReport
 
-from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, World, fresh_claim, with_version
 
 Conn = psycopg.AsyncConnection[Any]
 REPORT = RunningReport("pid:4242;start:1700000000", None, 1, parse_digest("ab" * 32))
-
-
-@pytest.fixture
-async def admin_conn(database: MigratedDatabase) -> AsyncIterator[Conn]:
-    connection = await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True)
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-async def pulled(world: World, session: SessionClaim) -> dict[uuid.UUID, uuid.UUID]:
-    """The session's offers after a pull: run id -> offer id."""
-    offers = await placement.pull_offers(world.conn, session, 8, world.timings)
-    return {offer.run_id: offer.offer_id for offer in offers.offers}
 
 
 async def test_a_cordoned_worker_is_offered_nothing_until_uncordoned(
@@ -49,15 +30,15 @@ async def test_a_cordoned_worker_is_offered_nothing_until_uncordoned(
     session = await world.session("worker-a")
     cordoned = await admin.set_worker_cordoned(admin_conn, "worker-a", True)
     assert cordoned.cordoned
-    assert await pulled(world, session) == {}
+    assert await world.offered(session) == {}
     # Another Worker takes nothing from it: the Run is simply still there for others.
     other = await world.session("worker-b")
-    assert set(await pulled(world, other)) == {queued}
+    assert set(await world.offered(other)) == {queued}
     later = await world.queued_run()
-    assert await pulled(world, session) == {}, "not even a Run queued after the cordon"
+    assert await world.offered(session) == {}, "not even a Run queued after the cordon"
     uncordoned = await admin.set_worker_cordoned(admin_conn, "worker-a", False)
     assert not uncordoned.cordoned
-    assert set(await pulled(world, session)) == {later}
+    assert set(await world.offered(session)) == {later}
 
 
 async def test_an_offer_held_when_the_cordon_came_is_not_shown_nor_claimable(
@@ -65,16 +46,16 @@ async def test_an_offer_held_when_the_cordon_came_is_not_shown_nor_claimable(
 ) -> None:
     run_id = await world.queued_run()
     session = await world.session("worker-a")
-    offer_id = (await pulled(world, session))[run_id]
+    offer_id = (await world.offered(session))[run_id]
     await admin.set_worker_cordoned(admin_conn, "worker-a", True)
-    assert run_id not in await pulled(world, session)
+    assert run_id not in await world.offered(session)
     request, _ = fresh_claim(session, offer_id, run_id)
     with pytest.raises(Refused) as refused:
         await placement.claim_offer(world.conn, request, world.timings)
     assert refused.value.reason is Reason.OFFER_EXPIRED
     # Nothing was claimed: uncordoned, the same offer is good again.
     await admin.set_worker_cordoned(admin_conn, "worker-a", False)
-    assert (await pulled(world, session))[run_id] == offer_id
+    assert (await world.offered(session))[run_id] == offer_id
     request, _ = fresh_claim(session, offer_id, run_id)
     claimed = await placement.claim_offer(world.conn, request, world.timings)
     assert claimed.lease_version == 1
@@ -112,7 +93,7 @@ async def test_cordon_is_idempotent_and_names_an_enrolled_worker(
     assert unknown.value.reason is Reason.WORKER_NOT_FOUND
     # A restarted Worker (a new session) stays cordoned: the flag is the Worker's.
     await world.queued_run()
-    assert await pulled(world, await world.session("worker-a")) == {}
+    assert await world.offered(await world.session("worker-a")) == {}
     cursor = await world.conn.execute(
         "SELECT count(*) FROM qinglong.offers o JOIN qinglong.runs r USING (run_id)"
         " WHERE o.worker_id = 'worker-a' AND r.project_id = %s",

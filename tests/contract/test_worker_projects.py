@@ -6,7 +6,6 @@ placement and the claim read it."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -18,26 +17,10 @@ from qinglong_control.domain.sessions import SessionClaim
 
 from tests.support.plans import rows_examined
 from tests.support.postgres import MigratedDatabase
-from tests.support.world import PROJECT, World, enroll, fresh_claim
+from tests.support.world import OTHER_PROJECT, PROJECT, World, fresh_claim
 
-OTHER = "proj-b"
+OTHER = OTHER_PROJECT
 Conn = psycopg.AsyncConnection[Any]
-
-
-@pytest.fixture
-async def admin_conn(database: MigratedDatabase) -> AsyncIterator[Conn]:
-    enroll(database, project=OTHER)
-    connection = await psycopg.AsyncConnection.connect(database.urls.admin, autocommit=True)
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-async def pulled(world: World, session: SessionClaim) -> dict[uuid.UUID, uuid.UUID]:
-    """The session's offers after a pull: run id -> offer id."""
-    offers = await placement.pull_offers(world.conn, session, 8, world.timings)
-    return {offer.run_id: offer.offer_id for offer in offers.offers}
 
 
 async def claim(
@@ -52,11 +35,11 @@ async def test_placement_offers_only_the_workers_projects(world: World, admin_co
     theirs = await world.queued_run(project=OTHER)
     scoped = await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
     assert scoped.project_ids == (OTHER,)
-    assert set(await pulled(world, await world.session("worker-a"))) == {theirs}
+    assert set(await world.offered(await world.session("worker-a"))) == {theirs}
     # Every project again (a new session: the old one's offers go with it).
     everywhere = await admin.set_worker_projects(admin_conn, "worker-a", None)
     assert everywhere.project_ids is None
-    assert set(await pulled(world, await world.session("worker-a"))) == {ours, theirs}
+    assert set(await world.offered(await world.session("worker-a"))) == {ours, theirs}
 
 
 async def test_an_offer_made_before_the_projects_changed_is_void(
@@ -64,15 +47,15 @@ async def test_an_offer_made_before_the_projects_changed_is_void(
 ) -> None:
     ours = await world.queued_run()
     session = await world.session("worker-a")
-    offer_id = (await pulled(world, session))[ours]
+    offer_id = (await world.offered(session))[ours]
     await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
-    assert ours not in await pulled(world, session)  # not shown again
+    assert ours not in await world.offered(session)  # not shown again
     with pytest.raises(Refused) as void:
         await claim(world, session, PROJECT, ours, offer_id)
     assert void.value.reason is Reason.OFFER_EXPIRED
     # Nothing was claimed: once the Worker serves the project again, the offer is good.
     await admin.set_worker_projects(admin_conn, "worker-a", (PROJECT, OTHER))
-    assert (await pulled(world, session))[ours] == offer_id
+    assert (await world.offered(session))[ours] == offer_id
     claimed = await claim(world, session, PROJECT, ours, offer_id)
     assert claimed.lease_version == 1
 
@@ -140,7 +123,7 @@ async def test_a_scoped_workers_pull_reads_only_its_projects_queues(
         conn.rollback()
     assert row is not None
     assert rows_examined(row[0][0]["Plan"], "runs") == len(served), "none that needs a label"
-    assert set(await pulled(world, session)) == set(served)
+    assert set(await world.offered(session)) == set(served)
 
     both = await world.session("worker-b")
     await admin.set_worker_projects(admin_conn, "worker-b", (PROJECT, OTHER))
@@ -163,7 +146,7 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
     intent, none with parameters when it does not pass them on, none whose selector its
     labels do not satisfy, and none of a disabled project."""
     offered_elsewhere = await world.queued_run(project=OTHER)
-    assert set(await pulled(world, await world.session("worker-b"))) == {offered_elsewhere}
+    assert set(await world.offered(await world.session("worker-b"))) == {offered_elsewhere}
     cancelled = await world.queued_run(project=OTHER)
     await world.conn.execute(
         "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
@@ -181,18 +164,18 @@ async def test_a_scoped_worker_is_placed_on_the_same_conditions(
     )
     await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
     scoped = await world.session("worker-a", passes_parameters=False)
-    assert set(await pulled(world, scoped)) == {placeable}
+    assert set(await world.offered(scoped)) == {placeable}
     # Its next session (its offers withdrawn), passing parameters on, takes both.
     passing = await world.session("worker-a")
-    assert set(await pulled(world, passing)) == {placeable, with_parameters}
+    assert set(await world.offered(passing)) == {placeable, with_parameters}
     labelled = await world.session("worker-a", labels={"gpu": "a100"})
-    assert set(await pulled(world, labelled)) == {placeable, with_parameters, needs_gpu}
+    assert set(await world.offered(labelled)) == {placeable, with_parameters, needs_gpu}
     labelled_old = await world.session("worker-a", labels={"gpu": "a100"}, passes_parameters=False)
     with_parameters_gpu = await world.queued_run(
         project=OTHER, worker_selector={"gpu": "a100"}, parameters={"X": "1"}
     )
-    assert with_parameters_gpu not in await pulled(world, labelled_old)
+    assert with_parameters_gpu not in await world.offered(labelled_old)
     await admin.disable_project(admin_conn, OTHER)
     await world.queued_run(project=PROJECT)  # another project's: not its to take either
     fresh = await world.session("worker-a")
-    assert await pulled(world, fresh) == {}
+    assert await world.offered(fresh) == {}

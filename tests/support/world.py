@@ -27,6 +27,8 @@ from qinglong_protocol.bounds import encode_lease_capability
 from tests.support.postgres import MigratedDatabase
 
 PROJECT = "proj-a"
+#: A second project (enrolled by the contract suite's ``admin_conn`` fixture).
+OTHER_PROJECT = "proj-b"
 OPERATOR = Actor("user", "alice")
 
 
@@ -123,6 +125,11 @@ class World:
             self.timings,
         )
         return SessionClaim(worker_id, opened.session_id, opened.worker_generation)
+
+    async def offered(self, session: SessionClaim) -> dict[uuid.UUID, uuid.UUID]:
+        """The session's open offers after a pull: run id -> offer id."""
+        offers = await placement.pull_offers(self.conn, session, 8, self.timings)
+        return {offer.run_id: offer.offer_id for offer in offers.offers}
 
     async def claimed(
         self,
