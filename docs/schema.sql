@@ -608,8 +608,7 @@ CREATE VIEW qinglong.run_projection AS
     r.finished_at_ms,
     r.error_code,
     r.retry_at_ms,
-    tr.retry_max_attempts AS max_attempts,
-    r.priority
+    tr.retry_max_attempts AS max_attempts
    FROM ((qinglong.runs r
      JOIN qinglong.task_revisions tr ON ((tr.revision_id = r.revision_id)))
      LEFT JOIN qinglong.attempts a ON (((a.run_id = r.run_id) AND (a.attempt_number = r.attempt_count))));

@@ -285,7 +285,7 @@ def is_command_argv(argv: Sequence[str]) -> bool:
 
 
 def offers_that_fit(sizes: Sequence[int]) -> int:
-    """How many of the offers (their serialized sizes, oldest first) one PullOffers answer
+    """How many of the offers (their serialized sizes, in answer order) one PullOffers answer
     carries: the longest prefix within :data:`PULL_OFFERS_RESPONSE_MAX_BYTES`, and at least
     one (an offer at the contract's limits, 64 KiB of argv and every parameter at its
     longest, is about 100 KB; 64 of them would pass the Worker's receive limit)."""

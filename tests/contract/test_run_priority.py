@@ -1,4 +1,4 @@
-"""A Run's priority (TriggerRunRequest.priority, migrations 0042-0044): placement offers a
+"""A Run's priority (TriggerRunRequest.priority, migrations 0042, 0043): placement offers a
 higher priority first and the oldest first among equals, in every part of the pull."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ async def test_the_pull_reads_the_queue_in_priority_order_from_its_index(
     world: World, database: MigratedDatabase
 ) -> None:
     """With 200 Runs queued at the default priority and one urgent Run queued last, a pull
-    of one reads the urgent Run and no other: the order comes from migration 0044's
+    of one reads the urgent Run and no other: the order comes from migration 0043's
     index, not from sorting the queue."""
     for _ in range(200):
         await world.queued_run()
@@ -128,3 +128,26 @@ async def test_the_pull_reads_the_queue_in_priority_order_from_its_index(
         conn.rollback()  # EXPLAIN ANALYZE locked the candidate
     assert row is not None
     assert rows_examined(row[0][0]["Plan"], "runs") == 1
+
+
+async def test_one_pulls_answer_lists_its_offers_in_priority_order(world: World) -> None:
+    """An answer cut short (wire.offers_that_fit) or a Worker that takes fewer keeps the
+    first: the most urgent."""
+    older = await queued(world)
+    urgent = await queued(world, priority=9)
+    assert list(await world.offered(await world.session("worker-a"))) == [urgent, older]
+
+
+async def test_the_operators_view_keeps_the_columns_of_migration_0003(world: World) -> None:
+    """Control replicas of an earlier version read ``v.*`` of this view into a fixed set
+    of fields: a column added to it fails them during a rolling upgrade, so later columns
+    (the priority) are read from runs beside it."""
+    cursor = await world.conn.execute("SELECT * FROM qinglong.run_projection LIMIT 0")
+    assert cursor.description is not None
+    assert [column.name for column in cursor.description] == [
+        "run_id", "project_id", "task_id", "revision_id", "revision_number", "state",
+        "attempt_count", "latest_attempt_id", "latest_attempt_state", "version",
+        "event_sequence", "cancel_reason", "cancel_requested_at_ms", "deadline_at_ms",
+        "created_at_ms", "started_at_ms", "finished_at_ms", "error_code", "retry_at_ms",
+        "max_attempts",
+    ]  # fmt: skip

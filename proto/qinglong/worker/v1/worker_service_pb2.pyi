@@ -370,7 +370,8 @@ class PullOffersResponse(_message.Message):
     OFFERS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def offers(self) -> _containers.RepeatedCompositeFieldContainer[_worker_pb2.Offer]:
-        """Offers for this session, oldest first. The server returns fewer than
+        """Offers for this session: those of earlier pulls first, then by the Runs'
+        priority (higher first) and age (oldest first). The server returns fewer than
         max_offers rather than exceed the 4 MiB gRPC message limit.
         Bound: 0..max_offers items (at most 64).
         """

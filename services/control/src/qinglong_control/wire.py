@@ -252,8 +252,8 @@ def execution_spec(plan: Plan | PlacedOffer) -> worker_pb2.ExecutionSpec:
 
 
 def pull_offers_response(placed: Offers) -> worker_service_pb2.PullOffersResponse:
-    """The session's open offers, oldest first, as many as a Worker takes in one answer
-    (:func:`qinglong_protocol.bounds.offers_that_fit`). Those left out stay open, and the
+    """The session's open offers, in placement's order, as many as a Worker takes in one
+    answer (:func:`qinglong_protocol.bounds.offers_that_fit`). Those left out stay open, and the
     next pull answers them first."""
     messages = [offer(placed_offer, placed.now_ms) for placed_offer in placed.offers]
     fit = bounds.offers_that_fit([message.ByteSize() for message in messages])

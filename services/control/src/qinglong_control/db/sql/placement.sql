@@ -18,7 +18,7 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- name: lock_candidates
 -- Queued Runs of an executor type this session runs, of a project its Worker serves, with
 -- no intent to cancel and no live offer elsewhere: the highest priority first, the oldest
--- first among equals (migrations 0042, 0044). SKIP LOCKED lets many
+-- first among equals (migrations 0042, 0043). SKIP LOCKED lets many
 -- sessions pull at once without waiting or ever taking the same Run. The session's room
 -- is computed in the same statement, so the whole read side is one round trip: new
 -- placements never exceed what the answer carries (max_offers minus offers already open)
@@ -31,17 +31,18 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 -- read in two parts (migrations 0036, 0037): the Runs without a selector, which any Worker
 -- may take, and — only for a session that declared labels — those with one, so a Worker
 -- without labels never reads past Runs waiting for a label nobody has. A Worker of every
--- project reads the whole queue's two parts by age; a Worker of some projects reads each
--- of its projects' two parts and takes the oldest of those — reading the whole queue
+-- project reads the whole queue's two parts in order (priority, then age); a Worker of
+-- some projects reads each of its projects' two parts and takes the first of those in the
+-- same order — reading the whole queue
 -- instead, it would scan every other project's backlog at each pull (80 ms with 85,000
 -- Runs queued elsewhere). Every part places a Run on the same conditions; they are written
 -- out in each, and must stay the same (test_worker_projects.py and
 -- test_sessions_and_claim.py hold them to it). Each scan locks up to the room, and the
--- oldest of them are taken: a Worker of K projects holds up to K x room Runs until COMMIT
+-- first of them in that order are taken: a Worker of K projects holds up to K x room Runs until COMMIT
 -- (one pull's two round trips), twice that with labels. Another pull skips those
 -- and goes on scanning; only on a nearly empty queue does it come back short, and pulls
 -- again at its next tick. Locking after the pick instead would make the pulls of Workers
--- with the same projects all pick the same oldest Runs, and all but one come back empty.
+-- with the same projects all pick the same first Runs, and all but one come back empty.
 WITH session AS MATERIALIZED (
     SELECT s.session_id, s.executor_types, s.passes_run_parameters, s.labels,
            -- The projects its Worker serves (NULL: every project).
@@ -66,7 +67,7 @@ WITH session AS MATERIALIZED (
 )
 SELECT picked.run_id FROM (
     -- A Worker of every project: the Runs any Worker may take, by priority and age, from
-    -- their own index (runs_queued_for_any_worker_by_priority, migrations 0036, 0044)...
+    -- their own index (runs_queued_for_any_worker_by_priority, migrations 0036, 0043)...
     SELECT for_any.run_id, for_any.priority, for_any.created_at_ms FROM (
         SELECT r.run_id, r.priority, r.created_at_ms
           FROM qinglong.runs r, session
@@ -117,7 +118,7 @@ SELECT picked.run_id FROM (
     UNION ALL
     -- A Worker of some projects: each served project's queue, in the same two parts
     -- (runs_queued_for_any_worker_by_project_priority and
-    -- runs_queued_with_selector_by_project_priority: 0037, 0044).
+    -- runs_queued_with_selector_by_project_priority: 0037, 0043).
     SELECT by_project.run_id, by_project.priority, by_project.created_at_ms
       FROM session, unnest(session.project_ids) AS served (project_id)
      CROSS JOIN LATERAL (
@@ -184,7 +185,9 @@ ON CONFLICT (run_id) WHERE state = 'open' DO NOTHING
 -- name: open_offers
 -- Everything the session holds open, with the pinned plan (stable offer ids on re-pull),
 -- of the projects its Worker serves now (an offer made before they changed is not shown
--- again, and cannot be claimed); none while its Worker is cordoned (0041).
+-- again, and cannot be claimed); none while its Worker is cordoned (0041). Offers of
+-- earlier pulls first, and those of one pull in placement's order (priority, then age), so
+-- that an answer cut short (wire.offers_that_fit) keeps the most urgent.
 SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revision_number,
        tr.executor_type, tr.command, tr.timeout_ms, r.parameters, o.expires_at_ms
   FROM qinglong.offers o
@@ -194,7 +197,7 @@ SELECT o.offer_id, o.run_id, r.project_id, r.task_id, tr.revision_id, tr.revisio
  WHERE o.session_id = %(session_id)s AND o.state = 'open' AND o.expires_at_ms > %(now)s
    AND (w.project_ids IS NULL OR r.project_id = ANY (w.project_ids))
    AND NOT w.cordoned
- ORDER BY o.created_at_ms, r.created_at_ms, r.run_id
+ ORDER BY o.created_at_ms, r.priority DESC, r.created_at_ms, r.run_id
 
 -- name: lock_claim_run
 -- served: whether the claiming Worker serves the Run's project now (its projects may have

@@ -1,21 +1,25 @@
 -- Statements of db/runs.py.
 
 -- name: get_run
--- A Run as operators see it (the view of migration 0003), with its parameters (which
--- list_runs leaves out: a page of Runs stays small).
-SELECT v.*, r.parameters
+-- A Run as operators see it (the view of migration 0003), with its priority and its
+-- parameters (which list_runs leaves out: a page of Runs stays small). Columns added later
+-- are read from runs, not added to the view: a replica of the earlier version reads
+-- `v.*` into its own set of fields, and one more would fail it during a rolling upgrade.
+SELECT v.*, r.priority, r.parameters
   FROM qinglong.run_projection v JOIN qinglong.runs r ON r.run_id = v.run_id
  WHERE v.project_id = %(project_id)s AND v.run_id = %(run_id)s
 
 -- name: list_runs
--- Newest first, keyset-paginated by (created_at_ms, run_id).
-SELECT * FROM qinglong.run_projection
- WHERE project_id = %(project_id)s
-   AND (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s)
-   AND (cardinality(%(states)s::text[]) = 0 OR state = ANY(%(states)s))
+-- Newest first, keyset-paginated by (created_at_ms, run_id); the priority as get_run reads
+-- it.
+SELECT v.*, r.priority
+  FROM qinglong.run_projection v JOIN qinglong.runs r ON r.run_id = v.run_id
+ WHERE v.project_id = %(project_id)s
+   AND (%(task_id)s::uuid IS NULL OR v.task_id = %(task_id)s)
+   AND (cardinality(%(states)s::text[]) = 0 OR v.state = ANY(%(states)s))
    AND (%(before_created)s::bigint IS NULL
-        OR (created_at_ms, run_id) < (%(before_created)s, %(before_run)s::uuid))
- ORDER BY created_at_ms DESC, run_id DESC
+        OR (v.created_at_ms, v.run_id) < (%(before_created)s, %(before_run)s::uuid))
+ ORDER BY v.created_at_ms DESC, v.run_id DESC
  LIMIT %(limit)s
 
 -- name: lock_trigger

@@ -66,7 +66,7 @@ UPDATE qinglong.offers SET state = 'withdrawn'
     SELECT o.offer_id FROM qinglong.offers o JOIN qinglong.runs r ON r.run_id = o.run_id
      WHERE o.session_id = %(session_id)s AND o.state = 'open'
        AND %(max_concurrency)s::integer IS NOT NULL
-     ORDER BY o.created_at_ms, r.created_at_ms, r.run_id
+     ORDER BY o.created_at_ms, r.priority DESC, r.created_at_ms, r.run_id
     OFFSET greatest(0, %(max_concurrency)s::integer
                        - (SELECT count(*) FROM qinglong.attempts a
                            WHERE a.session_id = %(session_id)s

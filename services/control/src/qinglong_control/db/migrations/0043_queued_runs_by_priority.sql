@@ -1,5 +1,5 @@
 -- qinglong: outside-transaction
--- 0044: the queue's parts (0036, 0037) in the order placement takes them now: a higher
+-- 0043: the queue's parts (0036, 0037) in the order placement takes them now: a higher
 -- priority (0042) first, the oldest first among equals.
 --
 -- A pull reads each part in that order and stops after the session's room, so its index
