@@ -4,12 +4,14 @@ administrator sets the flag; placement and the claim read it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
 import pytest
-from qinglong_control.db import admin, placement
+from qinglong_control.db import admin, placement, sessions
 from qinglong_control.db.lease_control import complete_attempt, control_lease
+from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import acknowledge_running, acknowledge_starting
 from qinglong_control.domain.capability import parse_digest
 from qinglong_control.domain.completion import CompletionReport
@@ -17,6 +19,8 @@ from qinglong_control.domain.lease_control import LeaseAnswer
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.start_facts import RunningReport
 
+from tests.support.postgres import MigratedDatabase
+from tests.support.seed import FAR_FUTURE_MS
 from tests.support.world import PROJECT, World, fresh_claim, with_version
 
 Conn = psycopg.AsyncConnection[Any]
@@ -100,3 +104,38 @@ async def test_cordon_is_idempotent_and_names_an_enrolled_worker(
         (PROJECT,),
     )
     assert await cursor.fetchone() == (0,)
+
+
+async def test_a_pull_under_way_when_the_cordon_came_has_its_offers_withdrawn(
+    world: World, admin_conn: Conn, database: MigratedDatabase
+) -> None:
+    """A pull that read the Worker before the cordon committed places its offers after
+    it: the withdrawal waits for that pull (its session's pull lock, held until it
+    commits) and withdraws them too. Here the pull is held open half-way, on a real
+    connection, with the statements the pull runs."""
+    run_id = await world.queued_run()
+    session = await world.session("worker-a")
+    async with await psycopg.AsyncConnection.connect(database.urls.runtime) as pulling:
+        await pulling.execute(SQL["placement.lock_session_pull"], (str(session.session_id),))
+        await pulling.execute(
+            SQL["placement.insert_offers"],
+            {
+                "session_id": session.session_id,
+                "worker_id": session.worker_id,
+                "generation": session.worker_generation,
+                "now": 0,
+                "expires": FAR_FUTURE_MS,
+                "run_ids": [run_id],
+            },
+        )
+        await admin.set_worker_cordoned(admin_conn, "worker-a", True)
+        withdrawal = asyncio.create_task(sessions.withdraw_worker_offers(world.conn, "worker-a"))
+        await asyncio.sleep(0.5)
+        assert not withdrawal.done(), "it waits for the pull under way"
+        await pulling.commit()
+    await asyncio.wait_for(withdrawal, 10)
+    cursor = await world.conn.execute(
+        "SELECT state FROM qinglong.offers WHERE run_id = %s", (run_id,)
+    )
+    assert await cursor.fetchall() == [("withdrawn",)]
+    assert set(await world.offered(await world.session("worker-b"))) == {run_id}

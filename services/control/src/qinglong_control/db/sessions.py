@@ -39,6 +39,8 @@ _REPLACE_LIVE_SESSION = SQL["sessions.replace_live_session"]
 
 _WITHDRAW_OPEN_OFFERS = SQL["sessions.withdraw_open_offers"]
 
+_LOCK_WORKER_PULLS = SQL["sessions.lock_worker_pulls"]
+
 _INSERT_SESSION = SQL["sessions.insert_session"]
 
 _LOCK_SESSION = SQL["sessions.lock_session"]
@@ -194,9 +196,13 @@ async def fence_sessions(conn: AsyncConnection[Any], worker_id: str) -> None:
 
 async def withdraw_worker_offers(conn: AsyncConnection[Any], worker_id: str) -> None:
     """The Worker's open offers go back to the pool (it was cordoned: it may claim none,
-    and they would hold their Runs from every other Worker until they expire)."""
+    and they would hold their Runs from every other Worker until they expire). A pull of
+    it that began before the cordon committed is waited for first, so the offers it
+    places are withdrawn too; a pull that begins after it places none."""
+    values = {"worker_id": worker_id}
     async with command_transaction(conn) as tx:
-        await tx.execute("offers.withdraw", _WITHDRAW_OPEN_OFFERS, {"worker_id": worker_id})
+        await tx.execute("lock.worker_pulls", _LOCK_WORKER_PULLS, values)
+        await tx.execute("offers.withdraw", _WITHDRAW_OPEN_OFFERS, values)
 
 
 def _opened_before(

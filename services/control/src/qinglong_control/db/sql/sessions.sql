@@ -26,6 +26,16 @@ UPDATE qinglong.worker_sessions
    SET status = 'replaced', closed_at_ms = %(now)s
  WHERE worker_id = %(worker_id)s AND status IN ('online', 'draining')
 
+-- name: lock_worker_pulls
+-- Waits for the pulls of the Worker's live sessions under way: each holds its session's
+-- pull lock (the key of placement.lock_session_pull) until it commits, so a withdrawal
+-- after this also finds the offers they place. In session order, so that two of these
+-- never cross.
+SELECT pg_advisory_xact_lock(hashtextextended('qinglong.pull:' || session_id::text, 0))
+  FROM qinglong.worker_sessions
+ WHERE worker_id = %(worker_id)s AND status IN ('online', 'draining')
+ ORDER BY session_id
+
 -- name: withdraw_open_offers
 -- Offers of a replaced or draining session go back to the pool at once.
 UPDATE qinglong.offers SET state = 'withdrawn'
