@@ -10,11 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 from qinglong_control.db import admin, placement, runs
-from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
 
-from tests.support.plans import rows_examined
+from tests.support.plans import rows_a_pull_examines
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import OPERATOR, OTHER_PROJECT, PROJECT, World, fresh_claim
 
@@ -115,19 +114,9 @@ async def test_the_pull_reads_the_queue_in_priority_order_from_its_index(
         await world.queued_run()
     await world.queued_run(priority=50)
     session = await world.session("worker-a")
-    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + SQL["placement.lock_candidates"]
-    values = {
-        "session_id": session.session_id,
-        "worker_id": session.worker_id,
-        "generation": session.worker_generation,
-        "max_offers": 1,
-    }
-    with psycopg.connect(database.urls.runtime) as conn:
+    with psycopg.connect(database.urls.runtime, autocommit=True) as conn:
         conn.execute("ANALYZE qinglong.runs")
-        row = conn.execute(explain, values).fetchone()
-        conn.rollback()  # EXPLAIN ANALYZE locked the candidate
-    assert row is not None
-    assert rows_examined(row[0][0]["Plan"], "runs") == 1
+    assert rows_a_pull_examines(database.urls.runtime, session, 1) == 1
 
 
 async def test_one_pulls_answer_lists_its_offers_in_priority_order(world: World) -> None:

@@ -9,7 +9,6 @@ from dataclasses import replace
 import psycopg
 import pytest
 from qinglong_control.db import placement, sessions
-from qinglong_control.db.sql import SQL
 from qinglong_control.db.start_facts import acknowledge_starting
 from qinglong_control.domain.capability import digest_of_capability
 from qinglong_control.domain.claim import ClaimRequest
@@ -18,7 +17,7 @@ from qinglong_control.domain.sessions import SessionClaim
 from qinglong_control.domain.timings import Timings
 from qinglong_protocol.bounds import encode_lease_capability
 
-from tests.support.plans import rows_examined
+from tests.support.plans import rows_a_pull_examines
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import PROJECT, World, enroll, fresh_claim
 
@@ -241,18 +240,7 @@ async def test_a_worker_without_labels_never_reads_runs_that_need_some(
     labelled = await world.session("worker-b", labels={"gpu": "a100"})
 
     def examined(session: SessionClaim) -> int:
-        explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + SQL["placement.lock_candidates"]
-        values = {
-            "session_id": session.session_id,
-            "worker_id": session.worker_id,
-            "generation": session.worker_generation,
-            "max_offers": 8,
-        }
-        with psycopg.connect(database.urls.runtime) as conn:
-            row = conn.execute(explain, values).fetchone()
-            conn.rollback()  # EXPLAIN ANALYZE locked the candidates
-        assert row is not None
-        return rows_examined(row[0][0]["Plan"], "runs")
+        return rows_a_pull_examines(database.urls.runtime, session, 8)
 
     assert examined(unlabelled) == len(plain)
     assert examined(labelled) == 12 + len(plain)

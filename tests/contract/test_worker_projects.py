@@ -11,11 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 from qinglong_control.db import admin, placement
-from qinglong_control.db.sql import SQL
 from qinglong_control.domain.refusals import Reason, Refused
 from qinglong_control.domain.sessions import SessionClaim
 
-from tests.support.plans import rows_examined
+from tests.support.plans import rows_a_pull_examines
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import OTHER_PROJECT, PROJECT, World, fresh_claim
 
@@ -103,26 +102,13 @@ async def test_a_scoped_workers_pull_reads_only_its_projects_queues(
     served = [await world.queued_run(project=OTHER) for _ in range(3)]
     await admin.set_worker_projects(admin_conn, "worker-a", (OTHER,))
     session = await world.session("worker-a")
-    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + SQL["placement.lock_candidates"]
-    values = {
-        "session_id": session.session_id,
-        "worker_id": session.worker_id,
-        "generation": session.worker_generation,
-        "max_offers": 8,
-    }
-    with psycopg.connect(database.urls.runtime) as conn:
-        row = conn.execute(explain, values).fetchone()
-        conn.rollback()  # EXPLAIN ANALYZE locked the candidates
-    assert row is not None
-    assert rows_examined(row[0][0]["Plan"], "runs") == len(served), "only its project's queued Runs"
+    examined = rows_a_pull_examines(database.urls.runtime, session, 8)
+    assert examined == len(served), "only its project's queued Runs"
     # Nor does it read its projects' Runs waiting for labels it has not declared.
     for _ in range(5):
         await world.queued_run(project=OTHER, worker_selector={"gpu": "nosuch"})
-    with psycopg.connect(database.urls.runtime) as conn:
-        row = conn.execute(explain, values).fetchone()
-        conn.rollback()
-    assert row is not None
-    assert rows_examined(row[0][0]["Plan"], "runs") == len(served), "none that needs a label"
+    examined = rows_a_pull_examines(database.urls.runtime, session, 8)
+    assert examined == len(served), "none that needs a label"
     assert set(await world.offered(session)) == set(served)
 
     both = await world.session("worker-b")
