@@ -262,20 +262,19 @@ _worker_disable = _one_call(
     lambda args: admin_service_pb2.DisableWorkerRequest(worker_id=args.worker_id),
     "worker",
 )
-_worker_cordon = _one_call(
-    "SetWorkerCordoned",
-    lambda args: admin_service_pb2.SetWorkerCordonedRequest(
-        worker_id=args.worker_id, cordoned=True
-    ),
-    "worker",
-)
-_worker_uncordon = _one_call(
-    "SetWorkerCordoned",
-    lambda args: admin_service_pb2.SetWorkerCordonedRequest(
-        worker_id=args.worker_id, cordoned=False
-    ),
-    "worker",
-)
+
+
+def _set_cordon(cordoned: bool) -> _Handler:
+    """`worker cordon` (True) and `worker uncordon` (False): one call, one flag."""
+    return _one_call(
+        "SetWorkerCordoned",
+        lambda args: admin_service_pb2.SetWorkerCordonedRequest(
+            worker_id=args.worker_id, cordoned=cordoned
+        ),
+        "worker",
+    )
+
+
 _worker_projects = _one_call(
     "SetWorkerProjects",
     lambda args: admin_service_pb2.SetWorkerProjectsRequest(
@@ -513,10 +512,12 @@ def add_admin_commands(commands: Any, default_stack: Path) -> None:
         "cordon",
         "offer a Worker no new Run (its running ones go on): before maintenance, wait for"
         " its LOAD to reach 0, then stop it",
-        _worker_cordon,
+        _set_cordon(True),
     )
     cordon.add_argument("worker_id", metavar="NAME")
-    uncordon = command(workers, "uncordon", "offer a cordoned Worker Runs again", _worker_uncordon)
+    uncordon = command(
+        workers, "uncordon", "offer a cordoned Worker Runs again", _set_cordon(False)
+    )
     uncordon.add_argument("worker_id", metavar="NAME")
     scope = command(
         workers, "projects", "change which projects' Runs a Worker is offered", _worker_projects

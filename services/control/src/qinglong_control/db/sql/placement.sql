@@ -46,10 +46,8 @@ SELECT s.max_concurrency - (SELECT count(*) FROM qinglong.attempts a
 WITH session AS MATERIALIZED (
     SELECT s.session_id, s.executor_types, s.passes_run_parameters, s.labels,
            -- The projects its Worker serves (NULL: every project).
-           (SELECT w.project_ids FROM qinglong.worker_identities w
-             WHERE w.worker_id = s.worker_id) AS project_ids,
-           CASE WHEN (SELECT w.cordoned FROM qinglong.worker_identities w
-                       WHERE w.worker_id = s.worker_id) THEN 0 ELSE
+           w.project_ids,
+           CASE WHEN w.cordoned THEN 0 ELSE
            greatest(0, least(
                %(max_offers)s - open.offers,
                s.max_concurrency - open.offers
@@ -57,6 +55,8 @@ WITH session AS MATERIALIZED (
                      WHERE a.session_id = s.session_id
                        AND a.state IN ('claimed', 'starting', 'running')))) END AS room
       FROM qinglong.worker_sessions s
+      -- Its Worker's identity, read once for its projects and its cordon.
+      LEFT JOIN qinglong.worker_identities w ON w.worker_id = s.worker_id
      CROSS JOIN LATERAL (
          SELECT count(*) AS offers FROM qinglong.offers o
           WHERE o.session_id = s.session_id AND o.state = 'open'
