@@ -256,6 +256,22 @@ CREATE FUNCTION qinglong.schema_version() RETURNS integer
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$ SELECT coalesce(max(version), 0) FROM public.qinglong_schema_migrations $$;
 
+CREATE FUNCTION qinglong.task_slots_held(p_task_id uuid, p_lost_since_ms bigint) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT count(*) FROM qinglong.runs r
+             WHERE r.task_id = p_task_id
+               AND r.state IN ('queued', 'dispatching', 'running', 'retry_wait', 'lost'))
+         + (SELECT count(DISTINCT r.run_id)
+              FROM qinglong.run_leases l
+              JOIN qinglong.attempts a ON a.attempt_id = l.attempt_id
+              JOIN qinglong.runs r ON r.run_id = l.run_id
+             WHERE l.status = 'expired' AND l.expires_at_ms > p_lost_since_ms
+               AND a.starting_at_ms IS NOT NULL
+               AND r.task_id = p_task_id
+               AND r.state IN ('succeeded', 'failed', 'cancelled', 'timed_out'))
+$$;
+
 CREATE TABLE public.qinglong_schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -539,6 +555,7 @@ CREATE TABLE qinglong.runs (
     worker_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
     queue_timeout_ms bigint,
     priority smallint DEFAULT 0 NOT NULL,
+    max_concurrent_runs integer,
     CONSTRAINT runs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text]))),
     CONSTRAINT runs_cancel_requested_by_check CHECK (((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))),
@@ -574,6 +591,7 @@ CREATE TABLE qinglong.task_revisions (
     retry_on text[] DEFAULT '{}'::text[] NOT NULL,
     worker_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
     queue_timeout_ms bigint,
+    max_concurrent_runs integer,
     CONSTRAINT task_revisions_command_check CHECK (((jsonb_typeof(command) = 'array'::text) AND ((jsonb_array_length(command) >= 1) AND (jsonb_array_length(command) <= 64)))),
     CONSTRAINT task_revisions_create_request_id_check CHECK ((create_request_id ~ '^[A-Za-z0-9._:-]{1,64}$'::text)),
     CONSTRAINT task_revisions_created_by_check CHECK (((length(created_by) >= 1) AND (length(created_by) <= 200))),
@@ -788,6 +806,9 @@ ALTER TABLE ONLY qinglong.run_leases
     ADD CONSTRAINT run_leases_pkey PRIMARY KEY (attempt_id);
 
 ALTER TABLE qinglong.runs
+    ADD CONSTRAINT runs_max_concurrent_runs_positive CHECK ((max_concurrent_runs > 0)) NOT VALID;
+
+ALTER TABLE qinglong.runs
     ADD CONSTRAINT runs_parameters_object CHECK ((jsonb_typeof(parameters) = 'object'::text)) NOT VALID;
 
 ALTER TABLE ONLY qinglong.runs
@@ -810,6 +831,9 @@ ALTER TABLE qinglong.security_audit
 
 ALTER TABLE ONLY qinglong.security_audit
     ADD CONSTRAINT security_audit_pkey PRIMARY KEY (audit_id);
+
+ALTER TABLE qinglong.task_revisions
+    ADD CONSTRAINT task_revisions_max_concurrent_runs_positive CHECK ((max_concurrent_runs > 0)) NOT VALID;
 
 ALTER TABLE ONLY qinglong.task_revisions
     ADD CONSTRAINT task_revisions_pkey PRIMARY KEY (revision_id);
@@ -897,6 +921,8 @@ CREATE INDEX offers_open_by_session ON qinglong.offers USING btree (session_id) 
 
 CREATE UNIQUE INDEX operator_credentials_issue_request ON qinglong.operator_credentials USING btree (principal_id, issue_request_id) WHERE ((issue_request_id IS NOT NULL) AND (replaces_credential_id IS NULL));
 
+CREATE INDEX run_leases_expired_by_expiry ON qinglong.run_leases USING btree (expires_at_ms) WHERE (status = 'expired'::text);
+
 CREATE INDEX run_leases_leased_by_expiry ON qinglong.run_leases USING btree (expires_at_ms) WHERE (status = 'leased'::text);
 
 CREATE UNIQUE INDEX run_leases_one_leased_per_run ON qinglong.run_leases USING btree (run_id) WHERE (status = 'leased'::text);
@@ -908,6 +934,8 @@ CREATE INDEX runs_by_project_state ON qinglong.runs USING btree (project_id, sta
 CREATE INDEX runs_by_project_task ON qinglong.runs USING btree (project_id, task_id, created_at_ms, run_id);
 
 CREATE INDEX runs_cancel_pending ON qinglong.runs USING btree (cancel_requested_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NOT NULL) AND (state = ANY (ARRAY['created'::text, 'queued'::text, 'waiting_approval'::text, 'retry_wait'::text, 'lost'::text])));
+
+CREATE INDEX runs_holding_slot_by_task ON qinglong.runs USING btree (task_id) WHERE (state = ANY (ARRAY['queued'::text, 'dispatching'::text, 'running'::text, 'retry_wait'::text, 'lost'::text]));
 
 CREATE INDEX runs_live_unstopped_by_project ON qinglong.runs USING btree (project_id, created_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NULL) AND (state <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text])));
 
@@ -934,6 +962,8 @@ CREATE INDEX runs_queued_with_selector_by_project ON qinglong.runs USING btree (
 CREATE INDEX runs_queued_with_selector_by_project_priority ON qinglong.runs USING btree (project_id, priority DESC, created_at_ms, run_id) WHERE ((state = 'queued'::text) AND (worker_selector <> '{}'::jsonb));
 
 CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) WHERE ((state = 'retry_wait'::text) AND (cancel_requested_at_ms IS NULL));
+
+CREATE INDEX runs_waiting_for_slot ON qinglong.runs USING btree (task_id, priority DESC, created_at_ms, run_id) WHERE (state = 'created'::text);
 
 CREATE INDEX security_audit_by_credential ON qinglong.security_audit USING btree (credential_id, occurred_at_ms) WHERE (credential_id IS NOT NULL);
 
@@ -1182,6 +1212,9 @@ GRANT ALL ON FUNCTION qinglong.prune_security_audit(p_max_age_ms bigint, p_limit
 REVOKE ALL ON FUNCTION qinglong.schema_version() FROM PUBLIC;
 GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_runtime;
 GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_ingress;
+
+REVOKE ALL ON FUNCTION qinglong.task_slots_held(p_task_id uuid, p_lost_since_ms bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION qinglong.task_slots_held(p_task_id uuid, p_lost_since_ms bigint) TO qinglong_runtime;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE qinglong.approval_requests TO qinglong_runtime;
 

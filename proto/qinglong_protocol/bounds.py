@@ -49,6 +49,7 @@ INT32_MAX: Final = 2**31 - 1
 
 TIMEOUT_MS_MIN, TIMEOUT_MS_MAX = int_range(_PLAN, "timeout_ms")
 QUEUE_TIMEOUT_MS_MIN, QUEUE_TIMEOUT_MS_MAX = int_range(_PLAN, "queue_timeout_ms")
+MAX_CONCURRENT_RUNS_MIN, MAX_CONCURRENT_RUNS_MAX = int_range(_PLAN, "max_concurrent_runs")
 MAX_OFFERS_MAX: Final = int_range(_WS.PullOffersRequest, "max_offers")[1]
 MAX_CONCURRENT_ATTEMPTS_MIN, MAX_CONCURRENT_ATTEMPTS_MAX = int_range(
     _WS.OpenSessionRequest, "max_concurrent_attempts"

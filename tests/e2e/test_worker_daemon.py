@@ -74,6 +74,21 @@ class Operator:
         worker_selector: dict[str, str] | None = None,
         queue_timeout_ms: int | None = None,
     ) -> str:
+        task_id = self.task(
+            command, timeout_ms, worker_selector=worker_selector, queue_timeout_ms=queue_timeout_ms
+        )
+        return self.trigger_task(task_id, parameters)
+
+    def task(
+        self,
+        command: list[str],
+        timeout_ms: int = 60_000,
+        *,
+        worker_selector: dict[str, str] | None = None,
+        queue_timeout_ms: int | None = None,
+        max_concurrent_runs: int | None = None,
+    ) -> str:
+        """A new task with one revision of this plan; its id."""
         task = self.tasks.CreateTask(
             task_service_pb2.CreateTaskRequest(
                 project_id=self.project_id, request_id=uuid.uuid4().hex, display_name="e2e"
@@ -92,15 +107,20 @@ class Operator:
                     timeout_ms=timeout_ms,
                     worker_selector=worker_selector,
                     queue_timeout_ms=queue_timeout_ms,
+                    max_concurrent_runs=max_concurrent_runs,
                 ),
             ),
             metadata=self.metadata,
             timeout=10,
         )
+        return str(task.task.task_id)
+
+    def trigger_task(self, task_id: str, parameters: dict[str, str] | None = None) -> str:
+        """A new Run of the task's newest revision; its id."""
         run = self.runs.TriggerRun(
             run_service_pb2.TriggerRunRequest(
                 project_id=self.project_id,
-                task_id=task.task.task_id,
+                task_id=task_id,
                 request_id=uuid.uuid4().hex,
                 parameters=parameters,
             ),
@@ -834,3 +854,33 @@ def fleet_row(dev_stack: DevStack, worker_id: str) -> dict[str, Any]:
     """The Worker's row of `qinglong worker list`."""
     (row,) = [w for w in admin_cli(dev_stack.path, "worker", "list") if w["workerId"] == worker_id]
     return row
+
+
+def test_a_task_limited_to_one_run_never_runs_two_at_once(
+    dev_stack: DevStack, operator: Operator, tmp_path: Path
+) -> None:
+    """Three Runs of a task limited to one Run at once, on a daemon that could run three:
+    their executors' lifetimes, written by the executors themselves, never overlap, and
+    each Run after the first waited CREATED until the one before it ended."""
+    marks = tmp_path / "marks"
+    script = f'echo "start $(date +%s%N)" >> {marks}; sleep 1; echo "end $(date +%s%N)" >> {marks}'
+    task_id = operator.task(["sh", "-c", script], max_concurrent_runs=1)
+    run_ids = [operator.trigger_task(task_id) for _ in range(3)]
+    assert [operator.run(run_id).state for run_id in run_ids] == [
+        RUN_STATE.RUN_STATE_QUEUED,
+        RUN_STATE.RUN_STATE_CREATED,
+        RUN_STATE.RUN_STATE_CREATED,
+    ]
+    worker = Worker(dev_stack.path, tmp_path / "worker" / "inbox.db", "--max-concurrency", "3")
+    try:
+        for run_id in run_ids:
+            operator.wait_for(run_id, RUN_STATE.RUN_STATE_SUCCEEDED)
+    finally:
+        assert worker.stop() == 0, worker.log.read_text()
+    lines = [line.split() for line in marks.read_text().splitlines()]
+    assert [kind for kind, _ in lines] == ["start", "end"] * 3, "one executor at a time"
+    moments = [int(at) for _, at in lines]
+    assert moments == sorted(moments)
+    for run_id in run_ids[1:]:
+        types = operator.event_types(run_id)
+        assert types[:2] == ["run.created", "run.queued"]

@@ -182,6 +182,33 @@ async def test_a_revision_can_bound_how_long_its_runs_wait_queued(stack_file: Pa
         assert "plan.queue_timeout_ms" in refused.err
 
 
+async def test_a_revision_can_limit_how_many_of_its_tasks_runs_run_at_once(
+    stack_file: Path,
+) -> None:
+    stack = ("--stack", str(stack_file))
+    created = await qinglong(
+        "task", "create", *stack, "--name", "deploy", "--max-concurrent-runs", "1", "--", "true"
+    )
+    assert (created.code, created.err) == (0, "")
+    task_id = json.loads(created.out)["taskId"]
+    assert json.loads(created.out)["plan"]["maxConcurrentRuns"] == 1
+    table = await qinglong("task", "revision", task_id, *stack, "--output", "table")
+    header, row = table.out.splitlines()
+    assert row.split()[header.split().index("MAX_CONCURRENT")] == "1"
+    first, second = [
+        json.loads((await qinglong("run", "trigger", "--task", task_id, *stack)).out)["state"]
+        for _ in range(2)
+    ]
+    assert (first, second) == ("RUN_STATE_QUEUED", "RUN_STATE_CREATED")
+    for out_of_range in ("0", "10001"):
+        refused = await qinglong(
+            "task", "revise", task_id, *stack, "--max-concurrent-runs", out_of_range, "--", "t"
+        )
+        assert refused.code == 1
+        assert refused.err.startswith("error: INVALID_ARGUMENT FIELD_INVALID")
+        assert "plan.max_concurrent_runs" in refused.err
+
+
 def task_names(stack: Stack) -> list[str]:
     with psycopg.connect(stack.database.urls.migration) as conn:
         return [row[0] for row in conn.execute("SELECT display_name FROM qinglong.tasks")]

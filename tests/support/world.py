@@ -58,6 +58,7 @@ class World:
         project: str = PROJECT,
         worker_selector: dict[str, str] | None = None,
         queue_timeout_ms: int | None = None,
+        max_concurrent_runs: int | None = None,
     ) -> uuid.UUID:
         task = await definitions.create_task(
             self.conn, project, "sample", {}, f"task-{uuid.uuid4().hex[:12]}", OPERATOR.id
@@ -74,6 +75,7 @@ class World:
                 retry_policy,
                 worker_selector or {},
                 queue_timeout_ms,
+                max_concurrent_runs,
             ),
             OPERATOR.id,
         )
@@ -92,6 +94,16 @@ class World:
         task_id = await self.task(
             timeout_ms, retry_policy, project, worker_selector, queue_timeout_ms
         )
+        return await self.run_of(task_id, project, parameters, priority)
+
+    async def run_of(
+        self,
+        task_id: uuid.UUID,
+        project: str = PROJECT,
+        parameters: dict[str, str] | None = None,
+        priority: int = 0,
+    ) -> uuid.UUID:
+        """A new Run of ``task_id``'s newest revision (queued, or waiting for a slot)."""
         trigger = runs.TriggerRun(
             project,
             task_id,
@@ -100,7 +112,7 @@ class World:
             parameters or {},
             priority,
         )
-        run = await runs.trigger_run(self.conn, trigger, OPERATOR)
+        run = await runs.trigger_run(self.conn, trigger, OPERATOR, self.timings)
         return run.run_id
 
     async def session(

@@ -688,12 +688,14 @@ def test_unknown_nested_field_is_refused_without_echo() -> None:
 def test_unknown_fields_are_listed_once_each_and_with_other_violations() -> None:
     base = valid(T + "CreateTaskRevision")
     base.request_id = ""
-    plan_bytes = base.plan.SerializeToString() + varint_field(7, 1)
+    # A number the plan does not declare (yet): one past its highest.
+    unknown = max(field.number for field in base.plan.DESCRIPTOR.fields) + 1
+    plan_bytes = base.plan.SerializeToString() + varint_field(unknown, 1)
     extra = varint_field(50, 1) + varint_field(50, 2) + bytes_field(4, plan_bytes)
     request = parsed(base, extra)
-    assert unknown_field_paths(request) == ["50", "plan.7"]
+    assert unknown_field_paths(request) == ["50", f"plan.{unknown}"]
     violations = validate_request(request)
-    assert [v.field for v in violations] == ["50", "plan.7", "request_id"]
+    assert [v.field for v in violations] == ["50", f"plan.{unknown}", "request_id"]
     assert primary_reason(violations) == UNKNOWN
 
 

@@ -24,6 +24,8 @@ from qinglong.control.v1 import (
 )
 from qinglong.rpc.v1 import execution_pb2, lifecycle_pb2
 from qinglong_protocol.bounds import (
+    MAX_CONCURRENT_RUNS_MAX,
+    MAX_CONCURRENT_RUNS_MIN,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE_TIMEOUT_MS_MAX,
@@ -75,6 +77,13 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
             help="end a Run TIMED_OUT (QUEUE_TIMED_OUT) when no Worker claimed it this long"
             f" after it was queued ({QUEUE_TIMEOUT_MS_MIN}..{QUEUE_TIMEOUT_MS_MAX};"
             " default: it waits)",
+        )
+        parser.add_argument(
+            "--max-concurrent-runs",
+            type=int,
+            help="at most this many Runs of the task at once: a Run waits CREATED until"
+            " fewer of the task's Runs are queued or running"
+            f" ({MAX_CONCURRENT_RUNS_MIN}..{MAX_CONCURRENT_RUNS_MAX}; default: no limit)",
         )
         parser.add_argument(
             "--max-attempts",
@@ -238,6 +247,8 @@ def _plan(args: argparse.Namespace) -> execution_pb2.ExecutionPlan:
         plan.timeout_ms = args.timeout_ms
     if args.queue_timeout_ms is not None:
         plan.queue_timeout_ms = args.queue_timeout_ms
+    if args.max_concurrent_runs is not None:
+        plan.max_concurrent_runs = args.max_concurrent_runs
     retry_flags = [
         flag
         for flag, value in (

@@ -170,6 +170,7 @@ TABLES: dict[str, Columns] = {
         ("COMMAND", lambda d: " ".join(d.get("plan", {}).get("command", []))),
         ("TIMEOUT_MS", _get("plan", "timeoutMs", absent="-")),
         ("QUEUE_TIMEOUT_MS", _get("plan", "queueTimeoutMs", absent="-")),
+        ("MAX_CONCURRENT", _get("plan", "maxConcurrentRuns", absent="-")),
         ("ATTEMPTS", _get("plan", "retryPolicy", "maxAttempts", absent=1)),
         ("NEEDS_LABELS", lambda d: _labels(d.get("plan", {}).get("workerSelector", {}))),
     ),

@@ -26,7 +26,7 @@ from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
 from qinglong.rpc.v1 import rules_pb2 as qinglong_dot_rpc_dot_v1_dot_rules__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fqinglong/rpc/v1/execution.proto\x12\x0fqinglong.rpc.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1bqinglong/rpc/v1/rules.proto\"\xc3\x04\n\rExecutionPlan\x12@\n\rexecutor_type\x18\x01 \x01(\x0e\x32\x1d.qinglong.rpc.v1.ExecutorTypeB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12\xa0\x01\n\x07\x63ommand\x18\x02 \x03(\tB\x8e\x01\xbaH\x8a\x01\x92\x01\x11\x08\x01\x10@\"\x0br\t \x01(\x80 \xba\x01\x01\x00\xba\x01s\n\x13\x63ommand.total_bytes\x12\x36\x61ll items together must be at most 65536 bytes (UTF-8)\x1a$bytes(this.join(\'\')).size() <= 65536\x12&\n\ntimeout_ms\x18\x03 \x01(\x03\x42\r\xbaH\n\"\x08\x18\x80\x88\xb2\xa0\x02(\x01H\x00\x88\x01\x01\x12\x32\n\x0cretry_policy\x18\x04 \x01(\x0b\x32\x1c.qinglong.rpc.v1.RetryPolicy\x12g\n\x0fworker_selector\x18\x05 \x03(\x0b\x32\x32.qinglong.rpc.v1.ExecutionPlan.WorkerSelectorEntryB\x1a\xbaH\x17\x9a\x01\x14\x10\x10\"\x06r\x04\x90\xd6\"\x01*\x08r\x06(?\xf8\xd5\"\x01\x12-\n\x10queue_timeout_ms\x18\x06 \x01(\x03\x42\x0e\xbaH\x0b\"\t\x18\x80\x90\xfb\xd3\t(\xe8\x07H\x01\x88\x01\x01\x1a\x35\n\x13WorkerSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_timeout_msB\x13\n\x11_queue_timeout_ms\"\x82\x03\n\x0bRetryPolicy\x12\x1f\n\x0cmax_attempts\x18\x01 \x01(\x05\x42\t\xbaH\x06\x1a\x04\x18\x64(\x01\x12(\n\x12initial_backoff_ms\x18\x02 \x01(\x03\x42\x0c\xbaH\t\"\x07\x18\x80\xb8\x99)(\x01\x12$\n\x0emax_backoff_ms\x18\x03 \x01(\x03\x42\x0c\xbaH\t\"\x07\x18\x80\xb8\x99)(\x01\x12.\n\x1a\x62\x61\x63koff_multiplier_percent\x18\x04 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(d\x12H\n\x08retry_on\x18\x05 \x03(\x0e\x32!.qinglong.rpc.v1.RetryableOutcomeB\x13\xbaH\x10\x92\x01\r\x10\x02\x18\x01\"\x07\x82\x01\x04\x10\x01 \x00:\x87\x01\xbaH\x83\x01\x1a\x80\x01\n\x1aretry_policy.backoff_order\x12\x32max_backoff_ms must be at least initial_backoff_ms\x1a.this.max_backoff_ms >= this.initial_backoff_ms*N\n\x0c\x45xecutorType\x12\x1d\n\x19\x45XECUTOR_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45XECUTOR_TYPE_REMOTE_WORKER\x10\x01*w\n\x10RetryableOutcome\x12!\n\x1dRETRYABLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RETRYABLE_OUTCOME_FAILED\x10\x01\x12\"\n\x1eRETRYABLE_OUTCOME_START_FAILED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fqinglong/rpc/v1/execution.proto\x12\x0fqinglong.rpc.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1bqinglong/rpc/v1/rules.proto\"\x89\x05\n\rExecutionPlan\x12@\n\rexecutor_type\x18\x01 \x01(\x0e\x32\x1d.qinglong.rpc.v1.ExecutorTypeB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12\xa0\x01\n\x07\x63ommand\x18\x02 \x03(\tB\x8e\x01\xbaH\x8a\x01\x92\x01\x11\x08\x01\x10@\"\x0br\t \x01(\x80 \xba\x01\x01\x00\xba\x01s\n\x13\x63ommand.total_bytes\x12\x36\x61ll items together must be at most 65536 bytes (UTF-8)\x1a$bytes(this.join(\'\')).size() <= 65536\x12&\n\ntimeout_ms\x18\x03 \x01(\x03\x42\r\xbaH\n\"\x08\x18\x80\x88\xb2\xa0\x02(\x01H\x00\x88\x01\x01\x12\x32\n\x0cretry_policy\x18\x04 \x01(\x0b\x32\x1c.qinglong.rpc.v1.RetryPolicy\x12g\n\x0fworker_selector\x18\x05 \x03(\x0b\x32\x32.qinglong.rpc.v1.ExecutionPlan.WorkerSelectorEntryB\x1a\xbaH\x17\x9a\x01\x14\x10\x10\"\x06r\x04\x90\xd6\"\x01*\x08r\x06(?\xf8\xd5\"\x01\x12-\n\x10queue_timeout_ms\x18\x06 \x01(\x03\x42\x0e\xbaH\x0b\"\t\x18\x80\x90\xfb\xd3\t(\xe8\x07H\x01\x88\x01\x01\x12,\n\x13max_concurrent_runs\x18\x07 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\x90N(\x01H\x02\x88\x01\x01\x1a\x35\n\x13WorkerSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_timeout_msB\x13\n\x11_queue_timeout_msB\x16\n\x14_max_concurrent_runs\"\x82\x03\n\x0bRetryPolicy\x12\x1f\n\x0cmax_attempts\x18\x01 \x01(\x05\x42\t\xbaH\x06\x1a\x04\x18\x64(\x01\x12(\n\x12initial_backoff_ms\x18\x02 \x01(\x03\x42\x0c\xbaH\t\"\x07\x18\x80\xb8\x99)(\x01\x12$\n\x0emax_backoff_ms\x18\x03 \x01(\x03\x42\x0c\xbaH\t\"\x07\x18\x80\xb8\x99)(\x01\x12.\n\x1a\x62\x61\x63koff_multiplier_percent\x18\x04 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(d\x12H\n\x08retry_on\x18\x05 \x03(\x0e\x32!.qinglong.rpc.v1.RetryableOutcomeB\x13\xbaH\x10\x92\x01\r\x10\x02\x18\x01\"\x07\x82\x01\x04\x10\x01 \x00:\x87\x01\xbaH\x83\x01\x1a\x80\x01\n\x1aretry_policy.backoff_order\x12\x32max_backoff_ms must be at least initial_backoff_ms\x1a.this.max_backoff_ms >= this.initial_backoff_ms*N\n\x0c\x45xecutorType\x12\x1d\n\x19\x45XECUTOR_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45XECUTOR_TYPE_REMOTE_WORKER\x10\x01*w\n\x10RetryableOutcome\x12!\n\x1dRETRYABLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18RETRYABLE_OUTCOME_FAILED\x10\x01\x12\"\n\x1eRETRYABLE_OUTCOME_START_FAILED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,6 +45,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTIONPLAN'].fields_by_name['worker_selector']._serialized_options = b'\272H\027\232\001\024\020\020\"\006r\004\220\326\"\001*\010r\006(?\370\325\"\001'
   _globals['_EXECUTIONPLAN'].fields_by_name['queue_timeout_ms']._loaded_options = None
   _globals['_EXECUTIONPLAN'].fields_by_name['queue_timeout_ms']._serialized_options = b'\272H\013\"\t\030\200\220\373\323\t(\350\007'
+  _globals['_EXECUTIONPLAN'].fields_by_name['max_concurrent_runs']._loaded_options = None
+  _globals['_EXECUTIONPLAN'].fields_by_name['max_concurrent_runs']._serialized_options = b'\272H\007\032\005\030\220N(\001'
   _globals['_RETRYPOLICY'].fields_by_name['max_attempts']._loaded_options = None
   _globals['_RETRYPOLICY'].fields_by_name['max_attempts']._serialized_options = b'\272H\006\032\004\030d(\001'
   _globals['_RETRYPOLICY'].fields_by_name['initial_backoff_ms']._loaded_options = None
@@ -57,14 +59,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETRYPOLICY'].fields_by_name['retry_on']._serialized_options = b'\272H\020\222\001\r\020\002\030\001\"\007\202\001\004\020\001 \000'
   _globals['_RETRYPOLICY']._loaded_options = None
   _globals['_RETRYPOLICY']._serialized_options = b'\272H\203\001\032\200\001\n\032retry_policy.backoff_order\0222max_backoff_ms must be at least initial_backoff_ms\032.this.max_backoff_ms >= this.initial_backoff_ms'
-  _globals['_EXECUTORTYPE']._serialized_start=1081
-  _globals['_EXECUTORTYPE']._serialized_end=1159
-  _globals['_RETRYABLEOUTCOME']._serialized_start=1161
-  _globals['_RETRYABLEOUTCOME']._serialized_end=1280
+  _globals['_EXECUTORTYPE']._serialized_start=1151
+  _globals['_EXECUTORTYPE']._serialized_end=1229
+  _globals['_RETRYABLEOUTCOME']._serialized_start=1231
+  _globals['_RETRYABLEOUTCOME']._serialized_end=1350
   _globals['_EXECUTIONPLAN']._serialized_start=111
-  _globals['_EXECUTIONPLAN']._serialized_end=690
-  _globals['_EXECUTIONPLAN_WORKERSELECTORENTRY']._serialized_start=601
-  _globals['_EXECUTIONPLAN_WORKERSELECTORENTRY']._serialized_end=654
-  _globals['_RETRYPOLICY']._serialized_start=693
-  _globals['_RETRYPOLICY']._serialized_end=1079
+  _globals['_EXECUTIONPLAN']._serialized_end=760
+  _globals['_EXECUTIONPLAN_WORKERSELECTORENTRY']._serialized_start=647
+  _globals['_EXECUTIONPLAN_WORKERSELECTORENTRY']._serialized_end=700
+  _globals['_RETRYPOLICY']._serialized_start=763
+  _globals['_RETRYPOLICY']._serialized_end=1149
 # @@protoc_insertion_point(module_scope)

@@ -102,6 +102,7 @@ class ExecutionPlan(_message.Message):
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     WORKER_SELECTOR_FIELD_NUMBER: _builtins.int
     QUEUE_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENT_RUNS_FIELD_NUMBER: _builtins.int
     executor_type: Global___ExecutorType.ValueType
     """Which executor kind runs the command."""
     timeout_ms: _builtins.int
@@ -115,6 +116,15 @@ class ExecutionPlan(_message.Message):
     reconcile cadence ends the Run TIMED_OUT with error code QUEUE_TIMED_OUT
     and withdraws its open offer. Absent => it waits until a Worker claims it
     or it is cancelled. Range: 1 s to 30 days.
+    """
+    max_concurrent_runs: _builtins.int
+    """At most this many Runs of the task at once. A Run of this revision is held
+    CREATED until fewer than this many Runs of its task (of any revision) hold
+    a slot: QUEUED, DISPATCHING, RUNNING, RETRY_WAIT or LOST, or ended within
+    the Workers' stop bound after their last Attempt's lease expired (its
+    executor may still be stopping). Then it is queued, the highest priority
+    and the oldest first. Absent => no limit (a Run is queued when triggered).
+    Range: 1 to 10000.
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -145,15 +155,20 @@ class ExecutionPlan(_message.Message):
         retry_policy: Global___RetryPolicy | None = ...,
         worker_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         queue_timeout_ms: _builtins.int | None = ...,
+        max_concurrent_runs: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_queue_timeout_ms", b"_queue_timeout_ms", "_timeout_ms", b"_timeout_ms", "queue_timeout_ms", b"queue_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_runs", b"_max_concurrent_runs", "_queue_timeout_ms", b"_queue_timeout_ms", "_timeout_ms", b"_timeout_ms", "max_concurrent_runs", b"max_concurrent_runs", "queue_timeout_ms", b"queue_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_queue_timeout_ms", b"_queue_timeout_ms", "_timeout_ms", b"_timeout_ms", "command", b"command", "executor_type", b"executor_type", "queue_timeout_ms", b"queue_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms", "worker_selector", b"worker_selector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_runs", b"_max_concurrent_runs", "_queue_timeout_ms", b"_queue_timeout_ms", "_timeout_ms", b"_timeout_ms", "command", b"command", "executor_type", b"executor_type", "max_concurrent_runs", b"max_concurrent_runs", "queue_timeout_ms", b"queue_timeout_ms", "retry_policy", b"retry_policy", "timeout_ms", b"timeout_ms", "worker_selector", b"worker_selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_concurrent_runs: _TypeAlias = _typing.Literal["max_concurrent_runs"]  # noqa: Y015
+    _WhichOneofArgType__max_concurrent_runs: _TypeAlias = _typing.Literal["_max_concurrent_runs", b"_max_concurrent_runs"]  # noqa: Y015
     _WhichOneofReturnType__queue_timeout_ms: _TypeAlias = _typing.Literal["queue_timeout_ms"]  # noqa: Y015
     _WhichOneofArgType__queue_timeout_ms: _TypeAlias = _typing.Literal["_queue_timeout_ms", b"_queue_timeout_ms"]  # noqa: Y015
     _WhichOneofReturnType__timeout_ms: _TypeAlias = _typing.Literal["timeout_ms"]  # noqa: Y015
     _WhichOneofArgType__timeout_ms: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_concurrent_runs) -> _WhichOneofReturnType__max_concurrent_runs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_timeout_ms) -> _WhichOneofReturnType__queue_timeout_ms | None: ...
     @_typing.overload

@@ -63,6 +63,7 @@ _FIELD_CONSTRAINTS: Final[Mapping[str, str]] = {
     "task_revisions_command_check": "plan.command",
     "task_revisions_timeout_ms_check": "plan.timeout_ms",
     "task_revisions_queue_timeout_ms_positive": "plan.queue_timeout_ms",
+    "task_revisions_max_concurrent_runs_positive": "plan.max_concurrent_runs",
     "task_revisions_create_request_id_check": "request_id",
     "task_revisions_retry_max_attempts_check": "plan.retry_policy.max_attempts",
     "task_revisions_retry_initial_backoff_ms_check": "plan.retry_policy.initial_backoff_ms",

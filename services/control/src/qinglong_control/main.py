@@ -168,7 +168,8 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
                 "reconciled: %d leases expired, %d runs converged, %d blocked, "
                 "%d retries scheduled, %d exhausted, %d requeued, %d outputs expired, "
                 "%d approvals expired, %d audit rows removed, "
-                "%d runs of disabled projects stopped, %d queued runs timed out",
+                "%d runs of disabled projects stopped, %d queued runs timed out, "
+                "%d runs admitted to their task's slots",
                 report.expired,
                 report.converged,
                 report.blocked,
@@ -180,6 +181,7 @@ async def drive(reconciler: Reconciler, interval_seconds: float) -> None:
                 report.audit_rows_removed,
                 report.disabled_projects_runs_stopped,
                 report.queue_timeouts,
+                report.runs_admitted,
             )
 
 

@@ -79,6 +79,7 @@ RECONCILE_KINDS: Final = (
     "audit_rows_removed",
     "disabled_projects_runs_stopped",
     "queue_timeouts",
+    "runs_admitted",
 )
 
 # Present (at zero) from the start, so a dashboard sees every kind before the first cycle.

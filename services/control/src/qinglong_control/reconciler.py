@@ -1,6 +1,7 @@
 """The convergence coordinator: one bounded cycle of lease expiry, convergence, queue
-timeouts, retries, the expiry of approval requests nobody decided in time (R-OPS-2), of
-old Run output (its retention age, R-OPS-1) and of security audit rows past theirs.
+timeouts, retries, admission to tasks' concurrency slots, the expiry of approval requests
+nobody decided in time (R-OPS-2), of old Run output (its retention age, R-OPS-1) and of
+security audit rows past theirs.
 
 It owns no timer, connection or queue (SPEC R-CONV-1): the service's single cadence calls
 `cycle()`, which borrows one pooled connection for its duration. Overlapping calls are
@@ -25,6 +26,7 @@ from qinglong_control import metrics as prometheus
 from qinglong_control.db.approvals import expire_page as expire_approvals
 from qinglong_control.db.audit_retention import prune_audit
 from qinglong_control.db.cancellation import stop_runs_of_disabled_projects
+from qinglong_control.db.concurrency_slots import AdmissionPage, admission_pages
 from qinglong_control.db.convergence import ExpiryPage, converge_page, expire_leases
 from qinglong_control.db.output import OutputStore, TableOutputStore
 from qinglong_control.db.queue_timeouts import time_out_queued_runs
@@ -58,6 +60,7 @@ class CycleReport:
     audit_rows_removed: int = 0
     disabled_projects_runs_stopped: int = 0
     queue_timeouts: int = 0
+    runs_admitted: int = 0
 
 
 Page = TypeVar("Page")
@@ -75,6 +78,10 @@ class Step(Generic[Page]):
 
 def _candidates(page: Any) -> int:
     return int(page.candidates)
+
+
+def _tasks_listed(page: AdmissionPage) -> int:
+    return page.listed
 
 
 def _listed(page: ExpiryPage) -> int:
@@ -179,6 +186,9 @@ class Reconciler:
             Step("converge", lambda: converge_page(conn, size), _candidates),
             Step("queue_timeout", lambda: time_out_queued_runs(conn, size), int),
             Step("retry", lambda: retry_page(conn, size, self._timings), _candidates),
+            # After every step that ends Runs or requeues them, so the slots they free are
+            # taken in the same cycle.
+            Step("admit", admission_pages(conn, size, self._timings), _tasks_listed),
             Step("expire_approvals", lambda: expire_approvals(conn, size), int),
             Step(
                 "prune_audit",
@@ -243,6 +253,7 @@ class Reconciler:
             audit_rows_removed=sum(done["prune_audit"]),
             disabled_projects_runs_stopped=sum(done["stop_disabled"]),
             queue_timeouts=sum(done["queue_timeout"]),
+            runs_admitted=sum(page.admitted for page in done["admit"]),
         )
         return report, failed
 

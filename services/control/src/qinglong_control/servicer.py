@@ -427,7 +427,7 @@ class RuntimeServicer(AdminMethods, EnrollmentMethods, ApprovalMethods, OutputMe
             public.priority,
         )
         async with self._pool.connection() as conn:
-            view = await runs.trigger_run(conn, command, actor)
+            view = await runs.trigger_run(conn, command, actor, self._timings)
         return rt.TriggerRunResponse(
             response=run_service_pb2.TriggerRunResponse(run=wire.run(view))
         )

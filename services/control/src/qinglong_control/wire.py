@@ -192,6 +192,7 @@ def parse_plan(plan: execution_pb2.ExecutionPlan) -> RevisionPlan:
         parse_retry_policy(plan),
         dict(plan.worker_selector),
         plan.queue_timeout_ms if plan.HasField("queue_timeout_ms") else None,
+        plan.max_concurrent_runs if plan.HasField("max_concurrent_runs") else None,
     )
 
 
@@ -217,6 +218,7 @@ def execution_plan(
     retry: RetryPolicy | None = None,
     worker_selector: dict[str, str] | None = None,
     queue_timeout_ms: int | None = None,
+    max_concurrent_runs: int | None = None,
 ) -> Any:
     plan = execution_pb2.ExecutionPlan(
         executor_type=EXECUTOR_TYPE_VALUES[executor_type],
@@ -227,6 +229,8 @@ def execution_plan(
         plan.timeout_ms = timeout_ms
     if queue_timeout_ms is not None:
         plan.queue_timeout_ms = queue_timeout_ms
+    if max_concurrent_runs is not None:
+        plan.max_concurrent_runs = max_concurrent_runs
     if retry is not None and retry != NO_RETRY:
         plan.retry_policy.CopyFrom(
             execution_pb2.RetryPolicy(
@@ -294,6 +298,7 @@ def revision(view: RevisionView) -> task_pb2.TaskRevision:
             view.retry_policy,
             view.worker_selector,
             view.queue_timeout_ms,
+            view.max_concurrent_runs,
         ),
         created_at=timestamp(view.created_at_ms),
     )

@@ -48,6 +48,7 @@ class RevisionView:
     retry_policy: RetryPolicy = NO_RETRY
     worker_selector: dict[str, str] = field(default_factory=dict)
     queue_timeout_ms: int | None = None
+    max_concurrent_runs: int | None = None
 
     @property
     def plan(self) -> RevisionPlan:
@@ -58,6 +59,7 @@ class RevisionView:
             self.retry_policy,
             self.worker_selector,
             self.queue_timeout_ms,
+            self.max_concurrent_runs,
         )
 
 
@@ -100,6 +102,8 @@ class RevisionPlan:
     worker_selector: dict[str, str] = field(default_factory=dict)
     #: How long each of its Runs may wait queued before it ends QUEUE_TIMED_OUT.
     queue_timeout_ms: int | None = None
+    #: At most how many Runs of the task may hold a slot when one of its Runs is queued.
+    max_concurrent_runs: int | None = None
 
     @classmethod
     def of(cls, revision: NewRevision) -> RevisionPlan:
@@ -110,6 +114,7 @@ class RevisionPlan:
             revision.retry_policy,
             revision.worker_selector,
             revision.queue_timeout_ms,
+            revision.max_concurrent_runs,
         )
 
 
@@ -124,6 +129,7 @@ class NewRevision:
     retry_policy: RetryPolicy = NO_RETRY
     worker_selector: dict[str, str] = field(default_factory=dict)
     queue_timeout_ms: int | None = None
+    max_concurrent_runs: int | None = None
 
     @classmethod
     def of(
@@ -139,6 +145,7 @@ class NewRevision:
             plan.retry_policy,
             plan.worker_selector,
             plan.queue_timeout_ms,
+            plan.max_concurrent_runs,
         )
 
 
@@ -159,6 +166,7 @@ def _revision_values(revision: NewRevision, actor: str) -> dict[str, object]:
         "retry_on": retry_on_names(policy),
         "worker_selector": Jsonb(revision.worker_selector),
         "queue_timeout_ms": revision.queue_timeout_ms,
+        "max_concurrent_runs": revision.max_concurrent_runs,
         "actor": actor,
     }
 

@@ -111,8 +111,7 @@ async def _after_lost(tx: CommandTx, run: _Lost, now_ms: int, timings: Timings) 
         run.started_attempts,
         now_ms,
         lease_expired_at_ms=run.lease_expired_at_ms,
-        lease_ttl_ms=timings.lease_ttl_ms,
-        worker_stop_ms=timings.worker_stop_ms,
+        lost_executor_stop_ms=timings.lost_executor_stop_ms,
     )
     values = {
         "run_id": run.run_id,

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from psycopg import AsyncConnection
 from psycopg.rows import kwargs_row
 from psycopg.types.json import Jsonb
 
 from qinglong_control.db.command_tx import command_transaction
+from qinglong_control.db.concurrency_slots import admit_waiting_runs
 from qinglong_control.db.events import Actor, NewEvent, append_events
 from qinglong_control.db.sql import SQL
+from qinglong_control.domain.concurrency_limit import state_when_triggered
 from qinglong_control.domain.refusals import Reason, Refused
+from qinglong_control.domain.states import RunState
+from qinglong_control.domain.timings import Timings
 from qinglong_control.paging import keyset_page, read_limit
 
 
@@ -77,6 +81,8 @@ _INSERT_RUN = SQL["runs.insert_run"]
 
 _LIST_EVENTS = SQL["runs.list_events"]
 
+DEFAULT_TIMINGS: Final = Timings()
+
 
 @dataclass(frozen=True)
 class TriggerRun:
@@ -88,11 +94,19 @@ class TriggerRun:
     priority: int = 0
 
 
-async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Actor) -> RunView:
+async def trigger_run(
+    conn: AsyncConnection[Any],
+    command: TriggerRun,
+    actor: Actor,
+    timings: Timings = DEFAULT_TIMINGS,
+) -> RunView:
     """Queue a Run of a pinned revision in an active project; a retried request returns
     the same Run, and one that names another task, or another revision than the Run
     pinned, or other parameters or priority, is REPLAY_MISMATCH (a retry without a revision number
-    matches whichever the first call pinned)."""
+    matches whichever the first call pinned). A revision with a concurrency limit creates
+    the Run ``created`` and admits what its task's free slots allow in the same
+    transaction: the Run is queued at once if a slot is free and no Run waits before it
+    (``timings`` gives the Workers' stop bound the slot count needs)."""
     values: dict[str, object] = {
         "run_id": uuid.uuid4(),
         "project_id": command.project_id,
@@ -138,16 +152,27 @@ async def trigger_run(conn: AsyncConnection[Any], command: TriggerRun, actor: Ac
                 raise Refused(Reason.TASK_NOT_FOUND, "no such task")
             if picked[0] is None:
                 raise Refused(Reason.REVISION_NOT_FOUND, "no such task revision")
-            values.update(revision_id=picked[0], executor_type=picked[1], now=now_row[0])
+            limit = picked[2]
+            state = state_when_triggered(limit)
+            values.update(
+                revision_id=picked[0], executor_type=picked[1], now=now_row[0], state=state.value
+            )
             await tx.execute("run.insert", _INSERT_RUN, values)
+            first = (
+                NewEvent("run.queued", None, {"from_state": "created", "to_state": "queued"})
+                if state is RunState.QUEUED
+                else NewEvent("run.created", None, {"to_state": "created", "limit": limit})
+            )
             await append_events(
                 tx,
                 values["run_id"],  # type: ignore[arg-type]
                 0,
                 actor,
                 now_row[0],
-                [NewEvent("run.queued", None, {"from_state": "created", "to_state": "queued"})],
+                [first],
             )
+            if state is RunState.CREATED:
+                await admit_waiting_runs(tx, command.task_id, timings, actor)
     return await get_run(conn, command.project_id, values["run_id"])  # type: ignore[arg-type]
 
 

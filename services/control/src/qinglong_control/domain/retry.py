@@ -93,8 +93,7 @@ def decide_retry(
     now_ms: int,
     *,
     lease_expired_at_ms: int | None = None,
-    lease_ttl_ms: int = 0,
-    worker_stop_ms: int = 0,
+    lost_executor_stop_ms: int = 0,
 ) -> RetryDecision:
     """What follows an Attempt's `ending`, given how many Attempts have started so far."""
     if not policy.retries(ending):
@@ -105,5 +104,5 @@ def decide_retry(
         return RetryDecision(None, ATTEMPTS_EXHAUSTED)
     retry_at = now_ms + policy.backoff_ms(started_attempts)
     if ending is Ending.LOST and lease_expired_at_ms is not None:
-        retry_at = max(retry_at, lease_expired_at_ms + max(lease_ttl_ms, worker_stop_ms))
+        retry_at = max(retry_at, lease_expired_at_ms + lost_executor_stop_ms)
     return RetryDecision(retry_at, None)

@@ -40,6 +40,13 @@ class Timings:
     #: (at most 10 s late after a suspend) with the same grace.
     worker_stop_ms: int = 20_000
 
+    @property
+    def lost_executor_stop_ms(self) -> int:
+        """How long after an Attempt's lease ran out its executor may still run, on a
+        Worker cut off from the control plane: a lost Attempt's successor, and another Run
+        of a task with a concurrency limit, start no earlier than this after it."""
+        return max(self.lease_ttl_ms, self.worker_stop_ms)
+
     def __post_init__(self) -> None:
         for field in fields(self):
             low, high = TIMING_RANGES_MS[field.name]

@@ -46,7 +46,8 @@ SELECT pg_advisory_xact_lock(hashtextextended('qinglong.task:' || %s, 0))
 -- ask for the same one.
 SELECT revision_id, task_id, project_id, revision_number, executor_type, command, timeout_ms,
        created_at_ms, retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
-       retry_multiplier_percent, retry_on, worker_selector, queue_timeout_ms
+       retry_multiplier_percent, retry_on, worker_selector, queue_timeout_ms,
+       max_concurrent_runs
   FROM qinglong.task_revisions
  WHERE project_id = %(project_id)s AND task_id = %(task_id)s
    AND create_request_id = %(request_id)s
@@ -63,14 +64,14 @@ INSERT INTO qinglong.task_revisions
        (revision_id, project_id, task_id, revision_number, executor_type, command, timeout_ms,
         retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
         retry_multiplier_percent, retry_on, create_request_id, created_by, worker_selector,
-        queue_timeout_ms)
+        queue_timeout_ms, max_concurrent_runs)
 SELECT %(revision_id)s, t.project_id, t.task_id,
        coalesce((SELECT max(revision_number) FROM qinglong.task_revisions
                   WHERE task_id = t.task_id), 0) + 1,
        %(executor_type)s, %(command)s, %(timeout_ms)s,
        %(retry_max_attempts)s, %(retry_initial_backoff_ms)s, %(retry_max_backoff_ms)s,
        %(retry_multiplier_percent)s, %(retry_on)s, %(request_id)s, %(actor)s,
-       %(worker_selector)s, %(queue_timeout_ms)s
+       %(worker_selector)s, %(queue_timeout_ms)s, %(max_concurrent_runs)s
   FROM qinglong.tasks t
  WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
 RETURNING revision_id
@@ -78,7 +79,8 @@ RETURNING revision_id
 -- name: get_revision
 SELECT revision_id, task_id, project_id, revision_number, executor_type, command, timeout_ms,
        created_at_ms, retry_max_attempts, retry_initial_backoff_ms, retry_max_backoff_ms,
-       retry_multiplier_percent, retry_on, worker_selector, queue_timeout_ms
+       retry_multiplier_percent, retry_on, worker_selector, queue_timeout_ms,
+       max_concurrent_runs
   FROM qinglong.task_revisions
  WHERE project_id = %(project_id)s AND task_id = %(task_id)s
    AND (revision_number = %(revision_number)s OR revision_id = %(revision_id)s)
