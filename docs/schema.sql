@@ -965,6 +965,8 @@ CREATE INDEX runs_retry_due ON qinglong.runs USING btree (retry_at_ms, run_id) W
 
 CREATE INDEX runs_waiting_for_slot ON qinglong.runs USING btree (task_id, priority DESC, created_at_ms, run_id) WHERE (state = 'created'::text);
 
+CREATE INDEX runs_waiting_for_slot_by_age ON qinglong.runs USING btree (created_at_ms, run_id) WHERE (state = 'created'::text);
+
 CREATE INDEX security_audit_by_credential ON qinglong.security_audit USING btree (credential_id, occurred_at_ms) WHERE (credential_id IS NOT NULL);
 
 CREATE INDEX security_audit_by_principal ON qinglong.security_audit USING btree (principal_id, occurred_at_ms, audit_id);

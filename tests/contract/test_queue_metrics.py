@@ -36,9 +36,21 @@ async def test_the_gauges_count_each_part_of_the_queue_and_its_oldest_wait(
     )
     claimed = await world.claimed()  # a Run taken is no longer queued
     assert claimed.fence.attempt_id
+    limited = await world.task(max_concurrent_runs=1)
+    for _ in range(3):  # one queued (any_worker), two waiting for its slot
+        await world.run_of(limited)
+    await world.conn.execute(
+        "UPDATE qinglong.runs SET created_at_ms = created_at_ms - 300000,"
+        " updated_at_ms = updated_at_ms - 300000 WHERE task_id = %s AND state = 'created'",
+        (limited,),
+    )
     await record_queue(world.conn)
-    assert _gauge("qinglong_control_queued_runs", "any_worker") == 2
+    assert _gauge("qinglong_control_queued_runs", "any_worker") == 3
     assert _gauge("qinglong_control_queued_runs", "with_selector") == 1
+    assert _gauge("qinglong_control_queued_runs", "waiting_for_slot") == 2
+    slot_wait = _gauge("qinglong_control_oldest_queued_run_age_seconds", "waiting_for_slot")
+    assert slot_wait is not None
+    assert 300 <= slot_wait < 600
     oldest = _gauge("qinglong_control_oldest_queued_run_age_seconds", "with_selector")
     assert oldest is not None
     assert 600 <= oldest < 900

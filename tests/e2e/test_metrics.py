@@ -173,9 +173,13 @@ def test_every_listed_metric_after_a_run(stack: DevStack, tmp_path: Path) -> Non
         assert _count(runtime, method="AcknowledgeRunning", outcome="ok") >= 1
         completed = control_metrics["qinglong_control_attempts_completed"]
         assert [s.value for s in completed.samples if s.name.endswith("_total")] == [1.0]
-        # The queue sampler ran (a sample at start): both parts have a value.
+        # The queue sampler ran (a sample at start): every part has a value.
         queued = control_metrics["qinglong_control_queued_runs"]
-        assert {s.labels["part"] for s in queued.samples} == {"any_worker", "with_selector"}
+        assert {s.labels["part"] for s in queued.samples} == {
+            "any_worker",
+            "with_selector",
+            "waiting_for_slot",
+        }
         work = control_metrics["qinglong_control_reconcile_work"]
         assert {s.labels["kind"] for s in work.samples} >= {"expired", "converged", "requeued"}
         pools = {s.labels["pool"] for s in control_metrics["qinglong_pool_connections"].samples}

@@ -56,8 +56,9 @@ OUTPUT_BYTES_STORED: Final = Counter(
 )
 QUEUED_RUNS: Final = Gauge(
     "qinglong_control_queued_runs",
-    "Runs waiting for a Worker, by part of the queue: any_worker (no worker selector) or"
-    " with_selector (only Workers with those labels may take them); sampled",
+    "Runs waiting for a Worker, by part of the queue: any_worker (no worker selector),"
+    " with_selector (only Workers with those labels may take them), or waiting_for_slot"
+    " (created, waiting for a slot of their task's concurrency limit); sampled",
     ["part"],
 )
 OLDEST_QUEUED_RUN_AGE: Final = Gauge(

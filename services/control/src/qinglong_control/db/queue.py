@@ -16,7 +16,8 @@ _QUEUE_PARTS = SQL["queue.queue_parts"]
 @dataclass(frozen=True)
 class QueuePart:
     part: str
-    """``any_worker`` (Runs without a worker selector) or ``with_selector``."""
+    """``any_worker`` (Runs without a worker selector), ``with_selector``, or
+    ``waiting_for_slot`` (Runs waiting ``created`` for a slot of their task)."""
     runs: int
     oldest_age_ms: int | None
     """How long the oldest of them has waited (DB time); None when none waits."""
