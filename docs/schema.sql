@@ -256,20 +256,28 @@ CREATE FUNCTION qinglong.schema_version() RETURNS integer
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$ SELECT coalesce(max(version), 0) FROM public.qinglong_schema_migrations $$;
 
+CREATE FUNCTION qinglong.task_max_concurrent_runs(p_task_id uuid) RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT tr.max_concurrent_runs FROM qinglong.task_revisions tr
+     WHERE tr.task_id = p_task_id
+     ORDER BY tr.revision_number DESC
+     LIMIT 1
+$$;
+
 CREATE FUNCTION qinglong.task_slots_held(p_task_id uuid, p_lost_since_ms bigint) RETURNS bigint
     LANGUAGE sql STABLE
     AS $$
     SELECT (SELECT count(*) FROM qinglong.runs r
              WHERE r.task_id = p_task_id
                AND r.state IN ('queued', 'dispatching', 'running', 'retry_wait', 'lost'))
-         + (SELECT count(DISTINCT r.run_id)
-              FROM qinglong.run_leases l
-              JOIN qinglong.attempts a ON a.attempt_id = l.attempt_id
-              JOIN qinglong.runs r ON r.run_id = l.run_id
-             WHERE l.status = 'expired' AND l.expires_at_ms > p_lost_since_ms
-               AND a.starting_at_ms IS NOT NULL
-               AND r.task_id = p_task_id
-               AND r.state IN ('succeeded', 'failed', 'cancelled', 'timed_out'))
+         + (SELECT count(*) FROM qinglong.runs r
+             WHERE r.task_id = p_task_id AND r.finished_at_ms > p_lost_since_ms
+               AND EXISTS (SELECT 1 FROM qinglong.attempts a
+                             JOIN qinglong.run_leases l ON l.attempt_id = a.attempt_id
+                            WHERE a.run_id = r.run_id AND a.starting_at_ms IS NOT NULL
+                              AND l.status = 'expired'
+                              AND l.expires_at_ms > p_lost_since_ms))
 $$;
 
 CREATE TABLE public.qinglong_schema_migrations (
@@ -555,7 +563,6 @@ CREATE TABLE qinglong.runs (
     worker_selector jsonb DEFAULT '{}'::jsonb NOT NULL,
     queue_timeout_ms bigint,
     priority smallint DEFAULT 0 NOT NULL,
-    max_concurrent_runs integer,
     CONSTRAINT runs_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT runs_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['user'::text, 'policy'::text, 'shutdown'::text, 'reconcile'::text, 'timeout'::text]))),
     CONSTRAINT runs_cancel_requested_by_check CHECK (((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))),
@@ -806,9 +813,6 @@ ALTER TABLE ONLY qinglong.run_leases
     ADD CONSTRAINT run_leases_pkey PRIMARY KEY (attempt_id);
 
 ALTER TABLE qinglong.runs
-    ADD CONSTRAINT runs_max_concurrent_runs_positive CHECK ((max_concurrent_runs > 0)) NOT VALID;
-
-ALTER TABLE qinglong.runs
     ADD CONSTRAINT runs_parameters_object CHECK ((jsonb_typeof(parameters) = 'object'::text)) NOT VALID;
 
 ALTER TABLE ONLY qinglong.runs
@@ -921,8 +925,6 @@ CREATE INDEX offers_open_by_session ON qinglong.offers USING btree (session_id) 
 
 CREATE UNIQUE INDEX operator_credentials_issue_request ON qinglong.operator_credentials USING btree (principal_id, issue_request_id) WHERE ((issue_request_id IS NOT NULL) AND (replaces_credential_id IS NULL));
 
-CREATE INDEX run_leases_expired_by_expiry ON qinglong.run_leases USING btree (expires_at_ms) WHERE (status = 'expired'::text);
-
 CREATE INDEX run_leases_leased_by_expiry ON qinglong.run_leases USING btree (expires_at_ms) WHERE (status = 'leased'::text);
 
 CREATE UNIQUE INDEX run_leases_one_leased_per_run ON qinglong.run_leases USING btree (run_id) WHERE (status = 'leased'::text);
@@ -934,6 +936,8 @@ CREATE INDEX runs_by_project_state ON qinglong.runs USING btree (project_id, sta
 CREATE INDEX runs_by_project_task ON qinglong.runs USING btree (project_id, task_id, created_at_ms, run_id);
 
 CREATE INDEX runs_cancel_pending ON qinglong.runs USING btree (cancel_requested_at_ms, run_id) WHERE ((cancel_requested_at_ms IS NOT NULL) AND (state = ANY (ARRAY['created'::text, 'queued'::text, 'waiting_approval'::text, 'retry_wait'::text, 'lost'::text])));
+
+CREATE INDEX runs_ended_by_task ON qinglong.runs USING btree (task_id, finished_at_ms) WHERE (finished_at_ms IS NOT NULL);
 
 CREATE INDEX runs_holding_slot_by_task ON qinglong.runs USING btree (task_id) WHERE (state = ANY (ARRAY['queued'::text, 'dispatching'::text, 'running'::text, 'retry_wait'::text, 'lost'::text]));
 
@@ -1214,6 +1218,9 @@ GRANT ALL ON FUNCTION qinglong.prune_security_audit(p_max_age_ms bigint, p_limit
 REVOKE ALL ON FUNCTION qinglong.schema_version() FROM PUBLIC;
 GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_runtime;
 GRANT ALL ON FUNCTION qinglong.schema_version() TO qinglong_ingress;
+
+REVOKE ALL ON FUNCTION qinglong.task_max_concurrent_runs(p_task_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION qinglong.task_max_concurrent_runs(p_task_id uuid) TO qinglong_runtime;
 
 REVOKE ALL ON FUNCTION qinglong.task_slots_held(p_task_id uuid, p_lost_since_ms bigint) FROM PUBLIC;
 GRANT ALL ON FUNCTION qinglong.task_slots_held(p_task_id uuid, p_lost_since_ms bigint) TO qinglong_runtime;

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from qinglong_control.db import definitions, placement
-from qinglong_control.db.concurrency_slots import ADMISSION, admission_pages
+from qinglong_control.db import definitions, placement, runs
+from qinglong_control.db.concurrency_slots import ADMISSION, AdmissionCursor, admission_pages
 from qinglong_control.db.convergence import converge_page, expire_leases
 from qinglong_control.db.lease_control import complete_attempt
 from qinglong_control.db.pool import open_runtime_pool
@@ -100,7 +100,12 @@ async def test_a_limited_task_queues_only_as_many_runs_as_its_limit(world: World
     ]
     created, queued = await timeline(world, second)
     assert created[3] == {"to_state": "created", "limit": 2}
-    assert queued[3] == {"from_state": "created", "to_state": "queued", "slots_held": 1}
+    assert queued[3] == {
+        "from_state": "created",
+        "to_state": "queued",
+        "slots_held": 1,
+        "limit": 2,
+    }
     assert [event[0] for event in await timeline(world, third)] == ["run.created"]
     offered = await world.offered(await world.session("worker-a"))
     assert set(offered) == {first, second}, "a waiting Run is offered to nobody"
@@ -134,7 +139,8 @@ async def succeed_reported(world: World, work: ClaimedWork) -> None:
 
 
 async def test_runs_of_a_revision_without_a_limit_hold_slots_too(world: World) -> None:
-    """A limit bounds the task: Runs of an earlier, unlimited revision count."""
+    """A limit bounds the task: Runs triggered before it, of a revision without one,
+    count."""
     task_id = await world.task()
     unlimited = [await world.run_of(task_id) for _ in range(2)]
     await definitions.create_revision(
@@ -296,11 +302,10 @@ async def test_the_admission_step_reads_a_task_once_however_many_runs_wait(
         await world.run_of(task_id)
         await world.conn.execute(
             "INSERT INTO qinglong.runs (run_id, project_id, task_id, revision_id, state,"
-            " executor_type, trigger_request_id, triggered_by, created_at_ms, updated_at_ms,"
-            " max_concurrent_runs)"
+            " executor_type, trigger_request_id, triggered_by, created_at_ms, updated_at_ms)"
             " SELECT gen_random_uuid(), project_id, task_id, revision_id, 'created',"
             " executor_type, 'bulk-' || task_id || '-' || n, 'user:alice', created_at_ms + n,"
-            " created_at_ms + n, 1"
+            " created_at_ms + n"
             " FROM qinglong.runs, generate_series(1, 200) n WHERE task_id = %s"
             " AND state = 'queued'",
             (task_id,),
@@ -321,3 +326,138 @@ async def test_the_admission_step_reads_a_task_once_however_many_runs_wait(
     assert row is not None
     examined = rows_examined(row[0][0]["Plan"], "runs")
     assert 0 < examined <= 20, f"the listing read {examined} Runs of 402"
+
+
+async def revise(world: World, task_id: uuid.UUID, limit: int | None) -> None:
+    revision = definitions.NewRevision(
+        PROJECT,
+        task_id,
+        f"rev-{uuid.uuid4().hex[:8]}",
+        "remote_worker",
+        ["echo"],
+        None,
+        max_concurrent_runs=limit,
+    )
+    await definitions.create_revision(world.conn, revision, OPERATOR.id)
+
+
+async def test_the_newest_revisions_limit_is_the_tasks_whatever_revision_is_pinned(
+    world: World,
+) -> None:
+    """Triggering an older revision without a limit does not get around the task's."""
+    task_id = await world.task()
+    await revise(world, task_id, 1)
+    first = await world.run_of(task_id)
+    pinned = await runs.trigger_run(
+        world.conn,
+        runs.TriggerRun(PROJECT, task_id, 1, f"t-{uuid.uuid4().hex[:8]}"),
+        OPERATOR,
+        world.timings,
+    )
+    assert (pinned.revision_number, pinned.state) == (1, "created")
+    assert await states(world, first) == ["queued"]
+
+
+async def test_a_revised_limit_applies_to_the_runs_still_waiting(world: World) -> None:
+    task_id = await world.task(max_concurrent_runs=1)
+    run_ids = [await world.run_of(task_id) for _ in range(5)]
+    await revise(world, task_id, 3)
+    assert await admit(world) == 2, "raised to 3: two more"
+    assert await states(world, *run_ids) == ["queued"] * 3 + ["created"] * 2
+    await revise(world, task_id, None)
+    assert await admit(world) == 2, "no limit any more: every waiting Run"
+    assert await states(world, *run_ids) == ["queued"] * 5
+
+
+async def test_a_trigger_that_admits_an_earlier_waiting_run_leaves_it_to_the_admission(
+    world: World,
+) -> None:
+    """A slot freed before the cadence came: the next trigger admits the Run waiting
+    longest first, by the admission's actor, and its own Run waits."""
+    task_id = await world.task(max_concurrent_runs=1)
+    first, waiting = await world.run_of(task_id), await world.run_of(task_id)
+    await write_cancel_intent(world, first)
+    assert (await converge_page(world.conn, 128)).converged == 1
+    newest = await world.run_of(task_id)
+    assert await states(world, waiting, newest) == ["queued", "created"]
+    assert (await timeline(world, waiting))[-1][:3] == (
+        "run.queued",
+        ADMISSION.kind,
+        ADMISSION.id,
+    )
+
+
+async def test_a_waiting_run_with_a_cancel_intent_is_passed_over(world: World) -> None:
+    """Before convergence ends it, a waiting Run with an intent is not admitted; the next
+    one is."""
+    task_id = await world.task(max_concurrent_runs=1)
+    first = await world.run_of(task_id)
+    doomed, after = await world.run_of(task_id), await world.run_of(task_id)
+    await write_cancel_intent(world, doomed)
+    await write_cancel_intent(world, first)
+    cursor = await world.conn.execute(
+        "UPDATE qinglong.runs SET state = 'cancelled', finished_at_ms = qinglong.db_now_ms()"
+        " WHERE run_id = %s",
+        (first,),
+    )
+    assert cursor.rowcount == 1
+    assert await admit(world) == 1
+    assert await states(world, doomed, after) == ["created", "queued"]
+
+
+async def test_the_step_goes_on_after_its_last_page_from_one_cycle_to_the_next(
+    world: World,
+) -> None:
+    """With one task a page and one page a cycle, a task held full ahead of another in
+    task order cannot keep the other from being admitted: the next cycle reads on."""
+    tasks = sorted([await world.task(max_concurrent_runs=1) for _ in range(2)])
+    waiting = {}
+    for task_id in tasks:
+        running = await world.run_of(task_id)
+        waiting[task_id] = await world.run_of(task_id)
+    await write_cancel_intent(world, running)  # frees the later task's slot only
+    assert (await converge_page(world.conn, 128)).converged == 1
+    cursor = AdmissionCursor()
+    cycles = [await admission_pages(world.conn, 1, world.timings, cursor)() for _ in range(3)]
+    assert [(page.listed, page.admitted) for page in cycles[:2]] == [(1, 0), (1, 1)]
+    assert await states(world, waiting[tasks[0]], waiting[tasks[1]]) == ["created", "queued"]
+
+
+async def test_slots_held_reads_only_the_tasks_own_runs_planned_generically(
+    world: World,
+) -> None:
+    """qinglong.task_slots_held's body, planned as the reconciler's pool plans it (a
+    generic plan), reads the task's live Runs and those that ended within the stop bound,
+    not its history of 300 ended Runs."""
+    task_id = await world.task(max_concurrent_runs=1)
+    await world.run_of(task_id)
+    await world.conn.execute(
+        "INSERT INTO qinglong.runs (run_id, project_id, task_id, revision_id, state,"
+        " executor_type, trigger_request_id, triggered_by, created_at_ms, updated_at_ms,"
+        " finished_at_ms)"
+        " SELECT gen_random_uuid(), project_id, task_id, revision_id, 'succeeded',"
+        " executor_type, 'old-' || n, 'user:alice', created_at_ms - 86400000,"
+        " created_at_ms - 86400000, created_at_ms - 86400000 + n"
+        " FROM qinglong.runs, generate_series(1, 300) n WHERE task_id = %s",
+        (task_id,),
+    )
+    await world.conn.execute("ANALYZE qinglong.runs")
+    cursor = await world.conn.execute(
+        "SELECT prosrc FROM pg_proc WHERE proname = 'task_slots_held'"
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    body = row[0].replace("p_task_id", "$1").replace("p_lost_since_ms", "$2")
+    await world.conn.execute("SET plan_cache_mode = force_generic_plan")
+    await world.conn.execute(f"PREPARE slots_held (uuid, bigint) AS {body}")
+    # EXECUTE takes no bound parameters; a UUID is safe to spell out.
+    arguments = f"'{task_id}'::uuid, qinglong.db_now_ms() - 30000"
+    cursor = await world.conn.execute(
+        f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE slots_held({arguments})"
+    )
+    plan = await cursor.fetchone()
+    assert plan is not None
+    examined = rows_examined(plan[0][0]["Plan"], "runs")
+    assert examined <= 5, f"read {examined} Runs of the task's 301"
+    counted = await world.conn.execute(f"EXECUTE slots_held({arguments})")
+    assert await counted.fetchone() == (1,)

@@ -440,6 +440,7 @@ EXPECTED_FUNCTION_CALLERS: dict[str, set[str]] = {
     "lock_authority": {"qinglong_runtime"},
     "prune_security_audit": {"qinglong_runtime"},
     "schema_version": {"qinglong_runtime", "qinglong_ingress"},
+    "task_max_concurrent_runs": {"qinglong_runtime"},
     "task_slots_held": {"qinglong_runtime"},
 }
 #: The functions that run with their owner's rights; each is closed to all but its callers.

@@ -81,8 +81,9 @@ def add_operator_commands(commands: Any, default_stack: Path) -> None:
         parser.add_argument(
             "--max-concurrent-runs",
             type=int,
-            help="at most this many Runs of the task at once: a Run waits CREATED until"
-            " fewer of the task's Runs are queued or running"
+            help="at most this many Runs of the task at once (the newest revision's limit is"
+            " the task's): a Run waits CREATED while that many of the task's Runs are queued,"
+            " running, waiting for a retry, or lost and maybe still stopping"
             f" ({MAX_CONCURRENT_RUNS_MIN}..{MAX_CONCURRENT_RUNS_MAX}; default: no limit)",
         )
         parser.add_argument(

@@ -118,13 +118,14 @@ class ExecutionPlan(_message.Message):
     or it is cancelled. Range: 1 s to 30 days.
     """
     max_concurrent_runs: _builtins.int
-    """At most this many Runs of the task at once. A Run of this revision is held
-    CREATED until fewer than this many Runs of its task (of any revision) hold
-    a slot: QUEUED, DISPATCHING, RUNNING, RETRY_WAIT or LOST, or ended within
-    the Workers' stop bound after their last Attempt's lease expired (its
-    executor may still be stopping). Then it is queued, the highest priority
-    and the oldest first. Absent => no limit (a Run is queued when triggered).
-    Range: 1 to 10000.
+    """At most this many Runs of the task at once. The task's newest revision's
+    value is the task's limit, whatever revision a Run pins. A Run of a task
+    with a limit is held CREATED until fewer than that many of the task's Runs
+    hold a slot: QUEUED, DISPATCHING, RUNNING, RETRY_WAIT or LOST, or ended
+    within the Workers' stop bound after a started Attempt's lease expired
+    (its executor may still be stopping). Then it is queued, the highest
+    priority and the oldest first. Absent => no limit (a Run is queued when
+    triggered). Range: 1 to 10000.
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:

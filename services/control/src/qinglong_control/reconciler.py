@@ -26,7 +26,11 @@ from qinglong_control import metrics as prometheus
 from qinglong_control.db.approvals import expire_page as expire_approvals
 from qinglong_control.db.audit_retention import prune_audit
 from qinglong_control.db.cancellation import stop_runs_of_disabled_projects
-from qinglong_control.db.concurrency_slots import AdmissionPage, admission_pages
+from qinglong_control.db.concurrency_slots import (
+    AdmissionCursor,
+    AdmissionPage,
+    admission_pages,
+)
 from qinglong_control.db.convergence import ExpiryPage, converge_page, expire_leases
 from qinglong_control.db.output import OutputStore, TableOutputStore
 from qinglong_control.db.queue_timeouts import time_out_queued_runs
@@ -129,6 +133,7 @@ class Reconciler:
         self._output_retention = output_retention or OutputRetention()
         self._output = output_store or TableOutputStore(pool)
         self._audit_retention = audit_retention or AuditRetention()
+        self._admission = AdmissionCursor()
         self._running: asyncio.Task[CycleReport] | None = None
         self._stopped = False
 
@@ -188,7 +193,11 @@ class Reconciler:
             Step("retry", lambda: retry_page(conn, size, self._timings), _candidates),
             # After every step that ends Runs or requeues them, so the slots they free are
             # taken in the same cycle.
-            Step("admit", admission_pages(conn, size, self._timings), _tasks_listed),
+            Step(
+                "admit",
+                admission_pages(conn, size, self._timings, self._admission),
+                _tasks_listed,
+            ),
             Step("expire_approvals", lambda: expire_approvals(conn, size), int),
             Step(
                 "prune_audit",

@@ -103,10 +103,10 @@ async def trigger_run(
     """Queue a Run of a pinned revision in an active project; a retried request returns
     the same Run, and one that names another task, or another revision than the Run
     pinned, or other parameters or priority, is REPLAY_MISMATCH (a retry without a revision number
-    matches whichever the first call pinned). A revision with a concurrency limit creates
-    the Run ``created`` and admits what its task's free slots allow in the same
-    transaction: the Run is queued at once if a slot is free and no Run waits before it
-    (``timings`` gives the Workers' stop bound the slot count needs)."""
+    matches whichever the first call pinned). A task with a concurrency limit has the Run
+    created ``created`` and admits what its free slots allow in the same transaction: the
+    Run is queued at once if a slot is free and no Run waits before it (``timings`` gives
+    the Workers' stop bound the slot count needs)."""
     values: dict[str, object] = {
         "run_id": uuid.uuid4(),
         "project_id": command.project_id,
@@ -152,8 +152,8 @@ async def trigger_run(
                 raise Refused(Reason.TASK_NOT_FOUND, "no such task")
             if picked[0] is None:
                 raise Refused(Reason.REVISION_NOT_FOUND, "no such task revision")
-            limit = picked[2]
-            state = state_when_triggered(limit)
+            task_limit = picked[2]
+            state = state_when_triggered(task_limit)
             values.update(
                 revision_id=picked[0], executor_type=picked[1], now=now_row[0], state=state.value
             )
@@ -161,7 +161,7 @@ async def trigger_run(
             first = (
                 NewEvent("run.queued", None, {"from_state": "created", "to_state": "queued"})
                 if state is RunState.QUEUED
-                else NewEvent("run.created", None, {"to_state": "created", "limit": limit})
+                else NewEvent("run.created", None, {"to_state": "created", "limit": task_limit})
             )
             await append_events(
                 tx,
@@ -172,7 +172,12 @@ async def trigger_run(
                 [first],
             )
             if state is RunState.CREATED:
-                await admit_waiting_runs(tx, command.task_id, timings, actor)
+                await admit_waiting_runs(
+                    tx,
+                    command.task_id,
+                    timings,
+                    (values["run_id"], actor),  # type: ignore[arg-type]
+                )
     return await get_run(conn, command.project_id, values["run_id"])  # type: ignore[arg-type]
 
 

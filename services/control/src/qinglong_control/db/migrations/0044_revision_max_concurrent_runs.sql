@@ -4,7 +4,8 @@
 -- A deploy, a migration, a job that writes one shared resource must not run twice at
 -- once, and nothing outside the control plane can hold that: only it knows which Runs are
 -- queued, running, or lost with an executor that may still be stopping. A revision's plan
--- may now carry the limit; a Run of it waits `created` until its task has a free slot
+-- may now carry the limit, and the task's newest revision's limit is the task's: a Run of
+-- the task (whatever revision it pins) waits `created` until the task has a free slot
 -- (db/concurrency_slots.py). The contract declares the range (execution.proto); this
 -- CHECK only keeps the column meaningful, so the numbers live in one place.
 --

@@ -36,7 +36,9 @@ SELECT r.run_id, r.task_id, tr.revision_number, r.parameters, r.priority
 
 -- name: pick_revision
 -- No row: no such task (in this project); a row of NULLs: the task has no such revision.
-SELECT tr.revision_id, tr.executor_type, tr.max_concurrent_runs
+-- With the task's concurrency limit (its newest revision's, whatever revision is pinned).
+SELECT tr.revision_id, tr.executor_type,
+       qinglong.task_max_concurrent_runs(t.task_id) AS task_limit
   FROM qinglong.tasks t
   LEFT JOIN qinglong.task_revisions tr
          ON tr.task_id = t.task_id
@@ -46,19 +48,18 @@ SELECT tr.revision_id, tr.executor_type, tr.max_concurrent_runs
  WHERE t.project_id = %(project_id)s AND t.task_id = %(task_id)s
 
 -- name: insert_run
--- A Run is created straight into `queued` with its first Event — or, when its revision
--- limits how many of the task's Runs run at once, `created`, to wait for a slot
+-- A Run is created straight into `queued` with its first Event — or, when its task limits
+-- how many of its Runs run at once, `created`, to wait for a slot
 -- (db/concurrency_slots.py). The revision is pinned, and the Run keeps its
--- worker_selector (placement compares it without the revision), queue_timeout_ms (the
--- reconciler's queue timeout reads Runs alone) and max_concurrent_runs (so does
--- admission).
+-- worker_selector (placement compares it without the revision) and queue_timeout_ms (the
+-- reconciler's queue timeout reads Runs alone).
 INSERT INTO qinglong.runs
        (run_id, project_id, task_id, revision_id, state, executor_type,
         trigger_request_id, triggered_by, created_at_ms, updated_at_ms, parameters,
-        worker_selector, queue_timeout_ms, priority, max_concurrent_runs)
+        worker_selector, queue_timeout_ms, priority)
 SELECT %(run_id)s, %(project_id)s, %(task_id)s, tr.revision_id, %(state)s, %(executor_type)s,
        %(request_id)s, %(actor_id)s, %(now)s, %(now)s, %(parameters)s, tr.worker_selector,
-       tr.queue_timeout_ms, %(priority)s, tr.max_concurrent_runs
+       tr.queue_timeout_ms, %(priority)s
   FROM qinglong.task_revisions tr WHERE tr.revision_id = %(revision_id)s
 
 -- name: list_events
