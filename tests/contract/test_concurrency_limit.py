@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from qinglong_control.db import definitions, placement, runs
@@ -29,6 +30,7 @@ from qinglong_control.domain.timings import Timings
 from qinglong_control.reconciler import Reconciler, ReconcilerLimits
 from qinglong_protocol.pooling import PoolSizing
 
+from tests.support.locks import until_waiting
 from tests.support.plans import rows_examined
 from tests.support.postgres import MigratedDatabase
 from tests.support.world import OPERATOR, PROJECT, ClaimedWork, World
@@ -67,22 +69,6 @@ async def admit(world: World) -> int:
 async def running(world: World, work: ClaimedWork) -> None:
     await acknowledge_starting(world.conn, work.fence)
     await acknowledge_running(world.conn, work.fence, REPORT)
-
-
-async def write_cancel_intent(world: World, run_id: uuid.UUID) -> None:
-    await world.conn.execute(
-        "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
-        " cancel_reason = 'user', cancel_requested_by = 'user:alice',"
-        " event_sequence = event_sequence + 1 WHERE run_id = %s",
-        (run_id,),
-    )
-    await world.conn.execute(
-        "INSERT INTO qinglong.run_events (event_id, run_id, sequence, event_type, actor_kind,"
-        " actor_id, occurred_at_ms) SELECT gen_random_uuid(), run_id, event_sequence,"
-        " 'run.cancel_requested', 'user', 'alice', qinglong.db_now_ms()"
-        " FROM qinglong.runs WHERE run_id = %s",
-        (run_id,),
-    )
 
 
 async def test_a_limited_task_queues_only_as_many_runs_as_its_limit(world: World) -> None:
@@ -165,11 +151,7 @@ async def test_a_lost_run_that_ended_holds_its_slot_until_its_worker_must_have_s
     waiting = await world.run_of(task_id)
     work = await world.claim(first, await world.session("worker-a"))
     await running(world, work)
-    await world.conn.execute(
-        "UPDATE qinglong.run_leases SET renewed_at_ms = qinglong.db_now_ms() - 10001,"
-        " expires_at_ms = qinglong.db_now_ms() - 10000 WHERE attempt_id = %s",
-        (work.fence.attempt_id,),
-    )
+    await world.lease_ran_out(work.fence.attempt_id, 10_000)
     assert (await expire_leases(world.conn, 128)).expired == 1
     assert (await retry_page(world.conn, 128, world.timings)).exhausted == 1
     cursor = await world.conn.execute(
@@ -193,12 +175,8 @@ async def test_an_attempt_that_never_started_holds_no_slot_once_its_run_ended(
     first = await world.run_of(task_id)
     waiting = await world.run_of(task_id)
     work = await world.claim(first, await world.session("worker-a"))
-    await write_cancel_intent(world, first)
-    await world.conn.execute(
-        "UPDATE qinglong.run_leases SET renewed_at_ms = qinglong.db_now_ms() - 2,"
-        " expires_at_ms = qinglong.db_now_ms() - 1 WHERE attempt_id = %s",
-        (work.fence.attempt_id,),
-    )
+    await world.cancel_intent(first)
+    await world.lease_ran_out(work.fence.attempt_id)
     assert (await expire_leases(world.conn, 128)).expired == 1
     assert (await converge_page(world.conn, 128)).converged == 1
     assert await states(world, first) == ["cancelled"]
@@ -212,10 +190,10 @@ async def test_a_waiting_run_with_a_cancel_intent_is_cancelled_not_admitted(
     task_id = await world.task(max_concurrent_runs=1)
     first = await world.run_of(task_id)
     cancelled, after = await world.run_of(task_id), await world.run_of(task_id)
-    await write_cancel_intent(world, cancelled)
+    await world.cancel_intent(cancelled)
     assert (await converge_page(world.conn, 128)).converged == 1
     assert await states(world, first, cancelled, after) == ["queued", "cancelled", "created"]
-    await write_cancel_intent(world, first)
+    await world.cancel_intent(first)
     assert (await converge_page(world.conn, 128)).converged == 1
     assert await admit(world) == 1
     assert await states(world, after) == ["queued"]
@@ -256,7 +234,7 @@ async def test_replicas_admitting_at_once_never_exceed_the_limit(
     task_id = await world.task(max_concurrent_runs=3)
     run_ids = [await world.run_of(task_id) for _ in range(12)]
     for run_id in run_ids[:3]:
-        await write_cancel_intent(world, run_id)
+        await world.cancel_intent(run_id)
     assert (await converge_page(world.conn, 128)).converged == 3
     replicas = [Reconciler(runtime_pool, ReconcilerLimits()) for _ in range(4)]
     reports = await asyncio.gather(*(replica.cycle() for replica in replicas))
@@ -376,7 +354,7 @@ async def test_a_trigger_that_admits_an_earlier_waiting_run_leaves_it_to_the_adm
     longest first, by the admission's actor, and its own Run waits."""
     task_id = await world.task(max_concurrent_runs=1)
     first, waiting = await world.run_of(task_id), await world.run_of(task_id)
-    await write_cancel_intent(world, first)
+    await world.cancel_intent(first)
     assert (await converge_page(world.conn, 128)).converged == 1
     newest = await world.run_of(task_id)
     assert await states(world, waiting, newest) == ["queued", "created"]
@@ -393,8 +371,8 @@ async def test_a_waiting_run_with_a_cancel_intent_is_passed_over(world: World) -
     task_id = await world.task(max_concurrent_runs=1)
     first = await world.run_of(task_id)
     doomed, after = await world.run_of(task_id), await world.run_of(task_id)
-    await write_cancel_intent(world, doomed)
-    await write_cancel_intent(world, first)
+    await world.cancel_intent(doomed)
+    await world.cancel_intent(first)
     cursor = await world.conn.execute(
         "UPDATE qinglong.runs SET state = 'cancelled', finished_at_ms = qinglong.db_now_ms()"
         " WHERE run_id = %s",
@@ -415,11 +393,13 @@ async def test_the_step_goes_on_after_its_last_page_from_one_cycle_to_the_next(
     for task_id in tasks:
         running = await world.run_of(task_id)
         waiting[task_id] = await world.run_of(task_id)
-    await write_cancel_intent(world, running)  # frees the later task's slot only
+    await world.cancel_intent(running)  # frees the later task's slot only
     assert (await converge_page(world.conn, 128)).converged == 1
     cursor = AdmissionCursor()
     cycles = [await admission_pages(world.conn, 1, world.timings, cursor)() for _ in range(3)]
-    assert [(page.listed, page.admitted) for page in cycles[:2]] == [(1, 0), (1, 1)]
+    assert [(page.listed, page.admitted) for page in cycles] == [(1, 0), (1, 1), (0, 0)]
+    assert cursor.after == uuid.UUID(int=0), "a page that found none starts over"
+
     assert await states(world, waiting[tasks[0]], waiting[tasks[1]]) == ["created", "queued"]
 
 
@@ -461,3 +441,32 @@ async def test_slots_held_reads_only_the_tasks_own_runs_planned_generically(
     assert examined <= 5, f"read {examined} Runs of the task's 301"
     counted = await world.conn.execute(f"EXECUTE slots_held({arguments})")
     assert await counted.fetchone() == (1,)
+
+
+async def test_a_trigger_racing_the_revision_that_adds_a_limit_is_held_to_it(
+    world: World, database: MigratedDatabase
+) -> None:
+    """The trigger reads the limit under the task's lock shared: queued behind a revision
+    that adds one (waiting for the task's lock), it sees the new limit and waits, where
+    reading before that revision committed it would have queued a second Run."""
+    task_id = await world.task()
+    first = await world.run_of(task_id)
+    holder = await psycopg.AsyncConnection.connect(database.urls.runtime)
+    revising = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
+    triggering = await psycopg.AsyncConnection.connect(database.urls.runtime, autocommit=True)
+    try:
+        await holder.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('qinglong.task:' || %s, 0))",
+            (str(task_id),),
+        )
+        revision = asyncio.create_task(revise(World(revising), task_id, 1))
+        await until_waiting(world.conn, 1)
+        trigger = asyncio.create_task(World(triggering, world.timings).run_of(task_id))
+        await until_waiting(world.conn, 2)
+        await holder.commit()
+        await revision
+        second = await trigger
+    finally:
+        for conn in (holder, revising, triggering):
+            await conn.close()
+    assert await states(world, first, second) == ["queued", "created"]

@@ -82,15 +82,7 @@ async def lease_ran_out(
     world: World, work: ClaimedWork, *, renewed_ms_ago: int = 1, expired_ms_ago: int = 1
 ) -> int:
     """Move the lease's last renewal and its expiry into the past (DB time); its expiry."""
-    cursor = await world.conn.execute(
-        "UPDATE qinglong.run_leases SET renewed_at_ms = qinglong.db_now_ms() - %s,"
-        " expires_at_ms = qinglong.db_now_ms() - %s WHERE attempt_id = %s"
-        " RETURNING expires_at_ms",
-        (renewed_ms_ago, expired_ms_ago, work.fence.attempt_id),
-    )
-    row = await cursor.fetchone()
-    assert row is not None
-    return int(row[0])
+    return await world.lease_ran_out(work.fence.attempt_id, expired_ms_ago, renewed_ms_ago)
 
 
 async def expire_lease_now(world: World, work: ClaimedWork) -> int:
@@ -142,18 +134,7 @@ async def test_claimed_expiry_with_intent_requeues_then_convergence_ends_both(
 ) -> None:
     work = await world.claimed()
     run_id = work.fence.run_id
-    await world.conn.execute(
-        "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
-        " cancel_reason = 'user', event_sequence = event_sequence + 1 WHERE run_id = %s",
-        (run_id,),
-    )
-    await world.conn.execute(
-        "INSERT INTO qinglong.run_events (event_id, run_id, sequence, event_type, actor_kind,"
-        " actor_id, occurred_at_ms) SELECT gen_random_uuid(), run_id, event_sequence,"
-        " 'run.cancel_requested', 'user', 'alice', qinglong.db_now_ms()"
-        " FROM qinglong.runs WHERE run_id = %s",
-        (run_id,),
-    )
+    await world.cancel_intent(run_id)
     await expire_lease_now(world, work)
     assert (await run_row(world, run_id))["state"] == "queued"
     assert await attempts(world, run_id) == [(1, 1, "claimed", None, "expired")]

@@ -115,6 +115,44 @@ class World:
         run = await runs.trigger_run(self.conn, trigger, OPERATOR, self.timings)
         return run.run_id
 
+    async def cancel_intent(self, run_id: uuid.UUID) -> None:
+        """Write a user's cancel intent and its Event on the Run directly (as CancelRun
+        would), leaving convergence to act on it."""
+        await self.conn.execute(
+            "UPDATE qinglong.runs SET cancel_requested_at_ms = qinglong.db_now_ms(),"
+            " cancel_reason = 'user', event_sequence = event_sequence + 1 WHERE run_id = %s",
+            (run_id,),
+        )
+        await self.conn.execute(
+            "INSERT INTO qinglong.run_events (event_id, run_id, sequence, event_type,"
+            " actor_kind, actor_id, occurred_at_ms) SELECT gen_random_uuid(), run_id,"
+            " event_sequence, 'run.cancel_requested', 'user', 'alice', qinglong.db_now_ms()"
+            " FROM qinglong.runs WHERE run_id = %s",
+            (run_id,),
+        )
+
+    async def lease_ran_out(
+        self,
+        attempt_id: uuid.UUID,
+        expired_ms_ago: int = 1,
+        renewed_ms_ago: int | None = None,
+    ) -> int:
+        """Move the Attempt's lease's expiry ``expired_ms_ago`` into the past (DB time),
+        and its last renewal ``renewed_ms_ago`` (by default as far); the expiry."""
+        cursor = await self.conn.execute(
+            "UPDATE qinglong.run_leases SET renewed_at_ms = qinglong.db_now_ms() - %s,"
+            " expires_at_ms = qinglong.db_now_ms() - %s WHERE attempt_id = %s"
+            " RETURNING expires_at_ms",
+            (
+                expired_ms_ago if renewed_ms_ago is None else renewed_ms_ago,
+                expired_ms_ago,
+                attempt_id,
+            ),
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
     async def session(
         self,
         worker_id: str,

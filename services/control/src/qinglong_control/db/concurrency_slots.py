@@ -158,11 +158,15 @@ def admission_pages(
             },
         )
         tasks = await read.fetchall()
-        position.after = tasks[-1].task_id if len(tasks) == limit else _FIRST_TASK
         admitted = 0
         for task in tasks:
+            # Past it before its transaction: a task whose admission fails is retried at
+            # the next round, and does not hold back the tasks after it.
+            position.after = task.task_id
             if task.may_admit():
                 admitted += len(await _admit_task(conn, task.task_id, timings))
+        if len(tasks) < limit:
+            position.after = _FIRST_TASK
         return AdmissionPage(len(tasks), admitted)
 
     return page

@@ -71,6 +71,8 @@ _LOCK_TRIGGER = SQL["runs.lock_trigger"]
 
 _EXISTING_TRIGGER = SQL["runs.existing_trigger"]
 
+_LOCK_TASK_SHARED = SQL["runs.lock_task_shared"]
+
 _PICK_REVISION = SQL["runs.pick_revision"]
 
 _ACTIVE_PROJECT = SQL["definitions.active_project"]
@@ -116,10 +118,12 @@ async def trigger_run(
         "actor_id": actor.id,
         "parameters": Jsonb(command.parameters),
         "priority": command.priority,
+        "task_key": str(command.task_id),
     }
     async with command_transaction(conn) as tx:
         await tx.execute("lock.trigger", _LOCK_TRIGGER, values)
         existing = await tx.execute("run.existing", _EXISTING_TRIGGER, values)
+        await tx.execute("lock.task_shared", _LOCK_TASK_SHARED, values)
         revision = await tx.execute("revision.pick", _PICK_REVISION, values)
         project = await tx.execute("project.active", _ACTIVE_PROJECT, values)
         now = await tx.execute("db_now", _DB_NOW)

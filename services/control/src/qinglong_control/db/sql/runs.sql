@@ -34,6 +34,13 @@ SELECT r.run_id, r.task_id, tr.revision_number, r.parameters, r.priority
   FROM qinglong.runs r JOIN qinglong.task_revisions tr ON tr.revision_id = r.revision_id
  WHERE r.project_id = %(project_id)s AND r.trigger_request_id = %(request_id)s
 
+-- name: lock_task_shared
+-- A trigger reads the task's concurrency limit (pick_revision) after this: a revision
+-- (definitions.lock_task, taken exclusively) that adds one commits wholly before or after
+-- that read, so a trigger that saw no limit cannot queue a Run past one that a Run
+-- admitted meanwhile was held to. Triggers of one task do not wait for each other.
+SELECT pg_advisory_xact_lock_shared(hashtextextended('qinglong.task:' || %(task_key)s, 0))
+
 -- name: pick_revision
 -- No row: no such task (in this project); a row of NULLs: the task has no such revision.
 -- With the task's concurrency limit (its newest revision's, whatever revision is pinned).
