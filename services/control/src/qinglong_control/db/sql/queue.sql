@@ -8,8 +8,9 @@
 -- (updated_at_ms: a retried or requeued Run waits from then, not from its creation; NULL
 -- when none waits). A Run with a cancel intent waits for nothing and is not counted.
 -- A third part, waiting_for_slot, holds the Runs waiting `created` for a slot of their
--- task (its concurrency limit), read by age from migration 0045's runs_waiting_for_slot_by_age: they wait for
--- their task's earlier Runs, not for a Worker, and no pull sees them yet.
+-- task (its concurrency limit), read by age from migration 0045's
+-- runs_waiting_for_slot_by_age: they wait for their task's earlier Runs, not for a
+-- Worker, and no pull sees them yet.
 SELECT 'any_worker' AS part, count(*) AS runs,
        qinglong.db_now_ms() - min(q.updated_at_ms) AS oldest_age_ms
   FROM (SELECT r.updated_at_ms FROM qinglong.runs r

@@ -35,10 +35,10 @@ SELECT r.run_id, r.task_id, tr.revision_number, r.parameters, r.priority
  WHERE r.project_id = %(project_id)s AND r.trigger_request_id = %(request_id)s
 
 -- name: lock_task_shared
--- A trigger reads the task's concurrency limit (pick_revision) after this: a revision
--- (definitions.lock_task, taken exclusively) that adds one commits wholly before or after
--- that read, so a trigger that saw no limit cannot queue a Run past one that a Run
--- admitted meanwhile was held to. Triggers of one task do not wait for each other.
+-- A trigger reads the task's concurrency limit (pick_revision) after this, and a revision
+-- (definitions.lock_task) holds it exclusively: a trigger that saw no limit commits its
+-- queued Run before the revision that adds one does, so every admission held to that
+-- limit counts the Run. Triggers of one task do not wait for each other.
 SELECT pg_advisory_xact_lock_shared(hashtextextended('qinglong.task:' || %(task_key)s, 0))
 
 -- name: pick_revision
