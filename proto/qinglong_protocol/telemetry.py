@@ -212,15 +212,41 @@ def _keeps_polls_out(provider: object) -> bool:
     return isinstance(getattr(provider, "sampler", None), PollingOutsideTraces)
 
 
+#: Services the server instrumentation never wraps: gRPC's own health and reflection
+#: servicers answer their streams by writing to the context from a coroutine, and the
+#: OpenTelemetry aio interceptor iterates every stream handler's result, so a wrapped
+#: Health/Watch failed UNKNOWN ("'async for' requires an object with __aiter__") on
+#: every listener of a process that records spans. Probes are no trace's business
+#: anyway.
+UNTRACED_SERVICES: Final = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1.ServerReflection/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+)
+
+
+def traced_server_call(details: grpc.HandlerCallDetails) -> bool:
+    """Whether the server instrumentation wraps a call at all: never a health check or
+    reflection (`UNTRACED_SERVICES`)."""
+    return not details.method.startswith(UNTRACED_SERVICES)
+
+
 def server_interceptors() -> Sequence[grpc.aio.ServerInterceptor]:
     """A server span per call, continuing the caller's trace (W3C traceparent); none
-    when this process records no spans (the instrumentation would only cost time). A
-    poll outside a sampled trace is not instrumented (`instrumented_server_call`) when
-    the sampler keeps polls out of traces."""
+    when this process records no spans (the instrumentation would only cost time). Health
+    checks and reflection are not instrumented (`traced_server_call`), nor, when the
+    sampler keeps polls out of traces, a poll outside a sampled trace
+    (`instrumented_server_call`)."""
     if not tracing_enabled():
         return []
     provider = trace.get_tracer_provider()
-    chosen = instrumented_server_call if _keeps_polls_out(provider) else None
+    polls_out = _keeps_polls_out(provider)
+
+    def chosen(details: grpc.HandlerCallDetails) -> bool:
+        if not traced_server_call(details):
+            return False
+        return instrumented_server_call(details) if polls_out else True
+
     interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor(filter_=chosen)  # type: ignore[no-untyped-call]
     return [interceptor]
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -223,3 +224,25 @@ async def test_a_reconcile_cycle_starts_no_trace(
         report = await Reconciler(pool, ReconcilerLimits()).cycle()
     assert report.pages >= 1, "the cycle read nothing: the test would prove nothing"
     assert list(exporter.get_finished_spans()) == []
+
+
+async def test_health_watch_works_on_every_listener_of_a_traced_process(stack: Stack) -> None:
+    """This process records spans (the module's fixture), so ingress's listeners carry the
+    OpenTelemetry server interceptor. gRPC's own Health servicer answers Watch by writing
+    from a coroutine, which the interceptor cannot wrap: unless health is left out of
+    tracing, Watch failed UNKNOWN on the mutual-TLS listener, and the enrollment
+    listener's refusal (UNIMPLEMENTED) came back UNKNOWN too."""
+    request = health_pb2.HealthCheckRequest(service="")
+    async with grpc.aio.secure_channel(
+        stack.ingress_address, mutual_tls_channel_credentials(stack.worker_identity("worker-a"))
+    ) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(request, timeout=5)
+        first = await watch.read()
+        watch.cancel()
+    assert first.status == health_pb2.HealthCheckResponse.SERVING
+    credentials = grpc.ssl_channel_credentials(root_certificates=stack.pki.ca_cert.read_bytes())
+    async with grpc.aio.secure_channel(stack.enrollment_address, credentials) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in health_pb2_grpc.HealthStub(channel).Watch(request, timeout=5):
+                pass
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
